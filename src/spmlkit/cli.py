@@ -285,6 +285,56 @@ def cmd_analyze(args) -> int:
     return 0
 
 
+def cmd_figure(args) -> int:
+    from pathlib import Path
+
+    from .experiments import figures as fg
+
+    kind = args.figure
+    base = Path(args.study if kind == "sweep" else args.runs[0] if kind == "curves" else args.run)
+    name = f"sweep-{args.axis}" if kind == "sweep" else kind
+    out = args.out or base / fg.FIGURES_DIR / f"{name}.png"
+    if kind == "curves":
+        labels = args.labels.split(",") if args.labels else None
+        out = fg.plot_curves(fg.curves_from_runs(args.runs, labels), out, args.metric)
+    elif kind == "sweep":
+        lines, title = fg.sweep_from_study(args.study, args.axis, args.metric)
+        print(fg.sweep_table(lines, args.axis, args.metric))
+        out = fg.plot_sweep(lines, args.axis, out, args.metric, title)
+    elif kind == "histograms":
+        h = fg.histograms_from_run(args.run, args.bins)
+        print(h.table())
+        out = fg.plot_probability_histograms(h, out)
+    elif kind == "landscape":
+        ls = fg.landscape_from_run(args.run, steps=args.steps, span=args.span, seed=args.seed,
+                                   max_examples=args.max_examples)
+        print(ls.summary())
+        out = fg.plot_landscape(ls, out)
+    elif kind == "panel":
+        out = fg.plot_panel(fg.panel_from_run(args.run, args.split, args.n, args.seed), out,
+                            args.top)
+    else:
+        loader = fg.cam_from_run if kind == "cam" else fg.attention_from_run
+        ov = loader(args.run, args.split, args.n, args.seed)
+        if ov.note:
+            print(ov.note)
+        out = fg.plot_overlays(ov, out, args.top)
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .experiments.report import write_report
+
+    out = write_report(args.study, args.out)
+    print(f"wrote {out}")
+    if args.open:
+        import webbrowser
+
+        webbrowser.open(out.resolve().as_uri())
+    return 0
+
+
 def cmd_list(args) -> int:
     if args.what == "losses":
         from .losses import LOSSES
@@ -426,6 +476,60 @@ def build_parser() -> argparse.ArgumentParser:
     for a in asub.choices.values():
         a.add_argument("--out", required=True, metavar="PNG", help="where to write the figure")
     p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("figure", help="the papers' figures of runs and studies (PNG, or SVG "
+                       "with --out *.svg)")
+    fsub = p.add_subparsers(dest="figure", required=True)
+    f = fsub.add_parser("curves", help="val mAP and train loss per epoch of runs (OPML Fig. 4)")
+    f.add_argument("runs", nargs="+", metavar="RUN", help="run folders")
+    f.add_argument("--metric", default="val_map", help="epoch-record key (default val_map)")
+    f.add_argument("--labels", default=None, help="comma-separated legend labels, one per run")
+    f = fsub.add_parser("sweep", help="selected test mAP (mean ± std over seeds) against a "
+                        "study's vary axis (LAC Figs. 3-5, Zhou Fig. 3a, Cole Fig. 1)")
+    f.add_argument("study", metavar="STUDY_DIR", help="a study folder (runs/studies/<name>)")
+    f.add_argument("--axis", required=True,
+                   help="vary key: hparams.<name>, data.<option>, k, regime")
+    f.add_argument("--metric", default="test_map", help="results column (default test_map)")
+    f = fsub.add_parser("histograms", help="train probabilities of observed positives, "
+                        "unobserved positives and negatives (Cole Fig. 2, Zhou Fig. 4b)")
+    f.add_argument("run", metavar="RUN")
+    f.add_argument("--bins", type=int, default=20)
+    f = fsub.add_parser("landscape", help="training loss around the trained weights along two "
+                        "filter-normalised random directions (Li et al. 2018; Zhou Fig. 5)")
+    f.add_argument("run", metavar="RUN")
+    f.add_argument("--steps", type=int, default=21, help="grid points per axis")
+    f.add_argument("--span", type=float, default=1.0, help="grid half-width")
+    f.add_argument("--seed", type=int, default=0, help="seed of the directions")
+    f.add_argument("--max-examples", type=int, default=None,
+                   help="train rows used (default: all for linear runs, 256 for fine-tuned)")
+    f = fsub.add_parser("panel", help="images with their labels and top predictions (Zhou "
+                        "Fig. 6)")
+    f.add_argument("run", metavar="RUN")
+    f.add_argument("--n", type=int, default=8, help="images shown")
+    f = fsub.add_parser("cam", help="class activation maps of the top classes (OPML Fig. 7)")
+    f.add_argument("run", metavar="RUN")
+    f.add_argument("--n", type=int, default=4, help="images shown")
+    f = fsub.add_parser("attention", help="a LAC run's label-wise attention maps (LAC Fig. 6)")
+    f.add_argument("run", metavar="RUN")
+    f.add_argument("--n", type=int, default=4, help="images shown")
+    for name in ("panel", "cam", "attention"):
+        f = fsub.choices[name]
+        f.add_argument("--split", choices=["train", "val", "test"], default="test")
+        f.add_argument("--top", type=int, default=3, help="predicted classes shown per image")
+        f.add_argument("--seed", type=int, default=0, help="seed of the image choice")
+    for f in fsub.choices.values():
+        f.add_argument("--out", default=None, metavar="FILE",
+                       help="a .png or .svg file (default: <RUN or STUDY_DIR>/figures/"
+                            "<figure>.png)")
+    p.set_defaults(func=cmd_figure)
+
+    p = sub.add_parser("report", help="one self-contained HTML page of a study: tables, "
+                       "figures, commands, versions, failures (opens offline)")
+    p.add_argument("study", metavar="STUDY_DIR", help="a study folder (runs/studies/<name>)")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="the HTML file (default <STUDY_DIR>/report.html)")
+    p.add_argument("--open", action="store_true", help="open it in the default browser")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("list", help="list registered losses, datasets, regimes or backbones")
     p.add_argument("what", choices=["losses", "datasets", "regimes", "backbones"])

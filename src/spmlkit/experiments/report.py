@@ -1,0 +1,592 @@
+"""One self-contained HTML page per study (``spml report STUDY``).
+
+:func:`write_report` reads a study folder (``study.yaml``, ``results.sqlite``,
+``launches.jsonl``, the run folders' ``metrics.jsonl``) and writes ``<study>/report.html``: the
+study's title and description, the paper-style tables (one per metric: test mAP and, when the
+runs have it, the train-label recovery mAP of Cole et al. Table 2), every run in a collapsible
+table, the training curves of the selected runs per dataset, a sweep figure per reported
+(``vary``) axis, the exact commands of every launch and the command that re-runs the study,
+versions, wall times and the failed runs with their errors.
+
+The page opens offline and can be mailed or moved on its own: CSS is inline, figures are PNG
+data URIs (SVG figures become ``data:image/svg+xml`` URIs), no URL is loaded. Every string from
+the study (method names, errors, argv, the spec) is HTML-escaped. A few lines of inline
+JavaScript mark the page once it is rendered: after ``load`` every ``<img>`` must be
+``complete`` with ``naturalWidth > 0`` and no ``window.onerror`` may have fired; then
+``document.body.dataset.rendered`` is ``"ok"``, else ``"error: ..."`` naming what failed (the
+headless-browser test reads it).
+
+Selection follows the study contract: per (method, dataset, regime, seed, variant) the grid point
+with the best val mAP (:meth:`StudyStore.selected`); a table cell is the mean ± standard
+deviation over seeds of the selected runs.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import inspect
+import json
+import math
+import shlex
+import sqlite3
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..runs import write_text
+
+REPORT_FILE = "report.html"
+#: metrics that get a main table, in this order, when at least one selected run has a value
+TABLE_METRICS = (("test_map", "Test mAP"), ("train_recovery_map", "Train-label recovery mAP"))
+#: the per-run details table's columns
+RUN_COLUMNS = ("run_id", "method", "dataset", "regime", "seed", "variant", "batch_size", "lr",
+               "status", "val_map", "test_map", "train_recovery_map", "best_epoch", "seconds")
+_GROUP = ("method", "dataset", "regime", "seed", "variant")
+
+
+@dataclass
+class StudyData:
+    """What a report shows, read from a study folder by :func:`load_study`."""
+
+    path: Path
+    spec: dict
+    spec_text: str
+    rows: list                      # every run row of results.sqlite
+    selected: list                  # the best-val row per (method, dataset, regime, seed, variant)
+    launches: list = field(default_factory=list)   # the records of launches.jsonl
+
+    @property
+    def name(self) -> str:
+        return str(self.spec.get("name") or self.path.name)
+
+    @property
+    def title(self) -> str:
+        return str(self.spec.get("title") or self.name)
+
+
+# --- reading a study folder --------------------------------------------------------------------
+def _parse_spec(text: str, path: Path) -> dict:
+    try:
+        import yaml
+    except ImportError:
+        yaml = None
+    if yaml is not None:
+        try:
+            spec = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ValueError(f"{path}: not valid YAML ({err})") from None
+    else:  # JSON is YAML too: a spec written as JSON reads without PyYAML
+        try:
+            spec = json.loads(text)
+        except json.JSONDecodeError:
+            raise ModuleNotFoundError(f"reading {path} needs PyYAML: pip install pyyaml") from None
+    if spec is None:
+        return {}
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path}: expected a mapping (name:, title:, datasets:, ...), got "
+                         f"{type(spec).__name__}")
+    return spec
+
+
+def _read_launches(path: Path) -> list:
+    if not path.is_file():
+        return []
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}, line {i}: not a JSON record ({err.msg})") from None
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def _good(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _select(rows) -> list:
+    """Best val mAP per (method, dataset, regime, seed, variant) among the finished rows (first
+    row wins a tie); the fallback for a store without ``selected()``."""
+    best = {}
+    for row in rows:
+        if row.get("status") != "done" or not _good(row.get("val_map")):
+            continue
+        key = tuple(row.get(k) for k in _GROUP)
+        if key not in best or row["val_map"] > best[key]["val_map"]:
+            best[key] = row
+    return list(best.values())
+
+
+def _read_store(path: Path) -> tuple[list, list]:
+    try:
+        from .store import StudyStore
+    except ImportError:
+        StudyStore = None
+    if StudyStore is not None:
+        store = StudyStore(path)
+        return [dict(r) for r in store.rows()], [dict(r) for r in store.selected()]
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        con.row_factory = sqlite3.Row
+        rows = [dict(r) for r in con.execute("SELECT * FROM runs ORDER BY run_id")]
+    except sqlite3.DatabaseError as err:
+        raise ValueError(f"{path}: cannot read the runs table ({err})") from None
+    finally:
+        con.close()
+    return rows, _select(rows)
+
+
+def load_study(study_dir) -> StudyData:
+    """Read a study folder (``study.yaml``, ``results.sqlite``, ``launches.jsonl``).
+
+    Raises ``FileNotFoundError`` naming the folder or file that is missing.
+    """
+    path = Path(study_dir)
+    if not path.is_dir():
+        raise FileNotFoundError(f"study folder {path} does not exist (give the folder "
+                                f"`spml study` wrote, runs/studies/<name> by default)")
+    spec_path = path / "study.yaml"
+    if not spec_path.is_file():
+        raise FileNotFoundError(f"{spec_path} is missing: {path} is not a study folder "
+                                f"(`spml study` writes study.yaml first)")
+    spec_text = spec_path.read_text()
+    spec = _parse_spec(spec_text, spec_path)
+    db = path / "results.sqlite"
+    if db.is_file():
+        rows, selected = _read_store(db)
+    else:
+        rows, selected = [], []
+    return StudyData(path, spec, spec_text, rows, selected, _read_launches(path / "launches.jsonl"))
+
+
+def _run_dir(study: StudyData, row) -> Path | None:
+    """A row's run folder: ``run_dir`` as stored (absolute, or relative to the study folder or
+    the working directory), else ``<study>/runs/<run_id>``."""
+    candidates = []
+    if row.get("run_dir"):
+        p = Path(row["run_dir"])
+        candidates += [p] if p.is_absolute() else [study.path / p, p]
+    if row.get("run_id"):
+        candidates.append(study.path / "runs" / str(row["run_id"]))
+    for p in candidates:
+        if (p / "metrics.jsonl").is_file():
+            return p
+    return None
+
+
+def _epochs(run_dir: Path) -> list:
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a run cut off mid-line: keep what is complete
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+# --- labels and numbers ------------------------------------------------------------------------
+def _variant(row) -> dict:
+    v = row.get("variant") or "{}"
+    if isinstance(v, dict):
+        return v
+    try:
+        v = json.loads(v)
+    except (TypeError, json.JSONDecodeError):
+        return {"variant": str(v)}
+    return v if isinstance(v, dict) else {"variant": v}
+
+
+def _variant_text(row) -> str:
+    return ", ".join(f"{k}={_fmt_value(v)}" for k, v in sorted(_variant(row).items()))
+
+
+def _fmt_value(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _row_label(row, regimes_of: dict) -> str:
+    """Method name, ``@regime`` when the method appears with several regimes, and the variant."""
+    label = str(row.get("method"))
+    if len(regimes_of.get(row.get("method"), ())) > 1 and "@" not in label:
+        label += f"@{row.get('regime')}"
+    variant = _variant_text(row)
+    return f"{label} [{variant}]" if variant else label
+
+
+def _fmt(v, digits: int = 2) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.{digits}f}"
+    return str(v)
+
+
+def _fmt_seconds(s) -> str:
+    if not _good(s):
+        return ""
+    s = float(s)
+    if s < 60:
+        return f"{s:.1f} s"
+    if s < 3600:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.2f} h"
+
+
+def _esc(v) -> str:
+    return html.escape("" if v is None else str(v), quote=True)
+
+
+# --- tables ------------------------------------------------------------------------------------
+def _fallback_table(selected, metric: str) -> str:
+    """Methods x datasets, mean ± std over seeds of ``metric`` (the best value per column in
+    bold); used when :mod:`spmlkit.experiments.tables` is not there."""
+    regimes_of = {}
+    for r in selected:
+        regimes_of.setdefault(r.get("method"), set()).add(r.get("regime"))
+    datasets = list(dict.fromkeys(str(r.get("dataset")) for r in selected))
+    cells: dict = {}
+    order = []
+    for r in selected:
+        label = _row_label(r, regimes_of)
+        if label not in cells:
+            order.append(label)
+            cells[label] = {}
+        if _good(r.get(metric)):
+            cells[label].setdefault(str(r.get("dataset")), []).append(float(r[metric]))
+    means = {(m, d): sum(v) / len(v) for m in order for d, v in cells[m].items()}
+    best = {d: max((means[m, d] for m in order if (m, d) in means), default=None)
+            for d in datasets}
+    head = "".join(f"<th>{_esc(d)}</th>" for d in datasets)
+    body = []
+    for m in order:
+        tds = []
+        for d in datasets:
+            vals = cells[m].get(d)
+            if not vals:
+                tds.append("<td>-</td>")
+                continue
+            mean = means[m, d]
+            sd = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 \
+                else 0.0
+            text = f"{mean:.2f} ± {sd:.2f}" if len(vals) > 1 else f"{mean:.2f}"
+            if best[d] is not None and mean == best[d]:
+                text = f"<b>{text}</b>"
+            tds.append(f'<td title="{len(vals)} seed(s)">{text}</td>')
+        body.append(f"<tr><th scope=\"row\">{_esc(m)}</th>{''.join(tds)}</tr>")
+    return (f'<table class="main"><thead><tr><th>method</th>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table>")
+
+
+def _main_table(selected, metric: str, title: str) -> str:
+    """``tables.study_table(selected, fmt="html", metric=...)`` when that module is there."""
+    try:
+        from .tables import study_table
+    except ImportError:
+        return _fallback_table(selected, metric)
+    params = inspect.signature(study_table).parameters
+    kw = {}
+    if "metric" in params:
+        kw["metric"] = metric
+    elif metric != "test_map":
+        return _fallback_table(selected, metric)
+    if "title" in params:
+        kw["title"] = title
+    return str(study_table(selected, fmt="html", **kw))
+
+
+def _runs_table(study: StudyData) -> str:
+    chosen = {r.get("run_id") for r in study.selected}
+    head = "".join(f"<th>{_esc(c)}</th>" for c in RUN_COLUMNS) + "<th>selected</th>"
+    body = []
+    for r in study.rows:
+        tds = []
+        for c in RUN_COLUMNS:
+            v = _variant_text(r) if c == "variant" else r.get(c)
+            if c == "seconds":
+                v = _fmt_seconds(v)
+            elif c == "lr" and _good(v):
+                v = f"{v:g}"
+            tds.append(f"<td>{_esc(_fmt(v))}</td>")
+        cls = ' class="failed"' if r.get("status") == "failed" else ""
+        mark = "✓" if r.get("run_id") in chosen else ""
+        body.append(f"<tr{cls}>{''.join(tds)}<td>{mark}</td></tr>")
+    return (f'<table class="runs"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table>")
+
+
+# --- figures -----------------------------------------------------------------------------------
+def _mean_records(study: StudyData, rows) -> list:
+    """The rows' ``metrics.jsonl`` records averaged per epoch over the runs (seeds) found;
+    ``[]`` when no run folder is there."""
+    per_epoch: dict = {}
+    for r in rows:
+        run = _run_dir(study, r)
+        if run is None:
+            continue
+        for i, rec in enumerate(_epochs(run), 1):
+            slot = per_epoch.setdefault(i, {})
+            for key in ("val_map", "train_loss"):
+                if _good(rec.get(key)):
+                    slot.setdefault(key, []).append(float(rec[key]))
+    return [{"epoch": e, **{k: sum(v) / len(v) for k, v in per_epoch[e].items()}}
+            for e in sorted(per_epoch) if per_epoch[e]]
+
+
+def _curves(study: StudyData, rows) -> dict:
+    """Legend label (method, regime when it varies, variant) -> mean epoch records."""
+    regimes_of = {}
+    for r in study.selected:
+        regimes_of.setdefault(r.get("method"), set()).add(r.get("regime"))
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault(_row_label(r, regimes_of), []).append(r)
+    curves = {}
+    for label, members in groups.items():
+        records = _mean_records(study, members)
+        if any("val_map" in rec for rec in records):
+            curves[label] = records
+    return curves
+
+
+def _vary_axes(study: StudyData) -> list:
+    vary = study.spec.get("vary")
+    axes = [str(a) for a in vary] if isinstance(vary, dict) else []
+    for r in study.selected:  # axes found in the rows but not in the spec (an edited spec)
+        for k in _variant(r):
+            if str(k) not in axes:
+                axes.append(str(k))
+    return axes
+
+
+def build_figures(study: StudyData, folder) -> list:
+    """Draw the report's figures into ``folder`` with :mod:`spmlkit.experiments.figures`: the
+    training curves of the selected runs per dataset (mean over seeds) and a sweep per vary
+    axis. Returns ``[(caption, path), ...]``."""
+    from . import figures as fg
+
+    folder = Path(folder)
+    figures = []
+    by_dataset: dict = {}
+    for r in study.selected:
+        by_dataset.setdefault(str(r.get("dataset")), []).append(r)
+    for i, (dataset, rows) in enumerate(by_dataset.items()):
+        curves = _curves(study, rows)
+        if curves:
+            caption = f"Training curves of the selected runs, {dataset} (mean over seeds)"
+            figures.append((caption, fg.plot_curves(curves, folder / f"curves-{i}.png",
+                                                    title=f"{dataset}: selected runs")))
+    for i, axis in enumerate(_vary_axes(study)):
+        try:
+            lines = fg.sweep_points(study.selected, axis)
+        except ValueError:  # no finished run varies this axis yet
+            continue
+        path = fg.plot_sweep(lines, axis, folder / f"sweep-{i}.png",
+                             title=f"{study.title}: sensitivity to {axis}")
+        figures.append((f"Sensitivity to {axis}: selected test mAP, mean ± std over seeds",
+                        path))
+    return figures
+
+
+def _data_uri(path: Path) -> str:
+    path = Path(path)
+    suffix = path.suffix.lower()
+    mime = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg",
+            ".jpeg": "image/jpeg"}.get(suffix)
+    if mime is None:
+        raise ValueError(f"cannot embed figure {path}: expected .png, .svg or .jpg")
+    return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+# --- commands, versions, wall times ------------------------------------------------------------
+def _command(argv) -> str:
+    if isinstance(argv, str):
+        return argv
+    argv = [str(a) for a in argv or []]
+    if argv and Path(argv[0]).name == "spml":
+        argv[0] = "spml"
+    return shlex.join(argv)
+
+
+def _failures(launch) -> str:
+    f = launch.get("failures")
+    if isinstance(f, list):
+        return str(len(f))
+    return _fmt(f)
+
+
+def _launches_table(launches) -> str:
+    cols = ("started", "finished", "runs_total", "runs_run", "failures", "jobs", "seconds")
+    head = "".join(f"<th>{c}</th>" for c in ("#",) + cols + ("command",))
+    body = []
+    for i, launch in enumerate(launches, 1):
+        tds = [f"<td>{i}</td>"]
+        for c in cols:
+            v = (_failures(launch) if c == "failures" else
+                 _fmt_seconds(launch.get(c)) if c == "seconds" else _fmt(launch.get(c)))
+            tds.append(f"<td>{_esc(v)}</td>")
+        tds.append(f"<td><code>{_esc(_command(launch.get('argv')))}</code></td>")
+        body.append(f"<tr>{''.join(tds)}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def rerun_command(study: StudyData) -> str:
+    """The command that re-runs (resumes) the study: its last launch's argv, else
+    ``spml study <folder>/study.yaml``."""
+    for launch in reversed(study.launches):
+        if launch.get("argv"):
+            return _command(launch["argv"])
+    return shlex.join(["spml", "study", str(study.path / "study.yaml")])
+
+
+def _versions(study: StudyData) -> dict:
+    """Package -> the versions seen across launches (in launch order)."""
+    seen: dict = {}
+    for launch in study.launches:
+        for pkg, v in (launch.get("versions") or {}).items():
+            values = seen.setdefault(str(pkg), [])
+            if str(v) not in values:
+                values.append(str(v))
+    return seen
+
+
+# --- the page ----------------------------------------------------------------------------------
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2em auto;
+max-width:1200px;padding:0 1em;color:#222;line-height:1.4}
+h1{margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+.meta{color:#555}table{border-collapse:collapse;margin:.6em 0;font-size:.92em}
+th,td{border:1px solid #ccc;padding:.25em .55em;text-align:left;vertical-align:top}
+thead th{background:#f0f3f7}table.main td{text-align:right;font-variant-numeric:tabular-nums}
+table.runs td{font-variant-numeric:tabular-nums}tr.failed td{background:#fde8e8}
+figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}
+figcaption{color:#555;font-size:.9em}pre,code{font-family:ui-monospace,Menlo,Consolas,monospace;
+font-size:.9em}pre{background:#f6f8fa;padding:.6em;overflow-x:auto;white-space:pre-wrap}
+details{margin:.6em 0}summary{cursor:pointer;font-weight:600}.error{color:#a00}
+"""
+
+# runs before the body: records script errors; after load checks every image
+_JS = """
+window.__reportErrors = [];
+window.onerror = function (msg) { window.__reportErrors.push(String(msg)); };
+window.addEventListener("load", function () {
+  var problems = window.__reportErrors.slice();
+  var imgs = document.getElementsByTagName("img");
+  for (var i = 0; i < imgs.length; i++) {
+    if (!(imgs[i].complete && imgs[i].naturalWidth > 0)) {
+      problems.push("image not rendered: " + (imgs[i].alt || "#" + i));
+    }
+  }
+  document.body.dataset.rendered = problems.length ? "error: " + problems.join("; ") : "ok";
+});
+"""
+
+
+def render_html(study: StudyData, figures=()) -> str:
+    """The report page as one HTML string (``figures``: ``[(caption, path)]``, embedded)."""
+    parts = []
+    add = parts.append
+    n_done = sum(r.get("status") == "done" for r in study.rows)
+    failed = [r for r in study.rows if r.get("status") == "failed"]
+    datasets = list(dict.fromkeys(str(r.get("dataset")) for r in study.rows))
+    add(f"<h1>{_esc(study.title)}</h1>")
+    add(f'<p class="meta">study <code>{_esc(study.name)}</code> · folder '
+        f"<code>{_esc(study.path)}</code> · mode {_esc(study.spec.get('mode', ''))} · "
+        f"{len(study.rows)} runs ({n_done} done, {len(failed)} failed) · "
+        f"datasets: {_esc(', '.join(datasets))}</p>")
+    if study.spec.get("description"):
+        add(f"<p>{_esc(study.spec['description'])}</p>")
+
+    add('<section id="tables"><h2>Results</h2>')
+    if not study.selected:
+        add("<p>No finished run yet.</p>")
+    add("<p>Per method, dataset, regime, seed and variant the grid point with the best "
+        "validation mAP is selected; cells are mean ± standard deviation over seeds.</p>")
+    for metric, title in TABLE_METRICS:
+        if study.selected and any(_good(r.get(metric)) for r in study.selected):
+            add(f'<h3 id="table-{metric}">{_esc(title)}</h3>')
+            add(_main_table(study.selected, metric, title))
+    add("</section>")
+
+    add('<section id="figures"><h2>Figures</h2>')
+    if not figures:
+        add("<p>No figure: no run folder with per-epoch records was found.</p>")
+    for caption, path in figures:
+        add(f'<figure><img src="{_data_uri(path)}" alt="{_esc(caption)}">'
+            f"<figcaption>{_esc(caption)}</figcaption></figure>")
+    add("</section>")
+
+    add('<section id="failures"><h2>Failures</h2>')
+    if failed:
+        add("<ul>")
+        for r in failed:
+            add(f'<li><code>{_esc(r.get("run_id"))}</code> ({_esc(r.get("method"))}, '
+                f'{_esc(r.get("dataset"))}, seed {_esc(r.get("seed"))}, batch '
+                f'{_esc(r.get("batch_size"))}, lr {_esc(_fmt_value(r.get("lr")))})'
+                f'<pre class="error">{_esc(r.get("error") or "no error recorded")}</pre></li>')
+        add("</ul>")
+    else:
+        add("<p>None.</p>")
+    add("</section>")
+
+    add('<section id="runs"><h2>Runs</h2>')
+    add(f"<details><summary>All {len(study.rows)} runs (✓: selected on val mAP)</summary>")
+    add(_runs_table(study))
+    add("</details></section>")
+
+    add('<section id="commands"><h2>Commands</h2>')
+    add(f'<p>Re-run with (finished runs are kept, the rest resumes):</p>'
+        f'<pre id="rerun">{_esc(rerun_command(study))}</pre>')
+    if study.launches:
+        add(_launches_table(study.launches))
+    else:
+        add("<p>No launch recorded (launches.jsonl is missing).</p>")
+    total = sum(float(x["seconds"]) for x in study.launches if _good(x.get("seconds")))
+    compute = sum(float(r["seconds"]) for r in study.rows if _good(r.get("seconds")))
+    add(f'<p id="walltime">Wall time over all launches: {_esc(_fmt_seconds(total) or "-")}; '
+        f"training time summed over runs: {_esc(_fmt_seconds(compute) or '-')}.</p>")
+    add(f"<details><summary>study.yaml (resolved spec)</summary>"
+        f"<pre>{_esc(study.spec_text)}</pre></details>")
+    add("</section>")
+
+    add('<section id="versions"><h2>Versions</h2>')
+    versions = _versions(study)
+    if versions:
+        add("<table><thead><tr><th>package</th><th>version</th></tr></thead><tbody>")
+        for pkg, vs in versions.items():
+            add(f"<tr><td>{_esc(pkg)}</td><td>{_esc(' → '.join(vs))}</td></tr>")
+        add("</tbody></table>")
+    else:
+        add("<p>Not recorded.</p>")
+    add("</section>")
+
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>{_esc(study.title)}</title><style>{_CSS}</style>"
+            f"<script>{_JS}</script></head>\n<body>\n" + "\n".join(parts) + "\n</body></html>\n")
+
+
+def write_report(study_dir, out=None) -> Path:
+    """Write the study's self-contained HTML report; returns its path.
+
+    Args:
+        study_dir: a study folder (``study.yaml``, ``results.sqlite``, ``launches.jsonl``,
+            ``runs/<run_id>/metrics.jsonl``).
+        out: the HTML file to write (default ``<study_dir>/report.html``).
+
+    Raises:
+        FileNotFoundError: ``study_dir`` or its ``study.yaml`` is missing.
+        ValueError: ``study.yaml``, ``launches.jsonl`` or ``results.sqlite`` cannot be read.
+        ModuleNotFoundError: a figure is needed and matplotlib is not installed.
+    """
+    study = load_study(study_dir)
+    out = Path(out) if out is not None else study.path / REPORT_FILE
+    with tempfile.TemporaryDirectory(prefix="spml-report-") as tmp:
+        page = render_html(study, build_figures(study, tmp))
+    write_text(out, page)
+    return out
