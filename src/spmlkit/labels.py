@@ -30,7 +30,12 @@ REGIMES = {
     "1p_1n": "1 P. & 1 N.: one observed positive and one observed negative (IU)",
     "1p": "1 P. & 0 N.: one observed positive, nothing else (SPML)",
     "mlml:<rate>": "missing labels: each full annotation dropped with probability <rate>",
+    "1p_biased:<bias>": "one observed positive chosen with a bias: size (largest object), loc "
+                        "(closest to the image centre) or semantic (most frequent class first)",
 }
+
+#: The biases of ``1p_biased:<bias>`` (label-bias study, Arroyo, Perona & Cole 2023).
+BIASES = ("size", "loc", "semantic")
 
 
 def _where(where: str | None) -> str:
@@ -167,9 +172,100 @@ def drop_annotations(y, rate: float, seed: int = OFFICIAL_SEED) -> np.ndarray:
     return z
 
 
-def parse_regime(regime: str) -> tuple[str, float | None]:
-    """Split ``"mlml:0.5"`` into ``("mlml", 0.5)``; check the name. ``"1p"`` -> ``("1p", None)``."""
+def sample_biased_positive(y, bias: str, seed: int = OFFICIAL_SEED, instances=None,
+                           class_order=None) -> np.ndarray:
+    """Observe one positive per row, chosen with a bias instead of uniformly (``1p_biased:<bias>``).
+
+    The label-bias study of Cole et al.'s follow-up (Arroyo, Perona & Cole, "Understanding Label
+    Bias in Single Positive Multi-Label Learning", 2023; METHODS.md section 2) replaces the
+    uniform draw by an annotator's preference. Each row's positives are ranked by a score and the
+    best one is observed; ties (and positives without a score) are broken at random: the
+    positives are shuffled with one ``numpy.random.RandomState(seed)`` per call, row by row as in
+    :func:`sample_single_positive`, then stably sorted by score.
+
+    - ``size``: the label whose largest instance covers the most of the image
+      (``instances["size"]``, N x L, area as a fraction of the image, NaN = no instance known).
+    - ``loc``: the label with an instance closest to the image centre (``instances["loc"]``,
+      N x L, distance from the centre over the half diagonal; NaN = unknown).
+    - ``semantic``: a fixed class preference, the same for every image: ``class_order`` (column
+      indices, most preferred first; columns it leaves out come after, in frequency order), by
+      default the classes from the most to the least frequent in ``y`` (ties: lower column
+      first). The follow-up's own ordering is not reproduced; this is the "popular classes get
+      named first" bias.
+
+    A row with no positive gets no observed positive; positives with a NaN score rank last.
+
+    Args:
+        y: N x L full labels (0/1).
+        bias: ``"size"``, ``"loc"`` or ``"semantic"``.
+        seed: seeds the tie-breaking shuffle.
+        instances: per-row instance metadata, a mapping with ``"size"`` / ``"loc"`` N x L float
+            arrays (a source's ``Dataset.meta["instances"]``); needed for ``size`` and ``loc``.
+        class_order: for ``semantic``, column indices in order of preference.
+
+    Returns:
+        int8 N x L matrix in the observed encoding (exactly one POSITIVE per row with positives).
+
+    Raises:
+        ValueError: unknown bias; ``size`` / ``loc`` without instance metadata of shape N x L;
+            a ``class_order`` that is not a list of distinct column indices.
+
+    >>> y = [[1, 1, 0], [0, 1, 1], [1, 0, 1]]
+    >>> sample_biased_positive(y, "semantic").tolist()      # column 0, 1, 2 hold 2, 2, 2
+    [[1, 0, 0], [0, 1, 0], [1, 0, 0]]
+    >>> size = [[0.1, 0.5, np.nan], [np.nan, 0.2, 0.3], [0.9, np.nan, 0.1]]
+    >>> sample_biased_positive(y, "size", instances={"size": size}).tolist()
+    [[0, 1, 0], [0, 0, 1], [1, 0, 0]]
+    """
+    y = validate_full_labels(y, f"1p_biased:{bias}")
+    n, num_labels = y.shape
+    if bias not in BIASES:
+        raise ValueError(f"unknown label bias {bias!r}; choose one of {', '.join(BIASES)}")
+    if bias == "semantic":
+        freq = y.sum(axis=0).astype(np.int64)
+        rank_of = np.empty(num_labels, dtype=np.float64)
+        order = sorted(range(num_labels), key=lambda j: (-freq[j], j))
+        if class_order is not None:
+            given = [int(j) for j in class_order]
+            if len(set(given)) != len(given) or any(not 0 <= j < num_labels for j in given):
+                raise ValueError(f"class_order must list distinct column indices in "
+                                 f"0..{num_labels - 1}; got {list(class_order)}")
+            order = given + [j for j in order if j not in set(given)]
+        rank_of[order] = np.arange(num_labels)
+        score = np.broadcast_to(-rank_of, (n, num_labels))        # higher = preferred
+    else:
+        table = instances.get(bias) if instances is not None else None
+        if table is None:
+            raise ValueError(f"regime '1p_biased:{bias}' needs per-label instance metadata "
+                             f"(instances['{bias}'], an N x L array); this label matrix came "
+                             f"without it")
+        table = np.asarray(table, dtype=np.float64)
+        if table.shape != y.shape:
+            raise ValueError(f"instances['{bias}'] has shape {table.shape}, the labels "
+                             f"{y.shape}; they must match row for row")
+        score = table if bias == "size" else -table
+    rng = np.random.RandomState(seed)
+    z = np.zeros(y.shape, dtype=np.int8)
+    for i in range(n):
+        pos = np.flatnonzero(y[i] == 1)
+        if not pos.size:
+            continue
+        rng.shuffle(pos)
+        s = score[i, pos]
+        s = np.where(np.isnan(s), -np.inf, s)
+        z[i, pos[np.argsort(-s, kind="stable")[0]]] = POSITIVE
+    return z
+
+
+def parse_regime(regime: str) -> tuple[str, float | str | None]:
+    """Split ``"mlml:0.5"`` into ``("mlml", 0.5)``; check the name. ``"1p"`` -> ``("1p", None)``,
+    ``"1p_biased:size"`` -> ``("1p_biased", "size")``."""
     name, _, arg = str(regime).partition(":")
+    if name == "1p_biased":
+        if arg not in BIASES:
+            raise ValueError(f"regime '1p_biased' needs a bias, one of "
+                             f"{', '.join('1p_biased:' + b for b in BIASES)}; got {regime!r}")
+        return name, arg
     if name == "mlml":
         try:
             return name, float(arg)
@@ -180,13 +276,19 @@ def parse_regime(regime: str) -> tuple[str, float | None]:
     return name, None
 
 
-def make_observed(y, regime: str = "1p", seed: int = OFFICIAL_SEED) -> np.ndarray:
+def make_observed(y, regime: str = "1p", seed: int = OFFICIAL_SEED, *, instances=None,
+                  class_order=None) -> np.ndarray:
     """Observed labels of one regime, a pure function of ``(y, regime, seed)``.
+
+    ``instances`` / ``class_order`` are used by ``1p_biased:<bias>`` only
+    (:func:`sample_biased_positive`).
 
     >>> make_observed([[1, 0], [1, 1]], "full").tolist()
     [[1, -1], [1, 1]]
     """
     name, arg = parse_regime(regime)
+    if name == "1p_biased":
+        return sample_biased_positive(y, arg, seed, instances, class_order)
     if name == "full":
         return full_to_observed(y)
     if name == "1p":

@@ -24,17 +24,27 @@ def load_dataset(name: str, **options) -> Dataset:
     return DATASETS.get(name).factory(**options)
 
 
+#: ``load_splits`` options that belong to the protocol (:func:`make_splits`), not to the source
+PROTOCOL_OPTIONS = ("subsample", "subsample_seed", "class_order")
+
+
 def load_splits(name: str, regime: str = "1p", seed: int | None = None, **options) -> Splits:
-    """Load a source and apply the protocol (observed labels drawn with ``seed``, default 1200)."""
+    """Load a source and apply the protocol (observed labels drawn with ``seed``, default 1200).
+
+    Options in :data:`PROTOCOL_OPTIONS` go to :func:`make_splits` (``subsample=0.5`` keeps a
+    seeded half of the train rows; ``class_order=[...]`` for ``1p_biased:semantic``); the rest
+    to the source (:func:`load_dataset`). Every source takes them.
+    """
     from ..labels import OFFICIAL_SEED
 
+    protocol = {key: options.pop(key) for key in PROTOCOL_OPTIONS if key in options}
     return make_splits(load_dataset(name, **options), regime,
-                       OFFICIAL_SEED if seed is None else seed)
+                       OFFICIAL_SEED if seed is None else seed, **protocol)
 
 
 def list_datasets() -> list[tuple[str, str]]:
     return [(e.name, e.description) for e in DATASETS.entries()]
 
 
-__all__ = ["DATASETS", "Dataset", "LabelledSet", "Splits", "cole_split", "list_datasets",
-           "load_dataset", "load_splits", "make_splits"]
+__all__ = ["DATASETS", "PROTOCOL_OPTIONS", "Dataset", "LabelledSet", "Splits", "cole_split",
+           "list_datasets", "load_dataset", "load_splits", "make_splits"]

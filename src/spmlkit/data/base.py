@@ -113,22 +113,104 @@ def cole_split(n: int, fraction: float, seed: int = OFFICIAL_SEED) -> tuple[np.n
     return np.sort(perm[: n - n_b]), np.sort(perm[n - n_b:])
 
 
+def _instances(ds: Dataset, bias: str) -> dict:
+    """The pool's per-label instance metadata (``meta["instances"]``, computed on first use when
+    the source stores a function), or an error naming the dataset."""
+    inst = ds.meta.get("instances")
+    if callable(inst):
+        inst = inst()
+    if inst is None or inst.get(bias) is None:
+        raise ValueError(f"regime '1p_biased:{bias}' needs per-label instance metadata, which "
+                         f"dataset {ds.name!r} does not provide (Dataset.meta['instances']"
+                         f"['{bias}']); sources that have it: coco (bounding boxes), "
+                         f"fmnist_mosaic (tiles). '1p_biased:semantic' works on every dataset")
+    return inst
+
+
+def _class_order(ds: Dataset, order) -> list[int] | None:
+    """Class names or column indices -> column indices (``1p_biased:semantic``)."""
+    if order is None:
+        return None
+    if isinstance(order, str):
+        order = [order]
+    out = []
+    for c in order:
+        if isinstance(c, (int, np.integer)) and not isinstance(c, bool):
+            out.append(int(c))
+        elif c in ds.class_names:
+            out.append(ds.class_names.index(c))
+        else:
+            raise ValueError(f"class_order: {c!r} is neither a class of dataset {ds.name!r} nor "
+                             f"a column index (classes: {ds.class_names[:8]}...)")
+    return out
+
+
+def _subsample(train_idx: np.ndarray, fraction, seed: int, where: str) -> np.ndarray:
+    """Keep ``round(fraction * n)`` (at least 1) of the train rows, seeded, sorted."""
+    try:
+        fraction = float(fraction)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: subsample must be a fraction in (0, 1], got "
+                         f"{fraction!r}") from None
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"{where}: subsample must be a fraction in (0, 1], got {fraction}")
+    if fraction == 1.0:
+        return train_idx
+    keep = max(1, int(np.round(fraction * len(train_idx))))
+    perm = np.random.RandomState(seed).permutation(len(train_idx))
+    return train_idx[np.sort(perm[:keep])]
+
+
 def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
-                split_seed: int = OFFICIAL_SEED) -> Splits:
+                split_seed: int = OFFICIAL_SEED, *, subsample: float | None = None,
+                subsample_seed: int | None = None, class_order=None) -> Splits:
     """Apply the protocol: observe labels on the pool, split the pool into train / val.
 
     With regime ``1p`` and the official seed, a source's shipped observed labels
     (``pool_observed``) are used as they are (they are what the official pipeline drew).
+
+    Args:
+        ds: the source's dataset.
+        regime: a label regime (:data:`spmlkit.labels.REGIMES`); ``1p_biased:size`` and
+            ``1p_biased:loc`` need the source's per-label instance metadata
+            (``ds.meta["instances"]``: a mapping with ``"size"`` / ``"loc"`` pool-row x label
+            arrays, or a function returning one, called only then).
+        seed: the observed-label draw's seed.
+        split_seed: the train / val split's seed.
+        subsample: keep only this fraction of the train rows (Cole et al. Fig. 1: test mAP
+            against the number of training labels, m% of the training images): a seeded
+            ``RandomState(subsample_seed).permutation`` of the train rows, its first
+            ``round(subsample * n_train)`` kept (at least one) in their original order. Val and
+            test are untouched; the observed labels of a kept row are those of the full run, and
+            for one seed a smaller fraction keeps a subset of a larger one's rows. ``None`` or
+            1 keeps every row.
+        subsample_seed: defaults to ``seed``, so a study's seeds draw different subsets.
+        class_order: class names or column indices, most preferred first, for
+            ``1p_biased:semantic`` (default: the most frequent class first).
+
+    ``meta`` records ``subsample`` and ``observed_labels`` (the number of observed entries in the
+    train rows, Fig. 1's x axis); ``meta["instances"]`` is left out of the splits' meta.
+
+    Raises:
+        ValueError: a biased regime the source has no metadata for (naming the dataset), a
+            subsample outside (0, 1], an unknown class in ``class_order``.
     """
-    name, _ = parse_regime(regime)
+    name, arg = parse_regime(regime)
     if name == "1p" and seed == OFFICIAL_SEED and ds.pool_observed is not None:
         observed = validate_observed(ds.pool_observed, f"{ds.name} shipped observed labels")
         if observed.shape != ds.pool.y.shape:
             raise ValueError(f"{ds.name}: shipped observed labels have shape {observed.shape}, "
                              f"full labels {ds.pool.y.shape}")
+    elif name == "1p_biased":
+        inst = None if arg == "semantic" else _instances(ds, arg)
+        observed = make_observed(ds.pool.y, regime, seed, instances=inst,
+                                 class_order=_class_order(ds, class_order))
     else:
         observed = make_observed(ds.pool.y, regime, seed)
     train_idx, val_idx = cole_split(len(ds.pool), ds.val_fraction, split_seed)
+    if subsample is not None:
+        train_idx = _subsample(train_idx, subsample, seed if subsample_seed is None
+                               else subsample_seed, ds.name)
     train, val, test = ds.pool.subset(train_idx), ds.pool.subset(val_idx), ds.test
     if ds.standardize:
         mean = train.x.mean(axis=0)
@@ -137,6 +219,9 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
         train, val, test = (LabelledSet(((s.x - mean) / std).astype(np.float32), s.y,
                                         s.class_names, s.ids, s.where) for s in (train, val, test))
     k = float(train.y.sum(axis=1).mean())
-    meta = {**ds.meta, "train_rows": train_idx.tolist(), "val_rows": val_idx.tolist()}
+    meta = {**{key: v for key, v in ds.meta.items() if key != "instances"},
+            "train_rows": train_idx.tolist(), "val_rows": val_idx.tolist(),
+            "subsample": 1.0 if subsample is None else float(subsample),
+            "observed_labels": int((observed[train_idx] != 0).sum())}
     return Splits(ds.name, train, val, test, observed[train_idx], observed[val_idx], regime, k,
                   meta)

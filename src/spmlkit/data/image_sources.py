@@ -247,7 +247,40 @@ def _require(obj, key: str, path, what: str):
     return obj[key]
 
 
-def read_coco_split(path, prefix: str = ""):
+def _coco_geometry(data: dict, path, order: list, column: dict) -> dict:
+    """Per-label instance metadata of the images ``order`` (rows) from the boxes of ``data``.
+
+    ``size``: the label's largest box (``bbox`` width x height) as a fraction of the image area;
+    ``loc``: the smallest distance of one of its boxes' centre from the image centre, over the
+    half diagonal. NaN where the label has no box or the image no ``width`` / ``height``.
+    """
+    row = {image_id: i for i, image_id in enumerate(order)}
+    wh = {}
+    for img in data.get("images", []):
+        if isinstance(img, dict) and img.get("width") and img.get("height"):
+            wh[img.get("id")] = (float(img["width"]), float(img["height"]))
+    size = np.full((len(order), len(column)), np.nan, dtype=np.float32)
+    loc = np.full((len(order), len(column)), np.nan, dtype=np.float32)
+    for k, ann in enumerate(data["annotations"]):
+        box = ann.get("bbox")
+        image_id = ann["image_id"]
+        if box is None or image_id not in wh:
+            continue
+        if not isinstance(box, (list, tuple)) or len(box) != 4:
+            raise ValueError(f"{path}: annotations[{k}] has bbox {box!r}; expected "
+                             f"[x, y, width, height]")
+        x, y0, bw, bh = (float(v) for v in box)
+        width, height = wh[image_id]
+        i, j = row[image_id], column[ann["category_id"]]
+        frac = bw * bh / (width * height)
+        dist = float(np.hypot(x + bw / 2 - width / 2, y0 + bh / 2 - height / 2)
+                     / np.hypot(width / 2, height / 2))
+        size[i, j] = np.fmax(size[i, j], frac)
+        loc[i, j] = np.fmin(loc[i, j], dist)
+    return {"size": size, "loc": loc}
+
+
+def read_coco_split(path, prefix: str = "", instances: bool = False):
     """Labels of one COCO instances file, as ``format_coco.py`` builds them.
 
     Columns follow the order of ``categories`` in the file (category-id order in the official
@@ -261,7 +294,9 @@ def read_coco_split(path, prefix: str = ""):
     Returns:
         ``(ids, y uint8 N x 80, class names, category ids, number of images without
         annotation)``; the file name of an image is its ``file_name`` in ``images`` (or
-        ``COCO_<split><year>_<12-digit id>.jpg`` when the file lists no images).
+        ``COCO_<split><year>_<12-digit id>.jpg`` when the file lists no images). With
+        ``instances=True`` a sixth item: ``{"size", "loc"}`` N x 80 arrays of the boxes
+        (:func:`_coco_geometry`), for the ``1p_biased:size|loc`` regimes.
 
     Raises:
         FileNotFoundError: no such file.
@@ -318,6 +353,9 @@ def read_coco_split(path, prefix: str = ""):
     for i, image_id in enumerate(order):
         y[i, labels[image_id]] = 1
     unannotated = 0 if file_names is None else len(set(file_names) - set(labels))
+    if instances:
+        return ids, y, names, list(column), unannotated, _coco_geometry(data, path, order,
+                                                                         column)
     return ids, y, names, list(column), unannotated
 
 
@@ -335,7 +373,9 @@ def load_coco(root, year: str | int = 2014, skip_missing: bool = False,
 
     Returns:
         a :class:`Dataset`; ids are ``train2014/<file_name>``; ``meta["unannotated"]`` counts the
-        images dropped for having no annotation.
+        images dropped for having no annotation; ``meta["instances"]`` holds the pool's
+        per-label box metadata (``size``, ``loc``; see :func:`read_coco_split`) for the
+        ``1p_biased:size|loc`` regimes.
 
     Raises:
         FileNotFoundError: a missing annotation file, image folder or image (named).
@@ -348,7 +388,10 @@ def load_coco(root, year: str | int = 2014, skip_missing: bool = False,
     for part, split in (("pool", "train"), ("test", "val")):
         ann = root / "annotations" / f"instances_{split}{year}.json"
         folder = f"{split}{year}"
-        ids, y, names, cat_ids, unannotated[part] = read_coco_split(ann, prefix=folder + "/")
+        ids, y, names, cat_ids, unannotated[part], *geometry = read_coco_split(
+            ann, prefix=folder + "/", instances=part == "pool")
+        if geometry:
+            pool_geometry = (ids, geometry[0])
         base = root / "images" if not (root / folder).is_dir() and \
             (root / "images" / folder).is_dir() else root
         if not (base / folder).is_dir():
@@ -363,8 +406,12 @@ def load_coco(root, year: str | int = 2014, skip_missing: bool = False,
                          f"list the same categories in the same order")
     meta = {"source": "coco", "root": str(root), "year": year, "unannotated": unannotated,
             "category_ids": cat_ids}
-    return _dataset("coco", parts["pool"], parts["test"], names, skip_missing=skip_missing,
-                    skip_corrupt=skip_corrupt, meta=meta)
+    ds = _dataset("coco", parts["pool"], parts["test"], names, skip_missing=skip_missing,
+                  skip_corrupt=skip_corrupt, meta=meta)
+    row = {image: i for i, image in enumerate(pool_geometry[0])}   # rows kept after skipping
+    kept = np.array([row[image] for image in ds.pool.ids], dtype=np.int64)
+    ds.meta["instances"] = {key: v[kept] for key, v in pool_geometry[1].items()}
+    return ds
 
 
 # ------------------------------------------------------------------ cub

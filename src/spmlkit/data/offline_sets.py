@@ -235,6 +235,59 @@ def mosaic_labels(labels: np.ndarray, tiles: np.ndarray, num_classes: int = 10) 
     return y
 
 
+#: a pixel above this grey level (of 255) is foreground (the object) in a Fashion-MNIST tile
+FOREGROUND_LEVEL = 32
+
+
+def mosaic_instances(images: np.ndarray, labels: np.ndarray, tiles: np.ndarray,
+                     num_classes: int = 10) -> dict:
+    """Per-label instance metadata of mosaics, for the ``1p_biased:size`` / ``loc`` regimes.
+
+    Each tile is one object instance of its class. ``size``: the object's foreground area (pixels
+    above :data:`FOREGROUND_LEVEL`) as a fraction of the mosaic, the largest over the label's
+    tiles. ``loc``: the distance of the object's foreground centroid (in mosaic coordinates) from
+    the mosaic centre over the half diagonal, the smallest over the label's tiles. The four tile
+    centres are equally far from the mosaic centre, so it is where the object sits in its tile
+    (its shape's mass centre) that decides, a weaker bias than on COCO. NaN where a label is
+    absent.
+
+    Args:
+        images: the source images (M x h x w uint8); ``labels`` their classes (M).
+        tiles: N x 4 indices into them, row-major (top-left, top-right, bottom-left,
+            bottom-right), as :func:`draw_mosaics` returns.
+
+    Returns:
+        ``{"size": N x L float32, "loc": N x L float32}``.
+
+    >>> img = np.zeros((2, 4, 4), np.uint8); img[0, :2, :2] = 255; img[1] = 255
+    >>> inst = mosaic_instances(img, np.array([0, 1]), np.array([[0, 1, 1, 1]]), 2)
+    >>> inst["size"].round(4).tolist()
+    [[0.0625, 0.25]]
+    """
+    tiles = np.asarray(tiles)
+    n = len(tiles)
+    h, w = images.shape[1:3]
+    size = np.full((n, num_classes), np.nan, dtype=np.float32)
+    loc = np.full((n, num_classes), np.nan, dtype=np.float32)
+    rows, cols = np.mgrid[0:h, 0:w]
+    half_diag = float(np.hypot(h, w))                     # the mosaic is 2h x 2w
+    for t in range(4):
+        fg = images[tiles[:, t]] > FOREGROUND_LEVEL      # N x h x w
+        area = fg.sum(axis=(1, 2)).astype(np.float64)
+        safe = np.maximum(area, 1.0)
+        cy = (fg * rows).sum(axis=(1, 2)) / safe + (t // 2) * h + 0.5
+        cx = (fg * cols).sum(axis=(1, 2)) / safe + (t % 2) * w + 0.5
+        cy = np.where(area > 0, cy, (t // 2) * h + h / 2)   # an empty tile: its centre
+        cx = np.where(area > 0, cx, (t % 2) * w + w / 2)
+        dist = np.hypot(cy - h, cx - w) / half_diag
+        frac = area / (4 * h * w)
+        cls = np.asarray(labels)[tiles[:, t]]
+        idx = np.arange(n)
+        size[idx, cls] = np.fmax(size[idx, cls], frac)
+        loc[idx, cls] = np.fmin(loc[idx, cls], dist)
+    return {"size": size, "loc": loc}
+
+
 def _fmnist_key(params: dict) -> str:
     return (f"fmnist_mosaic-v{FORMAT_VERSION}-n{params['n_pool']}-{params['n_test']}-"
             f"k{params['min_classes']}-{params['max_classes']}-seed{params['seed']}")
@@ -278,7 +331,9 @@ def load_fmnist_mosaic(n_pool: int = 4000, n_test: int = 1000, min_classes: int 
 
     Returns:
         Dataset whose ``x`` are absolute PNG paths and ``ids`` the names relative to the
-        cache folder (``pool/000000.png``).
+        cache folder (``pool/000000.png``); ``meta["instances"]`` is a function giving the
+        pool's per-label instance metadata (:func:`mosaic_instances`; it reads the
+        Fashion-MNIST images, so it runs only when a ``1p_biased:size|loc`` regime asks).
 
     Raises:
         FileNotFoundError: Fashion-MNIST is not installed (the message gives the command), or a
@@ -304,8 +359,15 @@ def load_fmnist_mosaic(n_pool: int = 4000, n_test: int = 1000, min_classes: int 
         ids = [f"{name}/{i:06d}.png" for i in range(len(y))]
         sets[name] = LabelledSet(_check_files(folder, ids), y, list(FMNIST_CLASSES), ids,
                                  f"fmnist_mosaic {name} ({folder})")
+    tiles_file = folder / "pool_tiles.npy"
+
+    def instances() -> dict:                 # computed only when a biased regime needs it
+        images, labels = read_fmnist("train", root)
+        return mosaic_instances(images, labels, np.load(tiles_file), len(FMNIST_CLASSES))
+
     return Dataset("fmnist_mosaic", sets["pool"], sets["test"],
-                   meta={"source": manifest["source"], "cache": str(folder), **params})
+                   meta={"source": manifest["source"], "cache": str(folder), **params,
+                         "instances": instances})
 
 
 # ---------------------------------------------------------------------------------------------
