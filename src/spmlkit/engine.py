@@ -524,9 +524,17 @@ class _Collate:
         return torch.stack(xs), torch.tensor(rows, dtype=torch.long)
 
 
+def loader_workers(n: int) -> int:
+    """``n`` DataLoader workers, or 0 inside a daemonic process (a study's or benchmark's pool
+    worker), which may not start children of its own."""
+    import multiprocessing
+
+    return 0 if multiprocessing.current_process().daemon else int(n)
+
+
 def _loader(dataset, batch_sampler, config: TrainConfig, shape, device,
             persistent: bool = True) -> torch.utils.data.DataLoader:
-    workers = config.num_workers
+    workers = loader_workers(config.num_workers)
     return torch.utils.data.DataLoader(dataset, batch_sampler=batch_sampler, num_workers=workers,
                                        collate_fn=_Collate(shape),
                                        pin_memory=device.type == "cuda",

@@ -12,8 +12,12 @@ rows done, whether it is complete). Its folder name is derived from a key over
 - the storage dtype and the store format version,
 
 so changing any of them gives a new store, and asking again for the same one returns it without
-building the backbone. The files of the images are not hashed (only their paths): after replacing
-images in place, pass ``recompute=True``.
+building the backbone. With ``maps=True`` a store holds the backbone's last feature maps
+(``forward_features``: C x h x w per row, stored flattened as N x (C*h*w) with the map shape in
+the key; :func:`extract_feature_maps` returns them as N x C x h x w) instead of pooled vectors,
+for heads that look at space (LAC's label-wise embeddings, :mod:`spmlkit.methods.lac`).
+The files of the images are not hashed (only their paths): after replacing images in place,
+pass ``recompute=True``.
 
 Extraction runs a :class:`torch.utils.data.DataLoader` whose worker processes decode and
 transform images (:func:`spmlkit.data.images.open_image`, :mod:`spmlkit.data.transforms`) while
@@ -52,6 +56,7 @@ import numpy as np
 import torch
 
 from .data.base import Dataset, LabelledSet, Splits
+from .engine import loader_workers
 from .runs import write_json
 
 FORMAT_VERSION = 1
@@ -213,10 +218,34 @@ class StorePlan:
         return mm
 
 
+def map_shape(backbone, size: int, pretrained: bool = True) -> tuple[int, int, int]:
+    """``(C, h, w)`` of ``backbone.forward_features`` on a ``size x size`` input (one zero image
+    through the network; a name builds the backbone)."""
+    net = _backbone_module(backbone, pretrained)
+    was = net.training
+    try:
+        with torch.inference_mode():
+            fmap = net.eval().forward_features(torch.zeros(1, 3, int(size), int(size),
+                                                            device=_param_device(net)))
+    finally:
+        net.train(was)
+    if fmap.ndim != 4:
+        raise ValueError(f"backbone {getattr(net, 'cache_key', type(net).__name__)} returned a "
+                         f"feature map of shape {tuple(fmap.shape)} from forward_features, "
+                         f"expected 1 x C x h x w")
+    return tuple(int(v) for v in fmap.shape[1:])
+
+
+def _param_device(net) -> torch.device:
+    p = next(iter(net.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
 def plan_store(items, backbone="efficientnet_lite0", transform: str = "eval",
                size: int | None = None, *, dtype: str = "float32", cache_dir=None,
-               pretrained: bool = True, seed: int = 0) -> StorePlan:
-    """The store :func:`extract_features` would use for these arguments (nothing computed)."""
+               pretrained: bool = True, seed: int = 0, maps: bool = False) -> StorePlan:
+    """The store :func:`extract_features` would use for these arguments (nothing computed;
+    ``maps=True`` runs one zero image through the backbone to learn the map shape)."""
     items = _check_items(items)
     if np.dtype(dtype).name not in DTYPES:
         raise ValueError(f"feature dtype must be one of {DTYPES}, got {dtype!r}")
@@ -227,10 +256,16 @@ def plan_store(items, backbone="efficientnet_lite0", transform: str = "eval",
     fields = {"format": FORMAT_VERSION, "backbone": spec["cache_key"], "transform": tspec,
               "seed": None if transform == "eval" else int(seed),
               "items_sha256": items_digest(items), "n": len(items), "dtype": dtype}
+    d, tag = spec["num_features"], ""
+    if maps:  # a new key field only here: the keys of pooled stores are unchanged
+        shape = map_shape(backbone, size, pretrained)
+        fields["maps"] = list(shape)
+        d, tag = int(np.prod(shape)), "map"
     key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:20]
-    name = f"{_safe(spec['cache_key'])}__{transform}{size}__n{len(items)}__{dtype}__{key[:12]}"
+    name = (f"{_safe(spec['cache_key'])}__{transform}{size}{tag}__n{len(items)}__{dtype}__"
+            f"{key[:12]}")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return StorePlan(cache / name, key, fields, len(items), spec["num_features"], dtype)
+    return StorePlan(cache / name, key, fields, len(items), d, dtype)
 
 
 @contextlib.contextmanager
@@ -286,7 +321,7 @@ def extract_features(items, backbone="efficientnet_lite0", transform: str = "eva
                      pretrained: bool = True, device=None, seed: int = 0,
                      progress: bool = True, recompute: bool = False, amp: bool | None = None,
                      channels_last: bool = True, threads: int | None = None,
-                     desc: str | None = None) -> np.memmap:
+                     desc: str | None = None, maps: bool = False) -> np.memmap:
     """Pooled backbone features of ``items`` (image paths), from the store or computed into it.
 
     Args:
@@ -309,6 +344,8 @@ def extract_features(items, backbone="efficientnet_lite0", transform: str = "eva
             convolutional networks on CPU and GPU).
         threads: torch threads while extracting (default: all cores), restored afterwards.
         recompute: delete the store and compute it again.
+        maps: store ``forward_features`` (C x h x w per row, flattened to ``D = C*h*w``)
+            instead of the pooled vector; :func:`extract_feature_maps` reshapes.
 
     Returns:
         an N x D :class:`numpy.memmap` of the complete store, copy-on-write (writing to it
@@ -326,7 +363,7 @@ def extract_features(items, backbone="efficientnet_lite0", transform: str = "eva
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     plan = plan_store(items, backbone, transform, size, dtype=dtype, cache_dir=cache_dir,
-                      pretrained=pretrained, seed=seed)
+                      pretrained=pretrained, seed=seed, maps=maps)
     if recompute and plan.folder.exists():
         for name in (META_FILE, DONE_FILE, FEATURES_FILE):
             with contextlib.suppress(FileNotFoundError):
@@ -366,7 +403,7 @@ def _fill(plan, items, backbone, transform, batch_size, num_workers, pretrained,
     amp = dev.type == "cuda" if amp is None else bool(amp)
     size = int(plan.fields["transform"].get("size") or net.input_size)
     tf, _ = make_transform(transform, size, net.mean, net.std)
-    workers = default_workers() if num_workers is None else int(num_workers)
+    workers = loader_workers(default_workers() if num_workers is None else num_workers)
     loader = torch.utils.data.DataLoader(
         _Rows(items, todo, tf, None if transform == "eval" else seed), batch_size=batch_size,
         shuffle=False, num_workers=workers, collate_fn=_collate, pin_memory=dev.type == "cuda",
@@ -389,8 +426,8 @@ def _fill(plan, items, backbone, transform, batch_size, num_workers, pretrained,
                                  f"drop the image and run again to finish the store")
             x = x.to(dev, non_blocking=True).contiguous(memory_format=memory_format)
             with torch.inference_mode(), torch.autocast(dev.type, enabled=amp):
-                feats = net(x)
-            feats = feats.float().cpu().numpy()
+                feats = net.forward_features(x) if "maps" in plan.fields else net(x)
+            feats = feats.float().flatten(1).cpu().numpy()
             if feats.shape != (len(rows), plan.d):
                 raise ValueError(f"backbone {plan.fields['backbone']} returned features of "
                                  f"shape {feats.shape}, expected {(len(rows), plan.d)}")
@@ -422,6 +459,31 @@ def _backbone_module(backbone, pretrained: bool):
 
         return create_backbone(backbone, pretrained=pretrained)
     return backbone
+
+
+def extract_feature_maps(items, backbone="efficientnet_lite0", transform: str = "eval",
+                         size: int | None = None, *, dtype: str = "float16",
+                         **options) -> np.memmap:
+    """Backbone feature maps of ``items``, ``N x C x h x w``, from the store or computed into it.
+
+    :func:`extract_features` with ``maps=True`` (same options, same resumable memory-mapped
+    store; ``dtype`` defaults to float16 here: maps are ``h * w`` times larger than pooled
+    features), reshaped (a view, nothing copied). Random views (``transform`` ``weak`` /
+    ``strong``) are drawn per row from ``seed``: ``seed=v`` gives the v-th cached view.
+
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from PIL import Image
+    >>> d = Path(tempfile.mkdtemp())
+    >>> Image.new("RGB", (20, 20), (10, 200, 30)).save(d / "a.png")
+    >>> m = extract_feature_maps([str(d / "a.png")], "tiny_cnn", "weak", 16, cache_dir=d,
+    ...                          progress=False, num_workers=0, seed=1)
+    >>> m.shape, m.dtype.name
+    ((1, 32, 2, 2), 'float16')
+    """
+    flat = extract_features(items, backbone, transform, size, dtype=dtype, maps=True, **options)
+    meta = json.loads((Path(flat.filename).parent / META_FILE).read_text())
+    return flat.reshape(len(flat), *meta["key_fields"]["maps"])
 
 
 # ---- datasets and splits ----------------------------------------------------------------------

@@ -1,0 +1,1043 @@
+"""LAC (Xie, Xiao, Huang, NeurIPS 2022) as a runnable, resumable two-stage recipe.
+
+"Label-Aware Global Consistency for Multi-Label Learning with Single Positive Labels"
+(papers/000_86db976f6d17197a.txt; METHODS.md section 8). The model is a backbone feature map
+through a label-wise embedding head (:class:`spmlkit.models.LabelEmbeddingModel`); every train
+image is seen in a weak view ``w`` (flip + resize) and a strong view ``s`` (Cutout,
+RandAugment, colour jitter, grayscale; :mod:`spmlkit.data.transforms`). With ``z_obs`` the
+observed labels and ``h`` the label-wise embeddings::
+
+    stage 1 (delta1):  base(z_w) + lambda_plc * PLC(z_s | z_w, z_obs, delta1)
+    stage 2 (delta2):  base(z_w) + lambda_plc * PLC(z_s | z_w, z_obs, delta2)
+                                 + lambda_lac * LAC(proj(h_w), proj(h_s), positives, queue)
+
+``base`` is any registered SPML loss on the weak view's logits (default ``an``, the paper's;
+every other loss on this model gives the paper's "LEM" columns). PLC and LAC are
+:func:`spmlkit.losses.lac.plc_loss` and :func:`spmlkit.losses.lac.lac_loss`; LAC's positive
+entries are the observed positives and the pseudo-positives of the stage's delta (both views of
+each), contrasted with a ring queue of past entries (:class:`spmlkit.losses.lac.RingQueue`,
+both views of every positive entry are pushed after each step). Stage 2 starts from stage 1's
+best weights (the better of the model and its EMA on val), adds the projection head (frozen,
+i.e. not optimised, in stage 1) and LAC, with a fresh AdamW, OneCycle schedule, EMA and queue;
+the base loss's own state (ROLE's estimator ...) carries over from stage 1's best epoch.
+
+Each stage: AdamW (weight decay 0.01) with a per-step OneCycle schedule (max lr 1e-4, 20 %
+warm-up, cosine annealing, momentum cycled), an EMA of the weights (decay 0.9997) updated after
+every step, and after every epoch both the model and the EMA scored on val (mAP); the epoch's
+score is the better of the two, and the run keeps the best epoch over both stages (recording
+whether the model or the EMA won). ``config.early_stop`` applies within each stage (stage 1
+"until convergence").
+
+Table 3 of the paper (the ablation) as configurations (:data:`ABLATIONS`): ``an`` (no PLC, no
+LAC: one stage), ``an_plc`` (one stage), ``an_plc_lac`` (two stages), and the two variants
+``lac_end_to_end`` (LAC from the first epoch, one stage) and ``no_queue`` (queue_size 0).
+
+Views (``LACConfig.views``):
+
+- ``"cached"`` (the default; for a CPU): the backbone is frozen and its feature maps are
+  computed once per view and stored memory-mapped (:func:`spmlkit.features.extract_feature_maps`,
+  float16, resumable, shared by every later run with the same backbone, size and images):
+  ``weak_views`` draws of the weak view and ``strong_views`` draws of the strong view of every
+  train image (view ``v`` seeded with ``v``), and the eval view of train / val / test. Each
+  epoch every row takes one cached weak and one cached strong view, chosen from
+  ``mix_seed(seed, epoch, row)``.
+- ``"images"`` (end to end; for a GPU): images go through the weak and strong transforms at
+  every step (``DataLoader`` workers, per-row generators seeded from ``(seed, epoch, row)``),
+  the backbone trainable (``train_backbone=True``, BatchNorm frozen as the authors' ResNet) or
+  frozen; autocast on CUDA (``config.amp``).
+
+Randomness: the head's initialisation, the batch order and the view choice come from
+``config.seed`` through explicit generators; dropout (which draws from torch's global RNG) runs
+inside ``torch.random.fork_rng`` re-seeded from ``mix_seed(seed, epoch)`` every epoch, so the
+caller's global RNG is left as it was and a resumed run repeats an uninterrupted one exactly.
+
+Resuming: after every epoch the run folder gets ``checkpoint.pt`` (written atomically) with
+the whole state: model, EMA, optimiser, schedule, loss, queue, stage and epoch, the best weights
+so far with their score, the history and the elapsed time. ``train_lac(..., resume=RUN_DIR)``
+(``spml train --mode lac --resume RUN_DIR``, or :func:`resume_lac`) continues in either stage
+and ends with the same weights and metrics as a run that was never interrupted.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..data import Splits
+from ..engine import (GlobalBatchSampler, ItemPredictor, LossScaler, TrainConfig, _amp_dtype,
+                      _should_stop, loader_workers, mix_seed, parse_early_stop)
+from ..labels import validate_observed
+from ..losses import TrainInfo, create_loss
+from ..losses.lac import RingQueue, lac_entries, lac_loss, plc_loss, plc_targets
+from ..metrics import evaluate, map_score, select_thresholds
+from ..models.ema import ModelEMA
+from ..models.label_embedding import LabelEmbeddingModel
+from ..runs import PREDICTIONS_FILE, RunDir, write_json, write_text
+
+__all__ = ["ABLATIONS", "CHECKPOINT_FILE", "LACConfig", "CachedMapViews", "ImageViews",
+           "ablation_config", "load_lac_model", "resume_lac", "train_lac"]
+
+CHECKPOINT_FILE = "checkpoint.pt"
+CHECKPOINT_FORMAT = 1
+#: the paper's batch size, OneCycle max learning rate and epoch budget (section 4.1)
+OFFICIAL_BATCH_SIZE, OFFICIAL_LR, OFFICIAL_EPOCHS = 32, 1e-4, 40
+VIEWS = ("cached", "images")
+
+#: Table 3 of the paper as LACConfig overrides
+ABLATIONS = {
+    "an": {"plc": False, "lac": False},
+    "an_plc": {"plc": True, "lac": False},
+    "an_plc_lac": {"plc": True, "lac": True, "two_stage": True},
+    "lac_end_to_end": {"plc": True, "lac": True, "two_stage": False},
+    "no_queue": {"plc": True, "lac": True, "two_stage": True, "queue_size": 0},
+}
+
+
+# ---- configuration -----------------------------------------------------------------------------
+@dataclass
+class LACConfig:
+    """LAC's hyperparameters, validated; defaults are the paper's / the authors' code's.
+
+    Label-wise embedding head (:class:`spmlkit.models.LabelEmbeddingHead`):
+
+    - ``dim`` (256; official 2048 = ResNet-50's channels), ``heads`` (4), ``ffn`` (None: 4 *
+      dim; official 8192), ``dropout`` (0.1), ``encoder_layers`` (1), ``decoder_layers`` (2),
+      ``proj_dim`` (128, the projection head's output).
+
+    Regularisers and the ablation switches (Table 3; :data:`ABLATIONS`):
+
+    - ``plc`` (True): the PLC term; ``lambda_plc`` (1.0); ``delta1`` (0.6, stage 1),
+      ``delta2`` (0.9, stage 2), both in [0.5, 1] (the paper searches 0.5 .. 0.9);
+    - ``lac`` (True): the LAC term, in a second stage when ``two_stage`` (True; False puts LAC
+      in the one stage from the first epoch, the paper's "end-to-end" row, with ``delta1``);
+      ``lambda_lac`` (1.0), ``temperature`` (0.5), ``queue_size`` (512; 0 = no queue).
+      Without ``lac`` there is one stage.
+
+    Schedule (per stage): ``stage1_epochs`` / ``stage2_epochs`` (None: ``config.epochs``
+    split in two, stage 1 taking the larger half; one stage takes all; official 40 epochs in
+    all with early stopping), ``batch_size`` / ``lr`` (None: the run's
+    :class:`spmlkit.engine.TrainConfig` values, so a study grid selects over them; official 32
+    and 1e-4, the OneCycle max lr), ``weight_decay`` (0.01, AdamW), ``pct_start`` (0.2,
+    OneCycle warm-up fraction), ``ema_decay`` (0.9997; with a few hundred steps per run, as on
+    a CPU, an EMA that slow barely leaves its start: use e.g. 0.99 there).
+
+    Views: ``views`` (``"cached"``: frozen backbone + cached feature maps; ``"images"``: end
+    to end), ``weak_views`` (2) and ``strong_views`` (4) cached draws per train image,
+    ``map_dtype`` (``"float16"``) of the cached maps, ``train_backbone`` (False; images only:
+    fine-tune the backbone with its BatchNorm frozen, as the authors).
+
+    Raises:
+        ValueError: a value out of range (the message names the field), or an unknown field
+            in :meth:`from_dict`.
+
+    >>> LACConfig(**ABLATIONS["an_plc_lac"]).stages(10)
+    [(1, 5, 0.6), (2, 5, 0.9)]
+    >>> LACConfig(plc=False, lac=False).stages(10)
+    [(1, 10, 0.6)]
+    """
+
+    dim: int = 256
+    heads: int = 4
+    ffn: int | None = None
+    dropout: float = 0.1
+    encoder_layers: int = 1
+    decoder_layers: int = 2
+    proj_dim: int = 128
+    plc: bool = True
+    lac: bool = True
+    two_stage: bool = True
+    queue_size: int = 512
+    temperature: float = 0.5
+    lambda_plc: float = 1.0
+    lambda_lac: float = 1.0
+    delta1: float = 0.6
+    delta2: float = 0.9
+    stage1_epochs: int | None = None
+    stage2_epochs: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    weight_decay: float = 0.01
+    pct_start: float = 0.2
+    ema_decay: float = 0.9997
+    views: str = "cached"
+    weak_views: int = 2
+    strong_views: int = 4
+    map_dtype: str = "float16"
+    train_backbone: bool = False
+
+    def __post_init__(self):
+        def bad(name, why):
+            raise ValueError(f"LACConfig.{name} {why}, got {getattr(self, name)!r}")
+
+        for name in ("plc", "lac", "two_stage", "train_backbone"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, "must be true or false")
+        for name, low in (("dim", 4), ("heads", 1), ("encoder_layers", 0),
+                          ("decoder_layers", 1), ("proj_dim", 1), ("queue_size", 0),
+                          ("weak_views", 1), ("strong_views", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                bad(name, f"must be an integer >= {low}")
+        for name in ("ffn", "stage1_epochs", "stage2_epochs", "batch_size"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 1):
+                bad(name, "must be an integer >= 1 or None")
+        if self.dim % 4 or self.dim % self.heads:
+            bad("dim", f"must be a multiple of 4 and of heads ({self.heads})")
+        if not 0.0 <= self.dropout < 1.0:
+            bad("dropout", "must be in [0, 1)")
+        for name in ("delta1", "delta2"):
+            if not 0.5 <= float(getattr(self, name)) <= 1.0:
+                bad(name, "must be in [0.5, 1] (the paper's range is 0.5 .. 0.9)")
+        if not self.temperature > 0:
+            bad("temperature", "must be > 0")
+        for name in ("lambda_plc", "lambda_lac", "weight_decay"):
+            if not float(getattr(self, name)) >= 0:
+                bad(name, "must be >= 0")
+        if self.lr is not None and not self.lr > 0:
+            bad("lr", "must be > 0 or None")
+        if not 0.0 < self.pct_start < 1.0:
+            bad("pct_start", "must be in (0, 1)")
+        if not 0.0 <= self.ema_decay <= 1.0:
+            bad("ema_decay", "must be in [0, 1]")
+        if self.views not in VIEWS:
+            bad("views", f"must be one of {VIEWS}")
+        if self.map_dtype not in ("float16", "float32"):
+            bad("map_dtype", "must be 'float16' or 'float32'")
+        if self.stage2_epochs is not None and self.num_stages == 1:
+            bad("stage2_epochs", "needs a second stage (lac=True and two_stage=True)")
+        if self.train_backbone and self.views != "images":
+            bad("train_backbone", "needs views='images' (cached maps come from a frozen "
+                                  "backbone)")
+
+    @property
+    def num_stages(self) -> int:
+        return 2 if self.lac and self.two_stage else 1
+
+    def head_kwargs(self) -> dict:
+        """The :class:`spmlkit.models.LabelEmbeddingHead` arguments."""
+        return {"dim": self.dim, "heads": self.heads, "ffn": self.ffn, "dropout": self.dropout,
+                "encoder_layers": self.encoder_layers, "decoder_layers": self.decoder_layers,
+                "proj_dim": self.proj_dim}
+
+    def stages(self, total_epochs: int) -> list[tuple[int, int, float]]:
+        """``[(stage, epochs, delta), ...]`` for a run of ``total_epochs`` (used where the
+        stage epochs are None)."""
+        if self.num_stages == 1:
+            return [(1, self.stage1_epochs or int(total_epochs), float(self.delta1))]
+        s1, s2 = self.stage1_epochs, self.stage2_epochs
+        if s1 is None and s2 is None:
+            s1 = math.ceil(total_epochs / 2)
+            s2 = int(total_epochs) - s1
+        elif s1 is None:
+            s1 = int(total_epochs) - s2
+        elif s2 is None:
+            s2 = int(total_epochs) - s1
+        if s1 < 1 or s2 < 1:
+            raise ValueError(f"LAC's two stages need at least one epoch each: {total_epochs} "
+                             f"epochs in all give stage 1 {s1} and stage 2 {s2}; set more "
+                             f"epochs or stage1_epochs / stage2_epochs")
+        return [(1, int(s1), float(self.delta1)), (2, int(s2), float(self.delta2))]
+
+    @classmethod
+    def from_dict(cls, values: dict | None) -> "LACConfig":
+        """A config from a dict (``--lac KEY=VALUE`` pairs, a study's options); unknown keys
+        raise."""
+        values = dict(values or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown LAC option(s) {unknown}; known: {', '.join(sorted(known))}")
+        return cls(**values)
+
+    @classmethod
+    def coerce(cls, lac) -> "LACConfig":
+        if lac is None:
+            return cls()
+        if isinstance(lac, cls):
+            return lac
+        if isinstance(lac, dict):
+            return cls.from_dict(lac)
+        raise ValueError(f"lac must be a LACConfig, a dict or None, got {type(lac).__name__}")
+
+
+def ablation_config(name: str, **overrides) -> LACConfig:
+    """The Table-3 row ``name`` (:data:`ABLATIONS`) with ``overrides`` on top.
+
+    >>> ablation_config("an").num_stages, ablation_config("an_plc_lac").num_stages
+    (1, 2)
+    """
+    if name not in ABLATIONS:
+        raise ValueError(f"unknown LAC ablation {name!r}; known: {', '.join(ABLATIONS)}")
+    return LACConfig.from_dict({**ABLATIONS[name], **overrides})
+
+
+def resolve_train_config(config: TrainConfig | None, lac: LACConfig) -> TrainConfig:
+    """The run's TrainConfig: ``config`` (default: the paper's 40 epochs, batch 32, lr 1e-4)
+    with LACConfig's ``batch_size`` / ``lr`` on top where set, and ``epochs`` the sum of the
+    stages."""
+    config = config or TrainConfig(epochs=OFFICIAL_EPOCHS, batch_size=OFFICIAL_BATCH_SIZE,
+                                   lr=OFFICIAL_LR)
+    total = sum(e for _, e, _ in lac.stages(config.epochs))
+    return dataclasses.replace(config, epochs=total,
+                               batch_size=lac.batch_size or config.batch_size,
+                               lr=lac.lr or config.lr)
+
+
+# ---- views ---------------------------------------------------------------------------------
+def _view_choice(seed: int, epoch: int, rows, n_weak: int, n_strong: int):
+    """Which cached weak / strong view each row takes this epoch (from mix_seed(seed, epoch,
+    row))."""
+    draws = [mix_seed(seed, epoch, int(r)) for r in rows]
+    return (np.array([d % n_weak for d in draws]),
+            np.array([(d // n_weak) % n_strong for d in draws]))
+
+
+class CachedMapViews:
+    """Views from cached feature maps of a frozen backbone (the CPU path).
+
+    Args:
+        splits: image splits (``x`` are paths).
+        backbone: the backbone module (its ``cache_key`` names the stores).
+        size: input side.
+        lac: ``weak_views``, ``strong_views``, ``map_dtype``.
+        seed: the run seed (the view choice per epoch; the cached views themselves are seeded
+            ``0 .. n - 1`` and shared by every run).
+        store_options: :func:`spmlkit.features.extract_features` options (``cache_dir``,
+            ``progress``, ``num_workers``, ``batch_size``, ``device``).
+    """
+
+    kind = "cached"
+
+    def __init__(self, splits: Splits, backbone: nn.Module, size: int, lac: LACConfig, *,
+                 seed: int, device: torch.device, **store_options):
+        from ..features import extract_feature_maps
+
+        t0 = time.perf_counter()
+        self.seed, self.device = int(seed), device
+        self.n_weak, self.n_strong = lac.weak_views, lac.strong_views
+        opts = {"dtype": lac.map_dtype, **store_options}
+        name = splits.name
+
+        def maps(items, transform, what, seed=0):
+            return extract_feature_maps(items, backbone, transform, size, seed=seed,
+                                        desc=f"{name} {what}", **opts)
+
+        self.weak = [maps(splits.train.x, "weak", f"train weak view {v + 1}/{self.n_weak}", v)
+                     for v in range(self.n_weak)]
+        self.strong = [maps(splits.train.x, "strong",
+                            f"train strong view {v + 1}/{self.n_strong}", v)
+                       for v in range(self.n_strong)]
+        self.eval = {s: maps(getattr(splits, s).x, "eval", f"{s} eval view")
+                     for s in ("train", "val", "test")}
+        self.in_channels = int(self.eval["train"].shape[1])
+        self.map_shape = tuple(int(v) for v in self.eval["train"].shape[1:])
+        self.seconds = time.perf_counter() - t0
+
+    def describe(self) -> dict:
+        stores = [str(Path(m.filename).parent) for m in (*self.weak, *self.strong,
+                                                         *self.eval.values())]
+        return {"kind": self.kind, "weak_views": self.n_weak, "strong_views": self.n_strong,
+                "map_shape": list(self.map_shape), "stores": stores}
+
+    @staticmethod
+    def _gather(stores, choice, rows) -> torch.Tensor:
+        out = np.empty((len(rows), *stores[0].shape[1:]), dtype=stores[0].dtype)
+        for v in np.unique(choice):
+            take = choice == v
+            out[take] = stores[v][rows[take]]
+        return torch.from_numpy(out).float()
+
+    def train_epoch(self, batches: Sequence[torch.Tensor], epoch: int, strong: bool):
+        """Yields ``(weak B x C x h x w, strong or None, rows)`` for each batch of rows."""
+        for rows in batches:
+            r = rows.numpy()
+            w_choice, s_choice = _view_choice(self.seed, epoch, r, self.n_weak, self.n_strong)
+            weak = self._gather(self.weak, w_choice, r).to(self.device)
+            stro = self._gather(self.strong, s_choice, r).to(self.device) if strong else None
+            yield weak, stro, rows
+
+    @torch.no_grad()
+    def predict(self, module: nn.Module, split: str, batch_size: int = 256) -> torch.Tensor:
+        """Eval-mode logits (float32, CPU) of ``module`` on ``split``'s eval view, row order."""
+        was = module.training
+        module.eval()
+        maps = self.eval[split]
+        outs = [module(torch.from_numpy(np.asarray(maps[i:i + batch_size], dtype=np.float32))
+                       .to(self.device)).float().cpu()
+                for i in range(0, len(maps), batch_size)]
+        module.train(was)
+        return torch.cat(outs)
+
+    def close(self) -> None:
+        pass
+
+
+class _TwoViewItems(torch.utils.data.Dataset):
+    """Train images through the weak and (optionally) the strong transform; key ``(row,
+    epoch, strong)``; generators seeded from ``mix_seed(seed, epoch, row, 0 | 1)``."""
+
+    def __init__(self, items, weak, strong, read, seed: int):
+        self.items, self.weak, self.strong, self.read, self.seed = items, weak, strong, read, seed
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, key):
+        row, epoch, strong = key
+        item = self.items[row]
+        img = self.read(item) if isinstance(item, (str, bytes)) or hasattr(item, "__fspath__") \
+            else item
+        gen = torch.Generator().manual_seed
+        w = self.weak(img, gen(mix_seed(self.seed, epoch, row, 0)))
+        s = self.strong(img, gen(mix_seed(self.seed, epoch, row, 1))) if strong else None
+        return w, s, row
+
+
+def _collate_two(batch):
+    weak = torch.stack([b[0] for b in batch])
+    strong = torch.stack([b[1] for b in batch]) if batch[0][1] is not None else None
+    return weak, strong, torch.tensor([b[2] for b in batch], dtype=torch.long)
+
+
+class _Batches:
+    """A batch sampler whose batches the trainer sets before each epoch (iterated in the main
+    process, so persistent workers see every epoch's keys)."""
+
+    def __init__(self):
+        self.batches = []
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+class ImageViews:
+    """Views computed from the images at every step (the end-to-end path, for a GPU).
+
+    Weak view (:func:`spmlkit.data.transforms.weak_view`) and strong view
+    (:func:`~spmlkit.data.transforms.strong_view`) at the backbone's normalisation, in
+    ``config.num_workers`` DataLoader workers; val / test / train predictions through the eval
+    transform (:class:`spmlkit.engine.ItemPredictor`, autocast on CUDA).
+    """
+
+    kind = "images"
+
+    def __init__(self, splits: Splits, size: int, mean, std, config: TrainConfig, *,
+                 seed: int, device: torch.device, image_reader: Callable | None = None):
+        from ..data import transforms as T
+        from ..engine import default_image_reader
+
+        read = image_reader or default_image_reader()
+        self.device, self.seconds = device, 0.0
+        self.size = int(size)
+        weak, strong = T.weak_view(size, mean, std), T.strong_view(size, mean, std)
+        self.sampler = _Batches()
+        workers = loader_workers(config.num_workers)
+        self.loader = torch.utils.data.DataLoader(
+            _TwoViewItems(list(splits.train.x), weak, strong, read, seed),
+            batch_sampler=self.sampler, num_workers=workers, collate_fn=_collate_two,
+            pin_memory=device.type == "cuda", persistent_workers=workers > 0)
+        eval_t = T.eval_transform(size, mean, std)
+        self.predictors = {s: ItemPredictor(list(getattr(splits, s).x), eval_t, config,
+                                            (3, size, size), device, read)
+                           for s in ("train", "val", "test")}
+        self.channels_last = device.type == "cuda" and config.channels_last
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "image_size": self.size}
+
+    def train_epoch(self, batches: Sequence[torch.Tensor], epoch: int, strong: bool):
+        self.sampler.batches = [[(int(r), int(epoch), bool(strong)) for r in b] for b in batches]
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        for weak, stro, rows in self.loader:
+            weak = weak.to(self.device, non_blocking=True).contiguous(memory_format=fmt)
+            if stro is not None:
+                stro = stro.to(self.device, non_blocking=True).contiguous(memory_format=fmt)
+            yield weak, stro, rows
+
+    def predict(self, module: nn.Module, split: str, batch_size: int = 0) -> torch.Tensor:
+        return self.predictors[split](module).float().cpu()
+
+    def close(self) -> None:
+        self.loader = None
+
+
+# ---- the trainer ---------------------------------------------------------------------------
+# A dedicated loop rather than engine.train_loop: LAC needs two views per step, extra loss
+# terms on embeddings, a per-step schedule and EMA, model-vs-EMA selection, two stages with a
+# hand-over of weights, and a whole-state checkpoint after every epoch for resuming; adding all
+# of that to the shared loop as optional hooks would make it much harder to read for every
+# other mode. The base loss is still driven through the same SPMLLoss hooks.
+def _state(module) -> dict:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+class _EMAView(nn.Module):
+    """The model's (frozen or absent) backbone with the EMA's head: what the EMA predicts
+    when it tracks the head only. Holds references, owns nothing."""
+
+    def __init__(self, model: LabelEmbeddingModel, head: nn.Module):
+        super().__init__()
+        object.__setattr__(self, "_model", model)
+        object.__setattr__(self, "_head", head)
+
+    def forward(self, x):
+        with torch.no_grad():
+            return self._head(self._model.features(x))
+
+
+class _Trainer:
+    def __init__(self, model, loss, views, z, y_train, lac: LACConfig, config: TrainConfig,
+                 stages, device, k, run: RunDir | None, on_epoch, log_record):
+        self.model, self.loss, self.views, self.z = model, loss, views, z
+        self.y_train = y_train
+        self.lac, self.config, self.stages, self.device = lac, config, stages, device
+        self.run, self.on_epoch, self.log_record = run, on_epoch, log_record
+        self.n, self.num_classes = z.shape
+        self.k = k
+        self.amp = _amp_dtype(config.amp, device)
+        self.sampler = GlobalBatchSampler(self.n, config.batch_size, config.seed)
+        self.steps_per_epoch = len(self.sampler)
+        self.queue = RingQueue(lac.queue_size, lac.proj_dim).to(device) \
+            if lac.queue_size > 0 else None
+        # progress
+        self.stage_index, self.stage_epoch, self.stage_done = 0, 0, False
+        self.history: list = []
+        self.best = {"score": float("-inf"), "epoch": 0, "stage": 0, "source": None,
+                     "model": None, "loss": None}
+        self.stage_best = {"score": float("-inf"), "epoch": 0}
+        self.seconds = 0.0
+        self.opt = self.sched = self.ema = self.scaler = None
+
+    # -- stage set-up ------------------------------------------------------------------------
+    def _build_stage(self) -> None:
+        stage, epochs, _ = self.stages[self.stage_index]
+        lac_on = self._lac_on(stage)
+        head = self.model.head
+        projector = {id(p) for p in head.projector.parameters()}
+        params = [p for p in self.model.parameters()
+                  if p.requires_grad and (lac_on or id(p) not in projector)]
+        groups = [{"params": params, "lr": self.config.lr,
+                   "weight_decay": self.lac.weight_decay}]
+        own = [p for p in self.loss.parameters() if p.requires_grad]
+        if own:
+            groups.append({"params": own, "lr": self.config.lr * self.loss.lr_multiplier,
+                           "weight_decay": 0.0})
+        self.opt = torch.optim.AdamW(groups, lr=self.config.lr,
+                                     weight_decay=self.lac.weight_decay)
+        self.sched = torch.optim.lr_scheduler.OneCycleLR(
+            self.opt, max_lr=[g["lr"] for g in groups],
+            total_steps=self.steps_per_epoch * epochs, pct_start=self.lac.pct_start)
+        # the EMA tracks what trains: the head, or the whole model when the backbone trains (a
+        # frozen backbone's EMA would only pick up rounding, and double the memory)
+        self.ema_head_only = self.model.backbone is None or self.model.freeze_backbone
+        self.ema = ModelEMA(self.model.head if self.ema_head_only else self.model,
+                            self.lac.ema_decay)
+        self.scaler = LossScaler(params + own) if self.amp == torch.float16 else None
+        if self.queue is not None:
+            self.queue.reset()
+
+    def _lac_on(self, stage: int) -> bool:
+        return self.lac.lac and (stage == 2 or not self.lac.two_stage)
+
+    def _start_next_stage(self) -> None:
+        """Stage 2 from stage 1's best weights (model or EMA) and loss state."""
+        self.stage_index += 1
+        self.stage_epoch, self.stage_done = 0, False
+        self.stage_best = {"score": float("-inf"), "epoch": 0}
+        self.model.load_state_dict(self.best["model"])
+        self.loss.load_state_dict(self.best["loss"])
+        self._build_stage()
+
+    # -- checkpoint ----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"format": CHECKPOINT_FORMAT, "stage_index": self.stage_index,
+                "stage_epoch": self.stage_epoch, "stage_done": self.stage_done,
+                "model": _state(self.model), "loss": _state(self.loss),
+                "ema": self.ema.state_dict(), "optimizer": self.opt.state_dict(),
+                "scheduler": self.sched.state_dict(),
+                "queue": None if self.queue is None else _state(self.queue),
+                "scaler": None if self.scaler is None else self.scaler.scale,
+                "best": self.best, "stage_best": self.stage_best, "history": self.history,
+                "seconds": self.seconds, "seed": self.config.seed,
+                "stages": [list(s) for s in self.stages]}
+
+    def load_state_dict(self, ckpt: dict) -> None:
+        if ckpt.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"checkpoint format {ckpt.get('format')!r} is not "
+                             f"{CHECKPOINT_FORMAT}: it was written by another spmlkit version")
+        if [list(s) for s in self.stages] != ckpt["stages"]:
+            raise ValueError(f"the checkpoint's stages {ckpt['stages']} differ from this run's "
+                             f"{[list(s) for s in self.stages]}")
+        self.stage_index = int(ckpt["stage_index"])
+        self.model.load_state_dict(ckpt["model"])
+        self.loss.load_state_dict(ckpt["loss"])
+        self._build_stage()  # optimiser, schedule, EMA, queue of that stage, then their state
+        self.ema.load_state_dict(ckpt["ema"])
+        self.opt.load_state_dict(ckpt["optimizer"])
+        self.sched.load_state_dict(ckpt["scheduler"])
+        if self.queue is not None:
+            self.queue.load_state_dict(ckpt["queue"])
+        if self.scaler is not None and ckpt.get("scaler") is not None:
+            self.scaler.scale = float(ckpt["scaler"])
+        self.stage_epoch, self.stage_done = int(ckpt["stage_epoch"]), bool(ckpt["stage_done"])
+        self.best, self.stage_best = ckpt["best"], ckpt["stage_best"]
+        self.history, self.seconds = list(ckpt["history"]), float(ckpt["seconds"])
+
+    # -- one epoch -------------------------------------------------------------------------
+    def _autocast(self):
+        if self.amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp)
+
+    def _forward(self, x):
+        with self._autocast():
+            return self.model.forward_all(x)
+
+    def _train_epoch(self, stage: int, delta: float, global_epoch: int) -> dict:
+        lac, model, loss = self.lac, self.model, self.loss
+        lac_on = self._lac_on(stage)
+        strong = lac.plc or lac_on
+        model.train()
+        loss.on_epoch_start(global_epoch)
+        sums = {"train_loss": 0.0, "base_loss": 0.0, "plc_loss": 0.0, "lac_loss": 0.0}
+        pl_count = pl_true = 0
+        batches = self.sampler.global_batches(global_epoch)
+        for weak, stro, rows in self.views.train_epoch(batches, global_epoch, strong):
+            idx = rows.to(self.device)
+            obs = self.z[idx]
+            b = len(rows)
+            if strong:
+                logits, emb = self._forward(torch.cat([weak, stro]))
+                lw, ls = logits[:b].float(), logits[b:].float()
+                ew, es = emb[:b], emb[b:]
+            else:
+                lw, ew = self._forward(weak)
+                lw = lw.float()
+            base = loss(lw, obs, index=idx)
+            extra = loss.penalty(model)
+            if torch.is_tensor(extra):
+                base = base + extra
+            total = base
+            parts = {"base_loss": base}
+            if lac.plc or lac_on:
+                targets, _ = plc_targets(lw, obs, delta)
+                positive = targets.bool()
+                new = positive & (obs == 0)
+                pl_count += int(new.sum())
+                pl_true += int((new & self.y_train[rows].to(new.device)).sum())
+            if lac.plc:
+                p = plc_loss(ls, lw, obs, delta)
+                total = total + lac.lambda_plc * p
+                parts["plc_loss"] = p
+            if lac_on:
+                with self._autocast():
+                    pw, ps = model.head.project(ew), model.head.project(es)
+                anchors, labels = lac_entries(pw.float(), ps.float(), positive)
+                qf, ql = self.queue.contents() if self.queue is not None else (None, None)
+                c = lac_loss(anchors, labels, qf, ql, lac.temperature)
+                total = total + lac.lambda_lac * c
+                parts["lac_loss"] = c
+                if self.queue is not None:
+                    self.queue.push(anchors.detach(), labels)
+            if self.scaler is not None:
+                self.scaler.step(total, self.opt)
+            else:
+                self.opt.zero_grad(set_to_none=True)
+                total.backward()
+                self.opt.step()
+            last_lr = float(self.opt.param_groups[0]["lr"])  # this step's
+            self.sched.step()
+            self.ema.update(model.head if self.ema_head_only else model)
+            sums["train_loss"] += float(total.detach()) * b
+            for key, value in parts.items():
+                sums[key] += float(value.detach()) * b
+        record = {k: v / self.n for k, v in sums.items()
+                  if k in ("train_loss", "base_loss") or (k == "plc_loss" and lac.plc)
+                  or (k == "lac_loss" and lac_on)}
+        if not np.isfinite(record["train_loss"]):
+            raise FloatingPointError(f"LAC training diverged in stage {stage}, epoch "
+                                     f"{global_epoch + 1} (loss {record['train_loss']}); try a "
+                                     f"smaller learning rate")
+        if lac.plc or lac_on:
+            record["pl_count"] = pl_count
+            record["pl_precision"] = 100.0 * pl_true / pl_count if pl_count else float("nan")
+        if self.queue is not None and lac_on:
+            record["queue"] = len(self.queue)
+        record["lr"] = last_lr  # of the epoch's last step
+        return record
+
+    def _ema_model(self) -> nn.Module:
+        return _EMAView(self.model, self.ema.module) if self.ema_head_only else self.ema.module
+
+    def _ema_state(self) -> dict:
+        """The EMA's weights as a state dict of the whole model."""
+        if not self.ema_head_only:
+            return _state(self.ema.module)
+        return {**_state(self.model), **{f"head.{k}": v for k, v in
+                                         _state(self.ema.module).items()}}
+
+    def _val(self, module) -> float:
+        probs = torch.sigmoid(self.views.predict(module, "val")).numpy()
+        return map_score(probs, self.y_val, self.config.map_convention)
+
+    # -- the run ---------------------------------------------------------------------------
+    def fit(self, y_val, save: Callable[[dict], None] | None) -> None:
+        self.y_val = y_val
+        kind, arg = parse_early_stop(self.config.early_stop)
+        while True:
+            if self.stage_done:
+                if self.stage_index + 1 >= len(self.stages):
+                    break
+                self._start_next_stage()
+            stage, epochs, delta = self.stages[self.stage_index]
+            offset = sum(e for _, e, _ in self.stages[:self.stage_index])
+            for e in range(self.stage_epoch, epochs):
+                t0 = time.perf_counter()
+                g = offset + e  # 0-based global epoch (batch order, views, dropout)
+                devices = [self.device.index or 0] if self.device.type == "cuda" else []
+                with torch.random.fork_rng(devices=devices):
+                    torch.manual_seed(mix_seed(self.config.seed, 0x1AC, g))
+                    record = self._train_epoch(stage, delta, g)
+                if self.loss.needs_train_predictions:
+                    self.loss.on_epoch_end(g, self.views.predict(self.model, "train")
+                                           .to(self.device))
+                else:
+                    self.loss.on_epoch_end(g, None)
+                val_model, val_ema = self._val(self.model), self._val(self._ema_model())
+                source = "ema" if val_ema > val_model else "model"
+                score = max(val_model, val_ema)
+                improved = score > self.best["score"]
+                if improved:
+                    self.best = {"score": score, "epoch": g + 1, "stage": stage,
+                                 "source": source,
+                                 "model": self._ema_state() if source == "ema"
+                                 else _state(self.model), "loss": _state(self.loss)}
+                if score > self.stage_best["score"]:
+                    self.stage_best = {"score": score, "epoch": e + 1}
+                self.stage_epoch = e + 1
+                record = {"epoch": g + 1, "stage": stage, "stage_epoch": e + 1, **record,
+                          "delta": delta, "val_map": score, "val_map_model": val_model,
+                          "val_map_ema": val_ema, "val_source": source, "best": improved}
+                self.history.append(record)
+                stop = _should_stop(kind, arg, [{**h, "epoch": h["stage_epoch"]}
+                                                for h in self.history if h["stage"] == stage],
+                                    _Best(self.stage_best["epoch"], self.stage_best["score"]))
+                self.stage_done = self.stage_epoch >= epochs or stop
+                record["stage_done"] = self.stage_done
+                self.seconds += time.perf_counter() - t0
+                if save is not None:
+                    save(self.state_dict())
+                self.log_record(record)
+                if self.on_epoch is not None:
+                    self.on_epoch(record, self.model, self.loss)
+                if self.stage_done:
+                    break
+            self.stage_done = True
+
+
+@dataclass
+class _Best:
+    best_epoch: int
+    val_map: float
+
+
+# ---- building blocks of train_lac ---------------------------------------------------------
+def _check_images(splits: Splits) -> None:
+    x = splits.train.x
+    if isinstance(x, np.ndarray) and x.dtype.kind == "f":
+        raise ValueError(f"dataset {splits.name!r} holds feature vectors ({x.shape[1]}-d), not "
+                         f"images: LAC's label-wise embedding model needs an image source "
+                         f"(spml list datasets) without a backbone in its options; the "
+                         f"backbone is LAC's own (backbone=...)")
+
+
+def _device(config: TrainConfig) -> torch.device:
+    device = torch.device(config.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _run_config(splits, loss, hparams, k, config, lac, backbone, backbone_options, pretrained,
+                size, mean, std, dataset_options) -> dict:
+    from ..experiments.runner import versions
+
+    return {"dataset": splits.name, "dataset_options": dataset_options or {},
+            "regime": splits.regime, "loss": loss, "hparams": hparams, "k": k, "mode": "lac",
+            "backbone": backbone, "pretrained": pretrained,
+            "backbone_options": backbone_options or {}, "image_size": size, "mean": mean,
+            "std": std, "train": asdict(config), "lac": asdict(lac),
+            "stages": [list(s) for s in lac.stages(config.epochs)],
+            "sizes": {"train": len(splits.train), "val": len(splits.val),
+                      "test": len(splits.test)},
+            "class_names": list(splits.class_names), "versions": versions()}
+
+
+#: config.json keys that must match for a resume
+_RESUME_KEYS = ("dataset", "regime", "loss", "hparams", "k", "backbone", "pretrained",
+                "backbone_options", "image_size", "train", "lac", "stages", "sizes")
+
+
+def _check_resume(run_dir: Path, fresh: dict) -> None:
+    try:
+        stored = json.loads((run_dir / "config.json").read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"cannot resume {run_dir}: it has no config.json (is it a run "
+                                f"folder?)") from None
+    if stored.get("mode") != "lac":
+        raise ValueError(f"cannot resume {run_dir} as a LAC run: its mode is "
+                         f"{stored.get('mode', 'linear')!r}")
+    fresh = json.loads(json.dumps(fresh, default=str))
+    differ = [key for key in _RESUME_KEYS if stored.get(key) != fresh.get(key)]
+    if differ:
+        detail = "; ".join(f"{key}: run folder {stored.get(key)!r} vs now {fresh.get(key)!r}"
+                           for key in differ[:3])
+        raise ValueError(f"cannot resume {run_dir}: the run was started with other settings "
+                         f"({detail}); resume with the same arguments (spml train --resume "
+                         f"RUN_DIR reads them from config.json)")
+
+
+def train_lac(splits: Splits, loss: str = "an", hparams: dict | None = None,
+              config: TrainConfig | None = None, *, k: float | None = None, out=None,
+              run_name: str | None = None, dataset_options: dict | None = None, lac=None,
+              backbone="efficientnet_lite0", image_size: int | None = None, cache_dir=None,
+              resume=None, progress: bool = True, on_epoch=None, pretrained: bool = True,
+              backbone_options: dict | None = None, features: dict | None = None,
+              image_reader: Callable | None = None) -> dict:
+    """Train LAC (or one of its ablations) on an image source's splits; score the best epoch.
+
+    The run trainer of mode ``lac`` (contract of :func:`spmlkit.experiments.runner.train_one`).
+
+    Args:
+        splits: splits whose ``x`` are image paths.
+        loss: the base SPML loss on the weak view (a registered name; default ``an``).
+        hparams: its hyperparameters (on top of its per-dataset defaults).
+        config: :class:`TrainConfig` (seed, device, amp, early_stop, map_convention,
+            num_workers, and the ``batch_size`` / ``lr`` / ``epochs`` that LACConfig leaves
+            open); default: the paper's 40 epochs, batch 32, lr 1e-4.
+        k: expected positives per example for the base loss (default: the split's).
+        out, run_name: create the run folder ``out/run_name`` (default name
+            ``{dataset}-{loss}-lac-{regime}-s{seed}``).
+        dataset_options: recorded in ``config.json`` (what ``load_splits`` was given).
+        lac: :class:`LACConfig` or a dict of its fields (default: the full method).
+        backbone: a registered backbone name (or a backbone module); ``pretrained`` and
+            ``backbone_options`` as :func:`spmlkit.models.create_backbone`.
+        image_size: input side (default ``config.image_size``, else the backbone's).
+        cache_dir: feature-map stores' folder (default ``$SPMLKIT_CACHE/features``).
+        resume: a run folder of an interrupted LAC run with the same arguments: continue from
+            its ``checkpoint.pt`` (a finished run returns its ``final.json``).
+        progress: progress bars of the feature-map extraction.
+        on_epoch: ``on_epoch(record, model, loss)`` after each epoch (after the checkpoint).
+        features: more :func:`spmlkit.features.extract_features` options for the cached maps
+            (``num_workers``, ``batch_size``, ``device``).
+        image_reader: ``path -> PIL image`` for ``views="images"``.
+
+    Returns:
+        dict with ``val_map``, ``test_map``, ``train_recovery_map``, ``test`` (P@k ...),
+        ``best_epoch`` (1-based over both stages), ``best_stage``, ``best_source`` (``model``
+        or ``ema``), ``epochs_run``, ``stage_epochs``, ``seconds`` (training, extraction not
+        included: ``extract_seconds``), ``loss``, ``mode``, ``backbone``, ``regime``,
+        ``seed``, ``batch_size``, ``lr``, ``lac``; ``run_dir`` when ``out`` or ``resume`` is
+        given. The run folder holds ``config.json``, ``observed.npy``, ``metrics.jsonl`` (per
+        epoch: ``stage``, losses, ``val_map_model``, ``val_map_ema``, ``val_source``, PLC's
+        ``pl_count`` / ``pl_precision`` on unobserved entries, ``lr``), ``checkpoint.pt``,
+        ``best.pt``, ``predictions.npz``, ``thresholds.json`` and ``final.json``.
+
+    Raises:
+        ValueError: feature-vector splits, a bad LAC option, a resume with other settings.
+    """
+    from ..models.backbones import create_backbone
+
+    _check_images(splits)
+    lac = LACConfig.coerce(lac)
+    config = resolve_train_config(config, lac)
+    stages = lac.stages(config.epochs)
+    hparams = _resolve_hparams(loss, splits.name, hparams)
+    k = splits.k if k is None else k
+    device = _device(config)
+    net = backbone if isinstance(backbone, nn.Module) else \
+        create_backbone(backbone, pretrained=pretrained, **(backbone_options or {}))
+    backbone_name = backbone if isinstance(backbone, str) else getattr(net, "name",
+                                                                        type(net).__name__)
+    size = int(image_size or config.image_size or net.input_size)
+    mean, std = [float(v) for v in net.mean], [float(v) for v in net.std]
+    run_config = _run_config(splits, loss, hparams, k, config, lac, backbone_name,
+                             backbone_options, pretrained, size, mean, std, dataset_options)
+    run = None
+    if resume is not None:
+        run = RunDir(resume)
+        _check_resume(run.path, run_config)
+        if (run.path / "final.json").is_file():
+            result = json.loads((run.path / "final.json").read_text())
+            return {**result, "run_dir": str(run.path)}
+    elif out is not None:
+        run = RunDir.create(out, run_name or f"{splits.name}-{loss}-lac-{splits.regime}-"
+                            f"s{config.seed}".replace(":", "_"))
+        run.write_json("config.json", run_config)
+        run.save_array("observed.npy", splits.observed)
+
+    z = torch.as_tensor(validate_observed(splits.observed, "train observed labels")).to(device)
+    y_train = torch.as_tensor(np.asarray(splits.train.y) > 0)
+    if lac.views == "cached":
+        views = CachedMapViews(splits, net, size, lac, seed=config.seed, device=device,
+                               cache_dir=cache_dir, progress=progress, **(features or {}))
+        model = LabelEmbeddingModel(None, len(splits.class_names),
+                                    in_channels=views.in_channels, seed=config.seed,
+                                    **lac.head_kwargs())
+    else:
+        views = ImageViews(splits, size, mean, std, config, seed=config.seed, device=device,
+                           image_reader=image_reader)
+        model = LabelEmbeddingModel(net, len(splits.class_names),
+                                    freeze_backbone=not lac.train_backbone,
+                                    freeze_batchnorm=lac.train_backbone, seed=config.seed,
+                                    **lac.head_kwargs())
+    channels_last = device.type == "cuda" and config.channels_last and lac.views == "images"
+    model = model.to(device, memory_format=torch.channels_last if channels_last
+                     else torch.contiguous_format)
+    loss_fn = create_loss(loss, **hparams).to(device)
+    loss_fn.on_train_start(z, TrainInfo(len(z), z.shape[1], k, config.seed, config.epochs))
+
+    def log_record(record):
+        if run is not None:
+            run.append_jsonl("metrics.jsonl", record)
+
+    trainer = _Trainer(model, loss_fn, views, z, y_train, lac, config, stages, device, k, run,
+                       on_epoch, log_record)
+    if resume is not None and (run.path / CHECKPOINT_FILE).is_file():
+        ckpt = torch.load(run.path / CHECKPOINT_FILE, map_location=device, weights_only=False)
+        trainer.load_state_dict(ckpt)
+        # the metrics file holds exactly the checkpoint's epochs (an epoch logged after its
+        # checkpoint may be missing, one logged before a crash must not appear twice)
+        write_text(run.path / "metrics.jsonl",
+                   "".join(json.dumps(h) + "\n" for h in trainer.history))
+    else:
+        trainer._build_stage()
+    save = None if run is None else \
+        (lambda state: run.save_torch(CHECKPOINT_FILE, state))
+    trainer.fit(splits.val.y, save)
+    views_info = views.describe()
+
+    # best weights -> predictions and metrics
+    model.load_state_dict(trainer.best["model"])
+    loss_fn.load_state_dict(trainer.best["loss"])
+    probs = {s: torch.sigmoid(views.predict(model, s)).numpy() for s in ("train", "val", "test")}
+    views.close()
+    conv = config.map_convention
+    test = evaluate(probs["test"], splits.test.y, conv)
+    per_stage = [sum(1 for h in trainer.history if h["stage"] == s) for s, _, _ in stages]
+    stage1_scores = [h["val_map"] for h in trainer.history if h["stage"] == 1]
+    result = {
+        "loss": loss, "mode": "lac", "backbone": backbone_name, "regime": splits.regime,
+        "seed": config.seed, "batch_size": config.batch_size, "lr": config.lr,
+        "best_epoch": int(trainer.best["epoch"]), "best_stage": int(trainer.best["stage"]),
+        "best_source": trainer.best["source"], "epochs_run": len(trainer.history),
+        "stage_epochs": per_stage, "val_map": float(trainer.best["score"]),
+        "stage1_val_map": max(stage1_scores) if stage1_scores else float("nan"),
+        "test_map": test["map"],
+        "train_recovery_map": map_score(probs["train"], splits.train.y, conv), "test": test,
+        "lac": asdict(lac), "views": views.kind, "image_size": size,
+        "extract_seconds": round(float(getattr(views, "seconds", 0.0)), 3),
+        "seconds": trainer.seconds,
+    }
+    if hasattr(loss_fn, "estimated_labels"):
+        result["estimator_recovery_map"] = map_score(loss_fn.estimated_labels().cpu().numpy(),
+                                                     splits.train.y, conv)
+    if run is not None:
+        from ..predict import THRESHOLDS_FILE
+
+        state = {n: t.detach().cpu().contiguous() for n, t in model.state_dict().items()}
+        run.save_torch("best.pt", {
+            "model": state, "loss": loss_fn.state_dict(), "loss_name": loss, "hparams": hparams,
+            "mode": "lac", "views": views_info, "backbone": backbone_name,
+            "pretrained": pretrained, "backbone_options": backbone_options or {},
+            "image_size": size, "mean": mean, "std": std, "in_channels": model.head.in_channels,
+            "head": {**lac.head_kwargs(), "seed": config.seed},
+            "num_classes": len(splits.class_names), "class_names": list(splits.class_names),
+            "best_epoch": result["best_epoch"], "best_stage": result["best_stage"],
+            "best_source": result["best_source"]})
+        run.save_npz(PREDICTIONS_FILE, best_epoch=result["best_epoch"], observed=splits.observed,
+                     **{f"probs_{s}": p.astype(np.float32) for s, p in probs.items()},
+                     **{f"y_{s}": getattr(splits, s).y for s in probs})
+        run.write_json(THRESHOLDS_FILE, select_thresholds(probs["val"], splits.val.y,
+                                                          splits.class_names))
+        run.write_json("final.json", result)
+        result["run_dir"] = str(run.path)
+    return result
+
+
+def _resolve_hparams(loss: str, dataset: str, hparams: dict | None) -> dict:
+    from ..experiments.runner import resolve_hparams
+
+    return resolve_hparams(loss, dataset, hparams)
+
+
+def resume_lac(run_dir, *, progress: bool = True, on_epoch=None, cache_dir=None,
+               device: str | None = None) -> dict:
+    """Continue the interrupted LAC run in ``run_dir`` with the settings of its
+    ``config.json`` (dataset, regime, loss, LAC options, train config, backbone); a finished
+    run returns its ``final.json``. ``device`` overrides the stored one (e.g. resume a GPU run
+    on a CPU: the result then matches only up to floating-point differences)."""
+    from ..data import load_splits
+
+    run_dir = Path(run_dir)
+    try:
+        cfg = json.loads((run_dir / "config.json").read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{run_dir} has no config.json: --resume takes a run folder "
+                                f"written by spml train --mode lac") from None
+    if cfg.get("mode") != "lac":
+        raise ValueError(f"{run_dir} is a {cfg.get('mode', 'linear')!r} run; --resume "
+                         f"continues LAC runs only")
+    train = dict(cfg["train"])
+    if device is not None and device != train["device"]:
+        train["device"] = device
+        cfg["train"] = train
+    splits = load_splits(cfg["dataset"], cfg["regime"], **(cfg.get("dataset_options") or {}))
+    config = TrainConfig(**train)
+    if device is not None:
+        write_json(run_dir / "config.json", cfg)
+    return train_lac(splits, cfg["loss"], cfg["hparams"], config, k=cfg["k"],
+                     dataset_options=cfg.get("dataset_options"), lac=cfg["lac"],
+                     backbone=cfg["backbone"], image_size=cfg["image_size"],
+                     cache_dir=cache_dir, resume=run_dir, progress=progress,
+                     on_epoch=on_epoch, pretrained=cfg.get("pretrained", True),
+                     backbone_options=cfg.get("backbone_options") or None)
+
+
+def load_lac_model(run, device: str = "cpu") -> tuple[LabelEmbeddingModel, dict]:
+    """The best model of a LAC run folder, in eval mode: the backbone (rebuilt by name; the
+    run's own weights when it was trained end to end) and the label-wise embedding head.
+    Returns ``(model, info)`` with ``info`` the rest of ``best.pt`` (class names, image size,
+    mean, std, ...). ``model(images)`` gives logits, ``model.attention_maps(images)`` where
+    each label looks."""
+    from ..models.backbones import create_backbone
+
+    path = Path(run) / "best.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: is {run} a finished LAC run folder?")
+    info = torch.load(path, map_location=device, weights_only=False)
+    if info.get("mode") != "lac":
+        raise ValueError(f"{path} is not a LAC checkpoint (mode {info.get('mode', 'linear')!r})")
+    net = create_backbone(info["backbone"], pretrained=info.get("pretrained", True),
+                          **(info.get("backbone_options") or {}))
+    model = LabelEmbeddingModel(net, info["num_classes"], freeze_backbone=True, **info["head"])
+    state = info.pop("model")
+    if any(key.startswith("backbone.") for key in state):
+        model.load_state_dict(state)
+    else:
+        model.head.load_state_dict({key[len("head."):]: v for key, v in state.items()})
+    return model.to(device).eval(), info

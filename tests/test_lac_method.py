@@ -1,0 +1,350 @@
+"""LAC as a recipe (spmlkit.methods.lac): stages, ablations, checkpoints, resume, schedule, views.
+
+Tiny: 24 / 12 / 12 toy images of 16 px, tiny_cnn (8 channels, 2 x 2 maps), a d = 8 head.
+"""
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from _image_toy import make_images
+
+from spmlkit.data import LabelledSet, Splits
+from spmlkit.engine import TrainConfig
+from spmlkit.labels import make_observed
+from spmlkit.methods import lac as lac_mod
+from spmlkit.methods.lac import (ABLATIONS, CHECKPOINT_FILE, LACConfig, ablation_config,
+                                 load_lac_model, resolve_train_config, train_lac)
+
+BACKBONE = {"width": 4, "num_features": 8, "input_size": 16}
+SMALL = {"dim": 8, "heads": 2, "ffn": 16, "proj_dim": 8, "queue_size": 16, "weak_views": 2,
+         "strong_views": 2, "ema_decay": 0.9}
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("lac")
+    names = ["red", "green", "blue"]
+
+    def part(split, n, seed):
+        paths, y = make_images(root / split, n, seed=seed)
+        return LabelledSet(paths, y, names, None, f"toy {split}")
+
+    tr, va, te = part("train", 24, 0), part("val", 12, 1), part("test", 12, 2)
+    splits = Splits("toy", tr, va, te, make_observed(tr.y, "1p"), make_observed(va.y, "1p"),
+                    "1p", float(tr.y.sum(1).mean()))
+    return {"splits": splits, "cache": root / "cache", "root": root}
+
+
+def run(toy, lac=None, out=None, epochs=4, on_epoch=None, resume=None, **kw):
+    return train_lac(toy["splits"], "an", None,
+                     TrainConfig(epochs=epochs, batch_size=8, lr=1e-2, seed=0),
+                     lac={**SMALL, **(lac or {})}, backbone="tiny_cnn",
+                     backbone_options=BACKBONE, pretrained=False, cache_dir=toy["cache"],
+                     progress=False, out=out, on_epoch=on_epoch, resume=resume,
+                     features={"num_workers": 0}, **kw)
+
+
+def records(run_dir):
+    return [json.loads(line) for line in open(f"{run_dir}/metrics.jsonl")]
+
+
+class Stop(Exception):
+    pass
+
+
+def stop_at(stage, stage_epoch):
+    def hook(record, model, loss):
+        if (record["stage"], record["stage_epoch"]) == (stage, stage_epoch):
+            raise Stop
+    return hook
+
+
+# ---- configuration ---------------------------------------------------------------------------
+@pytest.mark.parametrize("bad, field", [
+    ({"delta1": 0.4}, "delta1"), ({"delta2": 1.2}, "delta2"), ({"temperature": 0}, "temperature"),
+    ({"queue_size": -1}, "queue_size"), ({"dim": 10, "heads": 4}, "dim"),
+    ({"pct_start": 1.0}, "pct_start"), ({"views": "video"}, "views"), ({"plc": 1}, "plc"),
+    ({"lac": False, "stage2_epochs": 3}, "stage2_epochs"),
+    ({"train_backbone": True}, "train_backbone"), ({"ema_decay": 1.5}, "ema_decay"),
+])
+def test_bad_config_names_the_field(bad, field):
+    with pytest.raises(ValueError, match=f"LACConfig.{field}"):
+        LACConfig(**bad)
+
+
+def test_config_dicts_stages_and_train_config():
+    with pytest.raises(ValueError, match="unknown LAC option.*'dimm'"):
+        LACConfig.from_dict({"dimm": 8})
+    with pytest.raises(ValueError, match="unknown LAC ablation"):
+        ablation_config("an_lac")
+    with pytest.raises(ValueError, match="at least one epoch each"):
+        LACConfig().stages(1)
+    assert LACConfig().stages(5) == [(1, 3, 0.6), (2, 2, 0.9)]
+    assert LACConfig(stage1_epochs=4).stages(10) == [(1, 4, 0.6), (2, 6, 0.9)]
+    assert LACConfig(lac=True, two_stage=False).stages(7) == [(1, 7, 0.6)]
+    assert [ablation_config(a).num_stages for a in ABLATIONS] == [1, 1, 2, 1, 2]
+    official = resolve_train_config(None, LACConfig())  # the paper's 40 epochs, 32, 1e-4
+    assert (official.epochs, official.batch_size, official.lr) == (40, 32, 1e-4)
+    grid = resolve_train_config(TrainConfig(epochs=9, batch_size=16, lr=1e-3),
+                                LACConfig(stage1_epochs=2, stage2_epochs=3, batch_size=8))
+    assert (grid.epochs, grid.batch_size, grid.lr) == (5, 8, 1e-3)
+
+
+def test_feature_splits_and_mismatched_resume_are_refused(toy, tmp_path):
+    s = toy["splits"]
+    feats = Splits("f", LabelledSet(np.zeros((24, 5), np.float32), s.train.y, s.class_names),
+                   s.val, s.test, s.observed, s.val_observed, "1p", s.k)
+    with pytest.raises(ValueError, match="feature vectors"):
+        train_lac(feats, lac=SMALL)
+    res = run(toy, {"plc": False, "lac": False}, out=tmp_path, epochs=1)
+    with pytest.raises(ValueError, match="other settings.*lac"):
+        run(toy, {"plc": True, "lac": False}, epochs=1, resume=res["run_dir"])
+
+
+# ---- stages and ablations --------------------------------------------------------------------
+def test_ablation_switches(toy, tmp_path):
+    an = run(toy, ABLATIONS["an"], out=tmp_path, epochs=2)
+    plc = run(toy, ABLATIONS["an_plc"], out=tmp_path, epochs=2)
+    full = run(toy, ABLATIONS["an_plc_lac"], out=tmp_path, epochs=4)
+    r_an, r_plc, r_full = (records(r["run_dir"]) for r in (an, plc, full))
+    assert [r["stage"] for r in r_an] == [1, 1] and an["stage_epochs"] == [2]
+    for r in r_an:  # AN alone: the loss is the base loss, nothing else is computed
+        assert r["train_loss"] == pytest.approx(r["base_loss"])
+        assert "plc_loss" not in r and "lac_loss" not in r
+    for r in r_plc:
+        assert r["train_loss"] == pytest.approx(r["base_loss"] + r["plc_loss"])
+        assert r["plc_loss"] > 0 and "lac_loss" not in r
+    assert [r["stage"] for r in r_full] == [1, 1, 2, 2] and full["stage_epochs"] == [2, 2]
+    assert [r["delta"] for r in r_full] == [0.6, 0.6, 0.9, 0.9]
+    assert all("lac_loss" not in r for r in r_full[:2])
+    for r in r_full[2:]:
+        assert r["lac_loss"] > 0 and r["queue"] == 16  # the 16-slot ring queue is full
+        assert r["train_loss"] == pytest.approx(r["base_loss"] + r["plc_loss"] + r["lac_loss"])
+    # the same stage-1 training with or without a later stage 2: identical first epochs
+    assert r_full[0]["val_map_model"] == r_plc[0]["val_map_model"]
+    assert an["val_map"] != plc["val_map"]
+    for r in r_full:
+        assert r["val_map"] == max(r["val_map_model"], r["val_map_ema"])
+        assert r["val_source"] == ("ema" if r["val_map_ema"] > r["val_map_model"] else "model")
+    best = max(r_full, key=lambda r: r["val_map"])
+    assert (full["best_epoch"], full["best_stage"], full["best_source"]) == \
+        (best["epoch"], best["stage"], best["val_source"])
+
+
+def test_stage_two_starts_from_stage_one_best_and_adds_the_projection_head(toy, monkeypatch):
+    seen = {}
+    build, start = lac_mod._Trainer._build_stage, lac_mod._Trainer._start_next_stage
+
+    def spy_build(self):
+        build(self)
+        trained = {id(p) for g in self.opt.param_groups for p in g["params"]}
+        seen.setdefault("projector_trained", []).append(
+            all(id(p) in trained for p in self.model.head.projector.parameters()))
+        seen.setdefault("projector", []).append(lac_mod._state(self.model.head.projector))
+
+    def spy_start(self):
+        seen["stage1_best"] = dict(self.best)
+        start(self)
+        seen["stage2_start"] = lac_mod._state(self.model)
+        seen["ema_updates"] = self.ema.updates
+
+    monkeypatch.setattr(lac_mod._Trainer, "_build_stage", spy_build)
+    monkeypatch.setattr(lac_mod._Trainer, "_start_next_stage", spy_start)
+    # lr 1e-2 with an EMA of 0.9: stage 1's best may be either; the start must be that one
+    res = run(toy, {"stage1_epochs": 3, "stage2_epochs": 1})
+    assert seen["projector_trained"] == [False, True]
+    best = seen["stage1_best"]
+    assert best["stage"] == 1 and best["source"] in ("model", "ema")
+    for key, value in best["model"].items():
+        assert torch.equal(seen["stage2_start"][key], value), key
+    assert seen["ema_updates"] == 0  # a fresh EMA of the stage-2 start
+    # the projection head was not trained (nor decayed) in stage 1
+    for key, value in seen["projector"][0].items():
+        assert torch.equal(seen["projector"][1][key], value)
+    assert res["stage_epochs"] == [3, 1]
+
+
+# ---- schedule ---------------------------------------------------------------------------------
+def test_one_cycle_lr_trace_per_stage(toy):
+    lrs = []
+
+    def hook(record, model, loss):
+        lrs.append(record["lr"])
+
+    run(toy, {"stage1_epochs": 3, "stage2_epochs": 2}, on_epoch=hook)
+
+    def reference(total, after):
+        p = torch.nn.Parameter(torch.zeros(1))
+        opt = torch.optim.AdamW([p], lr=1e-2)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=total,
+                                                    pct_start=0.2)
+        for _ in range(after):
+            opt.step()
+            sched.step()
+        return sched.get_last_lr()[0]
+
+    # the lr of each epoch's last step (after 3e - 1 scheduler steps), 9 then 6 steps a cycle
+    expected = [reference(9, 3 * e - 1) for e in (1, 2, 3)] + \
+        [reference(6, 3 * e - 1) for e in (1, 2)]
+    assert lrs == pytest.approx(expected, rel=1e-9)
+    assert lrs[0] > lrs[1] > lrs[2] and lrs[3] > lrs[4]  # stage 2 restarts the cycle
+    assert lrs[2] == pytest.approx(1e-2 / 25 / 1e4) == lrs[4]  # OneCycle's floor at the end
+    assert reference(9, 0) == pytest.approx(1e-2 / 25)  # warm-up starts at max_lr / 25
+
+
+# ---- checkpoints and resume -------------------------------------------------------------------
+def test_checkpoint_round_trip_of_the_whole_state(toy, tmp_path, monkeypatch):
+    captured = {}
+
+    def hook(record, model, loss):
+        if record["stage"] == 2:
+            trainer = captured["trainer"]
+            captured.update(model=lac_mod._state(model),
+                            ema=lac_mod._state(trainer.ema.module),
+                            queue=lac_mod._state(trainer.queue), updates=trainer.ema.updates)
+            raise Stop
+
+    fit, load = lac_mod._Trainer.fit, lac_mod._Trainer.load_state_dict
+
+    def spy_fit(self, *args):
+        captured["trainer"] = self
+        return fit(self, *args)
+
+    def spy_load(self, ckpt):
+        load(self, ckpt)
+        captured["reloaded"] = copy.deepcopy(self.state_dict())  # before training goes on
+
+    monkeypatch.setattr(lac_mod._Trainer, "fit", spy_fit)
+    monkeypatch.setattr(lac_mod._Trainer, "load_state_dict", spy_load)
+    with pytest.raises(Stop):
+        run(toy, {"stage1_epochs": 2, "stage2_epochs": 2}, out=tmp_path, on_epoch=hook)
+    run_dir = next(tmp_path.iterdir())
+    ckpt = torch.load(run_dir / CHECKPOINT_FILE, weights_only=False)
+    assert (ckpt["stage_index"], ckpt["stage_epoch"], ckpt["stage_done"]) == (1, 1, False)
+    assert ckpt["ema"]["updates"] == captured["updates"] == 3
+    assert int(ckpt["queue"]["count"]) == 16 and ckpt["queue"]["labels"].min() >= 0
+    for name in ("model", "queue"):
+        for key, value in captured[name].items():
+            assert torch.equal(ckpt[name][key], value), (name, key)
+    for key, value in captured["ema"].items():
+        assert torch.equal(ckpt["ema"]["module"][key], value), key
+    assert ckpt["best"]["stage"] in (1, 2) and len(ckpt["history"]) == 3
+    run(toy, {"stage1_epochs": 2, "stage2_epochs": 2}, resume=run_dir)
+    back = captured["reloaded"]  # the state right after loading the checkpoint
+    for name in ("model", "queue", "loss"):
+        assert back[name].keys() == ckpt[name].keys()
+        assert all(torch.equal(back[name][k], ckpt[name][k]) for k in ckpt[name]), name
+    assert all(torch.equal(back["ema"]["module"][k], v)
+               for k, v in ckpt["ema"]["module"].items())
+    assert back["scheduler"]["last_epoch"] == ckpt["scheduler"]["last_epoch"] == 3
+    opt_a, opt_b = back["optimizer"]["state"], ckpt["optimizer"]["state"]
+    assert opt_a.keys() == opt_b.keys() and all(
+        torch.equal(opt_a[i]["exp_avg"], opt_b[i]["exp_avg"]) for i in opt_b)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_resume_gives_the_uninterrupted_result(toy, tmp_path, stage):
+    lac = {"stage1_epochs": 2, "stage2_epochs": 2}
+    whole = run(toy, lac, out=tmp_path / "whole")
+    with pytest.raises(Stop):
+        run(toy, lac, out=tmp_path / "cut", on_epoch=stop_at(stage, 1))
+    cut_dir = next((tmp_path / "cut").iterdir())
+    assert len(records(cut_dir)) == 1 + 2 * (stage == 2)
+    resumed = run(toy, lac, resume=cut_dir)
+    for key in ("val_map", "test_map", "train_recovery_map", "best_epoch", "best_source",
+                "epochs_run"):
+        assert resumed[key] == whole[key], key
+    strip = [{k: v for k, v in r.items()} for r in records(whole["run_dir"])]
+    assert json.dumps(records(cut_dir)) == json.dumps(strip)
+    a = torch.load(f"{whole['run_dir']}/best.pt", weights_only=False)["model"]
+    b = torch.load(cut_dir / "best.pt", weights_only=False)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    again = run(toy, lac, resume=cut_dir)  # a finished run: its final.json
+    assert again["test_map"] == whole["test_map"]
+
+
+# ---- outputs and the end-to-end path ----------------------------------------------------------
+def test_run_folder_and_model_loader(toy, tmp_path):
+    res = run(toy, {"stage1_epochs": 1, "stage2_epochs": 1}, out=tmp_path)
+    folder = res["run_dir"]
+    pred = np.load(f"{folder}/predictions.npz")
+    assert pred["probs_test"].shape == (12, 3) and int(pred["best_epoch"]) == res["best_epoch"]
+    final = json.load(open(f"{folder}/final.json"))
+    assert final["test_map"] == res["test_map"] and final["mode"] == "lac"
+    model, info = load_lac_model(folder)
+    from spmlkit.metrics import map_score
+    from spmlkit.data.transforms import eval_transform
+    from spmlkit.data.images import open_image
+    t = eval_transform(16, info["mean"], info["std"])
+    x = torch.stack([t(open_image(p)) for p in toy["splits"].test.x])
+    with torch.no_grad():
+        probs = torch.sigmoid(model(x)).numpy()
+    # the loaded model (backbone + head) reproduces the run's float16-map predictions closely
+    assert np.abs(probs - pred["probs_test"]).max() < 2e-2
+    assert map_score(probs, toy["splits"].test.y) == pytest.approx(res["test_map"], abs=2.0)
+    assert model.attention_maps(x).shape == (12, 3, 2, 2)
+
+
+@pytest.mark.parametrize("train_backbone", [True, False])
+def test_end_to_end_image_views_run_and_train_the_backbone_or_not(toy, train_backbone):
+    from spmlkit.models.backbones import create_backbone
+
+    net = create_backbone("tiny_cnn", pretrained=False, **BACKBONE)
+    start = lac_mod._state(net)
+    res = train_lac(toy["splits"], "an", None, TrainConfig(epochs=2, batch_size=8, lr=1e-2),
+                    lac={**SMALL, "views": "images", "train_backbone": train_backbone},
+                    backbone=net, progress=False)
+    assert res["views"] == "images" and res["stage_epochs"] == [1, 1]
+    assert 0 <= res["test_map"] <= 100
+    moved = max(float((net.state_dict()[k] - v).abs().max()) for k, v in start.items())
+    assert (moved > 0) == train_backbone
+
+
+def test_cli_train_mode_lac_and_resume(toy, tmp_path, capsys):
+    import shutil
+
+    from spmlkit.cli import main
+
+    tree = tmp_path / "tree"  # a folder source: each image in the folder of its first class
+    s = toy["splits"]
+    for i, (path, y) in enumerate(zip(s.train.x + s.val.x, np.r_[s.train.y, s.val.y])):
+        (tree / s.class_names[int(np.argmax(y))]).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, tree / s.class_names[int(np.argmax(y))] / f"{i}.png")
+    args = ["train", "--mode", "lac", "--dataset", "folder", "--data", f"root={tree}",
+            "--backbone", "tiny_cnn", "--random-init", "--image-size", "16", "--epochs", "2",
+            "--batch-size", "8", "--lr", "0.01", "--workers", "0", "--quiet",
+            "--cache-dir", str(toy["cache"]), "--out", str(tmp_path / "runs")]
+    lac = [f"--lac={k}={v}" for k, v in {**SMALL, "plc": "false"}.items()]
+    assert main(args + lac) == 0
+    out = capsys.readouterr().out
+    run_dir = out.split("run folder: ")[1].strip()
+    cfg = json.load(open(f"{run_dir}/config.json"))
+    assert cfg["mode"] == "lac" and cfg["lac"]["plc"] is False and cfg["lac"]["dim"] == 8
+    assert cfg["stages"] == [[1, 1, 0.6], [2, 1, 0.9]] and cfg["train"]["batch_size"] == 8
+    final = json.load(open(f"{run_dir}/final.json"))
+    assert f"test mAP {final['test_map']:.2f}" in out
+    assert main(["train", "--resume", run_dir, "--quiet"]) == 0  # finished: its result
+    assert f"test mAP {final['test_map']:.2f}" in capsys.readouterr().out
+    assert main(args + ["--lac", "dimm=8"]) == 2
+    assert "unknown LAC option" in capsys.readouterr().err
+
+
+def test_cached_maps_average_to_the_pooled_features(toy):
+    from spmlkit.features import extract_feature_maps, extract_features
+    from spmlkit.models.backbones import create_backbone
+
+    net = create_backbone("tiny_cnn", pretrained=False, **BACKBONE)
+    items = toy["splits"].test.x
+    opts = {"cache_dir": toy["cache"], "progress": False, "num_workers": 0}
+    maps = extract_feature_maps(items, net, "eval", 16, **opts)
+    pooled = extract_features(items, net, "eval", 16, **opts)
+    assert maps.shape == (12, 8, 2, 2) and maps.dtype == np.float16
+    assert np.abs(maps.astype(np.float32).mean(axis=(2, 3)) - pooled).max() < 1e-2
+    weak0 = extract_feature_maps(items, net, "weak", 16, seed=0, **opts)
+    weak1 = extract_feature_maps(items, net, "weak", 16, seed=1, **opts)  # another flip draw
+    assert Path(weak0.filename).parent != Path(weak1.filename).parent
+    assert not np.array_equal(weak0, weak1)
