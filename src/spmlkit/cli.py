@@ -101,6 +101,8 @@ def cmd_train(args) -> int:
     from .experiments.runner import train_one
     from .labels import estimate_k
 
+    if args.resume:
+        return _resume_lac(args)
     linear = args.mode == "linear"  # finetune / linear_init: --backbone is the model's
     options = {**_pairs(args.data, "--data"), **(_feature_data(args) if linear else {})}
     splits = load_splits(args.dataset, args.regime, **options)
@@ -116,6 +118,8 @@ def cmd_train(args) -> int:
         print(f"k estimated from {est.m} fully labelled train rows: {est.k:.3f} "
               f"({est.confidence:.0%} interval {est.low:.3f} .. {est.high:.3f}); "
               f"true mean {splits.k:.3f}", file=sys.stderr)
+    if args.mode == "lac":
+        return _train_lac(args, splits, hparams, k, options)
     if not linear:
         return _train_images(args, splits, hparams, k, options)
     _refuse_many_processes("--mode linear")
@@ -185,6 +189,8 @@ def _train_images(args, splits, hparams, k, options) -> int:
                            backbone=args.backbone, pretrained=not args.random_init,
                            linear_config=linear_config, features=features, k=k, out=args.out,
                            on_epoch=show, dataset_options=options)
+        if ctx.world_size > 1:  # every process done before any tears the group down (gloo
+            torch.distributed.barrier()  # aborts on a destroy racing a peer's last collective)
     finally:
         bar.close()
         if ctx.world_size > 1:
@@ -215,14 +221,90 @@ def cmd_predict(args) -> int:
     return 0
 
 
+def _lac_bar(args, total: int):
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=f"{args.loss} lac", unit="epoch", disable=args.quiet)
+
+    def show(rec, *_):
+        bar.set_postfix(stage=rec["stage"], loss=f"{rec['train_loss']:.4f}",
+                        val_map=f"{rec['val_map']:.2f}", by=rec["val_source"])
+        bar.update()
+    return bar, show
+
+
+def _print_lac(res: dict) -> int:
+    print(f"{res['loss']} lac ({res['regime']}, {res['backbone']}): best epoch "
+          f"{res['best_epoch']} (stage {res['best_stage']}, {res['best_source']}), val mAP "
+          f"{res['val_map']:.2f}, test mAP {res['test_map']:.2f}, train recovery mAP "
+          f"{res['train_recovery_map']:.2f}  [{res['seconds']:.1f} s]")
+    print(f"run folder: {res['run_dir']}")
+    return 0
+
+
+def _train_lac(args, splits, hparams, k, options) -> int:
+    """``spml train --mode lac``: LAC (Xie et al.) on an image source, one process."""
+    import torch
+
+    from .engine import TrainConfig
+    from .methods.lac import LACConfig, resolve_train_config, train_lac
+
+    _refuse_many_processes("--mode lac")
+    lac = LACConfig.from_dict(_pairs(args.lac, "--lac"))
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    config = resolve_train_config(TrainConfig(
+        epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+        early_stop=args.early_stop, device=device, amp=args.amp, num_workers=args.workers,
+        image_size=args.image_size), lac)
+    bar, show = _lac_bar(args, config.epochs)
+    try:
+        res = train_lac(splits, args.loss, hparams, config, k=k, out=args.out,
+                        dataset_options=options, lac=lac,
+                        backbone=args.backbone or "efficientnet_lite0",
+                        pretrained=not args.random_init, cache_dir=args.cache_dir,
+                        progress=not args.quiet, on_epoch=show)
+    finally:
+        bar.close()
+    return _print_lac(res)
+
+
+def _resume_lac(args) -> int:
+    """``spml train --resume RUN_DIR``: continue an interrupted LAC run with its own settings
+    (the other options are ignored, except --device, --cache-dir and --quiet)."""
+    import json
+    from pathlib import Path
+
+    from .methods.lac import resume_lac
+
+    cfg = json.loads((Path(args.resume) / "config.json").read_text()) \
+        if (Path(args.resume) / "config.json").is_file() else {}
+    bar, show = _lac_bar(args, int(cfg.get("train", {}).get("epochs", 0)) or None)
+    try:
+        res = resume_lac(args.resume, progress=not args.quiet, on_epoch=show,
+                         cache_dir=args.cache_dir, device=args.device)
+    finally:
+        bar.close()
+    return _print_lac(res)
+
+
 def _add_finetune(p: argparse.ArgumentParser) -> None:
     import os
 
-    p.add_argument("--mode", choices=["linear", "finetune", "linear_init"], default="linear",
+    p.add_argument("--mode", choices=["linear", "finetune", "linear_init", "lac"],
+                   default="linear",
                    help="linear: a linear head on features (default); finetune: the --backbone "
                         "end to end on an image source; linear_init: a linear phase on the "
                         "backbone's cached features, then fine-tuning from that head (Cole et "
-                        "al.). finetune / linear_init run under torchrun --nproc_per_node=N")
+                        "al.). finetune / linear_init run under torchrun --nproc_per_node=N; "
+                        "lac: LAC (Xie et al. 2022), a label-wise embedding model on the "
+                        "--backbone's cached feature maps (default efficientnet_lite0), "
+                        "options via --lac")
+    p.add_argument("--lac", action="append", metavar="KEY=VALUE",
+                   help="--mode lac: a LACConfig option, e.g. --lac dim=64 --lac plc=false "
+                        "--lac stage1_epochs=10 (repeatable; spmlkit.methods.lac.LACConfig)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="continue an interrupted --mode lac run from its checkpoint, with the "
+                        "settings in its config.json")
     p.add_argument("--head-lr-mult", type=float, default=1.0,
                    help="fine-tuning: the head's learning rate is lr times this (Kim et al.: 10)")
     p.add_argument("--amp", choices=["auto", "none", "bf16", "fp16"], default="auto",
@@ -332,6 +414,63 @@ def cmd_report(args) -> int:
         import webbrowser
 
         webbrowser.open(out.resolve().as_uri())
+    return 0
+
+
+def _study_table(out, fmt: str = "markdown", metric: str = "test_map",
+                 columns: str = "dataset") -> str:
+    from .experiments.study import study_rows
+    from .experiments.tables import study_table
+
+    spec, rows = study_rows(out)
+    if not rows:
+        raise ValueError(f"{out}: no finished run to tabulate yet (spml study status {out})")
+    return study_table(rows, fmt, metric, columns=columns, title=spec.title,
+                       order=[m.label for m in spec.methods])
+
+
+def cmd_study(args) -> int:
+    """``spml study run | status | table | export | list``."""
+    from .experiments import study as st
+
+    if args.action == "list":
+        presets = st.list_presets()
+        width = max((len(n) for n, _ in presets), default=0)
+        for name, title in presets:
+            print(f"{name:<{width}}  {title}")
+        return 0
+    if args.action == "run":
+        spec = st.load_study(args.spec, args.set)
+        res = st.run_study(spec, out=args.out, jobs=args.jobs, progress=not args.quiet,
+                           mlflow=args.mlflow, argv=sys.argv, retry_failed=args.retry_failed)
+        print(f"{spec.name}: {res['runs_run']} run(s) in {res['seconds']:.1f} s with "
+              f"{res['jobs']} process(es), {res['failures']} failed; "
+              f"{res['runs_done_before']} of {res['runs_total']} were finished before")
+        try:
+            print(_study_table(res["out"]), end="")
+        except ValueError as err:
+            print(err)
+        print(f"study folder: {res['out']}")
+        return 1 if res["failures"] else 0
+    if args.action == "status":
+        s = st.study_status(args.dir)
+        print(f"{s['name']} ({s['title']}): {s['total']} runs: {s['done']} done, "
+              f"{s['failed']} failed, {s['missing']} missing"
+              + (f"; {s['stale']} stored run(s) not in the current spec" if s["stale"] else ""))
+        return 0
+    if args.action == "table":
+        print(_study_table(args.dir, args.format, args.metric, args.columns), end="")
+        return 0
+    from pathlib import Path
+
+    from .experiments.store import StudyStore
+
+    st.study_status(args.dir)  # a study folder?
+    db = Path(args.dir) / st.RESULTS_FILE
+    if not db.exists():
+        raise FileNotFoundError(f"{db} is missing: the study has not run yet")
+    path = StudyStore(db).export(args.output, args.format, selected=args.selected)
+    print(f"wrote {path}")
     return 0
 
 
@@ -530,6 +669,40 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the HTML file (default <STUDY_DIR>/report.html)")
     p.add_argument("--open", action="store_true", help="open it in the default browser")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("study", help="run a study (a YAML spec or preset: datasets x methods x "
+                       "seeds x vary x grid; parallel, resumable) and tabulate it")
+    ssub = p.add_subparsers(dest="action", required=True)
+    s = ssub.add_parser("run", help="run a study's missing runs (re-running resumes)")
+    s.add_argument("spec", metavar="SPEC_OR_PRESET",
+                   help="a study YAML file, a study folder, or a preset (spml study list)")
+    s.add_argument("--out", default=None, help="study folder (default runs/studies/<name>)")
+    s.add_argument("--jobs", type=int, default=None, help="worker processes (default: cores)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--mlflow", action="store_true",
+                   help="also log each run to MLflow (pip install mlflow)")
+    s.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="override spec keys, e.g. --set seeds=1 epochs=5 grid.lr=[1e-3]")
+    s.add_argument("--retry-failed", action="store_true", help="run failed runs again")
+    s = ssub.add_parser("status", help="runs done / failed / missing of a study folder")
+    s.add_argument("dir", metavar="DIR")
+    s = ssub.add_parser("table", help="the paper-style table of a study folder (mean ± std "
+                        "over seeds of the best-val grid point; best bold, second underlined)")
+    s.add_argument("dir", metavar="DIR")
+    s.add_argument("--format", choices=["md", "markdown", "latex", "csv", "html"], default="md")
+    s.add_argument("--metric", default="test_map",
+                   help="a results column or a key of the run's metrics (default test_map)")
+    s.add_argument("--columns", default="dataset",
+                   help="what makes the columns: dataset (default) or a vary key")
+    s = ssub.add_parser("export", help="every run's row (or the selected ones) to a file")
+    s.add_argument("dir", metavar="DIR")
+    s.add_argument("--format", choices=["csv", "md", "markdown", "latex", "json"],
+                   required=True)
+    s.add_argument("--output", required=True, metavar="FILE")
+    s.add_argument("--selected", action="store_true",
+                   help="only the best-val run per (method, dataset, regime, seed, variant)")
+    ssub.add_parser("list", help="the shipped presets with their titles")
+    p.set_defaults(func=cmd_study)
 
     p = sub.add_parser("list", help="list registered losses, datasets, regimes or backbones")
     p.add_argument("what", choices=["losses", "datasets", "regimes", "backbones"])

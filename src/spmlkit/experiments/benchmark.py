@@ -6,7 +6,8 @@ high-rank regulariser to AN. Two reference rows are added by default, as in Cole
 Table 1: ``bce`` (``bce@full``, all labels) and ``iun`` (``bce@1p_alln``, one positive and every
 negative).
 
-Grid points run in parallel worker processes; each finished point is appended to
+Grid points run in parallel worker processes (:mod:`spmlkit.experiments.pool`, the runner that
+:mod:`spmlkit.experiments.study` uses too); each finished point is appended to
 ``DIR/grid.jsonl`` as it completes, so an interrupted benchmark resumes where it stopped. At the
 end ``DIR/results.json`` (one record per method x seed, the grid point with the best val mAP) and
 ``DIR/table.md`` are written atomically.
@@ -15,8 +16,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import multiprocessing as mp
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from ..engine import TrainConfig
 from ..losses import LOSSES
 from ..losses.regularizers import parse_regularizers
 from ..runs import write_json, write_text
+from .pool import default_jobs, run_tasks
 
 DEFAULT_LOSSES = ("an", "an_ls", "wan", "epr", "role", "pr")
 REFERENCES = {"bce": ("bce", "full", "BCE, all labels (All P. & All N.)"),
@@ -69,30 +69,18 @@ def parse_methods(losses, references=("bce", "iun")) -> list[Method]:
     return out
 
 
-# ---- worker side ------------------------------------------------------------------------------
-_CACHE: dict = {}
-
-
-def _init_worker(dataset: str, options: dict, threads: int) -> None:
-    import torch
-
-    torch.set_num_threads(threads)
-    _CACHE.clear()
-    _CACHE["dataset"] = (dataset, options)
-
-
+# ---- worker side (run through spmlkit.experiments.pool) ----------------------------------------
 def _run_point(task: dict) -> dict:
-    from ..data import load_splits
+    from .pool import cached_splits
     from .runner import train_one
 
-    dataset, options = _CACHE["dataset"]
-    regime = task["regime"]
-    if regime not in _CACHE:
-        _CACHE[regime] = load_splits(dataset, regime, **options)
+    task = dict(task)
+    dataset, options = task.pop("dataset"), task.pop("dataset_options")
+    splits = cached_splits(dataset, task["regime"], options)
     config = TrainConfig(epochs=task["epochs"], batch_size=task["batch_size"], lr=task["lr"],
                          seed=task["seed"], early_stop=task["early_stop"])
     try:
-        res = train_one(_CACHE[regime], task["loss"], task.get("hparams"), config)
+        res = train_one(splits, task["loss"], task.get("hparams"), config)
     except FloatingPointError as err:  # a diverged grid point loses the selection, visibly
         res = {"val_map": float("nan"), "test_map": float("nan"), "error": str(err),
                "train_recovery_map": float("nan"), "best_epoch": 0, "seconds": 0.0}
@@ -142,30 +130,19 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
             tasks.append(task)
     # longest first (small batches, stateful losses), for a balanced pool
     tasks.sort(key=lambda t: (t["batch_size"], t["loss"] != "role"))
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(tasks) or 1))
+    jobs = default_jobs(jobs, len(tasks))
     start = time.perf_counter()
     bar = tqdm(total=len(tasks), desc=f"benchmark {dataset}", unit="run", disable=not progress)
     if done:
         bar.write(f"resuming: {len(done)} grid point(s) already in {grid_file}")
-    init = (dataset, dataset_options or {}, 1)
+    shared = {"dataset": dataset, "dataset_options": dict(dataset_options or {})}
     with open(grid_file, "a") as fh:
-        if jobs == 1:
-            _init_worker(*init)
-            results = map(_run_point, tasks)
-            pool = None
-        else:
-            pool = mp.get_context("spawn").Pool(jobs, initializer=_init_worker, initargs=init)
-            results = pool.imap_unordered(_run_point, tasks)
-        try:
-            for rec in results:
-                done[_key(rec)] = rec
-                fh.write(json.dumps(rec) + "\n")
-                fh.flush()
-                bar.set_postfix_str(f"{rec['method']} val {rec['val_map']:.1f}")
-                bar.update()
-        finally:
-            if pool is not None:
-                pool.terminate()
+        for rec in run_tasks(_run_point, [{**t, **shared} for t in tasks], jobs):
+            done[_key(rec)] = rec
+            fh.write(json.dumps(rec) + "\n")
+            fh.flush()
+            bar.set_postfix_str(f"{rec['method']} val {rec['val_map']:.1f}")
+            bar.update()
     bar.close()
     seconds = time.perf_counter() - start
     selected = select_best(done.values(), methods, seeds)

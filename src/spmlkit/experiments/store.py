@@ -1,0 +1,265 @@
+"""The results store of a study: one SQLite file, one row per run (grid point).
+
+``StudyStore(path)`` opens (and creates) ``results.sqlite``: table ``runs`` with the columns of
+:data:`COLUMNS` (``run_id`` is the primary key). SQLite in WAL mode with a busy timeout; every
+write is one short transaction on its own connection, so several processes may write to the same
+file at once (the study runner writes from its parent process as results come back, but nothing
+relies on that). Only the standard library is used (``sqlite3``), so this module imports in
+milliseconds.
+
+Selection (:meth:`StudyStore.selected`) follows the papers' protocol: per (method, dataset,
+regime, seed, variant) the finished run with the best val mAP; failed runs and NaN val mAPs are
+never chosen (SQLite stores NaN as NULL); the first run id wins a tie.
+
+>>> import tempfile, os
+>>> store = StudyStore(os.path.join(tempfile.mkdtemp(), "results.sqlite"))
+>>> for rid, lr, val in [("a", 1e-3, 50.0), ("b", 1e-2, 55.0), ("c", 1e-4, float("nan"))]:
+...     store.put({"run_id": rid, "method": "an", "dataset": "yeast", "regime": "1p", "seed": 0,
+...                "lr": lr, "status": "done", "val_map": val, "test_map": val - 10})
+>>> [(r["run_id"], r["test_map"]) for r in store.selected()]
+[('b', 45.0)]
+>>> len(store.rows(method="an")), store.counts()
+(3, {'done': 3})
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+
+#: the ``runs`` table's columns, in order (the study contract)
+COLUMNS = ("run_id", "study", "method", "loss", "dataset", "regime", "seed", "variant",
+           "batch_size", "lr", "mode", "status", "val_map", "test_map", "train_recovery_map",
+           "best_epoch", "seconds", "metrics", "config", "run_dir", "error", "finished_at")
+_TYPES = {"seed": "INTEGER", "batch_size": "INTEGER", "best_epoch": "INTEGER", "lr": "REAL",
+          "val_map": "REAL", "test_map": "REAL", "train_recovery_map": "REAL", "seconds": "REAL"}
+#: the selection groups: one selected run per value of these columns
+GROUP = ("method", "dataset", "regime", "seed", "variant")
+STATUSES = ("done", "failed")
+#: columns that hold JSON text
+JSON_COLUMNS = ("variant", "metrics", "config")
+#: columns shown by the Markdown / LaTeX exports (the JSON blobs are left to csv / json)
+BRIEF_COLUMNS = ("run_id", "method", "dataset", "regime", "seed", "variant", "batch_size", "lr",
+                 "status", "val_map", "test_map", "train_recovery_map", "best_epoch", "seconds")
+EXPORT_FORMATS = ("csv", "markdown", "latex", "json")
+
+_SCHEMA = ("CREATE TABLE IF NOT EXISTS runs ("
+           + ", ".join(f"{c} {'TEXT PRIMARY KEY' if c == 'run_id' else _TYPES.get(c, 'TEXT')}"
+                       for c in COLUMNS) + ")")
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _cell(column: str, value):
+    """A Python value as stored: JSON columns as text, NaN / inf as NULL."""
+    if value is None:
+        return None
+    if column in JSON_COLUMNS and not isinstance(value, str):
+        return json.dumps(value, sort_keys=column == "variant", default=str)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # numpy scalars
+        return value.item()
+    return value
+
+
+def _group_key(row: dict) -> tuple:
+    """Sort key of a selection group: numbers as numbers, no variant before any variant."""
+    return tuple((0, row[c], "") if isinstance(row[c], (int, float)) else
+                 (1, 0, "" if row[c] in (None, "{}") else str(row[c])) for c in GROUP)
+
+
+class StudyStore:
+    """One study's ``results.sqlite`` (see the module docstring).
+
+    Args:
+        path: the SQLite file; created with its folder and the ``runs`` table when missing.
+        timeout: seconds a writer waits for another one's lock (SQLite's busy timeout).
+    """
+
+    def __init__(self, path, timeout: float = 60.0):
+        self.path = Path(path)
+        self.timeout = float(timeout)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        con = self._connect()
+        try:
+            con.execute("PRAGMA journal_mode=WAL")  # persistent: readers never block a writer
+            with con:
+                con.execute(_SCHEMA)
+        finally:
+            con.close()
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            con = sqlite3.connect(self.path, timeout=self.timeout)
+        except sqlite3.Error as err:
+            raise ValueError(f"cannot open the results store {self.path}: {err}") from None
+        con.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+        con.row_factory = sqlite3.Row
+        return con
+
+    # ---- writing ------------------------------------------------------------------------------
+    def put(self, row: dict) -> None:
+        """Insert or replace one run's row (one transaction). Keys outside :data:`COLUMNS`
+        raise ``ValueError``; missing ones are NULL; ``finished_at`` defaults to now (UTC)."""
+        unknown = sorted(set(row) - set(COLUMNS))
+        if unknown:
+            raise ValueError(f"{self.path}: unknown column(s) {unknown} in a run row; the runs "
+                             f"table has {list(COLUMNS)}")
+        if not row.get("run_id"):
+            raise ValueError(f"{self.path}: a run row needs a run_id")
+        status = row.get("status", "done")
+        if status not in STATUSES:
+            raise ValueError(f"{self.path}: run {row['run_id']!r} has status {status!r}; "
+                             f"expected one of {STATUSES}")
+        row = {"status": status, "variant": "{}",
+               "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **row}
+        values = [_cell(c, row.get(c)) for c in COLUMNS]
+        sql = (f"INSERT OR REPLACE INTO runs ({', '.join(COLUMNS)}) "
+               f"VALUES ({', '.join('?' * len(COLUMNS))})")
+        self._write(sql, values)
+
+    def delete(self, run_id: str) -> bool:
+        """Remove one run's row; ``True`` if there was one."""
+        return self._write("DELETE FROM runs WHERE run_id = ?", [run_id]) > 0
+
+    def _write(self, sql: str, values) -> int:
+        con = self._connect()
+        try:
+            for attempt in range(5):  # the busy timeout covers most waits; this the rest
+                try:
+                    with con:  # one short transaction: committed, or rolled back on error
+                        return con.execute(sql, values).rowcount
+                except sqlite3.OperationalError as err:
+                    if "locked" not in str(err) or attempt == 4:
+                        raise
+                    time.sleep(0.05 * (attempt + 1))
+        finally:
+            con.close()
+        return 0
+
+    # ---- reading ------------------------------------------------------------------------------
+    def rows(self, **where) -> list[dict]:
+        """Every row (ordered by ``run_id``) whose columns equal ``where``'s values:
+        ``store.rows(status="failed")``, ``store.rows(method="an", seed=0)``."""
+        unknown = sorted(set(where) - set(COLUMNS))
+        if unknown:
+            raise ValueError(f"unknown column(s) {unknown}; the runs table has {list(COLUMNS)}")
+        clause = " AND ".join(f"{c} IS ?" for c in where)
+        sql = "SELECT * FROM runs" + (f" WHERE {clause}" if clause else "") + " ORDER BY run_id"
+        con = self._connect()
+        try:
+            return [dict(r) for r in con.execute(sql, [_cell(c, v) for c, v in where.items()])]
+        finally:
+            con.close()
+
+    def run_ids(self, status: str | None = None) -> set:
+        """The run ids in the store (with that status, if given)."""
+        return {r["run_id"] for r in (self.rows(status=status) if status else self.rows())}
+
+    def counts(self) -> dict:
+        """``{status: number of rows}``."""
+        out: dict = {}
+        for r in self.rows():
+            out[r["status"]] = out.get(r["status"], 0) + 1
+        return out
+
+    def selected(self, run_ids=None) -> list[dict]:
+        """The best-val row per (method, dataset, regime, seed, variant), ordered by group.
+
+        Only ``done`` rows with a finite ``val_map`` compete; on a tie the smaller ``run_id``
+        wins. ``run_ids`` (optional) restricts the candidates, e.g. to a spec's current runs.
+        """
+        keep = None if run_ids is None else set(run_ids)
+        best: dict = {}
+        for r in self.rows(status="done"):
+            if not _finite(r["val_map"]) or (keep is not None and r["run_id"] not in keep):
+                continue
+            key = tuple(r[c] for c in GROUP)
+            if key not in best or r["val_map"] > best[key]["val_map"]:
+                best[key] = r
+        return sorted(best.values(), key=_group_key)
+
+    # ---- export -------------------------------------------------------------------------------
+    def export(self, path, fmt: str = "csv", selected: bool = False) -> Path:
+        """Write the runs (every row, or the selected ones) to ``path`` atomically.
+
+        ``fmt``: ``csv`` (every column), ``json`` (a list of objects; ``variant``, ``metrics``
+        and ``config`` parsed), ``markdown`` / ``md`` or ``latex`` (the columns of
+        :data:`BRIEF_COLUMNS`). The paper-style table is :func:`spmlkit.experiments.tables.
+        study_table`.
+        """
+        rows = self.selected() if selected else self.rows()
+        text = format_rows(rows, fmt)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+                fh.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return path
+
+
+def _num(value, column: str = "") -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:g}" if column == "lr" else f"{value:.2f}"
+    return str(value)
+
+
+_LATEX = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
+          "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}"}
+
+
+def latex_escape(text) -> str:
+    """``text`` with LaTeX's special characters escaped (``a_b & c`` -> ``a\\_b \\& c``)."""
+    return "".join(_LATEX.get(ch, ch) for ch in str(text))
+
+
+def format_rows(rows, fmt: str) -> str:
+    """Run rows as ``csv`` / ``json`` / ``markdown`` (``md``) / ``latex`` text."""
+    fmt = {"md": "markdown"}.get(fmt, fmt)
+    if fmt not in EXPORT_FORMATS:
+        raise ValueError(f"unknown export format {fmt!r}; choose one of "
+                         f"{', '.join(EXPORT_FORMATS)} (or md)")
+    rows = [dict(r) for r in rows]
+    if fmt == "json":
+        for r in rows:
+            for c in JSON_COLUMNS:
+                if isinstance(r.get(c), str):
+                    try:
+                        r[c] = json.loads(r[c])
+                    except json.JSONDecodeError:
+                        pass
+        return json.dumps(rows, indent=2) + "\n"
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(COLUMNS), lineterminator="\n",
+                                extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+        return buf.getvalue()
+    cells = [[_num(r.get(c), c) for c in BRIEF_COLUMNS] for r in rows]
+    if fmt == "markdown":
+        lines = ["| " + " | ".join(BRIEF_COLUMNS) + " |", "|" + "---|" * len(BRIEF_COLUMNS)]
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
+        return "\n".join(lines) + "\n"
+    lines = [r"\begin{tabular}{" + "l" * len(BRIEF_COLUMNS) + "}", r"\toprule",
+             " & ".join(latex_escape(c) for c in BRIEF_COLUMNS) + r" \\", r"\midrule"]
+    lines += [" & ".join(latex_escape(c) for c in row) + r" \\" for row in cells]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,942 @@
+"""Studies: a YAML spec of datasets x methods x seeds x vary x grid, run resumably in parallel.
+
+A study reproduces one table or figure of a paper. Its spec (a YAML file, or a preset shipped in
+``spmlkit/experiments/presets/``, looked up by name) names the datasets, the methods (benchmark
+method specs ``loss[+reg...][@regime]``, see :func:`spmlkit.experiments.benchmark.parse_methods`),
+the training mode, the seeds, the hyperparameter grid that is *selected over* on val mAP, fixed
+hyperparameters, and the ``vary`` axes that are *reported* (one table column or figure point per
+value)::
+
+    name: cole-table1                  # output folder: runs/studies/<name>
+    title: "Cole et al. 2021, Table 1 (linear)"
+    description: free text
+    datasets: [yeast]                  # or {name: fmnist_mosaic, options: {backbone: ...}}
+    methods: [an, role, bce@full]      # or {label: IUN, spec: bce@1p_alln}
+    mode: linear                       # linear | finetune | linear_init | lac
+    seeds: 3                           # or a list [0, 1, 2]
+    epochs: 25
+    early_stop: none
+    grid: {batch_size: [8, 16], lr: [1e-2, 1e-3, 1e-4, 1e-5]}
+    hparams: {em: {alpha: 0.1}}        # per method label or loss name
+    vary: {hparams.alpha: [0.01, 0.1]} # hparams.<name> | data.<option> | k | regime
+    train: {}                          # more TrainConfig fields (device, head_lr_mult, ...)
+    mode_options: {}                   # the trainer's own keywords (backbone, linear_epochs, ...)
+    mlflow: false
+
+A method is a spec string (``an``, ``an+reg``, ``bce@full``) or ``{label, spec, mode_options}``:
+its ``mode_options`` are merged over the study's for that row (the rows of LAC's Table 3 are
+settings of one trainer, not losses).
+
+A vary axis applies to the methods it concerns: ``hparams.<name>`` to losses with that
+hyperparameter, ``k`` to losses with a ``k`` (EPR, ROLE), ``regime`` to methods that do not fix
+their regime with ``@``; ``data.<option>`` (passed to :func:`spmlkit.data.load_splits`) to all.
+``k`` is a number or ``estimate:M:lower|point|upper`` (Cole et al. App. B: the estimate, or an
+end of its 95% interval, from M fully labelled train rows drawn with the run's seed).
+
+Grid points and seeds differ in training only (initialisation, batch order): the observed labels
+are drawn with the official seed 1200, as in the papers' code; ``vary: {data.seed: [...]}``
+draws other ones.
+
+:func:`expand` turns a spec into :class:`RunTask` s with stable ``run_id`` s (readable, plus a
+short hash of the resolved configuration). :func:`run_study` runs the missing ones in worker
+processes (:mod:`spmlkit.experiments.pool`), each in ``<out>/runs/<run_id>/`` through the mode's
+trainer, and writes each finished run's row to ``<out>/results.sqlite``
+(:class:`spmlkit.experiments.store.StudyStore`) as it comes back. A re-launch with the same
+``out`` skips finished runs (and failed ones, unless ``retry_failed``) and reruns the rest,
+replacing the half-written folder of a killed run.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..runs import write_text
+from .pool import cached_splits, default_jobs, run_tasks
+from .store import StudyStore
+
+MODES = ("linear", "finetune", "linear_init", "lac")
+#: mode -> (module, function) of its trainer (the run trainer contract); imported when used
+TRAINERS = {"linear": ("spmlkit.experiments.runner", "train_one"),
+            "finetune": ("spmlkit.experiments.finetune", "train_images"),
+            "linear_init": ("spmlkit.experiments.finetune", "train_images"),
+            "lac": ("spmlkit.methods.lac", "train_lac")}
+SPEC_KEYS = ("name", "title", "description", "datasets", "methods", "mode", "seeds", "epochs",
+             "early_stop", "grid", "hparams", "vary", "train", "mode_options", "mlflow")
+REQUIRED_KEYS = ("datasets", "methods")
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+STUDIES_ROOT = Path("runs") / "studies"
+DEFAULT_GRID = {"batch_size": [8, 16], "lr": [1e-2, 1e-3, 1e-4, 1e-5]}
+K_BOUNDS = ("lower", "point", "upper")
+#: TrainConfig fields with their own spec key (the rest go under ``train:``)
+_OWN_KEYS = ("epochs", "batch_size", "lr", "seed", "early_stop")
+SPEC_FILE = "study.yaml"
+RESULTS_FILE = "results.sqlite"
+LAUNCHES_FILE = "launches.jsonl"
+RUNS_DIR = "runs"
+
+
+# ---- YAML --------------------------------------------------------------------------------------
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads ``1e-3`` as a string (its floats need a dot); grids are full of them."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+def parse_yaml(text: str, where: str = "<text>"):
+    """YAML ``text`` (with ``1e-3`` as a number); ``ValueError`` naming ``where`` and the line."""
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f", line {mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"{where}{at}: not valid YAML ({getattr(err, 'problem', None) or err})") \
+            from None
+
+
+# ---- the spec ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DatasetSpec:
+    name: str
+    options: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    label: str          # the table's row name
+    spec: str           # loss[+reg...][@regime]
+    loss: str
+    regime: str
+    reg: tuple = ()
+    fixed_regime: bool = False   # the spec names its regime (a vary regime axis skips it)
+    mode_options: dict = field(default_factory=dict)  # merged over the study's, for this row
+
+
+@dataclass
+class StudySpec:
+    """A validated study spec (see the module docstring); :meth:`to_dict` is its resolved form,
+    written to ``<out>/study.yaml`` and readable by :func:`load_study` again."""
+
+    name: str
+    datasets: list
+    methods: list
+    title: str = ""
+    description: str = ""
+    mode: str = "linear"
+    seeds: list = field(default_factory=lambda: [0, 1, 2])
+    epochs: int = 25
+    early_stop: str = "none"
+    grid: dict = field(default_factory=lambda: dict(DEFAULT_GRID))
+    hparams: dict = field(default_factory=dict)
+    vary: dict = field(default_factory=dict)
+    train: dict = field(default_factory=dict)
+    mode_options: dict = field(default_factory=dict)
+    mlflow: bool = False
+    source: str = "<dict>"
+
+    def to_dict(self) -> dict:
+        out = {"name": self.name, "title": self.title or self.name,
+               "description": self.description,
+               "datasets": [d.name if not d.options else {"name": d.name, "options": d.options}
+                            for d in self.datasets],
+               "methods": [_method_dict(m) for m in self.methods],
+               "mode": self.mode, "seeds": list(self.seeds), "epochs": self.epochs,
+               "early_stop": self.early_stop, "grid": self.grid, "hparams": self.hparams,
+               "vary": self.vary, "train": self.train}
+        if self.mode_options:
+            out["mode_options"] = self.mode_options
+        if self.mlflow:
+            out["mlflow"] = True
+        return out
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+
+
+def _method_dict(m: MethodSpec):
+    if m.mode_options:
+        return {"label": m.label, "spec": m.spec, "mode_options": m.mode_options}
+    return m.spec if m.label == m.spec else {"label": m.label, "spec": m.spec}
+
+
+def merged(base: dict, over: dict) -> dict:
+    """``base`` with ``over`` laid on it, mappings merged key by key (a method's
+    ``mode_options`` over the study's)."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and \
+            isinstance(out.get(key), dict) else value
+    return out
+
+
+def list_presets() -> list[tuple[str, str]]:
+    """``(name, title)`` of every shipped preset (``spml study list``)."""
+    out = []
+    for path in sorted(PRESETS_DIR.glob("*.yaml")):
+        try:
+            raw = parse_yaml(path.read_text(), str(path)) or {}
+            title = str(raw.get("title") or "") if isinstance(raw, dict) else ""
+        except ValueError as err:
+            title = f"(unreadable: {err})"
+        out.append((path.stem, title))
+    return out
+
+
+def _set_dotted(raw: dict, key: str, value, where: str) -> None:
+    parts = key.split(".")
+    if parts[0] in ("vary", "grid") and len(parts) > 2:  # vary.hparams.alpha: one key
+        parts = [parts[0], ".".join(parts[1:])]
+    node = raw
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ValueError(f"{where}: cannot set {key!r}: {part!r} is not a mapping")
+        node = child
+    node[parts[-1]] = value
+
+
+def apply_overrides(raw: dict, overrides, where: str = "--set") -> dict:
+    """``raw`` with ``overrides`` set: a dict ``{"seeds": 1, "grid.lr": [1e-3]}`` or a list of
+    ``key=value`` strings (values read as YAML: ``methods=[an, role]``)."""
+    raw = json.loads(json.dumps(raw))  # a deep copy
+    if isinstance(overrides, dict):
+        items = list(overrides.items())
+    else:
+        items = []
+        for item in overrides or ():
+            key, sep, text = str(item).partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"{where}: expected key=value (e.g. seeds=1), got {item!r}")
+            items.append((key.strip(), parse_yaml(text, f"{where} {key.strip()}")))
+    for key, value in items:
+        _set_dotted(raw, key, value, where)
+    return raw
+
+
+def load_study(path_or_preset, overrides=None) -> StudySpec:
+    """Read and validate a study spec.
+
+    Args:
+        path_or_preset: a YAML file, a study folder (its ``study.yaml``), a preset name
+            (``"cole-table1"``: ``presets/cole-table1.yaml``), a dict, or a :class:`StudySpec`.
+        overrides: see :func:`apply_overrides` (``["seeds=1", "epochs=5"]``).
+
+    Raises:
+        FileNotFoundError: neither a file, a study folder nor a preset (the presets are listed).
+        ValueError: the spec is not valid; the message names the file, the key and what is
+            expected.
+    """
+    if isinstance(path_or_preset, StudySpec):
+        if not overrides:
+            return path_or_preset
+        raw, source, stem = path_or_preset.to_dict(), path_or_preset.source, None
+    elif isinstance(path_or_preset, dict):
+        raw, source, stem = path_or_preset, "<dict>", None
+    else:
+        path = Path(path_or_preset)
+        if path.is_dir() and (path / SPEC_FILE).is_file():
+            path = path / SPEC_FILE
+        elif not path.is_file():
+            preset = PRESETS_DIR / f"{path_or_preset}.yaml"
+            if path.suffix or os.sep in str(path_or_preset) or not preset.is_file():
+                names = ", ".join(n for n, _ in list_presets()) or "none"
+                raise FileNotFoundError(f"no study spec {str(path_or_preset)!r}: not a YAML file, "
+                                        f"a study folder or a preset (presets: {names})")
+            path = preset
+        source, stem = str(path), path.stem if path.name != SPEC_FILE else path.parent.name
+        raw = parse_yaml(path.read_text(encoding="utf-8"), source)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{source}: a study spec is a mapping of keys (name, datasets, methods, "
+                         f"...), got {type(raw).__name__}")
+    if overrides:
+        raw = apply_overrides(raw, overrides)
+    return _validate(raw, source, stem)
+
+
+def _fail(source: str, key: str, message: str):
+    raise ValueError(f"{source}: {key}: {message}")
+
+
+def _list(value, source: str, key: str, allow_scalar: bool = True) -> list:
+    if isinstance(value, (list, tuple)):
+        if not value:
+            _fail(source, key, "expected a non-empty list")
+        return list(value)
+    if allow_scalar and value is not None and not isinstance(value, dict):
+        return [value]
+    _fail(source, key, f"expected a list, got {value!r}")
+
+
+def _number(value, source: str, key: str, kind=float, positive: bool = True):
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok and kind is int:
+        ok = float(value).is_integer()
+    if not ok or (positive and not value > 0):
+        what = "a positive integer" if kind is int else "a positive number"
+        _fail(source, key, f"expected {what}, got {value!r}")
+    return kind(value)
+
+
+def _mapping(value, source: str, key: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        _fail(source, key, f"expected a mapping, got {value!r}")
+    return dict(value)
+
+
+def _loss_hparams(loss: str) -> set:
+    from ..losses import loss_hparams
+
+    return set(loss_hparams(loss)) | {"reg"}
+
+
+def _check_k(value, source: str, key: str):
+    if isinstance(value, str):
+        parts = value.split(":")
+        ok = (len(parts) == 3 and parts[0] == "estimate" and parts[1].isdigit()
+              and int(parts[1]) > 0 and parts[2] in K_BOUNDS)
+        if not ok:
+            _fail(source, key, f"expected a number or 'estimate:M:lower|point|upper' (M fully "
+                               f"labelled rows), got {value!r}")
+        return value
+    _number(value, source, key)
+    return value
+
+
+def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
+    from ..data import DATASETS
+    from ..engine import TrainConfig, parse_early_stop
+    from ..labels import parse_regime
+    from .benchmark import REFERENCES, parse_methods
+
+    unknown = sorted(set(raw) - set(SPEC_KEYS))
+    if unknown:
+        raise ValueError(f"{source}: unknown key(s) {unknown}; a study spec has "
+                         f"{', '.join(SPEC_KEYS)}")
+    for key in REQUIRED_KEYS:
+        if raw.get(key) is None:
+            _fail(source, key, "missing (required)")
+    name = str(raw.get("name") or stem or "")
+    if not name or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        _fail(source, "name", f"expected a folder-safe name (letters, digits, . _ -), got "
+                              f"{name!r}")
+
+    datasets = []
+    for i, item in enumerate(_list(raw["datasets"], source, "datasets")):
+        key = f"datasets[{i}]"
+        if isinstance(item, str):
+            item = {"name": item}
+        if not isinstance(item, dict) or "name" not in item or set(item) - {"name", "options"}:
+            _fail(source, key, f"expected a dataset name or {{name: ..., options: {{...}}}}, "
+                               f"got {item!r}")
+        try:
+            DATASETS.get(str(item["name"]))
+        except ValueError as err:
+            _fail(source, key, str(err))
+        datasets.append(DatasetSpec(str(item["name"]),
+                                    _mapping(item.get("options"), source, f"{key}.options")))
+    if len({(d.name, json.dumps(d.options, sort_keys=True)) for d in datasets}) < len(datasets):
+        _fail(source, "datasets", "a dataset is listed twice")
+
+    methods = []
+    for i, item in enumerate(_list(raw["methods"], source, "methods")):
+        key = f"methods[{i}]"
+        if isinstance(item, dict):
+            if not {"label", "spec"} <= set(item) <= {"label", "spec", "mode_options"}:
+                _fail(source, key, f"expected a method spec or {{label: ..., spec: ..., "
+                                   f"mode_options: {{...}}}}, got {item!r}")
+            label, spec = str(item["label"]), str(item["spec"])
+            options = _mapping(item.get("mode_options"), source, f"{key}.mode_options")
+        elif isinstance(item, str):
+            label = spec = item
+            options = {}
+        else:
+            _fail(source, key, f"expected a method spec such as 'an' or 'bce@full', got {item!r}")
+        try:
+            (m,) = parse_methods([spec], references=())
+            parse_regime(m.regime)
+        except ValueError as err:
+            _fail(source, key, str(err))
+        fixed = "@" in spec or spec in REFERENCES
+        methods.append(MethodSpec(label, spec, m.loss, m.regime, tuple(m.reg), fixed, options))
+    labels = [m.label for m in methods]
+    if len(set(labels)) < len(labels):
+        _fail(source, "methods", f"labels must be unique, got {labels}")
+
+    mode = raw.get("mode", "linear")
+    if mode not in MODES:
+        _fail(source, "mode", f"expected one of {', '.join(MODES)}, got {mode!r}")
+
+    seeds = raw.get("seeds", 3)
+    if isinstance(seeds, (list, tuple)):
+        seeds = [_number(s, source, "seeds", int, positive=False) for s in
+                 _list(seeds, source, "seeds")]
+        if len(set(seeds)) < len(seeds) or min(seeds) < 0:
+            _fail(source, "seeds", f"expected distinct non-negative integers, got {seeds}")
+    else:
+        seeds = list(range(_number(seeds, source, "seeds", int)))
+    epochs = _number(raw.get("epochs", 25), source, "epochs", int)
+    early_stop = str(raw.get("early_stop", "none"))
+    try:
+        parse_early_stop(early_stop)
+    except ValueError as err:
+        _fail(source, "early_stop", str(err))
+
+    config_fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    train = _mapping(raw.get("train"), source, "train")
+    for k in train:
+        if k in _OWN_KEYS:
+            where = "grid" if k in ("batch_size", "lr") else k
+            _fail(source, f"train.{k}", f"set {k} with the spec key {where!r}, not under train")
+        if k not in config_fields:
+            _fail(source, f"train.{k}", f"not a TrainConfig field; known: "
+                                        f"{', '.join(sorted(config_fields - set(_OWN_KEYS)))}")
+    try:
+        TrainConfig(**train)
+    except (TypeError, ValueError) as err:
+        _fail(source, "train", str(err))
+
+    accepts = {m.label: _loss_hparams(m.loss) for m in methods}
+    grid_raw = raw.get("grid")
+    grid = dict(DEFAULT_GRID) if grid_raw is None else _mapping(grid_raw, source, "grid")
+    for k in ("batch_size", "lr"):
+        grid.setdefault(k, DEFAULT_GRID[k])
+    for k in list(grid):
+        values = _list(grid[k], source, f"grid.{k}")
+        if k == "batch_size":
+            values = [_number(v, source, f"grid.{k}", int) for v in values]
+        elif k == "lr":
+            values = [_number(v, source, f"grid.{k}") for v in values]
+        elif k.startswith("hparams."):
+            if not any(k[8:] in a for a in accepts.values()):
+                _fail(source, f"grid.{k}", f"no method's loss has the hyperparameter "
+                                           f"{k[8:]!r}")
+        elif k in _OWN_KEYS or k not in config_fields:
+            _fail(source, f"grid.{k}", "expected batch_size, lr, hparams.<name> or a "
+                                       "TrainConfig field")
+        if len(set(map(json.dumps, values))) < len(values):
+            _fail(source, f"grid.{k}", f"values repeat: {values}")
+        grid[k] = values
+
+    hparams = _mapping(raw.get("hparams"), source, "hparams")
+    for key, hp in hparams.items():
+        hp = _mapping(hp, source, f"hparams.{key}")
+        targets = [m for m in methods if key in (m.label, m.loss)]
+        if not targets:
+            _fail(source, f"hparams.{key}", f"no method labelled {key!r} or with loss {key!r} "
+                                            f"(methods: {', '.join(labels)})")
+        for m in targets:
+            bad = sorted(set(hp) - accepts[m.label])
+            if bad:
+                _fail(source, f"hparams.{key}", f"loss {m.loss!r} has no hyperparameter(s) "
+                                                f"{bad}; it takes {sorted(accepts[m.label])}")
+        hparams[key] = hp
+
+    vary = _mapping(raw.get("vary"), source, "vary")
+    for key in list(vary):
+        values = _list(vary[key], source, f"vary.{key}")
+        if len(set(map(json.dumps, values))) < len(values):
+            _fail(source, f"vary.{key}", f"values repeat: {values}")
+        if key.startswith("hparams.") and len(key) > 8:
+            if not any(key[8:] in a for a in accepts.values()):
+                _fail(source, f"vary.{key}", f"no method's loss has the hyperparameter "
+                                             f"{key[8:]!r}")
+        elif key.startswith("data.") and len(key) > 5:
+            pass  # dataset options: checked by the data layer when the run loads its splits
+        elif key == "k":
+            values = [_check_k(v, source, "vary.k") for v in values]
+            if not any("k" in a for a in accepts.values()):
+                _fail(source, "vary.k", "no method's loss takes k (epr, role do)")
+        elif key == "regime":
+            for v in values:
+                try:
+                    parse_regime(str(v))
+                except ValueError as err:
+                    _fail(source, "vary.regime", str(err))
+            values = [str(v) for v in values]
+        else:
+            _fail(source, f"vary.{key}", "expected hparams.<name>, data.<option>, k or regime")
+        vary[key] = values
+
+    mode_options = _mapping(raw.get("mode_options"), source, "mode_options")
+    mlflow = raw.get("mlflow", False)
+    if not isinstance(mlflow, bool):
+        _fail(source, "mlflow", f"expected true or false, got {mlflow!r}")
+    return StudySpec(name=name, datasets=datasets, methods=methods,
+                     title=str(raw.get("title") or name),
+                     description=str(raw.get("description") or "").strip(),
+                     mode=mode, seeds=seeds, epochs=epochs, early_stop=early_stop, grid=grid,
+                     hparams=hparams, vary=vary, train=train, mode_options=mode_options,
+                     mlflow=mlflow, source=source)
+
+
+# ---- expansion ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunTask:
+    """One grid point of one (dataset, method, seed, vary assignment): one run folder, one row."""
+
+    run_id: str
+    study: str
+    method: str
+    loss: str
+    dataset: str
+    dataset_options: dict
+    regime: str
+    seed: int
+    variant: dict        # the vary assignment ({} if none)
+    hparams: dict
+    k: object            # None (the train split's mean), a number, or "estimate:M:bound"
+    mode: str
+    train: dict          # TrainConfig fields
+    mode_options: dict
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.train["batch_size"])
+
+    @property
+    def lr(self) -> float:
+        return float(self.train["lr"])
+
+    def config(self) -> dict:
+        """The resolved configuration (what the run id's hash is of)."""
+        return {"method": self.method, "loss": self.loss, "dataset": self.dataset,
+                "dataset_options": self.dataset_options, "regime": self.regime,
+                "hparams": self.hparams, "k": self.k, "mode": self.mode, "train": self.train,
+                "mode_options": self.mode_options}
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", str(text)).strip("_")
+
+
+def run_id_for(config: dict, seed: int, variant: dict) -> str:
+    """``<dataset>-<method>-<regime>-s<seed>-b<batch>-lr<lr>[-<vary>]-<hash8>``; the hash is of
+    the resolved configuration, so the id changes with anything that changes the run."""
+    digest = hashlib.sha1(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+    train = config["train"]
+    parts = [config["dataset"], config["method"], config["regime"], f"s{seed}",
+             f"b{train['batch_size']}", f"lr{train['lr']:g}"]
+    parts += [f"{k.split('.', 1)[-1]}{v}" for k, v in sorted(variant.items()) if k != "regime"]
+    readable = "-".join(_slug(p) for p in parts)[:100]
+    return f"{readable}-{digest[:8]}"
+
+
+def _axes(spec: StudySpec, m: MethodSpec, keys) -> list:
+    accepts = _loss_hparams(m.loss)
+    out = []
+    for key in keys:
+        if key.startswith("hparams."):
+            use = key[8:] in accepts
+        elif key == "k":
+            use = "k" in accepts
+        elif key == "regime":
+            use = not m.fixed_regime
+        else:  # data.<option>, batch_size, lr, other TrainConfig fields
+            use = True
+        if use:
+            out.append(key)
+    return out
+
+
+def _assignments(table: dict, keys: list) -> list[dict]:
+    return [dict(zip(keys, values)) for values in itertools.product(*(table[k] for k in keys))]
+
+
+def expand(spec: StudySpec) -> list[RunTask]:
+    """Every run of a study: datasets x methods x seeds x vary assignments x grid points (a vary
+    or grid axis only for the methods it applies to; see the module docstring)."""
+    tasks, seen = [], set()
+    for ds in spec.datasets:
+        for m in spec.methods:
+            fixed = {**spec.hparams.get(m.loss, {}), **spec.hparams.get(m.label, {})}
+            vary_keys = _axes(spec, m, spec.vary)
+            grid_keys = _axes(spec, m, spec.grid)
+            for seed in spec.seeds:
+                for variant in _assignments(spec.vary, vary_keys):
+                    for point in _assignments(spec.grid, grid_keys):
+                        hp = dict(fixed)
+                        train = {"epochs": spec.epochs, "seed": seed,
+                                 "early_stop": spec.early_stop, **spec.train}
+                        options = dict(ds.options)
+                        for key, value in {**variant, **point}.items():
+                            if key.startswith("hparams."):
+                                hp[key[8:]] = value
+                            elif key.startswith("data."):
+                                options[key[5:]] = value
+                            elif key not in ("k", "regime"):
+                                train[key] = value
+                        if m.reg:
+                            hp["reg"] = list(m.reg)
+                        config = {"method": m.label, "loss": m.loss, "dataset": ds.name,
+                                  "dataset_options": options,
+                                  "regime": variant.get("regime", m.regime), "hparams": hp,
+                                  "k": variant.get("k"), "mode": spec.mode,
+                                  "train": dict(sorted(train.items())),
+                                  "mode_options": merged(spec.mode_options, m.mode_options)}
+                        run_id = run_id_for(config, seed, variant)
+                        if run_id in seen:
+                            continue
+                        seen.add(run_id)
+                        tasks.append(RunTask(run_id=run_id, study=spec.name, seed=seed,
+                                             variant=variant, **config))
+    return tasks
+
+
+# ---- one run (in a worker process) -------------------------------------------------------------
+def get_trainer(mode: str):
+    """The trainer function of ``mode`` (imported now; ``lac`` lives in ``spmlkit.methods.lac``)."""
+    import importlib
+
+    if mode not in TRAINERS:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    module, name = TRAINERS[mode]
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise ModuleNotFoundError(f"mode {mode!r} needs {module}.{name}, which this installation "
+                                  f"does not have ({err})") from None
+
+
+def resolve_k(k, splits, seed: int):
+    """A run's ``k``: ``None`` and numbers as they are; ``estimate:M:bound`` from M fully
+    labelled train rows drawn with ``seed`` (:func:`spmlkit.labels.estimate_k`)."""
+    if not isinstance(k, str):
+        return k
+    import numpy as np
+
+    from ..labels import estimate_k
+
+    _, m, bound = k.split(":")
+    n = len(splits.train)
+    if int(m) > n:
+        raise ValueError(f"k {k!r}: the train split has only {n} rows")
+    rows = np.random.RandomState(seed).choice(n, int(m), replace=False)
+    est = estimate_k(splits.train.y[rows])
+    return {"lower": est.low, "point": est.k, "upper": est.high}[bound]
+
+
+def _trainer_kwargs(task: dict) -> dict:
+    from ..engine import TrainConfig
+
+    opts = dict(task["mode_options"])
+    if task["mode"] in ("finetune", "linear_init"):
+        opts["mode"] = task["mode"]
+        linear = {k[7:]: opts.pop(k) for k in ("linear_epochs", "linear_lr") if k in opts}
+        if task["mode"] == "linear_init" and linear:
+            opts["linear_config"] = TrainConfig(**{**task["train"], "epochs": 25, **linear})
+    return opts
+
+
+def execute(task: dict) -> dict:
+    """Run one task dict (``RunTask`` fields plus ``runs_root``, the folder the run folder is
+    made in) and return its store row; an exception becomes a ``failed`` row with the traceback.
+    """
+    from ..engine import TrainConfig
+
+    t0 = time.perf_counter()
+    row = {c: task[c] for c in ("run_id", "study", "method", "loss", "dataset", "regime", "seed",
+                                "mode")}
+    row.update(variant=json.dumps(task["variant"], sort_keys=True),
+               batch_size=int(task["train"]["batch_size"]), lr=float(task["train"]["lr"]),
+               config=json.dumps({k: task[k] for k in ("method", "loss", "dataset",
+                                                       "dataset_options", "regime", "hparams",
+                                                       "k", "mode", "train", "mode_options",
+                                                       "variant")}, default=str))
+    try:
+        splits = cached_splits(task["dataset"], task["regime"], task["dataset_options"])
+        k = resolve_k(task["k"], splits, task["seed"])
+        trainer = get_trainer(task["mode"])
+        res = trainer(splits, task["loss"], dict(task["hparams"]),
+                      TrainConfig(**task["train"]), k=k, out=task["runs_root"],
+                      run_name=task["run_id"], dataset_options=task["dataset_options"],
+                      **_trainer_kwargs(task))
+    except Exception as err:  # recorded as a failed run; the study goes on
+        text = traceback.format_exc()
+        if isinstance(err, FloatingPointError):
+            text = f"diverged: {err}\n{text}"
+        row.update(status="failed", error=text[-6000:], seconds=time.perf_counter() - t0,
+                   metrics="{}")
+        return row
+    res = dict(res)
+    run_dir = res.pop("run_dir", None)
+    if run_dir is not None:
+        try:  # relative to the study folder, so the folder can move
+            run_dir = str(Path(run_dir).resolve().relative_to(
+                Path(task["runs_root"]).resolve().parent))
+        except ValueError:
+            pass
+    res["k_used"] = k
+    row.update(status="done", val_map=res.get("val_map"), test_map=res.get("test_map"),
+               train_recovery_map=res.get("train_recovery_map"),
+               best_epoch=res.get("best_epoch"), seconds=res.get("seconds"),
+               metrics=json.dumps(res, default=_plain), run_dir=run_dir)
+    return row
+
+
+def _plain(obj):
+    if hasattr(obj, "item"):
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return str(obj)
+
+
+# ---- the study ---------------------------------------------------------------------------------
+def _safe_remove(folder: Path, trash: Path) -> None:
+    """Move a stale run folder out of the way atomically (a rename), then delete it."""
+    trash.mkdir(parents=True, exist_ok=True)
+    target = trash / f"{folder.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    os.replace(folder, target)
+    shutil.rmtree(target, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _study_lock(out: Path):
+    """One launch per study folder at a time (an advisory ``flock`` on ``<out>/.lock``)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    fh = open(out / ".lock", "a+")
+    try:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.seek(0)
+            holder = fh.read().strip() or "?"
+            raise ValueError(f"{out} is being run by another launch (pid {holder}); wait for it "
+                             f"or stop it first") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        yield
+    finally:
+        fh.close()
+
+
+@contextlib.contextmanager
+def _sigterm_as_exit():
+    """SIGTERM (``timeout``, ``kill``) unwinds like Ctrl-C, so the workers are stopped too."""
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def _update_launch(path: Path, launch: dict) -> None:
+    lines = path.read_text().splitlines() if path.exists() else []
+    out, found = [], False
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            out.append(line)
+            continue
+        if isinstance(rec, dict) and rec.get("launch_id") == launch["launch_id"]:
+            line, found = json.dumps(launch), True
+        out.append(line)
+    if not found:
+        out.append(json.dumps(launch))
+    write_text(path, "\n".join(out) + "\n")
+
+
+def _import_mlflow():
+    try:
+        import mlflow
+    except ImportError:
+        raise ModuleNotFoundError("mlflow logging was asked for (mlflow=True, --mlflow or "
+                                  "`mlflow: true` in the spec) but mlflow is not installed: "
+                                  "pip install mlflow") from None
+    return mlflow
+
+
+def _log_mlflow(mlflow, task: RunTask, row: dict) -> None:
+    params = {"method": task.method, "loss": task.loss, "dataset": task.dataset,
+              "regime": task.regime, "seed": task.seed, "batch_size": task.batch_size,
+              "lr": task.lr, "mode": task.mode, "epochs": task.train.get("epochs"),
+              "k": task.k, "variant": json.dumps(task.variant, sort_keys=True),
+              **{f"hparams.{k}": v for k, v in task.hparams.items()},
+              **{f"data.{k}": v for k, v in task.dataset_options.items()}}
+    metrics = {k: float(row[k]) for k in ("val_map", "test_map", "train_recovery_map",
+                                          "best_epoch", "seconds")
+               if isinstance(row.get(k), (int, float)) and row[k] == row[k]}
+    with mlflow.start_run(run_name=task.run_id):
+        mlflow.log_params({k: str(v) for k, v in params.items()})
+        if metrics:
+            mlflow.log_metrics(metrics)
+        mlflow.set_tag("status", row["status"])
+
+
+def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
+              mlflow: bool = False, *, argv=None, retry_failed: bool = False,
+              threads: int | None = None) -> dict:
+    """Run a study's missing runs in parallel; every finished run's row goes to the store at once.
+
+    Args:
+        spec: a :class:`StudySpec`, or anything :func:`load_study` reads.
+        out: the study folder (default ``runs/studies/<name>``): ``study.yaml`` (the resolved
+            spec), ``results.sqlite``, ``runs/<run_id>/``, ``launches.jsonl``.
+        jobs: worker processes (default: the CPU count; 1: in this process).
+        progress: a tqdm bar (runs done / total, failures, ETA).
+        mlflow: also log each run's parameters and final metrics to MLflow (as does
+            ``mlflow: true`` in the spec); needs ``pip install mlflow``.
+        argv: the command line recorded in ``launches.jsonl`` (the CLI passes ``sys.argv``).
+        retry_failed: run the runs recorded as failed again.
+        threads: torch threads per worker (default 1 in linear mode, else cores / jobs).
+
+    Returns:
+        ``{"out", "runs_total", "runs_done_before", "runs_run", "failures", "seconds",
+        "jobs"}``.
+
+    Raises:
+        ModuleNotFoundError: mlflow asked for but not installed.
+        ValueError: the spec is invalid, or another launch runs the same folder.
+    """
+    from tqdm import tqdm
+
+    spec = load_study(spec)
+    mlflow_module = _import_mlflow() if (mlflow or spec.mlflow) else None
+    out = Path(out) if out is not None else STUDIES_ROOT / spec.name
+    out.mkdir(parents=True, exist_ok=True)
+    with _study_lock(out):
+        write_text(out / SPEC_FILE, spec.to_yaml())
+        store = StudyStore(out / RESULTS_FILE)
+        tasks = expand(spec)
+        status = {r["run_id"]: r["status"] for r in store.rows()}
+        skip = {"done"} if retry_failed else {"done", "failed"}
+        todo = [t for t in tasks if status.get(t.run_id) not in skip]
+        finished_before = len(tasks) - len(todo)
+        # longest first (small batches, stateful losses), for a balanced pool
+        todo.sort(key=lambda t: (t.batch_size, t.loss != "role"))
+        jobs = default_jobs(jobs, len(todo))
+        if threads is None:
+            threads = 1 if spec.mode == "linear" else max(1, (os.cpu_count() or 1) // jobs)
+        from .runner import versions
+
+        launch = {"launch_id": uuid.uuid4().hex, "argv": list(argv) if argv else None,
+                  "started": _now(), "finished": None, "runs_total": len(tasks),
+                  "runs_done_before": finished_before, "runs_run": 0, "failures": 0,
+                  "seconds": None, "jobs": jobs, "versions": versions()}
+        launches = out / LAUNCHES_FILE
+        with open(launches, "a") as fh:
+            fh.write(json.dumps(launch) + "\n")
+        runs_root = out / RUNS_DIR
+        for t in todo:  # a killed run's half-written folder: out of the way
+            if (runs_root / t.run_id).exists():
+                _safe_remove(runs_root / t.run_id, runs_root / ".stale")
+        with contextlib.suppress(OSError):
+            (runs_root / ".stale").rmdir()  # when empty
+        if todo and spec.mode == "linear":
+            _prepare_features(spec, todo)
+        if mlflow_module is not None and todo:
+            mlflow_module.set_experiment(spec.name)
+        by_id = {t.run_id: t for t in todo}
+        payloads = [{**dataclasses.asdict(t), "runs_root": str(runs_root)} for t in todo]
+        bar = tqdm(total=len(tasks), initial=finished_before, desc=f"study {spec.name}",
+                   unit="run", disable=not progress)
+        if finished_before and progress:
+            bar.write(f"resuming {out}: {finished_before} of {len(tasks)} run(s) already "
+                      f"finished")
+        start = time.perf_counter()
+        try:
+            with _sigterm_as_exit():
+                for row in run_tasks(execute, payloads, jobs, threads):
+                    store.put(row)
+                    launch["runs_run"] += 1
+                    launch["failures"] += row["status"] == "failed"
+                    if mlflow_module is not None:
+                        _log_mlflow(mlflow_module, by_id[row["run_id"]], row)
+                    val = row.get("val_map")
+                    bar.set_postfix_str(f"failed {launch['failures']}, last {row['method']} "
+                                        + (f"val {val:.1f}" if isinstance(val, float)
+                                           else row["status"]))
+                    bar.update()
+            launch["finished"] = _now()
+        finally:
+            bar.close()
+            launch["seconds"] = time.perf_counter() - start
+            _update_launch(launches, launch)
+    return {"out": str(out), **{k: launch[k] for k in ("runs_total", "runs_done_before",
+                                                       "runs_run", "failures", "seconds",
+                                                       "jobs")}}
+
+
+def _prepare_features(spec: StudySpec, todo) -> None:
+    """Image sources on a backbone's features: extract them once here (progress bar), before
+    the workers all want them."""
+    from ..data import load_dataset
+
+    wanted = {t.dataset for t in todo}
+    for ds in spec.datasets:  # the spec's own options (a data.* vary axis is the runs' business)
+        if ds.options.get("backbone") and ds.name in wanted:
+            load_dataset(ds.name, **ds.options)
+
+
+def study_status(out) -> dict:
+    """Counts of a study folder against its spec: ``total``, ``done``, ``failed``, ``missing``
+    (not run yet, or killed), ``stale`` (rows of runs that the current spec no longer has)."""
+    out = Path(out)
+    if not (out / SPEC_FILE).is_file():
+        raise FileNotFoundError(f"{out / SPEC_FILE} is missing: {out} is not a study folder "
+                                f"(`spml study run` writes it)")
+    spec = load_study(out / SPEC_FILE)
+    ids = {t.run_id for t in expand(spec)}
+    rows = StudyStore(out / RESULTS_FILE).rows() if (out / RESULTS_FILE).exists() else []
+    status = {r["run_id"]: r["status"] for r in rows}
+    done = sum(status.get(i) == "done" for i in ids)
+    failed = sum(status.get(i) == "failed" for i in ids)
+    return {"name": spec.name, "title": spec.title, "total": len(ids), "done": done,
+            "failed": failed, "missing": len(ids) - done - failed,
+            "stale": len(set(status) - ids)}
+
+
+def study_rows(out) -> tuple[StudySpec, list[dict]]:
+    """A study folder's spec and its selected rows (best val per group), restricted to the
+    runs of the current spec."""
+    out = Path(out)
+    study_status(out)  # checks the folder
+    spec = load_study(out / SPEC_FILE)
+    if not (out / RESULTS_FILE).exists():
+        return spec, []
+    ids = {t.run_id for t in expand(spec)}
+    return spec, StudyStore(out / RESULTS_FILE).selected(run_ids=ids)
+
+
+__all__ = ["DatasetSpec", "MethodSpec", "RunTask", "StudySpec", "apply_overrides", "execute",
+           "expand", "get_trainer", "list_presets", "load_study", "resolve_k", "run_study",
+           "study_rows", "study_status"]

@@ -1,0 +1,289 @@
+"""Paper-style tables of a study's selected runs (Cole et al. Table 1, Zhou et al. Table 1, ...).
+
+Methods are rows, grouped by label regime in the papers' order: ``full`` (All P. & All N.),
+``1p_alln`` (1 P. & All N.), ``1p_1n`` (1 P. & 1 N.), ``1p`` (1 P. & 0 N.), other regimes after.
+Datasets (or a vary axis) are columns; a cell is the mean ± sample standard deviation over seeds
+of the selected runs (the mean alone for one seed). Per column the best and second best value are
+marked, like the papers, among the single-positive rows (``rank_group="1p"``; among all rows when
+the table has no such row): bold / underline in Markdown (``**x**`` / ``<u>x</u>``) and LaTeX
+(``\\textbf`` / ``\\underline``), ``<strong>`` / ``<u>`` in HTML, a ``rank`` column in CSV. Values
+are compared as shown (rounded), so a tie marks both.
+
+>>> rows = [{"method": m, "dataset": "voc", "regime": r, "seed": s, "variant": "{}",
+...          "test_map": v + s} for m, r, v in [("bce", "full", 89), ("an", "1p", 85),
+...                                               ("role", "1p", 87)] for s in (0, 2)]
+>>> print(study_table(rows), end="")
+| Method | voc |
+|---|---|
+| *All P. & All N.* | |
+| bce | 90.00 ± 1.41 |
+| *1 P. & 0 N.* | |
+| an | <u>86.00 ± 1.41</u> |
+| role | **88.00 ± 1.41** |
+"""
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+import math
+
+from .store import latex_escape
+
+FORMATS = ("markdown", "latex", "csv", "html")
+#: the papers' regime order and names (Cole et al. Table 1)
+REGIME_ORDER = ("full", "1p_alln", "1p_1n", "1p")
+REGIME_TITLES = {"full": "All P. & All N.", "1p_alln": "1 P. & All N.", "1p_1n": "1 P. & 1 N.",
+                 "1p": "1 P. & 0 N."}
+#: row columns (everything else is looked up in ``variant``, then in ``metrics``)
+_PLAIN = ("method", "loss", "dataset", "regime", "seed", "mode", "batch_size", "lr", "status")
+
+
+def _json(text) -> dict:
+    if isinstance(text, dict):
+        return text
+    try:
+        value = json.loads(text or "{}")
+    except (TypeError, json.JSONDecodeError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def axis_value(row: dict, key: str):
+    """``row[key]`` for a plain column, else the vary assignment's value (``hparams.alpha``,
+    ``data.subsample``, ``k``); ``KeyError`` when neither has it."""
+    if key in _PLAIN and key in row:
+        return row[key]
+    variant = _json(row.get("variant"))
+    if key in variant:
+        return variant[key]
+    if key in row:
+        return row[key]
+    raise KeyError(key)
+
+
+def metric_value(row: dict, metric: str):
+    """A row's metric: its column, else a key of its ``metrics`` JSON (``test.precision@k`` walks
+    into nested dicts); ``None`` when missing or not a finite number."""
+    value = row.get(metric)
+    if value is None:
+        value = _json(row.get("metrics"))
+        for part in metric.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _short(key: str) -> str:
+    return key.split(".", 1)[1] if key.startswith(("hparams.", "data.")) else key
+
+
+def _label(row: dict, rows: str, skip: set) -> str:
+    label = str(axis_value(row, rows))
+    extra = {k: v for k, v in _json(row.get("variant")).items() if k not in skip}
+    if extra:
+        label += " (" + ", ".join(f"{_short(k)}={v}" for k, v in sorted(extra.items())) + ")"
+    return label
+
+
+def _ordered(values) -> list:
+    values = list(dict.fromkeys(values))
+    if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return sorted(values)
+    return values
+
+
+def _group_order(groups) -> list:
+    groups = list(dict.fromkeys(groups))
+    return [g for g in REGIME_ORDER if g in groups] + [g for g in groups if g not in REGIME_ORDER]
+
+
+def study_table(selected_rows, fmt: str = "markdown", metric: str = "test_map",
+                rows: str = "method", columns: str = "dataset", group: str | None = "regime", *,
+                title: str | None = None, order=None, decimals: int = 2,
+                rank_group: str | None = "1p", higher_is_better: bool = True) -> str:
+    """Render selected study rows as the papers' table.
+
+    Args:
+        selected_rows: dicts with at least ``rows``, ``columns``, ``group`` (row columns or vary
+            keys of ``variant``), ``seed`` and ``metric``: what ``StudyStore.selected()``
+            returns. Rows whose metric is missing or NaN are left out; a row whose ``status``
+            is not ``done`` too.
+        fmt: ``markdown`` (``md``), ``latex``, ``csv`` or ``html``.
+        metric: the value shown (a column such as ``test_map``, or a key of the ``metrics``
+            JSON, e.g. ``test.f1``).
+        rows, columns, group: what makes a table row, a column and a row group. A vary key that
+            is none of them is appended to the row label (``em (alpha=0.1)``).
+        title: a caption (Markdown: a first line; LaTeX: a comment; HTML: ``<caption>``).
+        order: row labels in the wanted order (the rest follow in order of appearance).
+        decimals: digits after the point.
+        rank_group: the group within which best / second best are marked (``None``: all rows;
+            all rows too when no row is in that group).
+        higher_is_better: the direction of "best".
+
+    Returns:
+        the table as text (ends with a newline).
+
+    Raises:
+        ValueError: unknown ``fmt``, or no row has a usable ``metric``.
+    """
+    fmt = {"md": "markdown", "tex": "latex"}.get(fmt, fmt)
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown table format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    skip = {rows, columns, group}
+    cells: dict = {}
+    row_groups: dict = {}
+    col_values, group_values = [], []
+    for r in selected_rows:
+        if r.get("status", "done") != "done":
+            continue
+        value = metric_value(r, metric)
+        if value is None:
+            continue
+        try:
+            col = axis_value(r, columns)
+            grp = axis_value(r, group) if group else None
+            label = _label(r, rows, skip)
+        except KeyError as err:
+            raise ValueError(f"a row has no {err.args[0]!r} (neither a column nor a vary key): "
+                             f"{ {k: r.get(k) for k in ('run_id', 'method', 'variant')} }") \
+                from None
+        col_values.append(col)
+        group_values.append(grp)
+        row_groups.setdefault(grp, []).append(label)
+        cells.setdefault((grp, label), {}).setdefault(col, []).append(value)
+    if not cells:
+        raise ValueError(f"no selected run has a value for {metric!r}: nothing to tabulate")
+    cols = _ordered(col_values)
+    groups = _group_order(group_values) if group else [None]
+    wanted = list(order or [])
+    layout = []  # (group, [labels])
+    for g in groups:
+        labels = list(dict.fromkeys(row_groups[g]))
+        labels.sort(key=lambda lab: (wanted.index(lab) if lab in wanted else len(wanted)))
+        layout.append((g, labels))
+
+    stats = {}
+    for key, by_col in cells.items():
+        for c, vals in by_col.items():
+            n = len(vals)
+            mean = sum(vals) / n
+            std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else 0.0
+            stats[key, c] = (mean, std, n)
+
+    # best / second best per column, on the shown (rounded) means
+    rank_keys = [(g, lab) for g, labs in layout for lab in labs
+                 if rank_group is None or g == rank_group]
+    if rank_group is not None and not rank_keys:
+        rank_keys = [(g, lab) for g, labs in layout for lab in labs]
+    ranks = {}
+    for c in cols:
+        shown = {k: round(stats[k, c][0], decimals) for k in rank_keys if (k, c) in stats}
+        levels = sorted(set(shown.values()), reverse=higher_is_better)
+        if len(shown) < 2:
+            continue
+        for k, v in shown.items():
+            if v == levels[0]:
+                ranks[k, c] = 1
+            elif len(levels) > 1 and v == levels[1]:
+                ranks[k, c] = 2
+
+    def text(key, c, pm: str) -> str | None:
+        if (key, c) not in stats:
+            return None
+        mean, std, n = stats[key, c]
+        return f"{mean:.{decimals}f}" + (f"{pm}{std:.{decimals}f}" if n > 1 else "")
+
+    def heading(c) -> str:
+        return str(c) if columns in ("dataset", "regime", "method", "mode") \
+            else f"{_short(columns)}={c}"
+
+    def group_title(g) -> str:
+        return REGIME_TITLES.get(g, str(g)) if group == "regime" else f"{group}={g}"
+
+    first = rows.capitalize()
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        head = [group or "group", rows] if group else [rows]
+        for c in cols:
+            head += [f"{heading(c)} mean", f"{heading(c)} std", f"{heading(c)} n",
+                     f"{heading(c)} rank"]
+        w.writerow(head)
+        for g, labels in layout:
+            for lab in labels:
+                line = [g, lab] if group else [lab]
+                for c in cols:
+                    s = stats.get(((g, lab), c))
+                    line += ([round(s[0], decimals + 2), round(s[1], decimals + 2), s[2],
+                              ranks.get(((g, lab), c), "")] if s else ["", "", 0, ""])
+                w.writerow(line)
+        return buf.getvalue()
+
+    if fmt == "markdown":
+        marks = {1: "**{}**", 2: "<u>{}</u>"}
+        esc = (lambda s: str(s).replace("|", "\\|"))
+        lines = ([f"**{esc(title)}**", ""] if title else [])
+        lines += ["| " + " | ".join([first] + [esc(heading(c)) for c in cols]) + " |",
+                  "|" + "---|" * (len(cols) + 1)]
+        for g, labels in layout:
+            if group:
+                lines.append(f"| *{esc(group_title(g))}* |" + " |" * len(cols))
+            for lab in labels:
+                out = []
+                for c in cols:
+                    t = text((g, lab), c, " ± ")
+                    r = ranks.get(((g, lab), c))
+                    out.append("–" if t is None else marks[r].format(t) if r else t)
+                lines.append("| " + " | ".join([esc(lab)] + out) + " |")
+        return "\n".join(lines) + "\n"
+
+    if fmt == "latex":
+        marks = {1: r"\textbf{{{}}}", 2: r"\underline{{{}}}"}
+        lines = [f"% {title}"] if title else []
+        lines += [r"\begin{tabular}{l" + "c" * len(cols) + "}", r"\toprule",
+                  " & ".join([latex_escape(first)] + [latex_escape(heading(c)) for c in cols])
+                  + r" \\", r"\midrule"]
+        for i, (g, labels) in enumerate(layout):
+            if group:
+                if i:
+                    lines.append(r"\midrule")
+                lines.append(rf"\multicolumn{{{len(cols) + 1}}}{{l}}"
+                             rf"{{\textit{{{latex_escape(group_title(g))}}}}} \\")
+            for lab in labels:
+                out = []
+                for c in cols:
+                    t = text((g, lab), c, r" $\pm$ ")
+                    r = ranks.get(((g, lab), c))
+                    out.append("--" if t is None else marks[r].format(t) if r else t)
+                lines.append(" & ".join([latex_escape(lab)] + out) + r" \\")
+        lines += [r"\bottomrule", r"\end{tabular}"]
+        return "\n".join(lines) + "\n"
+
+    # html
+    marks = {1: "<strong>{}</strong>", 2: "<u>{}</u>"}
+    e = html.escape
+    parts = ['<table class="study">']
+    if title:
+        parts.append(f"<caption>{e(title)}</caption>")
+    parts.append("<thead><tr>" + "".join(f"<th>{e(str(h))}</th>"
+                                         for h in [first] + [heading(c) for c in cols])
+                 + "</tr></thead>")
+    parts.append("<tbody>")
+    for g, labels in layout:
+        if group:
+            parts.append(f'<tr class="group"><th colspan="{len(cols) + 1}">'
+                         f"{e(group_title(g))}</th></tr>")
+        for lab in labels:
+            tds = []
+            for c in cols:
+                t = text((g, lab), c, " ± ")
+                r = ranks.get(((g, lab), c))
+                n = stats.get(((g, lab), c), (0, 0, 0))[2]
+                body = "–" if t is None else marks[r].format(e(t)) if r else e(t)
+                tds.append(f'<td title="{n} seed(s)">{body}</td>')
+            parts.append(f'<tr><th scope="row">{e(lab)}</th>{"".join(tds)}</tr>')
+    parts.append("</tbody></table>")
+    return "\n".join(parts) + "\n"

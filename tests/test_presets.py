@@ -1,0 +1,166 @@
+"""The shipped study presets (``spmlkit/experiments/presets/*.yaml``): each parses, names real
+losses, hyperparameters, datasets and regimes, expands to the runs its comments promise, and two
+of them run end to end on yeast when shrunk through overrides."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from spmlkit.experiments.study import PRESETS_DIR, expand, load_study, run_study
+from spmlkit.experiments.store import StudyStore
+from spmlkit.labels import parse_regime
+from spmlkit.losses import LOSSES, loss_hparams
+
+#: the papers' studies this task ships (the runner's own ``smoke`` preset may sit beside them)
+PAPER_PRESETS = ["cole-table1", "cole-table1-finetune", "cole-table2", "cole-fig1", "cole-appb",
+                 "zhou-table1", "zhou-alpha", "zhou-mlml", "zhou-pl-precision", "opml-table4",
+                 "opml-table5", "lac-ablation", "label-bias", "yeast-papers"]
+ON_THIS_MACHINE = {"yeast", "fmnist_mosaic", "mdi_icons"}
+
+
+def _text(name: str) -> str:
+    return (PRESETS_DIR / f"{name}.yaml").read_text()
+
+
+@pytest.mark.parametrize("name", PAPER_PRESETS)
+def test_preset_parses_and_names_real_things(name):
+    spec = load_study(name)
+    assert spec.name == name
+    assert spec.title and spec.title != name and len(spec.description) > 60
+    assert {d.name for d in spec.datasets} <= ON_THIS_MACHINE
+    for m in spec.methods:
+        assert LOSSES.get(m.loss)                                     # raises if unknown
+        parse_regime(m.regime)
+    for key, hp in spec.hparams.items():                              # load_study checked these
+        losses = {m.loss for m in spec.methods if key in (m.label, m.loss)}
+        assert losses and all(set(hp) <= set(loss_hparams(lo)) for lo in losses)
+    text = _text(name)
+    assert text.startswith("#") and "spml study run" in text          # how to run it
+    assert re.search(r"name: (voc|coco|nuswide|cub)\b", text), \
+        f"{name}: no comment showing how to point it at the papers' data"
+    tasks = expand(spec)
+    assert tasks and len({t.run_id for t in tasks}) == len(tasks)
+
+
+def test_presets_folder_holds_every_paper_preset():
+    shipped = {p.stem for p in PRESETS_DIR.glob("*.yaml")}
+    assert set(PAPER_PRESETS) <= shipped
+
+
+def test_budget_comments_match_the_expansion():
+    """The run counts written in the comments are the runner's counts."""
+    checked = 0
+    for name in PAPER_PRESETS:
+        m = re.search(r"= ([\d,]+) (?:linear |short )?runs", _text(name))
+        if m:
+            assert len(expand(load_study(name))) == int(m.group(1).replace(",", "")), name
+            checked += 1
+    assert checked >= 10
+
+
+def test_expand_counts_cole_table1_and_zhou_alpha():
+    tasks = expand(load_study("cole-table1"))
+    assert len(tasks) == 11 * 3 * 3 * 8                 # methods x datasets x seeds x grid
+    assert {t.regime for t in tasks if t.method == "IUN"} == {"1p_alln"}
+    assert {(t.batch_size, t.lr) for t in tasks} == {(b, lr) for b in (8, 16)
+                                                      for lr in (1e-2, 1e-3, 1e-4, 1e-5)}
+    tasks = expand(load_study("zhou-alpha"))
+    em = [t for t in tasks if t.method == "EM"]
+    assert len(em) == 7 * 3 * 8 and len(tasks) == len(em) + 2 * 3 * 8   # AN, BCE: no alpha
+    assert sorted({t.hparams["alpha"] for t in em}) == [0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0]
+    assert all(t.variant == {} for t in tasks if t.method != "EM")
+
+
+def test_expand_data_k_and_regime_axes():
+    fig1 = expand(load_study("cole-fig1"))
+    assert sorted({t.dataset_options["subsample"] for t in fig1}) == \
+        [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+    appb = expand(load_study("cole-appb"))
+    assert {t.k for t in appb} == {f"estimate:{m}:{b}" for m in (5, 10, 25)
+                                   for b in ("lower", "point", "upper")}
+    bias = expand(load_study("label-bias"))
+    assert {t.regime for t in bias} == {"1p", "1p_biased:size", "1p_biased:loc",
+                                        "1p_biased:semantic"}
+    mlml = expand(load_study("zhou-mlml"))
+    assert {t.regime for t in mlml if t.method == "IU"} == {f"mlml:{r}" for r in
+                                                            (0.1, 0.3, 0.5, 0.7, 0.9)}
+    table5 = load_study("opml-table5")
+    assert {m.regime for m in table5.methods} == {"full"}
+
+
+def _shrunk(name, **extra):
+    return load_study(name, {"seeds": 1, "epochs": 1, "grid.batch_size": [16],
+                             "grid.lr": [1e-2], **extra})
+
+
+def test_yeast_papers_runs_shrunk(tmp_path):
+    # (the preset's hparams name em, em_apl and opml_sp, so the shrunk list keeps them)
+    methods = ["an", {"label": "EM", "spec": "em"}, {"label": "EM+APL", "spec": "em_apl"},
+               {"label": "OPML-SP", "spec": "opml_sp"},
+               {"label": "BCE (full labels)", "spec": "bce@full"}]
+    spec = _shrunk("yeast-papers", methods=methods, **{"hparams.em_apl.warmup": 0})
+    assert spec.hparams["em_apl"] == {"alpha": 0.1, "beta": 0.9, "theta": 0.9, "warmup": 0}
+    res = run_study(spec, out=tmp_path / "s", jobs=1, progress=False)
+    assert res["runs_total"] == 5 and res["failures"] == 0
+    rows = StudyStore(tmp_path / "s" / "results.sqlite").selected()
+    assert {r["method"] for r in rows} == {"an", "EM", "EM+APL", "OPML-SP", "BCE (full labels)"}
+    for r in rows:
+        assert 10.0 < r["test_map"] <= 100.0 and 10.0 < r["val_map"] <= 100.0, r
+        assert r["best_epoch"] == 1 and r["dataset"] == "yeast"
+    full = next(r for r in rows if r["method"] == "BCE (full labels)")
+    assert full["regime"] == "full"
+
+
+def test_cole_fig1_runs_shrunk_with_subsample(tmp_path):
+    spec = _shrunk("cole-fig1", methods=["an"], **{"vary.data.subsample": [0.1, 1.0]})
+    res = run_study(spec, out=tmp_path / "f", jobs=1, progress=False)
+    assert res["runs_total"] == 2 and res["failures"] == 0
+    rows = StudyStore(tmp_path / "f" / "results.sqlite").selected()
+    sizes = {}
+    for r in rows:
+        config = json.loads((tmp_path / "f" / r["run_dir"] / "config.json").read_text())
+        sizes[json.loads(r["variant"])["data.subsample"]] = config["sizes"]["train"]
+    assert sizes == {0.1: 135, 1.0: 1354}
+
+
+def test_lac_preset_matches_the_lac_trainer():
+    """``mode: lac`` passes ``mode_options`` to spmlkit.methods.lac.train_lac; its ``lac`` entry
+    must be a valid LACConfig, and each row of Table 3 (a method with its own ``mode_options``
+    merged over the study's) must be the matching :data:`ABLATIONS` configuration."""
+    import inspect
+
+    lac = pytest.importorskip("spmlkit.methods.lac")
+    spec = load_study("lac-ablation")
+    assert spec.mode == "lac"
+    assert set(spec.mode_options) <= set(inspect.signature(lac.train_lac).parameters)
+    tasks = {t.method: t for t in expand(spec)}
+    assert list(tasks) == ["AN", "AN + PLC", "AN + PLC + LAC"]
+    for label, name in zip(tasks, ["an", "an_plc", "an_plc_lac"]):
+        options = tasks[label].mode_options
+        assert options["backbone"] == "efficientnet_lite0"  # the study's keys are kept
+        cfg, expected = lac.LACConfig.coerce(options["lac"]), lac.ablation_config(name)
+        assert (cfg.plc, cfg.lac, cfg.num_stages) == (expected.plc, expected.lac,
+                                                      expected.num_stages), label
+        assert cfg.dim == 64 and cfg.queue_size == 512, label  # merged, not replaced
+    assert len({t.run_id for t in tasks.values()}) == 3
+
+
+def test_lac_preset_runs_shrunk_in_pool_workers(tmp_path):
+    """The three rows in two pool worker processes, end to end: the workers are daemonic, so
+    the feature-map extraction must not start DataLoader workers of its own."""
+    pytest.importorskip("spmlkit.methods.lac")
+    from spmlkit.data.offline_sets import fmnist_dir
+
+    try:
+        fmnist_dir()
+    except FileNotFoundError as err:
+        pytest.skip(str(err))
+    spec = load_study("lac-ablation", ["datasets=[{name: fmnist_mosaic, options: "
+                                       "{n_pool: 60, n_test: 30}}]", "epochs=2",
+                                       "mode_options.lac.dim=16", "train.image_size=32",
+                                       "mode_options.cache_dir=" + str(tmp_path / "cache")])
+    res = run_study(spec, out=tmp_path / "study", jobs=2, progress=False)
+    assert (res["runs_run"], res["failures"]) == (3, 0)

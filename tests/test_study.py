@@ -1,0 +1,314 @@
+"""Studies: spec validation, expansion and run ids, the parallel resumable runner, the SQLite
+store (also under two writer processes), selection, paper-style tables, the CLI, MLflow."""
+import json
+import math
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+
+from spmlkit.cli import main
+from spmlkit.experiments import store as store_module
+from spmlkit.experiments.store import StudyStore
+from spmlkit.experiments.study import (expand, load_study, run_study, study_rows,
+                                       study_status)
+from spmlkit.experiments.tables import study_table
+
+BASE = {"name": "t", "datasets": ["yeast"], "methods": ["an", "epr"], "seeds": 1, "epochs": 2,
+        "grid": {"batch_size": [16], "lr": [1e-2]}}
+
+
+def spec(**changes):
+    return {**BASE, **changes}
+
+
+# ---- spec ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("changes, message", [
+    ({"epoch": 3}, r"unknown key\(s\) \['epoch'\]"),
+    ({"methods": ["an", "rolee"]}, r"methods\[1\]: unknown loss 'rolee'.*role"),
+    ({"datasets": ["yeastt"]}, r"datasets\[0\]: unknown dataset 'yeastt'"),
+    ({"vary": {"regime": ["1p", "2p"]}}, r"vary.regime: unknown regime '2p'"),
+    ({"grid": {"lr": [1e-2, -1]}}, r"grid.lr: expected a positive number, got -1"),
+    ({"grid": {"batch_size": [8.5]}}, r"grid.batch_size: expected a positive integer"),
+    ({"grid": {"momentum": [0.9]}}, r"grid.momentum: expected batch_size, lr, hparams"),
+    ({"hparams": {"epr": {"lamb": 2}}}, r"hparams.epr: loss 'epr' has no hyperparameter\(s\) "
+                                        r"\['lamb'\]"),
+    ({"hparams": {"role": {"lam": 2}}}, r"hparams.role: no method labelled 'role'"),
+    ({"vary": {"k": ["estimate:ten:point"]}}, r"vary.k: expected a number or 'estimate:M"),
+    ({"vary": {"hparams.alpha": [0.1]}}, r"vary.hparams.alpha: no method's loss has"),
+    ({"vary": {"seed": [1]}}, r"vary.seed: expected hparams.<name>, data.<option>, k or "
+                              r"regime"),
+    ({"mode": "lineare"}, r"mode: expected one of linear, finetune"),
+    ({"train": {"lr": 1e-3}}, r"train.lr: set lr with the spec key 'grid'"),
+    ({"methods": ["an", {"label": "an", "spec": "an@full"}]}, r"labels must be unique"),
+])
+def test_spec_errors_name_the_key(changes, message):
+    with pytest.raises(ValueError, match=message):
+        load_study(spec(**changes))
+
+
+def test_spec_files_presets_and_overrides(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("datasets: [yeast]\nmethods: [an]\ngrid: {lr: [1e-3, 2.5e-4]}\n")
+    s = load_study(path)  # name from the file; 1e-3 read as a number (YAML 1.1 would not)
+    assert (s.name, s.seeds, s.grid["lr"], s.grid["batch_size"]) == ("mine", [0, 1, 2],
+                                                                    [1e-3, 2.5e-4], [8, 16])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("datasets: [yeast]\nmethods: [an\nseeds: 1\n")
+    with pytest.raises(ValueError, match=r"bad.yaml, line \d: not valid YAML"):
+        load_study(bad)
+    with pytest.raises(ValueError, match=r"mine.yaml: methods\[0\]: unknown loss"):
+        load_study(path, ["methods=[nope]"])
+    smoke = load_study("smoke", ["seeds=2", "grid.lr=[1e-3]", "vary.hparams.lam=[1, 2]"])
+    assert smoke.seeds == [0, 1] and smoke.grid["lr"] == [1e-3]
+    assert smoke.vary == {"hparams.lam": [1, 2]}
+    with pytest.raises(FileNotFoundError, match="presets: .*smoke"):
+        load_study("no-such-preset")
+
+
+def test_expand_counts_and_stable_run_ids():
+    s = load_study(spec(datasets=["yeast", "fmnist_mosaic"], seeds=2,
+                        methods=["an", "epr", "bce@full"],
+                        vary={"k": [1, 2], "regime": ["1p", "1p_1n"]},
+                        grid={"batch_size": [8, 16], "lr": [1e-2, 1e-3]}))
+    tasks = expand(s)
+    # an: regime only (2); epr: k x regime (4); bce@full: fixed regime, no k (1); x 4 grid points
+    assert len(tasks) == 2 * 2 * (2 + 4 + 1) * 4
+    ids = [t.run_id for t in tasks]
+    assert len(set(ids)) == len(ids)
+    assert [t.run_id for t in expand(load_study(s.to_dict()))] == ids  # study.yaml round trip
+    epr = [t for t in tasks if t.method == "epr" and t.variant == {"k": 2, "regime": "1p_1n"}]
+    assert len(epr) == 16 and all(t.k == 2 and t.regime == "1p_1n" for t in epr)
+    assert epr[0].run_id.startswith("yeast-epr-1p_1n-s0-b8-lr0.01-k2-")
+    assert all(t.variant == {} and t.regime == "full" for t in tasks if t.method == "bce@full")
+    longer = {t.run_id for t in expand(load_study(s.to_dict(), ["epochs=3"]))}
+    assert not longer & set(ids)  # anything that changes a run changes its id
+
+
+# ---- running ------------------------------------------------------------------------------------
+def test_run_resume_partial_folder_and_selection(tmp_path):
+    out = tmp_path / "study"
+    s = load_study(spec(grid={"batch_size": [16], "lr": [1e-2, 1e-3]}))
+    res = run_study(s, out=out, jobs=2, progress=False)
+    assert (res["runs_total"], res["runs_run"], res["failures"], res["jobs"]) == (4, 4, 0, 2)
+    store = StudyStore(out / "results.sqlite")
+    rows = store.rows()
+    assert [r["status"] for r in rows] == ["done"] * 4
+    assert all(20 < r["test_map"] < 80 and r["best_epoch"] in (1, 2) for r in rows)
+    for r in rows:
+        assert (out / r["run_dir"] / "final.json").is_file()
+        assert r["run_dir"] == f"runs/{r['run_id']}"
+        assert json.loads(r["config"])["train"]["lr"] == r["lr"]
+    # selection: per method, the lr with the best val mAP
+    sel = store.selected()
+    assert len(sel) == 2
+    for r in sel:
+        mine = [x for x in rows if x["method"] == r["method"]]
+        assert r["val_map"] == max(x["val_map"] for x in mine)
+    # a re-launch runs nothing
+    again = run_study(s, out=out, jobs=2, progress=False)
+    assert (again["runs_done_before"], again["runs_run"]) == (4, 0)
+    # a killed run: row gone, half-written folder left behind -> rerun, folder replaced
+    victim = rows[0]
+    store.delete(victim["run_id"])
+    (out / victim["run_dir"] / "final.json").unlink()
+    (out / victim["run_dir"] / "junk.tmp").write_text("half")
+    assert study_status(out)["missing"] == 1
+    third = run_study(s, out=out, jobs=1, progress=False)
+    assert (third["runs_done_before"], third["runs_run"]) == (3, 1)
+    folder = out / "runs" / victim["run_id"]
+    assert (folder / "final.json").is_file() and not (folder / "junk.tmp").exists()
+    assert sorted(p.name for p in (out / "runs").iterdir() if not p.name.startswith(".")) == \
+        sorted(r["run_id"] for r in rows)
+    redo = store.rows(run_id=victim["run_id"])[0]
+    assert math.isclose(redo["test_map"], victim["test_map"], abs_tol=1e-9)  # same seed
+    launches = [json.loads(x) for x in (out / "launches.jsonl").read_text().splitlines()]
+    assert [(x["runs_done_before"], x["runs_run"]) for x in launches] == [(0, 4), (4, 0), (3, 1)]
+    assert all(x["finished"] and x["versions"]["torch"] for x in launches)
+    assert study_status(out) == {"name": "t", "title": "t", "total": 4, "done": 4, "failed": 0,
+                                 "missing": 0, "stale": 0}
+
+
+def test_failed_run_is_recorded_and_study_goes_on(tmp_path):
+    out = tmp_path / "fail"
+    s = load_study(spec(vary={"k": ["estimate:99999:point"]}))  # epr cannot draw 99999 rows
+    res = run_study(s, out=out, jobs=1, progress=False)
+    assert (res["runs_run"], res["failures"]) == (2, 1)
+    (failed,) = StudyStore(out / "results.sqlite").rows(status="failed")
+    assert failed["method"] == "epr" and "only 1354 rows" in failed["error"]
+    assert failed["val_map"] is None and json.loads(failed["variant"]) == {
+        "k": "estimate:99999:point"}
+    _, selected = study_rows(out)
+    assert [r["method"] for r in selected] == ["an"]  # failed runs are never selected
+    # failed runs are not retried unless asked
+    assert run_study(s, out=out, jobs=1, progress=False)["runs_run"] == 0
+    assert run_study(s, out=out, jobs=1, progress=False, retry_failed=True)["failures"] == 1
+
+
+def test_mlflow_logging_with_a_fake_module(tmp_path, monkeypatch):
+    calls = []
+
+    class Run:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            calls.append(("end",))
+
+    fake = types.ModuleType("mlflow")
+    fake.set_experiment = lambda name: calls.append(("experiment", name))
+    fake.start_run = lambda run_name=None: calls.append(("start", run_name)) or Run()
+    fake.log_params = lambda p: calls.append(("params", p))
+    fake.log_metrics = lambda m: calls.append(("metrics", m))
+    fake.set_tag = lambda k, v: calls.append(("tag", k, v))
+    monkeypatch.setitem(sys.modules, "mlflow", fake)
+    s = load_study(spec(methods=["an"], epochs=1))
+    run_study(s, out=tmp_path / "ml", jobs=1, progress=False, mlflow=True)
+    (row,) = StudyStore(tmp_path / "ml" / "results.sqlite").rows()
+    assert calls[0] == ("experiment", "t") and calls[1] == ("start", row["run_id"])
+    params = dict(calls[2][1])
+    assert params["method"] == "an" and params["lr"] == "0.01" and params["seed"] == "0"
+    assert calls[3][1]["test_map"] == pytest.approx(row["test_map"])
+    assert calls[4:] == [("tag", "status", "done"), ("end",)]
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # not installed
+    with pytest.raises(ModuleNotFoundError, match="pip install mlflow"):
+        run_study(s, out=tmp_path / "ml2", mlflow=True, progress=False)
+
+
+# ---- store --------------------------------------------------------------------------------------
+def _row(run_id, method="an", seed=0, val=50.0, test=40.0, status="done", variant=None, **kw):
+    return {"run_id": run_id, "study": "s", "method": method, "loss": method, "dataset": "voc",
+            "regime": "1p", "seed": seed, "variant": variant or {}, "batch_size": 8, "lr": 1e-3,
+            "mode": "linear", "status": status, "val_map": val, "test_map": test, **kw}
+
+
+def test_store_selection_and_exports(tmp_path):
+    store = StudyStore(tmp_path / "r.sqlite")
+    store.put(_row("a1", val=60.0, test=1.0))
+    store.put(_row("a2", val=float("nan"), test=99.0))        # diverged: never chosen
+    store.put(_row("a3", val=70.0, test=2.0, status="failed", error="boom"))
+    store.put(_row("a4", val=60.0, test=3.0))                 # a tie: the smaller run id wins
+    store.put(_row("b1", seed=1, val=10.0, test=4.0))
+    store.put(_row("c1", val=5.0, test=5.0, variant={"hparams.alpha": 0.1}))
+    assert [(r["run_id"], r["test_map"]) for r in store.selected()] == [
+        ("a1", 1.0), ("c1", 5.0), ("b1", 4.0)]
+    assert [r["run_id"] for r in store.selected(run_ids={"a4", "b1"})] == ["a4", "b1"]
+    assert store.rows(run_id="a2")[0]["val_map"] is None
+    assert store.counts() == {"done": 5, "failed": 1}
+    with pytest.raises(ValueError, match="unknown column"):
+        store.put({**_row("x"), "valmap": 1})
+    with pytest.raises(ValueError, match="status 'ok'"):
+        store.put(_row("x", status="ok"))
+    store.export(tmp_path / "all.csv", "csv")
+    lines = (tmp_path / "all.csv").read_text().splitlines()
+    assert lines[0].startswith("run_id,study,method,loss,dataset") and len(lines) == 7
+    data = json.loads(store.export(tmp_path / "sel.json", "json", selected=True).read_text())
+    assert data[1]["variant"] == {"hparams.alpha": 0.1}
+    md = store.export(tmp_path / "t.md", "md").read_text()
+    assert "| a1 | an | voc | 1p | 0 | {} | 8 | 0.001 | done | 60.00 | 1.00 |" in md
+    tex = store.export(tmp_path / "t.tex", "latex").read_text()
+    assert r"run\_id & method" in tex and tex.strip().endswith(r"\end{tabular}")
+
+
+def test_store_two_concurrent_writer_processes(tmp_path):
+    db = tmp_path / "r.sqlite"
+    StudyStore(db)
+    script = textwrap.dedent(f"""
+        import importlib.util, sys, time
+        spec = importlib.util.spec_from_file_location("store", {store_module.__file__!r})
+        mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+        s = mod.StudyStore({str(db)!r})
+        while time.time() < float(sys.argv[2]):
+            pass
+        for i in range(40):
+            s.put({{"run_id": f"{{sys.argv[1]}}-{{i}}", "method": sys.argv[1], "seed": i,
+                   "status": "done", "val_map": float(i)}})
+    """)
+    import time
+
+    start = str(time.time() + 1.0)  # both start writing at the same moment
+    procs = [subprocess.Popen([sys.executable, "-c", script, name, start]) for name in "ab"]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    store = StudyStore(db)
+    assert len(store.rows()) == 80
+    assert len(store.rows(method="a")) == 40 and len(store.selected()) == 80
+
+
+# ---- tables -------------------------------------------------------------------------------------
+ROWS = [{"method": m, "dataset": d, "regime": r, "seed": s, "variant": "{}", "status": "done",
+         "test_map": v + s}
+        for m, r, vals in [("an", "1p", (80, 60)), ("role", "1p", (84, 58)),
+                           ("epr", "1p", (82, 58)), ("bce", "full", (90, 70)),
+                           ("iun", "1p_alln", (88, 65))]
+        for d, v in zip(("voc", "coco"), vals) for s in (0, 2)]
+
+
+def test_table_markdown_groups_and_marks():
+    text = study_table(ROWS, order=["role", "an", "epr"])
+    assert text == (
+        "| Method | voc | coco |\n"
+        "|---|---|---|\n"
+        "| *All P. & All N.* | | |\n"
+        "| bce | 91.00 ± 1.41 | 71.00 ± 1.41 |\n"
+        "| *1 P. & All N.* | | |\n"
+        "| iun | 89.00 ± 1.41 | 66.00 ± 1.41 |\n"
+        "| *1 P. & 0 N.* | | |\n"
+        "| role | **85.00 ± 1.41** | <u>59.00 ± 1.41</u> |\n"
+        "| an | 81.00 ± 1.41 | **61.00 ± 1.41** |\n"
+        "| epr | <u>83.00 ± 1.41</u> | <u>59.00 ± 1.41</u> |\n")
+
+
+def test_table_latex_html_csv_and_vary_columns():
+    one_seed = [r for r in ROWS if r["seed"] == 0]
+    tex = study_table(one_seed, "latex", title="T_1")
+    assert tex.splitlines()[:4] == ["% T_1", r"\begin{tabular}{lcc}", r"\toprule",
+                                    r"Method & voc & coco \\"]
+    assert r"\multicolumn{3}{l}{\textit{All P. \& All N.}} \\" in tex
+    assert r"role & \textbf{84.00} & \underline{58.00} \\" in tex
+    assert r"an & 80.00 & \textbf{60.00} \\" in tex
+    assert r"epr & \underline{82.00} & \underline{58.00} \\" in tex  # a tie marks both
+    html = study_table(ROWS, "html", title="a<b")
+    assert "<caption>a&lt;b</caption>" in html
+    assert '<tr class="group"><th colspan="3">1 P. &amp; 0 N.</th></tr>' in html
+    assert '<td title="2 seed(s)"><strong>85.00 ± 1.41</strong></td>' in html
+    csv = study_table(one_seed, "csv").splitlines()
+    assert csv[0] == "regime,method,voc mean,voc std,voc n,voc rank,coco mean,coco std,coco n," \
+                     "coco rank"
+    assert csv[1] == "full,bce,90.0,0.0,1,,70.0,0.0,1,"
+    assert "1p,an,80.0,0.0,1,,60.0,0.0,1,1" in csv
+    swept = [{"method": "em", "dataset": "voc", "regime": "1p", "seed": 0,
+              "variant": json.dumps({"hparams.alpha": a, "k": 2}), "test_map": 50 + 100 * a}
+             for a in (0.1, 0.01)]
+    text = study_table(swept, columns="hparams.alpha", decimals=1)
+    assert text.splitlines()[0] == "| Method | alpha=0.01 | alpha=0.1 |"
+    assert text.splitlines()[-1] == "| em (k=2) | 51.0 | 60.0 |"  # one row: nothing to mark
+    with pytest.raises(ValueError, match="no selected run has a value for 'val_map'"):
+        study_table(ROWS, metric="val_map")
+    with pytest.raises(ValueError, match="unknown table format"):
+        study_table(ROWS, "docx")
+
+
+# ---- CLI ----------------------------------------------------------------------------------------
+def test_cli_study_commands(tmp_path, capsys):
+    out = tmp_path / "smoke"
+    assert main(["study", "list"]) == 0
+    assert "smoke" in capsys.readouterr().out
+    code = main(["study", "run", "smoke", "--out", str(out), "--jobs", "1", "--quiet",
+                 "--set", "epochs=1", "methods=[an]"])
+    text = capsys.readouterr().out
+    assert code == 0 and "1 run(s)" in text and "| an |" in text
+    launch = json.loads((out / "launches.jsonl").read_text())
+    assert launch["argv"] is not None and launch["runs_run"] == 1
+    assert main(["study", "status", str(out)]) == 0
+    assert "1 runs: 1 done, 0 failed, 0 missing" in capsys.readouterr().out
+    assert main(["study", "table", str(out), "--format", "latex"]) == 0
+    assert r"\begin{tabular}{lc}" in capsys.readouterr().out
+    assert main(["study", "export", str(out), "--format", "json", "--output",
+                 str(tmp_path / "x.json")]) == 0
+    assert json.loads((tmp_path / "x.json").read_text())[0]["method"] == "an"
+    assert main(["study", "run", "nope-preset", "--quiet"]) == 2
+    assert "presets:" in capsys.readouterr().err
+    assert main(["study", "status", str(tmp_path)]) == 2
+    assert "not a study folder" in capsys.readouterr().err
