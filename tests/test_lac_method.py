@@ -329,6 +329,29 @@ def test_cli_train_mode_lac_and_resume(toy, tmp_path, capsys):
     assert f"test mAP {final['test_map']:.2f}" in out
     assert main(["train", "--resume", run_dir, "--quiet"]) == 0  # finished: its result
     assert f"test mAP {final['test_map']:.2f}" in capsys.readouterr().out
+    from spmlkit.experiments.figures import attention_from_run
+
+    ov = attention_from_run(run_dir, split="val", n=3)  # LAC Fig. 6 on the run's own images
+    assert ov.maps.shape == (3, 3, 2, 2) and ov.kind == "attention"
+    assert np.allclose(ov.maps.sum(axis=(2, 3)), 1, atol=1e-5)  # softmax weights per label
+    png = tmp_path / "att.png"
+    assert main(["figure", "attention", run_dir, "--split", "val", "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # spml predict on the LAC run: the loaded label-wise model on new images, val thresholds
+    from spmlkit.predict import predict_run
+
+    pred = predict_run(run_dir, s.test.x[:4])
+    model, info = load_lac_model(run_dir)
+    from spmlkit.data.images import open_image
+    from spmlkit.data.transforms import eval_transform
+
+    t = eval_transform(info["image_size"], info["mean"], info["std"])
+    with torch.no_grad():
+        direct = torch.sigmoid(model(torch.stack([t(open_image(p)) for p in s.test.x[:4]])))
+    assert pred.probs.shape == (4, 3) and pred.class_names == info["class_names"]
+    assert np.allclose(pred.probs, direct.numpy(), atol=1e-5)
+    assert main(["predict", run_dir, *s.test.x[:2], "--format", "json"]) == 0
+    assert '"labels"' in capsys.readouterr().out
     assert main(args + ["--lac", "dimm=8"]) == 2
     assert "unknown LAC option" in capsys.readouterr().err
 

@@ -205,6 +205,11 @@ def _image_model(ckpt, config) -> tuple[nn.Module, int, tuple, tuple]:
     from .models.backbones import create_backbone
     from .models.heads import ImageClassifier
 
+    if ckpt.get("mode") == "lac":  # the label-wise embedding model (Xie et al.)
+        from .methods.lac import lac_model_from_checkpoint
+
+        return (lac_model_from_checkpoint(ckpt), int(ckpt["image_size"]), tuple(ckpt["mean"]),
+                tuple(ckpt["std"]))
     if ckpt.get("mode", "linear") != "linear":
         backbone = create_backbone(ckpt["backbone"], pretrained=False,
                                    **ckpt.get("backbone_options", {}))

@@ -54,7 +54,7 @@ def save_figure(fig, out) -> Path:
         raise ValueError(f"figures are PNG or SVG files: give an output path ending in .png or "
                          f".svg, got {out}")
     fmt = suffix[1:]
-    _atomic(out, lambda fh: fig.savefig(fh, format=fmt, dpi=120))
+    _atomic(out, lambda fh: fig.savefig(fh, format=fmt, dpi=120, bbox_inches="tight"))
     return out
 
 
@@ -75,6 +75,10 @@ def _short(names, limit: int = 4) -> str:
 
 
 # --- 1. training curves ------------------------------------------------------------------------
+#: up to this many lines, each panel has its own legend; more get one legend beside the figure
+LEGEND_INSIDE = 8
+
+
 def plot_curves(curves: dict, out, metric: str = "val_map", title: str | None = None) -> Path:
     """Per-epoch ``metric`` (left) and ``train_loss`` (right, when the records have it) of
     several runs, one line per run; the best value of ``metric`` is marked.
@@ -96,14 +100,16 @@ def plot_curves(curves: dict, out, metric: str = "val_map", title: str | None = 
             keys = sorted({k for r in records for k in r})
             raise ValueError(f"{label}: no epoch record has {metric!r} (keys: {keys})")
     has_loss = any("train_loss" in r for records in curves.values() for r in records)
+    many = len(curves) > LEGEND_INSIDE  # one legend beside the panels, line styles cycling
     fig, axes = _figure((10 if has_loss else 5.5, 4), 1, 2 if has_loss else 1)
     ax_m = axes[0, 0]
-    for label, records in curves.items():
+    for i, (label, records) in enumerate(curves.items()):
         rows = [r for r in records if r.get(metric) is not None]
         x = np.arange(1, len(records) + 1)[[i for i, r in enumerate(records)
                                             if r.get(metric) is not None]]
         y = np.array([r[metric] for r in rows], dtype=np.float64)
-        (line,) = ax_m.plot(x, y, marker="o", markersize=3, label=label)
+        (line,) = ax_m.plot(x, y, marker="o", markersize=3, label=label,
+                            linestyle=("-", "--", ":")[i // 10 % 3])
         if np.isfinite(y).any():
             b = int(np.nanargmax(y))
             ax_m.plot(x[b], y[b], marker="*", markersize=12, color=line.get_color())
@@ -111,7 +117,7 @@ def plot_curves(curves: dict, out, metric: str = "val_map", title: str | None = 
             lr = [(i + 1, r["train_loss"]) for i, r in enumerate(records) if "train_loss" in r]
             if lr:
                 axes[0, 1].plot(*zip(*lr), marker="o", markersize=3, label=label,
-                                color=line.get_color())
+                                color=line.get_color(), linestyle=line.get_linestyle())
     ax_m.set(xlabel="epoch", ylabel=metric.replace("_", " "),
              title=f"{metric.replace('_', ' ')} per epoch (star: best)")
     panels = [ax_m]
@@ -123,7 +129,11 @@ def plot_curves(curves: dict, out, metric: str = "val_map", title: str | None = 
     for ax in panels:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
+        if not many:
+            ax.legend(fontsize="small")
+    if many:
+        fig.legend(*ax_m.get_legend_handles_labels(), loc="center left", fontsize="small",
+                   bbox_to_anchor=(1.0, 0.5), ncol=1 + len(curves) // 25)
     fig.suptitle(title or "Training curves")
     return save_figure(fig, out)
 
@@ -958,22 +968,30 @@ def cam_from_run(run, split: str = "test", n: int = 4, seed: int = 0) -> MapOver
 
 
 def attention_from_run(run, split: str = "test", n: int = 4, seed: int = 0) -> MapOverlays:
-    """Attention maps of a LAC run's label-wise head (``spmlkit.methods.lac``).
+    """Attention maps of ``n`` images (seeded choice) of a LAC run: where each label's query
+    looks in the last decoder layer of the label-wise embedding head (LAC Fig. 6), with the
+    model's probabilities recomputed from the images.
 
     Raises:
-        ValueError: the run is not a LAC run, or this installation has no LAC method.
+        ValueError: the run is not a LAC run (use :func:`cam_from_run` for a linear head).
     """
+    import torch
+
     config = read_config(run)
     mode = config.get("mode", "linear")
-    try:
-        from ..methods import lac  # noqa: F401
-    except ImportError:
-        raise ValueError(f"attention maps need a LAC run and spmlkit.methods.lac, which this "
-                         f"installation does not have (run {run_label(run)} is a {mode} run); "
-                         f"for a linear head use `spml figure cam`") from None
-    loader = getattr(lac, "load_lac_model", None)
-    if mode != "lac" or loader is None:
+    if mode != "lac":
         raise ValueError(f"run {run_label(run)} is a {mode} run: attention maps exist only for "
                          f"LAC runs (mode lac, label-wise embedding head); use `spml figure "
                          f"cam` for a linear head")
-    raise ValueError("spmlkit.methods.lac has no run loader the attention figure knows")
+    from ..methods.lac import load_lac_model
+
+    model, info = load_lac_model(run)
+    _, _, chosen, load = _run_images(run, split, n, seed)
+    x, shown = load(int(info["image_size"]), info["mean"], info["std"])
+    with torch.no_grad():
+        maps = model.attention_maps(x)
+        probs = torch.sigmoid(model(x))
+    return MapOverlays(shown, maps.numpy(), probs.numpy(), list(info["class_names"]), chosen,
+                       "attention", f"Label-wise attention maps, {run_label(run)} ({split})",
+                       f"best epoch {info['best_epoch']} (stage {info['best_stage']}, "
+                       f"{info['best_source']})")

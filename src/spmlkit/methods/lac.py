@@ -84,7 +84,8 @@ from ..models.label_embedding import LabelEmbeddingModel
 from ..runs import PREDICTIONS_FILE, RunDir, write_json, write_text
 
 __all__ = ["ABLATIONS", "CHECKPOINT_FILE", "LACConfig", "CachedMapViews", "ImageViews",
-           "ablation_config", "load_lac_model", "resume_lac", "train_lac"]
+           "ablation_config", "lac_model_from_checkpoint", "load_lac_model", "resume_lac",
+           "train_lac"]
 
 CHECKPOINT_FILE = "checkpoint.pt"
 CHECKPOINT_FORMAT = 1
@@ -1018,26 +1019,33 @@ def resume_lac(run_dir, *, progress: bool = True, on_epoch=None, cache_dir=None,
                      backbone_options=cfg.get("backbone_options") or None)
 
 
-def load_lac_model(run, device: str = "cpu") -> tuple[LabelEmbeddingModel, dict]:
-    """The best model of a LAC run folder, in eval mode: the backbone (rebuilt by name; the
-    run's own weights when it was trained end to end) and the label-wise embedding head.
-    Returns ``(model, info)`` with ``info`` the rest of ``best.pt`` (class names, image size,
-    mean, std, ...). ``model(images)`` gives logits, ``model.attention_maps(images)`` where
-    each label looks."""
+def lac_model_from_checkpoint(info: dict) -> LabelEmbeddingModel:
+    """The model of a LAC ``best.pt`` dict, in eval mode on the CPU: the backbone rebuilt by
+    name (with the run's own weights when it was trained end to end) and the head."""
     from ..models.backbones import create_backbone
 
-    path = Path(run) / "best.pt"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: is {run} a finished LAC run folder?")
-    info = torch.load(path, map_location=device, weights_only=False)
-    if info.get("mode") != "lac":
-        raise ValueError(f"{path} is not a LAC checkpoint (mode {info.get('mode', 'linear')!r})")
     net = create_backbone(info["backbone"], pretrained=info.get("pretrained", True),
                           **(info.get("backbone_options") or {}))
     model = LabelEmbeddingModel(net, info["num_classes"], freeze_backbone=True, **info["head"])
-    state = info.pop("model")
+    state = info["model"]
     if any(key.startswith("backbone.") for key in state):
         model.load_state_dict(state)
     else:
         model.head.load_state_dict({key[len("head."):]: v for key, v in state.items()})
-    return model.to(device).eval(), info
+    return model.eval()
+
+
+def load_lac_model(run, device: str = "cpu") -> tuple[LabelEmbeddingModel, dict]:
+    """The best model of a LAC run folder, in eval mode (:func:`lac_model_from_checkpoint`).
+    Returns ``(model, info)`` with ``info`` the rest of ``best.pt`` (class names, image size,
+    mean, std, ...). ``model(images)`` gives logits, ``model.attention_maps(images)`` where
+    each label looks."""
+    path = Path(run) / "best.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: is {run} a finished LAC run folder?")
+    info = torch.load(path, map_location="cpu", weights_only=False)
+    if info.get("mode") != "lac":
+        raise ValueError(f"{path} is not a LAC checkpoint (mode {info.get('mode', 'linear')!r})")
+    model = lac_model_from_checkpoint(info)
+    info.pop("model")
+    return model.to(device), info
