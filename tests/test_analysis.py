@@ -148,6 +148,10 @@ def test_pl_precision_logged_per_epoch_matches_the_loss_state(runs):
         assert record["pl_count"] == mask.sum() > 0
         assert record["pl_precision"] == pytest.approx((y[mask] == 0).mean(), abs=1e-12)
     assert seen[0][0]["pl_count"] < seen[2][0]["pl_count"]
+    best = seen[runs["apl"]["best_epoch"] - 1][0]  # the result carries the selected epoch's
+    assert (runs["apl"]["pl_count"], runs["apl"]["pl_precision"]) == (best["pl_count"],
+                                                                       best["pl_precision"])
+    assert "pl_precision" not in runs["an"]
     res = an.pseudo_label_precision(runs["apl"]["run_dir"])
     assert res.loss == "em_apl" and res.epoch.tolist() == [1, 2, 3]
     assert res.count.tolist() == [r["pl_count"] for r, _ in seen]

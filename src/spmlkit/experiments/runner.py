@@ -78,7 +78,7 @@ def train_one(splits: Splits, loss: str, hparams: dict | None = None,
     When the loss pseudo-labels (it has ``hard_pseudo_labels()``, see
     :func:`pseudo_label_record`), every epoch record (``metrics.jsonl``, ``on_epoch``) gets
     ``pl_count`` and ``pl_precision`` (against the full train labels; NaN while nothing is
-    pseudo-labelled).
+    pseudo-labelled), and so does the result, at the selected epoch (None for NaN).
 
     ``save_train_probs=True`` (needs ``out``) also stores the eval-mode train probabilities after
     every epoch as ``train_probs.npy`` (epochs x N_train x L, float16; row ``e - 1`` is epoch
@@ -105,10 +105,12 @@ def train_one(splits: Splits, loss: str, hparams: dict | None = None,
         run.save_array("observed.npy", splits.observed)
 
     x_train = torch.as_tensor(np.asarray(splits.train.x, np.float32))
-    epoch_probs = []
+    epoch_probs, pseudo = [], {}
 
     def log_epoch(record, model, loss_module):
         record.update(pseudo_label_record(loss_module, splits.train.y))
+        pseudo[record["epoch"]] = {k: record[k] for k in ("pl_count", "pl_precision")
+                                   if k in record}
         if save_train_probs:
             epoch_probs.append(_probs(model, x_train).astype(np.float16))
         if run is not None:
@@ -130,6 +132,8 @@ def train_one(splits: Splits, loss: str, hparams: dict | None = None,
         "train_recovery_map": map_score(probs["train"], splits.train.y, conv),
         "test": test,
     }
+    for key, value in pseudo.get(fit.best_epoch, {}).items():  # at the selected epoch
+        result[key] = value if np.isfinite(value) else None
     if hasattr(loss_fn, "estimated_labels"):
         result["estimator_recovery_map"] = map_score(loss_fn.estimated_labels().cpu().numpy(),
                                                      splits.train.y, conv)
