@@ -303,6 +303,11 @@ def test_cli_study_commands(tmp_path, capsys):
     assert launch["argv"] is not None and launch["runs_run"] == 1
     assert main(["study", "status", str(out)]) == 0
     assert "1 runs: 1 done, 0 failed, 0 missing" in capsys.readouterr().out
+    # `spml study PRESET` is `spml study run PRESET`: here a re-launch with nothing left to run
+    assert main(["study", "smoke", "--out", str(out), "--quiet", "--set", "epochs=1",
+                 "methods=[an]"]) == 0
+    text = capsys.readouterr().out
+    assert "0 run(s)" in text and "1 of 1 were finished before" in text
     assert main(["study", "table", str(out), "--format", "latex"]) == 0
     assert r"\begin{tabular}{lc}" in capsys.readouterr().out
     assert main(["study", "export", str(out), "--format", "json", "--output",
@@ -312,3 +317,16 @@ def test_cli_study_commands(tmp_path, capsys):
     assert "presets:" in capsys.readouterr().err
     assert main(["study", "status", str(tmp_path)]) == 2
     assert "not a study folder" in capsys.readouterr().err
+
+
+def test_set_methods_drops_the_hparams_of_methods_left_out():
+    """``--set methods=[...]`` on a preset whose ``hparams`` name other methods: those entries
+    go, with a warning; the kept methods keep theirs. In a spec file the same entry is an
+    error (a typo)."""
+    with pytest.warns(UserWarning) as caught:
+        s = load_study("yeast-papers", ["methods=[an, em]"])
+    assert sorted(str(w.message).split()[2] for w in caught) == ["hparams.em_apl",
+                                                                 "hparams.opml_sp"]
+    assert set(s.hparams) == {"em"} and s.hparams["em"] == {"alpha": 0.1}
+    with pytest.raises(ValueError, match="hparams.em_apl: no method labelled"):
+        load_study({**BASE, "hparams": {"em_apl": {"alpha": 0.1}}})

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -103,6 +104,8 @@ def cmd_train(args) -> int:
 
     if args.resume:
         return _resume_lac(args)
+    if args.batch_size is None:
+        args.batch_size = 32 if args.mode == "lac" else 8
     linear = args.mode == "linear"  # finetune / linear_init: --backbone is the model's
     options = {**_pairs(args.data, "--data"), **(_feature_data(args) if linear else {})}
     splits = load_splits(args.dataset, args.regime, **options)
@@ -441,8 +444,17 @@ def cmd_study(args) -> int:
         return 0
     if args.action == "run":
         spec = st.load_study(args.spec, args.set)
-        res = st.run_study(spec, out=args.out, jobs=args.jobs, progress=not args.quiet,
-                           mlflow=args.mlflow, argv=sys.argv, retry_failed=args.retry_failed)
+        try:
+            res = st.run_study(spec, out=args.out, jobs=args.jobs, progress=not args.quiet,
+                               mlflow=args.mlflow, argv=sys.argv,
+                               retry_failed=args.retry_failed)
+        except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (kill, timeout)
+            out = args.out or st.STUDIES_ROOT / spec.name
+            with contextlib.suppress(Exception):
+                s = st.study_status(out)
+                print(f"{spec.name}: stopped with {s['done']} of {s['total']} runs done; the "
+                      f"same command runs the {s['missing']} missing ones", file=sys.stderr)
+            raise
         print(f"{spec.name}: {res['runs_run']} run(s) in {res['seconds']:.1f} s with "
               f"{res['jobs']} process(es), {res['failures']} failed; "
               f"{res['runs_done_before']} of {res['runs_total']} were finished before")
@@ -521,7 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="loss hyperparameter, e.g. --hp lam=2 (repeatable)")
     p.add_argument("--reg", action="append", metavar="NAME:WEIGHT",
                    help="add a regulariser to the loss, e.g. --reg highrank:1e-3")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="default 8 (Cole et al.'s linear and fine-tuned runs); 32 with --mode "
+                        "lac (Xie et al.)")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--k", type=float, default=None,
@@ -671,7 +685,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("study", help="run a study (a YAML spec or preset: datasets x methods x "
-                       "seeds x vary x grid; parallel, resumable) and tabulate it")
+                       "seeds x vary x grid; parallel, resumable) and tabulate it; `spml study "
+                       "PRESET` is `spml study run PRESET`")
     ssub = p.add_subparsers(dest="action", required=True)
     s = ssub.add_parser("run", help="run a study's missing runs (re-running resumes)")
     s.add_argument("spec", metavar="SPEC_OR_PRESET",
@@ -711,7 +726,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+STUDY_ACTIONS = ("run", "status", "table", "export", "list")
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["study"] and len(argv) > 1 and argv[1] not in STUDY_ACTIONS and \
+            not argv[1].startswith("-"):
+        argv.insert(1, "run")  # `spml study <preset or spec>` is `spml study run ...`
     args = build_parser().parse_args(argv)
     if getattr(args, "threads", None):
         import torch
@@ -723,8 +745,8 @@ def main(argv=None) -> int:
         print(f"spml {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted; finished work is kept (re-run the same command to resume a "
-              "benchmark)", file=sys.stderr)
+        print("interrupted; finished work is kept (re-run the same command to resume)",
+              file=sys.stderr)
         return 130
 
 

@@ -176,7 +176,7 @@ def select_best(records, methods: list[Method], seeds: int) -> list[dict]:
 
 def _mean_std(values) -> str:
     v = np.asarray(values, dtype=float)
-    return f"{v.mean():.2f} ± {v.std(ddof=1) if v.size > 1 else 0.0:.2f}"
+    return f"{v.mean():.2f} ± {v.std(ddof=1):.2f}" if v.size > 1 else f"{v.mean():.2f}"
 
 
 def format_table(selected, methods, dataset, seeds, grid, epochs, seconds) -> str:

@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import base64
 import html
-import inspect
 import json
 import math
 import shlex
-import sqlite3
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,20 +64,12 @@ class StudyData:
 
 # --- reading a study folder --------------------------------------------------------------------
 def _parse_spec(text: str, path: Path) -> dict:
+    import yaml
+
     try:
-        import yaml
-    except ImportError:
-        yaml = None
-    if yaml is not None:
-        try:
-            spec = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise ValueError(f"{path}: not valid YAML ({err})") from None
-    else:  # JSON is YAML too: a spec written as JSON reads without PyYAML
-        try:
-            spec = json.loads(text)
-        except json.JSONDecodeError:
-            raise ModuleNotFoundError(f"reading {path} needs PyYAML: pip install pyyaml") from None
+        spec = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not valid YAML ({err})") from None
     if spec is None:
         return {}
     if not isinstance(spec, dict):
@@ -108,36 +98,11 @@ def _good(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _select(rows) -> list:
-    """Best val mAP per (method, dataset, regime, seed, variant) among the finished rows (first
-    row wins a tie); the fallback for a store without ``selected()``."""
-    best = {}
-    for row in rows:
-        if row.get("status") != "done" or not _good(row.get("val_map")):
-            continue
-        key = tuple(row.get(k) for k in _GROUP)
-        if key not in best or row["val_map"] > best[key]["val_map"]:
-            best[key] = row
-    return list(best.values())
-
-
 def _read_store(path: Path) -> tuple[list, list]:
-    try:
-        from .store import StudyStore
-    except ImportError:
-        StudyStore = None
-    if StudyStore is not None:
-        store = StudyStore(path)
-        return [dict(r) for r in store.rows()], [dict(r) for r in store.selected()]
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        con.row_factory = sqlite3.Row
-        rows = [dict(r) for r in con.execute("SELECT * FROM runs ORDER BY run_id")]
-    except sqlite3.DatabaseError as err:
-        raise ValueError(f"{path}: cannot read the runs table ({err})") from None
-    finally:
-        con.close()
-    return rows, _select(rows)
+    from .store import StudyStore
+
+    store = StudyStore(path)
+    return [dict(r) for r in store.rows()], [dict(r) for r in store.selected()]
 
 
 def load_study(study_dir) -> StudyData:
@@ -243,61 +208,18 @@ def _esc(v) -> str:
 
 
 # --- tables ------------------------------------------------------------------------------------
-def _fallback_table(selected, metric: str) -> str:
-    """Methods x datasets, mean ± std over seeds of ``metric`` (the best value per column in
-    bold); used when :mod:`spmlkit.experiments.tables` is not there."""
-    regimes_of = {}
-    for r in selected:
-        regimes_of.setdefault(r.get("method"), set()).add(r.get("regime"))
-    datasets = list(dict.fromkeys(str(r.get("dataset")) for r in selected))
-    cells: dict = {}
-    order = []
-    for r in selected:
-        label = _row_label(r, regimes_of)
-        if label not in cells:
-            order.append(label)
-            cells[label] = {}
-        if _good(r.get(metric)):
-            cells[label].setdefault(str(r.get("dataset")), []).append(float(r[metric]))
-    means = {(m, d): sum(v) / len(v) for m in order for d, v in cells[m].items()}
-    best = {d: max((means[m, d] for m in order if (m, d) in means), default=None)
-            for d in datasets}
-    head = "".join(f"<th>{_esc(d)}</th>" for d in datasets)
-    body = []
-    for m in order:
-        tds = []
-        for d in datasets:
-            vals = cells[m].get(d)
-            if not vals:
-                tds.append("<td>-</td>")
-                continue
-            mean = means[m, d]
-            sd = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 \
-                else 0.0
-            text = f"{mean:.2f} ± {sd:.2f}" if len(vals) > 1 else f"{mean:.2f}"
-            if best[d] is not None and mean == best[d]:
-                text = f"<b>{text}</b>"
-            tds.append(f'<td title="{len(vals)} seed(s)">{text}</td>')
-        body.append(f"<tr><th scope=\"row\">{_esc(m)}</th>{''.join(tds)}</tr>")
-    return (f'<table class="main"><thead><tr><th>method</th>{head}</tr></thead>'
-            f"<tbody>{''.join(body)}</tbody></table>")
+def _method_order(spec: dict) -> list:
+    """The spec's method labels in its order (the table's row order, as in the papers)."""
+    out = []
+    for m in spec.get("methods") or []:
+        out.append(str(m.get("label", m.get("spec"))) if isinstance(m, dict) else str(m))
+    return out
 
 
-def _main_table(selected, metric: str, title: str) -> str:
-    """``tables.study_table(selected, fmt="html", metric=...)`` when that module is there."""
-    try:
-        from .tables import study_table
-    except ImportError:
-        return _fallback_table(selected, metric)
-    params = inspect.signature(study_table).parameters
-    kw = {}
-    if "metric" in params:
-        kw["metric"] = metric
-    elif metric != "test_map":
-        return _fallback_table(selected, metric)
-    if "title" in params:
-        kw["title"] = title
-    return str(study_table(selected, fmt="html", **kw))
+def _main_table(selected, metric: str, title: str, order=None) -> str:
+    from .tables import study_table
+
+    return str(study_table(selected, fmt="html", metric=metric, title=title, order=order))
 
 
 def _runs_table(study: StudyData) -> str:
@@ -510,7 +432,7 @@ def render_html(study: StudyData, figures=()) -> str:
     for metric, title in TABLE_METRICS:
         if study.selected and any(_good(r.get(metric)) for r in study.selected):
             add(f'<h3 id="table-{metric}">{_esc(title)}</h3>')
-            add(_main_table(study.selected, metric, title))
+            add(_main_table(study.selected, metric, title, _method_order(study.spec)))
     add("</section>")
 
     add('<section id="figures"><h2>Figures</h2>')

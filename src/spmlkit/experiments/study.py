@@ -269,7 +269,29 @@ def load_study(path_or_preset, overrides=None) -> StudySpec:
                          f"...), got {type(raw).__name__}")
     if overrides:
         raw = apply_overrides(raw, overrides)
+        keys = overrides if isinstance(overrides, dict) else [o.split("=", 1)[0] for o in overrides]
+        if "methods" in keys:
+            _drop_orphan_hparams(raw)
     return _validate(raw, source, stem)
+
+
+def _drop_orphan_hparams(raw: dict) -> None:
+    """After ``--set methods=...``: the spec's ``hparams`` of methods no longer in the study
+    are dropped, with a warning (in a spec file such an entry is an error: a typo)."""
+    import warnings
+
+    hparams, methods = raw.get("hparams"), raw.get("methods")
+    if not isinstance(hparams, dict) or not isinstance(methods, list):
+        return
+    names = set()
+    for m in methods:
+        spec = str(m.get("spec", "")) if isinstance(m, dict) else str(m)
+        names |= {str(m.get("label")) if isinstance(m, dict) else spec,
+                  re.split(r"[@+]", spec)[0]}
+    for key in [k for k in hparams if k not in names]:
+        warnings.warn(f"--set methods: hparams.{key} names no method of the study now; dropped",
+                      stacklevel=3)
+        del hparams[key]
 
 
 def _fail(source: str, key: str, message: str):
@@ -640,6 +662,8 @@ def _trainer_kwargs(task: dict) -> dict:
     from ..engine import TrainConfig
 
     opts = dict(task["mode_options"])
+    if task["mode"] == "lac":  # its feature-map bars would garble the study's bar
+        opts.setdefault("progress", False)
     if task["mode"] in ("finetune", "linear_init"):
         opts["mode"] = task["mode"]
         linear = {k[7:]: opts.pop(k) for k in ("linear_epochs", "linear_lr") if k in opts}
@@ -862,7 +886,7 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
         with contextlib.suppress(OSError):
             (runs_root / ".stale").rmdir()  # when empty
         if todo and spec.mode == "linear":
-            _prepare_features(spec, todo)
+            _prepare_features(spec, todo, progress)
         if mlflow_module is not None and todo:
             mlflow_module.set_experiment(spec.name)
         by_id = {t.run_id: t for t in todo}
@@ -896,15 +920,17 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
                                                        "jobs")}}
 
 
-def _prepare_features(spec: StudySpec, todo) -> None:
-    """Image sources on a backbone's features: extract them once here (progress bar), before
-    the workers all want them."""
+def _prepare_features(spec: StudySpec, todo, progress: bool = True) -> None:
+    """Image sources on a backbone's features: extract them once here (a progress bar unless
+    ``progress`` is False), before the workers all want them."""
     from ..data import load_dataset
 
     wanted = {t.dataset for t in todo}
     for ds in spec.datasets:  # the spec's own options (a data.* vary axis is the runs' business)
         if ds.options.get("backbone") and ds.name in wanted:
-            load_dataset(ds.name, **ds.options)
+            options = dict(ds.options)
+            options["features"] = {"progress": progress, **(options.get("features") or {})}
+            load_dataset(ds.name, **options)
 
 
 def study_status(out) -> dict:
