@@ -371,3 +371,19 @@ def test_cached_maps_average_to_the_pooled_features(toy):
     weak1 = extract_feature_maps(items, net, "weak", 16, seed=1, **opts)  # another flip draw
     assert Path(weak0.filename).parent != Path(weak1.filename).parent
     assert not np.array_equal(weak0, weak1)
+
+
+def test_every_registered_loss_trains_on_the_label_wise_model(toy):
+    """The paper's "LEM" columns: any registered loss (per-example state included: ROLE's
+    estimator, EM+APL's pseudo-labels, LL-Cp's corrections) as the base loss of the label-wise
+    embedding model, without PLC / LAC."""
+    from spmlkit.losses import LOSSES
+
+    for name in LOSSES.names():
+        hp = {"warmup": 1} if name == "em_apl" else None  # pseudo-labels from epoch 1 on
+        res = train_lac(toy["splits"], name, hp, TrainConfig(epochs=2, batch_size=8, lr=1e-2),
+                        lac={**SMALL, "plc": False, "lac": False},
+                        backbone="tiny_cnn", backbone_options=BACKBONE, pretrained=False,
+                        cache_dir=toy["cache"], progress=False, features={"num_workers": 0})
+        assert np.isfinite(res["val_map"]) and np.isfinite(res["test_map"]), name
+        assert res["loss"] == name and res["best_stage"] == 1, name
