@@ -32,6 +32,7 @@ from ..analysis import _figure, format_table, read_config, read_metrics, read_pr
     run_file, run_label
 from ..labels import POSITIVE, UNOBSERVED
 from ..runs import _atomic
+from .tables import row_variant
 
 FIGURE_SUFFIXES = (".png", ".svg")
 #: the run-folder subfolder the CLI writes figures into when no ``--out`` is given
@@ -182,17 +183,6 @@ class SweepLine:
     reference: bool = False     # a method without the axis: one value, drawn as a flat line
 
 
-def _variant(row) -> dict:
-    v = row.get("variant") or "{}"
-    if isinstance(v, dict):
-        return v
-    try:
-        out = json.loads(v)
-    except json.JSONDecodeError:
-        raise ValueError(f"run {row.get('run_id')}: variant {v!r} is not JSON") from None
-    return out if isinstance(out, dict) else {}
-
-
 def _axis_value(row, variant: dict, axis: str):
     """The row's value on ``axis``: the vary assignment's key (also nested: ``hparams`` ->
     ``alpha``), else a row column such as ``regime`` when the study varies it; ``KeyError``."""
@@ -242,12 +232,12 @@ def sweep_points(rows, axis: str, metric: str = "test_map") -> list[SweepLine]:
     rows = [r for r in rows if r.get("status", "done") == "done"]
     if not rows:
         raise ValueError("no finished run to plot (the study has no row with status 'done')")
-    axes = sorted({k for r in rows for k in _variant(r)})
+    axes = sorted({k for r in rows for k in row_variant(r)})
     groups: dict = {}
     refs: dict = {}
     any_axis = False
     for r in rows:
-        variant = _variant(r)
+        variant = row_variant(r)
         value = r.get(metric)
         if value is None:
             raise ValueError(f"run {r.get('run_id')} has no {metric!r}; columns: {sorted(r)}")

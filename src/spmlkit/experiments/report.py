@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..runs import write_text
+from .tables import row_variant
 
 REPORT_FILE = "report.html"
 #: metrics that get a main table, in this order, when at least one selected run has a value
@@ -156,19 +157,8 @@ def _epochs(run_dir: Path) -> list:
 
 
 # --- labels and numbers ------------------------------------------------------------------------
-def _variant(row) -> dict:
-    v = row.get("variant") or "{}"
-    if isinstance(v, dict):
-        return v
-    try:
-        v = json.loads(v)
-    except (TypeError, json.JSONDecodeError):
-        return {"variant": str(v)}
-    return v if isinstance(v, dict) else {"variant": v}
-
-
 def _variant_text(row) -> str:
-    return ", ".join(f"{k}={_fmt_value(v)}" for k, v in sorted(_variant(row).items()))
+    return ", ".join(f"{k}={_fmt_value(v)}" for k, v in sorted(row_variant(row).items()))
 
 
 def _fmt_value(v) -> str:
@@ -280,7 +270,7 @@ def _vary_axes(study: StudyData) -> list:
     vary = study.spec.get("vary")
     axes = [str(a) for a in vary] if isinstance(vary, dict) else []
     for r in study.selected:  # axes found in the rows but not in the spec (an edited spec)
-        for k in _variant(r):
+        for k in row_variant(r):
             if str(k) not in axes:
                 axes.append(str(k))
     return axes

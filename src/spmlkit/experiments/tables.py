@@ -50,12 +50,26 @@ def _json(text) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+def row_variant(row: dict) -> dict:
+    """The vary assignment of a store row (its ``variant``, JSON text or a dict)."""
+    v = row.get("variant") or "{}"
+    if isinstance(v, dict):
+        return v
+    try:
+        out = json.loads(v)
+    except (TypeError, json.JSONDecodeError):
+        raise ValueError(f"run {row.get('run_id')}: variant {v!r} is not JSON") from None
+    if not isinstance(out, dict):
+        raise ValueError(f"run {row.get('run_id')}: variant {v!r} is not a mapping")
+    return out
+
+
 def axis_value(row: dict, key: str):
     """``row[key]`` for a plain column, else the vary assignment's value (``hparams.alpha``,
     ``data.subsample``, ``k``); ``KeyError`` when neither has it."""
     if key in _PLAIN and key in row:
         return row[key]
-    variant = _json(row.get("variant"))
+    variant = row_variant(row)
     if key in variant:
         return variant[key]
     if key in row:
@@ -82,7 +96,7 @@ def _short(key: str) -> str:
 
 def _label(row: dict, rows: str, skip: set) -> str:
     label = str(axis_value(row, rows))
-    extra = {k: v for k, v in _json(row.get("variant")).items() if k not in skip}
+    extra = {k: v for k, v in row_variant(row).items() if k not in skip}
     if extra:
         label += " (" + ", ".join(f"{_short(k)}={v}" for k, v in sorted(extra.items())) + ")"
     return label

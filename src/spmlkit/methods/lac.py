@@ -793,15 +793,21 @@ _RESUME_KEYS = ("dataset", "regime", "loss", "hparams", "k", "backbone", "pretra
                 "backbone_options", "image_size", "train", "lac", "stages", "sizes")
 
 
-def _check_resume(run_dir: Path, fresh: dict) -> None:
+def _lac_run_config(run_dir: Path) -> dict:
+    """A LAC run folder's ``config.json``; errors that say what the folder is instead."""
     try:
-        stored = json.loads((run_dir / "config.json").read_text())
+        cfg = json.loads((Path(run_dir) / "config.json").read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"cannot resume {run_dir}: it has no config.json (is it a run "
-                                f"folder?)") from None
-    if stored.get("mode") != "lac":
+        raise FileNotFoundError(f"cannot resume {run_dir}: it has no config.json (resume takes "
+                                f"a run folder written by spml train --mode lac)") from None
+    if cfg.get("mode") != "lac":
         raise ValueError(f"cannot resume {run_dir} as a LAC run: its mode is "
-                         f"{stored.get('mode', 'linear')!r}")
+                         f"{cfg.get('mode', 'linear')!r}")
+    return cfg
+
+
+def _check_resume(run_dir: Path, fresh: dict) -> None:
+    stored = _lac_run_config(run_dir)
     fresh = json.loads(json.dumps(fresh, default=str))
     differ = [key for key in _RESUME_KEYS if stored.get(key) != fresh.get(key)]
     if differ:
@@ -995,14 +1001,7 @@ def resume_lac(run_dir, *, progress: bool = True, on_epoch=None, cache_dir=None,
     from ..data import load_splits
 
     run_dir = Path(run_dir)
-    try:
-        cfg = json.loads((run_dir / "config.json").read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{run_dir} has no config.json: --resume takes a run folder "
-                                f"written by spml train --mode lac") from None
-    if cfg.get("mode") != "lac":
-        raise ValueError(f"{run_dir} is a {cfg.get('mode', 'linear')!r} run; --resume "
-                         f"continues LAC runs only")
+    cfg = _lac_run_config(run_dir)
     train = dict(cfg["train"])
     if device is not None and device != train["device"]:
         train["device"] = device
