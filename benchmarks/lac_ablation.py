@@ -121,14 +121,17 @@ def table(results: dict, args, splits, views, extract: float) -> str:
         "| method | stages (epochs) | val mAP model / EMA at the selected epoch | selected "
         "| test mAP | train recovery mAP | wall time | epochs |",
         "|---|---|---|---|---|---|---|---|"]
+    top = max(res["test_map"] for res in results.values())
     for row, res in results.items():
         rec = _best_record(res["run_dir"], res["best_epoch"])
+        test = f"{res['test_map']:.2f}"
+        test = f"**{test}**" if res["test_map"] == top else test  # the best row in bold
         stages = " + ".join(str(e) for e in res["stage_epochs"])
         lines.append(
             f"| {ROWS[row]} | {stages} | {rec.get('val_map_model', float('nan')):.2f} / "
             f"{rec.get('val_map_ema', float('nan')):.2f} | {res['best_source']}, stage "
             f"{res['best_stage']}, epoch {res['best_epoch']} (val {res['val_map']:.2f}) | "
-            f"**{res['test_map']:.2f}** | {res['train_recovery_map']:.2f} | "
+            f"{test} | {res['train_recovery_map']:.2f} | "
             f"{res['wall']:.0f} s | {res['epochs_run']} |")
     shape = "x".join(str(v) for v in views.map_shape)
     lines += [
