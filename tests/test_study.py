@@ -313,6 +313,15 @@ def test_cli_study_commands(tmp_path, capsys):
     assert main(["study", "export", str(out), "--format", "json", "--output",
                  str(tmp_path / "x.json")]) == 0
     assert json.loads((tmp_path / "x.json").read_text())[0]["method"] == "an"
+    # the common case from flags alone, no YAML
+    assert main(["study", "run", "--datasets", "yeast", "--methods", "an,bce@full", "--seeds",
+                 "1", "--name", "flags", "--out", str(tmp_path / "flags"), "--jobs", "1",
+                 "--quiet", "--set", "epochs=1", "grid.lr=[1e-3]", "grid.batch_size=[16]"]) == 0
+    text = capsys.readouterr().out
+    assert "2 run(s)" in text and "| an |" in text and "| bce@full |" in text
+    assert load_study(tmp_path / "flags").name == "flags"
+    assert main(["study", "run", "--methods", "an", "--quiet"]) == 2
+    assert "needs a spec" in capsys.readouterr().err
     assert main(["study", "run", "nope-preset", "--quiet"]) == 2
     assert "presets:" in capsys.readouterr().err
     assert main(["study", "status", str(tmp_path)]) == 2

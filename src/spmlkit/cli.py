@@ -432,6 +432,21 @@ def _study_table(out, fmt: str = "markdown", metric: str = "test_map",
                        order=[m.label for m in spec.methods])
 
 
+def _study_source(args) -> tuple:
+    """``(spec, overrides)`` of ``spml study run``: the spec (or, without one, a study made of
+    the flags alone) and the flags as overrides."""
+    flags = {"datasets": args.datasets and args.datasets.split(","),
+             "methods": args.methods and args.methods.split(","), "seeds": args.seeds,
+             "name": args.name}
+    flags = {k: v for k, v in flags.items() if v}
+    if args.spec is not None:
+        return args.spec, [*args.set, *(f"{k}={json.dumps(v)}" for k, v in flags.items())]
+    if "datasets" not in flags or "methods" not in flags:
+        raise ValueError("spml study run needs a spec (a YAML file, a study folder or a preset: "
+                         "spml study list) or --datasets and --methods")
+    return {"name": "study", **flags}, args.set
+
+
 def cmd_study(args) -> int:
     """``spml study run | status | table | export | list``."""
     from .experiments import study as st
@@ -443,7 +458,7 @@ def cmd_study(args) -> int:
             print(f"{name:<{width}}  {title}")
         return 0
     if args.action == "run":
-        spec = st.load_study(args.spec, args.set)
+        spec = st.load_study(*_study_source(args))
         try:
             res = st.run_study(spec, out=args.out, jobs=args.jobs, progress=not args.quiet,
                                mlflow=args.mlflow, argv=sys.argv,
@@ -689,8 +704,16 @@ def build_parser() -> argparse.ArgumentParser:
                        "PRESET` is `spml study run PRESET`")
     ssub = p.add_subparsers(dest="action", required=True)
     s = ssub.add_parser("run", help="run a study's missing runs (re-running resumes)")
-    s.add_argument("spec", metavar="SPEC_OR_PRESET",
-                   help="a study YAML file, a study folder, or a preset (spml study list)")
+    s.add_argument("spec", metavar="SPEC_OR_PRESET", nargs="?", default=None,
+                   help="a study YAML file, a study folder, or a preset (spml study list); "
+                        "without it the study is --datasets x --methods x --seeds")
+    s.add_argument("--datasets", default=None, metavar="A,B",
+                   help="registered datasets, comma-separated (overrides the spec's)")
+    s.add_argument("--methods", default=None, metavar="A,B",
+                   help="method specs, comma-separated, e.g. an,role,bce@full,an+highrank:1e-3 "
+                        "(overrides the spec's)")
+    s.add_argument("--seeds", type=int, default=None, help="seeds per grid point")
+    s.add_argument("--name", default=None, help="the study's name (folder runs/studies/NAME)")
     s.add_argument("--out", default=None, help="study folder (default runs/studies/<name>)")
     s.add_argument("--jobs", type=int, default=None, help="worker processes (default: cores)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
