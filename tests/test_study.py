@@ -290,6 +290,27 @@ def test_table_latex_html_csv_and_vary_columns():
         study_table(ROWS, "docx")
 
 
+def test_table_vary_columns_order_references_and_regime_columns():
+    """Columns holding numbers sort as numbers; a method without the column axis (a reference
+    such as AN in an alpha sweep) shows its value in every column; regimes as columns drop the
+    regime row groups."""
+    rows = [{"method": "epr", "dataset": "yeast", "regime": "1p", "seed": 0, "test_map": v,
+             "variant": json.dumps({"k": k})}
+            for k, v in [("estimate:10:point", 41), ("estimate:5:point", 40),
+                         ("estimate:25:point", 42)]]
+    rows.append({"method": "an", "dataset": "yeast", "regime": "1p", "seed": 0, "test_map": 39,
+                 "variant": "{}"})
+    lines = study_table(rows, columns="k", group=None).splitlines()
+    assert lines[0] == ("| Method | k=estimate:5:point | k=estimate:10:point | "
+                        "k=estimate:25:point |")
+    assert lines[-1] == "| an | <u>39.00</u> | <u>39.00</u> | <u>39.00</u> |"  # second
+    mlml = [{"method": m, "dataset": "yeast", "regime": f"mlml:{r}", "seed": 0, "variant": "{}",
+             "test_map": 50 - 10 * r + (m == "em")} for m in ("an", "em") for r in (0.5, 0.1)]
+    lines = study_table(mlml, columns="regime").splitlines()
+    assert lines[0] == "| Method | mlml:0.1 | mlml:0.5 |" and len(lines) == 4  # no group rows
+    assert lines[3] == "| em | **50.00** | **46.00** |"
+
+
 # ---- CLI ----------------------------------------------------------------------------------------
 def test_cli_study_commands(tmp_path, capsys):
     out = tmp_path / "smoke"

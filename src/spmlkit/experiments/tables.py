@@ -28,6 +28,7 @@ import html
 import io
 import json
 import math
+import re
 
 from .store import latex_escape
 
@@ -102,11 +103,25 @@ def _label(row: dict, rows: str, skip: set) -> str:
     return label
 
 
+def _natural(value) -> list:
+    """Sort key: numbers inside text compare as numbers (``estimate:5`` before ``estimate:10``)."""
+    parts = re.split(r"(\d+(?:\.\d+)?)", str(value))
+    return [(0, float(p), "") if i % 2 else (1, 0.0, p) for i, p in enumerate(parts)]
+
+
 def _ordered(values) -> list:
     values = list(dict.fromkeys(values))
     if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
         return sorted(values)
+    if values and all(isinstance(v, str) for v in values) and _holds_numbers(values):
+        return sorted(values, key=_natural)
     return values
+
+
+def _holds_numbers(values) -> bool:
+    """Every value holds a number (``k=estimate:5:lower``, ``mlml:0.3``): sort them naturally;
+    names (datasets) keep the order they came in."""
+    return all(re.search(r"\d", v) for v in values)
 
 
 def _group_order(groups) -> list:
@@ -146,10 +161,13 @@ def study_table(selected_rows, fmt: str = "markdown", metric: str = "test_map",
     fmt = {"md": "markdown", "tex": "latex"}.get(fmt, fmt)
     if fmt not in FORMATS:
         raise ValueError(f"unknown table format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if group == columns:  # e.g. --columns regime: the regimes are the columns, no row groups
+        group = None
     skip = {rows, columns, group}
     cells: dict = {}
     row_groups: dict = {}
     col_values, group_values = [], []
+    everywhere = []  # rows without the column axis (a reference method): shown in every column
     for r in selected_rows:
         if r.get("status", "done") != "done":
             continue
@@ -157,8 +175,17 @@ def study_table(selected_rows, fmt: str = "markdown", metric: str = "test_map",
         if value is None:
             continue
         try:
-            col = axis_value(r, columns)
             grp = axis_value(r, group) if group else None
+            label = _label(r, rows, skip)
+            try:
+                col = axis_value(r, columns)
+            except KeyError:
+                if columns in _PLAIN:
+                    raise
+                everywhere.append((grp, label, value))
+                group_values.append(grp)
+                row_groups.setdefault(grp, []).append(label)
+                continue
             label = _label(r, rows, skip)
         except KeyError as err:
             raise ValueError(f"a row has no {err.args[0]!r} (neither a column nor a vary key): "
@@ -171,6 +198,9 @@ def study_table(selected_rows, fmt: str = "markdown", metric: str = "test_map",
     if not cells:
         raise ValueError(f"no selected run has a value for {metric!r}: nothing to tabulate")
     cols = _ordered(col_values)
+    for grp, label, value in everywhere:
+        for col in cols:
+            cells.setdefault((grp, label), {}).setdefault(col, []).append(value)
     groups = _group_order(group_values) if group else [None]
     wanted = list(order or [])
     layout = []  # (group, [labels])
