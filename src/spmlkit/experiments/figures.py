@@ -313,11 +313,11 @@ def plot_sweep(lines, axis: str, out, metric: str = "test_map", title: str | Non
             (h,) = ax.plot(x, ln.mean, marker="o", label=ln.label)
             ax.fill_between(x, ln.mean - ln.std, ln.mean + ln.std, alpha=0.2,
                             color=h.get_color())
-        for ln in mine:
-            if ln.reference:
-                ax.axhline(ln.mean[0], linestyle="--", linewidth=1.2, color="gray" if
-                           len(mine) - len(curves) == 1 else None,
-                           label=f"{ln.label} ({ln.mean[0]:.2f})")
+        refs = [ln for ln in mine if ln.reference]
+        for i, ln in enumerate(refs):  # dashed; grey alone, else the colours after the curves'
+            ax.axhline(ln.mean[0], linestyle="--", linewidth=1.2,
+                       color="gray" if len(refs) == 1 else f"C{(len(curves) + i) % 10}",
+                       label=f"{ln.label} ({ln.mean[0]:.2f})")
         if numeric:
             xs = np.array([x for ln in curves for x in ln.x], dtype=np.float64)
             auto = xs.size > 0 and xs.min() > 0 and xs.max() / xs.min() >= 100
