@@ -144,7 +144,7 @@ def test_lac_preset_matches_the_lac_trainer():
         cfg, expected = lac.LACConfig.coerce(options["lac"]), lac.ablation_config(name)
         assert (cfg.plc, cfg.lac, cfg.num_stages) == (expected.plc, expected.lac,
                                                       expected.num_stages), label
-        assert cfg.dim == 64 and cfg.queue_size == 512, label  # merged, not replaced
+        assert cfg.dim == 128 and cfg.queue_size == 512, label  # merged, not replaced
     assert len({t.run_id for t in tasks.values()}) == 3
 
 
@@ -161,6 +161,11 @@ def test_lac_preset_runs_shrunk_in_pool_workers(tmp_path):
     spec = load_study("lac-ablation", ["datasets=[{name: fmnist_mosaic, options: "
                                        "{n_pool: 60, n_test: 30}}]", "epochs=2",
                                        "mode_options.lac.dim=16", "train.image_size=32",
+                                       "mode_options.lac.stage1_epochs=1",
+                                       "methods=[{label: AN, spec: an, mode_options: {lac: "
+                                       "{plc: false, lac: false}}}, {label: AN + PLC, spec: an,"
+                                       " mode_options: {lac: {lac: false}}}, {label: LAC, "
+                                       "spec: an, mode_options: {lac: {stage2_epochs: 1}}}]",
                                        "mode_options.cache_dir=" + str(tmp_path / "cache")])
     res = run_study(spec, out=tmp_path / "study", jobs=2, progress=False)
     assert (res["runs_run"], res["failures"]) == (3, 0)
