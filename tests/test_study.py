@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import types
+from pathlib import Path
 
 import pytest
 
@@ -360,3 +361,24 @@ def test_set_methods_drops_the_hparams_of_methods_left_out():
     assert set(s.hparams) == {"em"} and s.hparams["em"] == {"alpha": 0.1}
     with pytest.raises(ValueError, match="hparams.em_apl: no method labelled"):
         load_study({**BASE, "hparams": {"em_apl": {"alpha": 0.1}}})
+
+
+def test_cli_interruption_says_how_far_it_got(tmp_path, capsys, monkeypatch):
+    """Ctrl-C (or SIGTERM) during ``spml study run``: exit 130, and stderr says how many runs
+    are done and that the same command runs the rest."""
+    from spmlkit.experiments import study as study_module
+
+    real = study_module.run_study
+
+    def cut_short(spec, **kw):  # the first of two runs finishes, then the user presses Ctrl-C
+        res = real(load_study(spec, ["methods=[an]"]), **kw)
+        (Path(res["out"]) / "study.yaml").write_text(spec.to_yaml())  # the whole study's spec
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(study_module, "run_study", cut_short)
+    out = tmp_path / "s"
+    code = main(["study", "run", "smoke", "--out", str(out), "--jobs", "1", "--quiet",
+                 "--set", "epochs=1"])
+    err = capsys.readouterr().err
+    assert code == 130
+    assert "smoke: stopped with 1 of 2 runs done; the same command runs the 1 missing" in err
