@@ -223,6 +223,12 @@ def test_load_dataset_with_backbone_and_cli(folder_root, tmp_path, capsys):
     (run,) = (tmp_path / "runs").iterdir()
     config = json.loads((run / "config.json").read_text())
     assert config["dataset_options"]["backbone"] == "tiny_cnn"
+    assert "progress" not in config["dataset_options"]["features"]  # not part of the run
+    capsys.readouterr()
+    assert main(["train", "--dataset", "folder", "--data", f"root={folder_root}",
+                 "--backbone", "tiny_cnn", "--cache-dir", str(tmp_path / "fresh"), "--epochs",
+                 "1", "--out", str(tmp_path / "runs2"), "--quiet"]) == 0
+    assert "img/s" not in capsys.readouterr().err  # extracted here, and --quiet hid that bar too
     assert config["dataset_options"]["features"]["cache_dir"] == str(cache)
     stores = [p for p in cache.iterdir() if p.is_dir()]
     assert len(stores) == 4            # 2 float16 (--limit 3) + 2 float32 (full) stores

@@ -108,7 +108,9 @@ def cmd_train(args) -> int:
         args.batch_size = 32 if args.mode == "lac" else 8
     linear = args.mode == "linear"  # finetune / linear_init: --backbone is the model's
     options = {**_pairs(args.data, "--data"), **(_feature_data(args) if linear else {})}
-    splits = load_splits(args.dataset, args.regime, **options)
+    quiet = {"features": {**options.get("features", {}), "progress": False}} \
+        if args.quiet and "backbone" in options else {}  # for this load, not the run's config
+    splits = load_splits(args.dataset, args.regime, **{**options, **quiet})
     hparams = _pairs(args.hp, "--hp")
     if args.reg:
         hparams["reg"] = args.reg
