@@ -494,7 +494,7 @@ def cmd_study(args) -> int:
 
     from .experiments.store import StudyStore
 
-    st.study_status(args.dir)  # a study folder?
+    st.study_spec(args.dir)  # a study folder?
     db = Path(args.dir) / st.RESULTS_FILE
     if not db.exists():
         raise FileNotFoundError(f"{db} is missing: the study has not run yet")

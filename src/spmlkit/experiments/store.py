@@ -27,9 +27,7 @@ import csv
 import io
 import json
 import math
-import os
 import sqlite3
-import tempfile
 import time
 from pathlib import Path
 
@@ -197,20 +195,11 @@ class StudyStore:
         :data:`BRIEF_COLUMNS`). The paper-style table is :func:`spmlkit.experiments.tables.
         study_table`.
         """
+        from ..runs import write_text
+
         rows = self.selected() if selected else self.rows()
-        text = format_rows(rows, fmt)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-                fh.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        return path
+        write_text(path, format_rows(rows, fmt))
+        return Path(path)
 
 
 def _num(value, column: str = "") -> str:

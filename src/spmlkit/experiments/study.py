@@ -933,14 +933,20 @@ def _prepare_features(spec: StudySpec, todo, progress: bool = True) -> None:
             load_dataset(ds.name, **options)
 
 
-def study_status(out) -> dict:
-    """Counts of a study folder against its spec: ``total``, ``done``, ``failed``, ``missing``
-    (not run yet, or killed), ``stale`` (rows of runs that the current spec no longer has)."""
+def study_spec(out) -> StudySpec:
+    """The spec of the study folder ``out``; ``FileNotFoundError`` if it is not one."""
     out = Path(out)
     if not (out / SPEC_FILE).is_file():
         raise FileNotFoundError(f"{out / SPEC_FILE} is missing: {out} is not a study folder "
                                 f"(`spml study run` writes it)")
-    spec = load_study(out / SPEC_FILE)
+    return load_study(out / SPEC_FILE)
+
+
+def study_status(out) -> dict:
+    """Counts of a study folder against its spec: ``total``, ``done``, ``failed``, ``missing``
+    (not run yet, or killed), ``stale`` (rows of runs that the current spec no longer has)."""
+    out = Path(out)
+    spec = study_spec(out)
     ids = {t.run_id for t in expand(spec)}
     rows = StudyStore(out / RESULTS_FILE).rows() if (out / RESULTS_FILE).exists() else []
     status = {r["run_id"]: r["status"] for r in rows}
@@ -955,8 +961,7 @@ def study_rows(out) -> tuple[StudySpec, list[dict]]:
     """A study folder's spec and its selected rows (best val per group), restricted to the
     runs of the current spec."""
     out = Path(out)
-    study_status(out)  # checks the folder
-    spec = load_study(out / SPEC_FILE)
+    spec = study_spec(out)
     if not (out / RESULTS_FILE).exists():
         return spec, []
     ids = {t.run_id for t in expand(spec)}
@@ -965,4 +970,4 @@ def study_rows(out) -> tuple[StudySpec, list[dict]]:
 
 __all__ = ["DatasetSpec", "MethodSpec", "RunTask", "StudySpec", "apply_overrides", "execute",
            "expand", "get_trainer", "list_presets", "load_study", "resolve_k", "run_study",
-           "study_rows", "study_status"]
+           "study_rows", "study_spec", "study_status"]

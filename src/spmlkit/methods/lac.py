@@ -75,6 +75,7 @@ from torch import nn
 from ..data import Splits
 from ..engine import (GlobalBatchSampler, ItemPredictor, LossScaler, TrainConfig, _amp_dtype,
                       _should_stop, loader_workers, mix_seed, parse_early_stop)
+from ..experiments.runner import resolve_hparams, versions
 from ..labels import validate_observed
 from ..losses import TrainInfo, create_loss
 from ..losses.lac import RingQueue, lac_entries, lac_loss, plc_loss, plc_targets
@@ -775,8 +776,6 @@ def _device(config: TrainConfig) -> torch.device:
 
 def _run_config(splits, loss, hparams, k, config, lac, backbone, backbone_options, pretrained,
                 size, mean, std, dataset_options) -> dict:
-    from ..experiments.runner import versions
-
     return {"dataset": splits.name, "dataset_options": dataset_options or {},
             "regime": splits.regime, "loss": loss, "hparams": hparams, "k": k, "mode": "lac",
             "backbone": backbone, "pretrained": pretrained,
@@ -873,7 +872,7 @@ def train_lac(splits: Splits, loss: str = "an", hparams: dict | None = None,
     lac = LACConfig.coerce(lac)
     config = resolve_train_config(config, lac)
     stages = lac.stages(config.epochs)
-    hparams = _resolve_hparams(loss, splits.name, hparams)
+    hparams = resolve_hparams(loss, splits.name, hparams)
     k = splits.k if k is None else k
     device = _device(config)
     net = backbone if isinstance(backbone, nn.Module) else \
@@ -984,12 +983,6 @@ def train_lac(splits: Splits, loss: str = "an", hparams: dict | None = None,
         run.write_json("final.json", result)
         result["run_dir"] = str(run.path)
     return result
-
-
-def _resolve_hparams(loss: str, dataset: str, hparams: dict | None) -> dict:
-    from ..experiments.runner import resolve_hparams
-
-    return resolve_hparams(loss, dataset, hparams)
 
 
 def resume_lac(run_dir, *, progress: bool = True, on_epoch=None, cache_dir=None,
