@@ -96,14 +96,9 @@ def load_checkpoint(run) -> tuple[dict, dict]:
     if not ckpt_path.is_file():
         raise FileNotFoundError(f"{ckpt_path} does not exist: the run did not finish (best.pt "
                                 f"is written at the end of spml train)")
-    import pickle
+    from .runs import load_torch
 
-    try:
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)  # no pickled code
-    except (RuntimeError, EOFError, pickle.UnpicklingError) as err:
-        raise ValueError(f"{ckpt_path}: not a readable checkpoint ({type(err).__name__}: "
-                         f"{str(err).splitlines()[0] if str(err) else ''}); train the run "
-                         f"again") from None
+    ckpt = load_torch(ckpt_path)
     config = _read_json(run / "config.json") if (run / "config.json").is_file() else {}
     for key in ("model", "num_classes", "class_names"):
         if key not in ckpt:
@@ -227,6 +222,30 @@ def _image_model(ckpt, config) -> tuple[nn.Module, int, tuple, tuple]:
     model.head.load_state_dict(ckpt["model"])
     size = int(feats.get("size") or backbone.input_size)
     return model, size, tuple(backbone.mean), tuple(backbone.std)
+
+
+def load_run_model(run, device: str = "cpu") -> tuple[nn.Module, dict]:
+    """The best model of a finished run folder, in eval mode, and what is needed to feed it.
+
+    Returns ``(model, info)``: ``model`` maps inputs to logits; ``info["inputs"]`` says which
+    inputs: ``"features"`` (a linear head on feature vectors) or ``"images"`` (3 x S x S
+    tensors, normalised with ``info["mean"]`` / ``info["std"]`` at side ``info["image_size"]``).
+    ``info`` also holds ``mode``, ``class_names``, ``num_classes``, ``config`` (config.json)
+    and ``checkpoint`` (best.pt without the weights). Checkpoints load with
+    ``weights_only=True``.
+    """
+    ckpt, config = load_checkpoint(run)
+    mode = ckpt.get("mode", config.get("mode", "linear"))
+    info = {"mode": mode, "class_names": list(ckpt["class_names"]),
+            "num_classes": int(ckpt["num_classes"]), "config": config,
+            "checkpoint": {k: v for k, v in ckpt.items() if k != "model"}}
+    if mode == "linear" and not (config.get("dataset_options") or {}).get("backbone"):
+        model = _linear_head(ckpt)
+        info.update(inputs="features", in_features=int(model.in_features))
+    else:
+        model, size, mean, std = _image_model(ckpt, config)
+        info.update(inputs="images", image_size=size, mean=tuple(mean), std=tuple(std))
+    return model.to(device).eval(), info
 
 
 def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",

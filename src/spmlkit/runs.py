@@ -67,6 +67,34 @@ def _jsonable(obj):
     raise TypeError(f"cannot write {type(obj).__name__} as JSON")
 
 
+def load_torch(path, map_location="cpu") -> dict:
+    """A ``torch.save`` file of a run folder, loaded with ``weights_only=True``: tensors,
+    numbers, strings and containers only, never pickled code, so a run folder received from
+    someone else cannot run anything. A file that needs more is refused with a clear error."""
+    import pickle
+
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    try:
+        obj = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise ValueError(f"{path}: refused: it holds objects other than tensors, numbers and "
+                         f"strings, which could run code when loaded ({first[:200]}); only "
+                         f"load run folders you trust with torch.load yourself") from None
+    except (RuntimeError, EOFError, OSError) as err:
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise ValueError(f"{path}: not a readable checkpoint ({type(err).__name__}: "
+                         f"{first[:200]}); train the run again") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a dict of tensors and values, got "
+                         f"{type(obj).__name__}")
+    return obj
+
+
 class RunDir:
     """One run's folder. ``RunDir.create(root, name)`` never reuses an existing folder: if
     ``root/name`` exists it takes ``name-2``, ``name-3``, ... (``os.mkdir`` is atomic)."""
