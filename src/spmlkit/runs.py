@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -81,10 +82,15 @@ def load_torch(path, map_location="cpu") -> dict:
     try:
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        first = str(err).splitlines()[0] if str(err) else ""
-        raise ValueError(f"{path}: refused: it holds objects other than tensors, numbers and "
-                         f"strings, which could run code when loaded ({first[:200]}); only "
-                         f"load run folders you trust with torch.load yourself") from None
+        text = str(err)
+        found = re.search(r"unsupported GLOBAL (\S+)", text)
+        if found is None:  # not a torch file at all
+            raise ValueError(f"{path}: not a readable checkpoint (UnpicklingError); train the "
+                             f"run again") from None
+        raise ValueError(f"{path}: refused: it refers to {found.group(1)}, which loading "
+                         f"would import and could run code; a spmlkit checkpoint holds only "
+                         f"tensors, numbers and strings (load a file you trust with torch.load "
+                         f"yourself)") from None
     except (RuntimeError, EOFError, OSError) as err:
         first = str(err).splitlines()[0] if str(err) else ""
         raise ValueError(f"{path}: not a readable checkpoint ({type(err).__name__}: "
