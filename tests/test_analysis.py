@@ -11,7 +11,7 @@ from spmlkit import analysis as an
 from spmlkit.cli import main
 from spmlkit.data import Dataset, LabelledSet, make_splits
 from spmlkit.engine import TrainConfig
-from spmlkit.experiments.runner import pseudo_label_record, train_one
+from spmlkit.methods import pseudo_label_record, train_run
 from spmlkit.losses import TrainInfo, create_loss
 from spmlkit.metrics import map_score, per_class_ap, pseudo_label_stats
 
@@ -46,16 +46,16 @@ def runs(tmp_path_factory):
     epoch 1 on; the loss state captured after every epoch) and LL-Cp (flips)."""
     out = tmp_path_factory.mktemp("runs")
     splits = toy_splits()
-    an_res = train_one(splits, "an", config=TrainConfig(epochs=3, **CFG), out=out,
+    an_res = train_run("linear", splits, "an", config=TrainConfig(epochs=3, **CFG), out=out,
                        save_train_probs=True)
     seen = []
 
     def capture(record, model, loss):
         seen.append((dict(record), loss.pseudo_mask.clone().numpy()))
 
-    apl_res = train_one(splits, "em_apl", {"warmup": 1, "beta": 0.5},
+    apl_res = train_run("linear", splits, "em_apl", {"warmup": 1, "beta": 0.5},
                         TrainConfig(epochs=3, **CFG), out=out, on_epoch=capture)
-    cp_res = train_one(splits, "ll_cp", {"delta_rel": 2.0}, TrainConfig(epochs=3, **CFG),
+    cp_res = train_run("linear", splits, "ll_cp", {"delta_rel": 2.0}, TrainConfig(epochs=3, **CFG),
                        out=out)
     return {"splits": splits, "an": an_res, "apl": apl_res, "cp": cp_res, "apl_seen": seen,
             "out": out}
@@ -100,7 +100,7 @@ def test_predictions_npz_holds_best_epoch_probs_and_labels(runs):
 
 def test_save_train_probs_needs_a_run_folder():
     with pytest.raises(ValueError, match="save_train_probs.*out="):
-        train_one(toy_splits(), "an", config=TrainConfig(epochs=1), save_train_probs=True)
+        train_run("linear", toy_splits(), "an", config=TrainConfig(epochs=1), save_train_probs=True)
 
 
 # --- pseudo-label precision --------------------------------------------------------------------

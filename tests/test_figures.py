@@ -23,11 +23,11 @@ def is_png(path):
 def yeast_run(tmp_path_factory):
     from spmlkit.data import load_splits
     from spmlkit.engine import TrainConfig
-    from spmlkit.experiments.runner import train_one
+    from spmlkit.methods import train_run
 
     out = tmp_path_factory.mktemp("yeast")
     splits = load_splits("yeast")
-    res = train_one(splits, "an", {}, TrainConfig(epochs=2, lr=1e-2), out=out)
+    res = train_run("linear", splits, "an", {}, TrainConfig(epochs=2, lr=1e-2), out=out)
     return res["run_dir"]
 
 
@@ -37,8 +37,7 @@ def image_runs(tmp_path_factory):
     fine-tuning run of tiny_cnn."""
     from spmlkit.data import load_splits
     from spmlkit.engine import TrainConfig
-    from spmlkit.experiments.finetune import train_images
-    from spmlkit.experiments.runner import train_one
+    from spmlkit.methods import train_run
 
     root = tmp_path_factory.mktemp("toy")
     paths, y = make_images(root / "img", 40, seed=0)
@@ -48,14 +47,13 @@ def image_runs(tmp_path_factory):
     source = {"path": str(root / "labels.csv")}
     feats = {**source, "backbone": "tiny_cnn",
              "features": {"cache_dir": str(root / "cache"), "progress": False}}
-    linear = train_one(load_splits("csv", "1p", **feats), "an", {},
+    linear = train_run("linear", load_splits("csv", "1p", **feats), "an", {},
                        TrainConfig(epochs=2, lr=1e-2), out=root / "runs",
                        dataset_options=feats)["run_dir"]
-    tuned = train_images(load_splits("csv", "1p", **source), "an", {},
-                         TrainConfig(epochs=1, lr=1e-2, batch_size=8), mode="finetune",
-                         backbone="tiny_cnn", pretrained=False, out=root / "runs",
-                         dataset_options=source,
-                         backbone_options={"width": 4, "num_features": 8, "input_size": 16})
+    tuned = train_run("finetune", load_splits("csv", "1p", **source), "an", {},
+                      TrainConfig(epochs=1, lr=1e-2, batch_size=8), backbone="tiny_cnn",
+                      pretrained=False, out=root / "runs", dataset_options=source,
+                      backbone_options={"width": 4, "num_features": 8, "input_size": 16})
     return {"linear": linear, "finetune": tuned["run_dir"]}
 
 

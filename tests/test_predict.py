@@ -69,9 +69,13 @@ def test_linear_run_round_trip_csv_and_json(tmp_path, capsys):
     again = select_thresholds(saved["probs_val"], saved["y_val"])
     assert thresholds["global"] == again["global"] and thresholds["per_class"] == \
         again["per_class"]
+    from spmlkit.data import load_dataset
+
     splits = load_splits("yeast")
     feats = tmp_path / "test.npy"
-    np.save(feats, splits.test.x[:25])
+    # new data comes raw: the run standardises it with its train statistics, as in training
+    # (before, predict read raw features as if standardised: 7.21 labels a row, not 5.96)
+    np.save(feats, load_dataset("yeast").test.x[:25])
     capsys.readouterr()
     assert main(["predict", str(run), str(feats)]) == 0  # CSV on stdout
     header, rows = _csv_rows(capsys.readouterr().out)
@@ -96,7 +100,7 @@ def test_linear_run_round_trip_csv_and_json(tmp_path, capsys):
                                if v >= thresholds["per_class"][splits.class_names.index(c)]]
     assert first["scores"][splits.class_names[0]] == pytest.approx(probs[0, 0], rel=1e-5)
     # a fixed threshold, .npz input
-    np.savez(tmp_path / "f.npz", features=splits.test.x[:3], ids=np.arange(3))
+    np.savez(tmp_path / "f.npz", features=load_dataset("yeast").test.x[:3], ids=np.arange(3))
     assert main(["predict", str(run), str(tmp_path / "f.npz"), "--threshold", "1.0",
                  "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -171,6 +175,9 @@ def test_linear_run_on_backbone_features_predicts_from_images(tmp_path):
 def test_broken_run_folders_name_the_file(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
+    assert main(["predict", str(run), "x.npy"]) == 2
+    assert "config.json does not exist" in capsys.readouterr().err  # not a run folder
+    (run / "config.json").write_text("{}")
     assert main(["predict", str(run), "x.npy"]) == 2
     assert "best.pt does not exist" in capsys.readouterr().err
     (run / "best.pt").write_bytes(b"not a checkpoint")

@@ -37,13 +37,13 @@ SPLITS = ("train", "val", "test")
 #: which command writes each run-folder file (quoted by the errors for a missing file)
 PRODUCERS = {
     "config.json": "every run folder has it; it is written by `spml train` "
-                   "(spmlkit.experiments.runner.train_one(out=...))",
-    "metrics.jsonl": "it is written during training by `spml train` (train_one(out=...))",
-    PREDICTIONS_FILE: "it is written at the end of `spml train` (train_one(out=...)); a run "
+                   "(spmlkit.methods.train_run(out=...))",
+    "metrics.jsonl": "it is written during training by `spml train` (train_run(out=...))",
+    PREDICTIONS_FILE: "it is written at the end of `spml train` (train_run(out=...)); a run "
                       "trained before this file existed, or one that did not finish, has to "
                       "be trained again",
     TRAIN_PROBS_FILE: "it is written only by `spml train --save-train-probs` "
-                      "(train_one(..., save_train_probs=True)); train the run again with that "
+                      "(train_run(..., save_train_probs=True)); train the run again with that "
                       "flag",
 }
 

@@ -41,7 +41,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="yeast", help="registered dataset (spml list datasets)")
     p.add_argument("--data", action="append", metavar="KEY=VALUE",
                    help="dataset option, e.g. --data root=/data/pascal (repeatable)")
-    p.add_argument("--epochs", type=int, default=25)
+    p.add_argument("--epochs", type=int, default=None,
+                   help="default 25 (spml train: the method's, e.g. 40 for --mode lac)")
     p.add_argument("--early-stop", default="none",
                    help="none | patience:N | drop:X (default none: fixed epochs, Cole et al.)")
     p.add_argument("--threads", type=int, default=1,
@@ -97,17 +98,28 @@ def cmd_extract(args) -> int:
 
 
 def cmd_train(args) -> int:
+    """``spml train``: one run of any registered method (``--mode``), or ``--resume RUN_DIR``."""
+    import torch
+
     from .data import load_splits
     from .engine import TrainConfig
-    from .experiments.runner import train_one
-    from .labels import estimate_k
+    from .methods import get_method, resolve_k, resume_run, train_run
 
     if args.resume:
-        return _resume_lac(args)
-    if args.batch_size is None:
-        args.batch_size = 32 if args.mode == "lac" else 8
-    linear = args.mode == "linear"  # finetune / linear_init: --backbone is the model's
-    options = {**_pairs(args.data, "--data"), **(_feature_data(args) if linear else {})}
+        from .runs import read_run
+
+        method = get_method(read_run(args.resume).config.get("mode", "linear"))
+        bar, show = _epoch_bar(args, None, f"resume {args.resume}")
+        try:
+            res = resume_run(args.resume, on_epoch=show, device=args.device,
+                             **_resume_overrides(args, method))
+        finally:
+            bar.close()
+        return _print_result(args, res)
+    method = get_method(args.mode)
+    ctx = _processes(method, args)
+    images = method.inputs == "images"  # else --backbone names the features to train on
+    options = {**_pairs(args.data, "--data"), **({} if images else _feature_data(args))}
     quiet = {"features": {**options.get("features", {}), "progress": False}} \
         if args.quiet and "backbone" in options else {}  # for this load, not the run's config
     splits = load_splits(args.dataset, args.regime, **{**options, **quiet})
@@ -116,84 +128,19 @@ def cmd_train(args) -> int:
         hparams["reg"] = args.reg
     k = args.k
     if args.k_estimate:
-        rows = np.random.RandomState(args.seed).choice(len(splits.train), args.k_estimate,
-                                                       replace=False)
-        est = estimate_k(splits.train.y[rows])
-        k = est.k
-        print(f"k estimated from {est.m} fully labelled train rows: {est.k:.3f} "
-              f"({est.confidence:.0%} interval {est.low:.3f} .. {est.high:.3f}); "
-              f"true mean {splits.k:.3f}", file=sys.stderr)
-    if args.mode == "lac":
-        return _train_lac(args, splits, hparams, k, options)
-    if not linear:
-        return _train_images(args, splits, hparams, k, options)
-    _refuse_many_processes("--mode linear")
-    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                         seed=args.seed, early_stop=args.early_stop)
-    from tqdm import tqdm
-
-    bar = tqdm(total=args.epochs, desc=f"{args.loss} on {args.dataset}", unit="epoch",
-               disable=args.quiet)
-
-    def show(rec, *_):
-        bar.set_postfix(loss=f"{rec['train_loss']:.4f}", val_map=f"{rec['val_map']:.2f}")
-        bar.update()
-
-    res = train_one(splits, args.loss, hparams, config, k=k, out=args.out, on_epoch=show,
-                    dataset_options=options, save_train_probs=args.save_train_probs)
-    bar.close()
-    print(f"{args.loss} on {args.dataset} ({args.regime}): best epoch {res['best_epoch']}, "
-          f"val mAP {res['val_map']:.2f}, test mAP {res['test_map']:.2f}, "
-          f"train recovery mAP {res['train_recovery_map']:.2f}  [{res['seconds']:.1f} s]")
-    print(f"run folder: {res['run_dir']}")
-    return 0
-
-
-def _refuse_many_processes(what: str) -> None:
-    import os
-
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
-        raise ValueError(f"{what} runs in one process; torchrun --nproc_per_node=N is for "
-                         f"--mode finetune / linear_init (for many linear runs at once use "
-                         f"spml benchmark --jobs)")
-
-
-def _train_images(args, splits, hparams, k, options) -> int:
-    """``spml train --mode finetune | linear_init`` (one process, or many under torchrun)."""
-    import torch
-
-    from .distributed import init_distributed
-    from .engine import TrainConfig
-    from .experiments.finetune import train_images
-
-    if not args.backbone:
-        raise ValueError(f"--mode {args.mode} needs --backbone NAME (spml list backbones)")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    ctx = init_distributed(device)
-    common = dict(batch_size=args.batch_size, seed=args.seed, early_stop=args.early_stop,
-                  device=device, head_lr_mult=args.head_lr_mult, amp=args.amp,
-                  num_workers=args.workers, image_size=args.image_size)
-    config = TrainConfig(epochs=args.epochs, lr=args.lr, **common)
-    linear_config = TrainConfig(epochs=args.linear_epochs, lr=args.linear_lr or args.lr,
-                                **common) if args.mode == "linear_init" else None
-    from tqdm import tqdm
-
-    total = args.epochs + (args.linear_epochs if linear_config else 0)
-    bar = tqdm(total=total, desc=f"{args.loss} {args.mode} on {args.dataset}", unit="epoch",
-               disable=args.quiet or not ctx.is_main)
-
-    def show(rec, *_):
-        bar.set_postfix(phase=rec.get("phase", args.mode), loss=f"{rec['train_loss']:.4f}",
-                        val_map=f"{rec['val_map']:.2f}")
-        bar.update()
-
-    features = {k: v for k, v in {"dtype": args.feature_dtype, "cache_dir": args.cache_dir,
-                                  "progress": not args.quiet}.items() if v is not None}
+        k = resolve_k(f"estimate:{args.k_estimate}:point", splits, args.seed, report=True)
+    device = args.device or ("cuda" if images and torch.cuda.is_available() else "cpu")
+    config = TrainConfig(epochs=args.epochs or method.default_epochs,
+                         batch_size=args.batch_size or method.default_batch_size, lr=args.lr,
+                         seed=args.seed, early_stop=args.early_stop, device=device,
+                         head_lr_mult=args.head_lr_mult, amp=args.amp,
+                         num_workers=args.workers, image_size=args.image_size)
+    method_options = _method_options(args, method)
+    bar, show = _epoch_bar(args, method.total_epochs(config, method_options) if ctx.is_main
+                           else 0, f"{args.loss} {method.name} on {args.dataset}")
     try:
-        res = train_images(splits, args.loss, hparams, config, mode=args.mode,
-                           backbone=args.backbone, pretrained=not args.random_init,
-                           linear_config=linear_config, features=features, k=k, out=args.out,
-                           on_epoch=show, dataset_options=options)
+        res = train_run(method, splits, args.loss, hparams, config, k=k, out=args.out,
+                        on_epoch=show, dataset_options=options, **method_options)
         if ctx.world_size > 1:  # every process done before any tears the group down (gloo
             torch.distributed.barrier()  # aborts on a destroy racing a peer's last collective)
     finally:
@@ -206,10 +153,90 @@ def _train_images(args, splits, hparams, k, options) -> int:
             import gc
 
             gc.collect()
-    if ctx.is_main:
-        print(f"{args.loss} {args.mode} on {args.dataset} ({args.regime}, {args.backbone}, "
-              f"{ctx.world_size} process(es)): best epoch {res['best_epoch']}, val mAP "
-              f"{res['val_map']:.2f}, test mAP {res['test_map']:.2f}  [{res['seconds']:.1f} s]")
+    return _print_result(args, res) if ctx.is_main else 0
+
+
+def _processes(method, args):
+    """The torchrun context: a method that runs in many processes starts its process group;
+    any other refuses to run under torchrun."""
+    import os
+
+    from .distributed import current_context, init_distributed
+
+    if method.processes:
+        import torch
+
+        images = method.inputs == "images"
+        return init_distributed(args.device or ("cuda" if images and torch.cuda.is_available()
+                                                else "cpu"))
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        runs_many = ", ".join(m.name for m in _methods() if m.processes)
+        raise ValueError(f"--mode {method.name} runs in one process; torchrun "
+                         f"--nproc_per_node=N is for --mode {runs_many} (for many linear runs "
+                         f"at once use spml benchmark --jobs)")
+    return current_context("cpu")
+
+
+def _methods():
+    from .methods import list_methods
+
+    return list_methods()
+
+
+def _flag_options(args) -> dict:
+    """Every method option a ``spml train`` flag gives (None: not given, the method's default
+    stands). A method takes the ones it declares (``TrainingMethod.options``)."""
+    return {"save_train_probs": args.save_train_probs or None,
+            "backbone": args.backbone, "pretrained": False if args.random_init else None,
+            "linear_epochs": args.linear_epochs, "linear_lr": args.linear_lr,
+            "feature_dtype": args.feature_dtype, "lac": _pairs(args.lac, "--lac") or None,
+            "cache_dir": args.cache_dir,
+            "progress": False if args.quiet else None}
+
+
+def _method_options(args, method) -> dict:
+    given = {k: v for k, v in _flag_options(args).items()
+             if v is not None and k in method.options}
+    if method.inputs == "images" and "backbone" in method.options and not args.backbone and \
+            method.options.get("backbone") is None:
+        raise ValueError(f"--mode {method.name} needs --backbone NAME (spml list backbones)")
+    return given
+
+
+def _resume_overrides(args, method) -> dict:
+    """Options a resume may change: what is shown and where caches are, nothing that changes
+    results."""
+    flags = _flag_options(args)
+    return {k: flags[k] for k in ("progress", "cache_dir") if k in method.options
+            and flags[k] is not None}
+
+
+def _epoch_bar(args, total, desc: str):
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit="epoch", disable=args.quiet or total == 0)
+
+    def show(rec, *_):
+        shown = {key: rec[key] for key in ("phase", "stage") if key in rec}
+        shown["loss"] = f"{rec['train_loss']:.4f}"
+        if rec.get("val_map") is not None:
+            shown["val_map"] = f"{rec['val_map']:.2f}"
+        if "val_source" in rec:
+            shown["by"] = rec["val_source"]
+        bar.set_postfix(shown)
+        bar.update()
+    return bar, show
+
+
+def _print_result(args, res: dict) -> int:
+    where = ", ".join(str(v) for v in (res.get("regime"), res.get("backbone")) if v)
+    best = f"best epoch {res['best_epoch']}"
+    if "best_stage" in res:
+        best += f" (stage {res['best_stage']}, {res['best_source']})"
+    print(f"{res['loss']} {res.get('mode', 'linear')} ({where}): {best}, val mAP "
+          f"{res['val_map']:.2f}, test mAP {res['test_map']:.2f}, train recovery mAP "
+          f"{res['train_recovery_map']:.2f}  [{res['seconds']:.1f} s]")
+    if res.get("run_dir"):
         print(f"run folder: {res['run_dir']}")
     return 0
 
@@ -232,90 +259,24 @@ def cmd_predict(args) -> int:
     return 0
 
 
-def _lac_bar(args, total: int):
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, desc=f"{args.loss} lac", unit="epoch", disable=args.quiet)
-
-    def show(rec, *_):
-        bar.set_postfix(stage=rec["stage"], loss=f"{rec['train_loss']:.4f}",
-                        val_map=f"{rec['val_map']:.2f}", by=rec["val_source"])
-        bar.update()
-    return bar, show
-
-
-def _print_lac(res: dict) -> int:
-    print(f"{res['loss']} lac ({res['regime']}, {res['backbone']}): best epoch "
-          f"{res['best_epoch']} (stage {res['best_stage']}, {res['best_source']}), val mAP "
-          f"{res['val_map']:.2f}, test mAP {res['test_map']:.2f}, train recovery mAP "
-          f"{res['train_recovery_map']:.2f}  [{res['seconds']:.1f} s]")
-    print(f"run folder: {res['run_dir']}")
-    return 0
-
-
-def _train_lac(args, splits, hparams, k, options) -> int:
-    """``spml train --mode lac``: LAC (Xie et al.) on an image source, one process."""
-    import torch
-
-    from .engine import TrainConfig
-    from .methods.lac import LACConfig, resolve_train_config, train_lac
-
-    _refuse_many_processes("--mode lac")
-    lac = LACConfig.from_dict(_pairs(args.lac, "--lac"))
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    config = resolve_train_config(TrainConfig(
-        epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-        early_stop=args.early_stop, device=device, amp=args.amp, num_workers=args.workers,
-        image_size=args.image_size), lac)
-    bar, show = _lac_bar(args, config.epochs)
-    try:
-        res = train_lac(splits, args.loss, hparams, config, k=k, out=args.out,
-                        dataset_options=options, lac=lac,
-                        backbone=args.backbone or "efficientnet_lite0",
-                        pretrained=not args.random_init, cache_dir=args.cache_dir,
-                        progress=not args.quiet, on_epoch=show)
-    finally:
-        bar.close()
-    return _print_lac(res)
-
-
-def _resume_lac(args) -> int:
-    """``spml train --resume RUN_DIR``: continue an interrupted LAC run with its own settings
-    (the other options are ignored, except --device, --cache-dir and --quiet)."""
-    import json
-    from pathlib import Path
-
-    from .methods.lac import resume_lac
-
-    cfg = json.loads((Path(args.resume) / "config.json").read_text()) \
-        if (Path(args.resume) / "config.json").is_file() else {}
-    bar, show = _lac_bar(args, int(cfg.get("train", {}).get("epochs", 0)) or None)
-    try:
-        res = resume_lac(args.resume, progress=not args.quiet, on_epoch=show,
-                         cache_dir=args.cache_dir, device=args.device)
-    finally:
-        bar.close()
-    return _print_lac(res)
-
-
 def _add_finetune(p: argparse.ArgumentParser) -> None:
     import os
 
-    p.add_argument("--mode", choices=["linear", "finetune", "linear_init", "lac"],
-                   default="linear",
+    p.add_argument("--mode", default="linear", metavar="METHOD",
                    help="linear: a linear head on features (default); finetune: the --backbone "
                         "end to end on an image source; linear_init: a linear phase on the "
                         "backbone's cached features, then fine-tuning from that head (Cole et "
                         "al.). finetune / linear_init run under torchrun --nproc_per_node=N; "
                         "lac: LAC (Xie et al. 2022), a label-wise embedding model on the "
                         "--backbone's cached feature maps (default efficientnet_lite0), "
-                        "options via --lac")
+                        "options via --lac (spml list methods)")
     p.add_argument("--lac", action="append", metavar="KEY=VALUE",
                    help="--mode lac: a LACConfig option, e.g. --lac dim=64 --lac plc=false "
                         "--lac stage1_epochs=10 (repeatable; spmlkit.methods.lac.LACConfig)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR",
-                   help="continue an interrupted --mode lac run from its checkpoint, with the "
-                        "settings in its config.json")
+                   help="continue an interrupted run (any --mode) from its checkpoint, with "
+                        "the settings in its config.json (--device, --cache-dir and --quiet "
+                        "may change; the other options are ignored)")
     p.add_argument("--head-lr-mult", type=float, default=1.0,
                    help="fine-tuning: the head's learning rate is lr times this (Kim et al.: 10)")
     p.add_argument("--amp", choices=["auto", "none", "bf16", "fp16"], default="auto",
@@ -329,7 +290,7 @@ def _add_finetune(p: argparse.ArgumentParser) -> None:
                    "there; with torchrun each process takes cuda:LOCAL_RANK)")
     p.add_argument("--random-init", action="store_true",
                    help="fine-tuning: start the backbone from random weights")
-    p.add_argument("--linear-epochs", type=int, default=25,
+    p.add_argument("--linear-epochs", type=int, default=None,
                    help="linear_init: epochs of the linear phase (default 25)")
     p.add_argument("--linear-lr", type=float, default=None,
                    help="linear_init: learning rate of the linear phase (default --lr)")

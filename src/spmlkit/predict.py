@@ -24,11 +24,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
-from .runs import PREDICTIONS_FILE, write_text
+from .methods import load_run_model, preprocess_features
+from .runs import PREDICTIONS_FILE, THRESHOLDS_FILE, write_text
 
-THRESHOLDS_FILE = "thresholds.json"
 FEATURE_SUFFIXES = (".npy", ".npz")
 
 
@@ -77,33 +76,18 @@ class Predictions:
                           indent=2) + "\n"
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err}); is the run folder complete?") \
-            from None
-
-
 def load_checkpoint(run) -> tuple[dict, dict]:
-    """``(best.pt contents, config.json)`` of a run folder, with errors that name what is
-    missing."""
-    run = Path(run)
-    if not run.is_dir():
-        raise FileNotFoundError(f"run folder {run} does not exist (give the folder spml train "
-                                f"printed as 'run folder: ...')")
-    ckpt_path = run / "best.pt"
-    if not ckpt_path.is_file():
-        raise FileNotFoundError(f"{ckpt_path} does not exist: the run did not finish (best.pt "
-                                f"is written at the end of spml train)")
-    from .runs import load_torch
+    """``(best.pt contents, config.json)`` of a finished run folder (``weights_only=True``),
+    with errors that name what is missing."""
+    from .runs import read_run
 
-    ckpt = load_torch(ckpt_path)
-    config = _read_json(run / "config.json") if (run / "config.json").is_file() else {}
+    found = read_run(run)
+    best = found.best()
     for key in ("model", "num_classes", "class_names"):
-        if key not in ckpt:
-            raise ValueError(f"{ckpt_path} has no {key!r} entry: not a spmlkit run checkpoint")
-    return ckpt, config
+        if key not in best:
+            raise ValueError(f"{found.path / 'best.pt'} has no {key!r} entry: not a spmlkit run "
+                             f"checkpoint")
+    return best, found.config
 
 
 def run_thresholds(run, kind: str = "global") -> tuple[np.ndarray | None, str]:
@@ -123,7 +107,7 @@ def run_thresholds(run, kind: str = "global") -> tuple[np.ndarray | None, str]:
                          f"{kind!r}")
     path = run / THRESHOLDS_FILE
     if path.is_file():
-        chosen = _read_json(path)
+        chosen = json.loads(path.read_text())
     elif (run / PREDICTIONS_FILE).is_file():  # runs from before thresholds.json: from val
         from .metrics import select_thresholds
 
@@ -188,66 +172,6 @@ def read_feature_file(path) -> np.ndarray:
     return arr
 
 
-def _linear_head(ckpt) -> nn.Linear:
-    weight = ckpt["model"]["weight"]
-    head = nn.Linear(weight.shape[1], weight.shape[0])
-    head.load_state_dict(ckpt["model"])
-    return head
-
-
-def _image_model(ckpt, config) -> tuple[nn.Module, int, tuple, tuple]:
-    """The model that maps images to logits, its input size, mean and std."""
-    from .models.backbones import create_backbone
-    from .models.heads import ImageClassifier
-
-    if ckpt.get("mode") == "lac":  # the label-wise embedding model (Xie et al.)
-        from .methods.lac import lac_model_from_checkpoint
-
-        return (lac_model_from_checkpoint(ckpt), int(ckpt["image_size"]), tuple(ckpt["mean"]),
-                tuple(ckpt["std"]))
-    if ckpt.get("mode", "linear") != "linear":
-        backbone = create_backbone(ckpt["backbone"], pretrained=False,
-                                   **ckpt.get("backbone_options", {}))
-        model = ImageClassifier(backbone, int(ckpt["num_classes"]))
-        model.load_state_dict(ckpt["model"])
-        return model, int(ckpt["image_size"]), tuple(ckpt["mean"]), tuple(ckpt["std"])
-    options = config.get("dataset_options", {})
-    name = options.get("backbone")
-    if not name:
-        raise ValueError("this linear run was trained on feature vectors, not on a backbone's "
-                         "features of images: give .npy/.npz feature files as inputs")
-    feats = options.get("features", {}) or {}
-    backbone = create_backbone(name, pretrained=bool(feats.get("pretrained", True)))
-    model = ImageClassifier(backbone, int(ckpt["num_classes"]))
-    model.head.load_state_dict(ckpt["model"])
-    size = int(feats.get("size") or backbone.input_size)
-    return model, size, tuple(backbone.mean), tuple(backbone.std)
-
-
-def load_run_model(run, device: str = "cpu") -> tuple[nn.Module, dict]:
-    """The best model of a finished run folder, in eval mode, and what is needed to feed it.
-
-    Returns ``(model, info)``: ``model`` maps inputs to logits; ``info["inputs"]`` says which
-    inputs: ``"features"`` (a linear head on feature vectors) or ``"images"`` (3 x S x S
-    tensors, normalised with ``info["mean"]`` / ``info["std"]`` at side ``info["image_size"]``).
-    ``info`` also holds ``mode``, ``class_names``, ``num_classes``, ``config`` (config.json)
-    and ``checkpoint`` (best.pt without the weights). Checkpoints load with
-    ``weights_only=True``.
-    """
-    ckpt, config = load_checkpoint(run)
-    mode = ckpt.get("mode", config.get("mode", "linear"))
-    info = {"mode": mode, "class_names": list(ckpt["class_names"]),
-            "num_classes": int(ckpt["num_classes"]), "config": config,
-            "checkpoint": {k: v for k, v in ckpt.items() if k != "model"}}
-    if mode == "linear" and not (config.get("dataset_options") or {}).get("backbone"):
-        model = _linear_head(ckpt)
-        info.update(inputs="features", in_features=int(model.in_features))
-    else:
-        model, size, mean, std = _image_model(ckpt, config)
-        info.update(inputs="images", image_size=size, mean=tuple(mean), std=tuple(std))
-    return model.to(device).eval(), info
-
-
 def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
                 batch_size: int = 64, num_workers: int = 0) -> Predictions:
     """Probabilities and thresholded labels of ``inputs`` from the run folder ``run``.
@@ -270,9 +194,8 @@ def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
     inputs = [str(i) for i in inputs]
     if not inputs:
         raise ValueError("no input given")
-    ckpt, config = load_checkpoint(run)
-    names = list(ckpt["class_names"])
-    num_classes = int(ckpt["num_classes"])
+    model, info = load_run_model(run)
+    names, num_classes = info["class_names"], info["num_classes"]
     thresholds, kind = run_thresholds(run, threshold)
     if thresholds is None:
         thresholds = np.array([float(threshold)])
@@ -284,26 +207,28 @@ def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
     features = [i for i in inputs if i.lower().endswith(FEATURE_SUFFIXES)]
     if features and len(features) != len(inputs):
         raise ValueError("give either feature files (.npy/.npz) or images, not both")
-    mode = ckpt.get("mode", "linear")
-    if features:
-        if mode != "linear":
-            raise ValueError(f"this is a {mode} run: it predicts from images (files or "
-                             f"folders), not from feature files")
-        head = _linear_head(ckpt)
+    if info["inputs"] == "features":
+        if not features:
+            raise ValueError("this linear run was trained on feature vectors, not on a "
+                             "backbone's features of images: give .npy/.npz feature files as "
+                             "inputs")
         mats = [read_feature_file(f) for f in features]
         for f, m in zip(features, mats):
-            if m.shape[1] != head.in_features:
+            if m.shape[1] != info["in_features"]:
                 raise ValueError(f"{f}: features are {m.shape[1]}-d, the run's head takes "
-                                 f"{head.in_features}-d features")
-        x = torch.from_numpy(np.concatenate(mats))
+                                 f"{info['in_features']}-d features")
+        x = preprocess_features(torch.from_numpy(np.concatenate(mats)), info["preprocess"])
         with torch.no_grad():
-            probs = torch.sigmoid(head(x)).numpy()
+            probs = torch.sigmoid(model(x)).numpy()
         items = [f"{f}#{r}" for f, m in zip(features, mats) for r in range(len(m))]
     else:
+        if features:
+            raise ValueError(f"this is a {info['mode']} run: it predicts from images (files "
+                             f"or folders), not from feature files")
         from .data.transforms import eval_transform
 
         items = _expand_images(inputs)
-        model, size, mean, std = _image_model(ckpt, config)
+        size, mean, std = info["image_size"], info["mean"], info["std"]
         cfg = TrainConfig(epochs=1, device=device, eval_batch_size=batch_size,
                           num_workers=num_workers, image_size=size)
         logits = predict_items(model, items, cfg, transform=eval_transform(size, mean, std))

@@ -1,9 +1,24 @@
-"""Run folders: created once, files written atomically, never overwritten.
+"""Run folders: the one writer and the one reader.
 
-A run folder holds ``config.json`` (the resolved configuration), ``observed.npy`` (the observed
-train labels), ``metrics.jsonl`` (one JSON line per epoch), ``final.json``, ``best.pt``,
-``predictions.npz`` (the best epoch's probabilities and the labels, for the analyses) and, when
-asked for, ``train_probs.npy`` (train probabilities after every epoch).
+A run folder is created once (never overwritten: a taken name gets ``-2``, ``-3``, ...) and
+every file in it is written atomically. Every training method writes the same files through
+:class:`RunDir`:
+
+- ``config.json``: the resolved configuration (:meth:`RunDir.start`);
+- ``observed.npy``: the observed train labels;
+- ``metrics.jsonl``: one JSON line per epoch (:meth:`RunDir.log`);
+- ``checkpoint.pt``: the resumable state while the run trains (:meth:`RunDir.checkpointer`),
+  removed when it finishes;
+- ``best.pt``: the best epoch's weights, what rebuilds the model, and the preprocessing its
+  inputs need (``preprocess``: the train statistics that standardised the features);
+- ``predictions.npz``: the best epoch's probabilities and the labels (for the analyses);
+- ``thresholds.json``: decision thresholds chosen on val (for ``spml predict``);
+- ``final.json``: the result, written last: a folder without it is not finished;
+- ``failed.json``: written instead when the run raised (the error and its traceback);
+- ``train_probs.npy``: train probabilities after every epoch, when asked for.
+
+:func:`read_run` reads a folder back (:class:`Run`), and every checkpoint load goes through
+:func:`load_torch` (``weights_only=True``).
 """
 from __future__ import annotations
 
@@ -11,15 +26,26 @@ import json
 import os
 import re
 import tempfile
+import time
+import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+CONFIG_FILE = "config.json"
+OBSERVED_FILE = "observed.npy"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINT_FILE = "checkpoint.pt"
+BEST_FILE = "best.pt"
+THRESHOLDS_FILE = "thresholds.json"
+FINAL_FILE = "final.json"
+FAILED_FILE = "failed.json"
 #: the best epoch's probabilities (float32, so their AP is the reported one) and the labels,
-#: written at the end of ``train_one(out=...)`` for :mod:`spmlkit.analysis`
+#: written at the end of ``train_run(out=...)`` for :mod:`spmlkit.analysis`
 PREDICTIONS_FILE = "predictions.npz"
 #: eval-mode train probabilities after every epoch (epochs x N x L, float16), written with
-#: ``train_one(..., save_train_probs=True)`` (``spml train --save-train-probs``)
+#: ``train_run(..., save_train_probs=True)`` (``spml train --save-train-probs``)
 TRAIN_PROBS_FILE = "train_probs.npy"
 
 
@@ -55,7 +81,13 @@ def write_json(path, obj) -> None:
 
 
 def write_text(path, text: str) -> None:
-    _atomic(Path(path), lambda fh: fh.write(text.encode()))
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    write_bytes(path, text.encode())
+
+
+def write_bytes(path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (a temporary file in the same folder, renamed)."""
+    _atomic(Path(path), lambda fh: fh.write(data))
 
 
 def _jsonable(obj):
@@ -140,3 +172,129 @@ class RunDir:
         import torch
 
         _atomic(self.path / name, lambda fh: torch.save(obj, fh))
+
+    # ---- the run's life: start, epochs, checkpoints, finish or fail ---------------------------
+    def start(self, config: dict, observed) -> None:
+        """``config.json`` and ``observed.npy`` of a new run."""
+        self.write_json(CONFIG_FILE, config)
+        self.save_array(OBSERVED_FILE, observed)
+
+    def log(self, record: dict) -> None:
+        """One epoch's record, appended to ``metrics.jsonl``."""
+        self.append_jsonl(METRICS_FILE, record)
+
+    def checkpointer(self, every_seconds: float = 0.0):
+        """The ``checkpoint`` callable of the engine's fit functions: called after every epoch
+        with a function that builds the resumable state; writes ``checkpoint.pt`` when at
+        least ``every_seconds`` have passed since the last write (0: every epoch), so short
+        runs do not pay for states they will never resume from."""
+        last = [time.monotonic()]
+
+        def save(make_state) -> None:
+            now = time.monotonic()
+            if now - last[0] >= every_seconds:
+                self.save_torch(CHECKPOINT_FILE, make_state())
+                last[0] = time.monotonic()
+        return save
+
+    def resume_state(self, trim_metrics: bool = True):
+        """The state in ``checkpoint.pt`` (None without one); with ``trim_metrics``,
+        ``metrics.jsonl`` is cut back to the epochs it holds (an epoch logged after its
+        checkpoint must not appear twice)."""
+        path = self.path / CHECKPOINT_FILE
+        if not path.is_file():  # killed before its first checkpoint: start again
+            if trim_metrics:
+                write_text(self.path / METRICS_FILE, "")
+            return None
+        state = load_torch(path)
+        history = state.get("history")
+        if trim_metrics and isinstance(history, list):
+            write_text(self.path / METRICS_FILE,
+                       "".join(json.dumps(h, default=_jsonable) + "\n" for h in history))
+        return state
+
+    def finish(self, result: dict, best: dict, predictions: dict,
+               thresholds: dict | None = None) -> None:
+        """Write ``best.pt``, ``predictions.npz``, ``thresholds.json`` and, last,
+        ``final.json``; then drop the resumable checkpoint."""
+        self.save_torch(BEST_FILE, best)
+        self.save_npz(PREDICTIONS_FILE, **predictions)
+        if thresholds is not None:
+            self.write_json(THRESHOLDS_FILE, thresholds)
+        self.write_json(FINAL_FILE, result)
+        (self.path / CHECKPOINT_FILE).unlink(missing_ok=True)
+
+    def fail(self, err: BaseException) -> None:
+        """Record that the run raised ``err`` (``failed.json``): the folder then says so
+        instead of looking like a run that is still going."""
+        self.write_json(FAILED_FILE, {
+            "error": f"{type(err).__name__}: {err}",
+            "traceback": "".join(traceback.format_exception(type(err), err,
+                                                            err.__traceback__))[-6000:]})
+
+
+@dataclass
+class Run:
+    """A run folder read back (:func:`read_run`)."""
+
+    path: Path
+    config: dict
+    final: dict | None        # None while the run is unfinished
+    failed: dict | None       # failed.json, if the run raised
+
+    @property
+    def status(self) -> str:
+        """``finished``, ``failed`` or ``unfinished`` (running, or killed)."""
+        if self.final is not None:
+            return "finished"
+        return "failed" if self.failed is not None else "unfinished"
+
+    @property
+    def method(self) -> str:
+        return str(self.config.get("mode", "linear"))
+
+    def best(self) -> dict:
+        """``best.pt`` (weights_only load); errors that name what is missing."""
+        path = self.path / BEST_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist: the run did not finish ({BEST_FILE}"
+                                    f" is written at the end of spml train)")
+        return load_torch(path)
+
+    def metrics(self) -> list[dict]:
+        """The per-epoch records of ``metrics.jsonl`` (``[]`` without the file)."""
+        path = self.path / METRICS_FILE
+        if not path.is_file():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err}); is the run folder complete?") \
+            from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def read_run(path) -> Run:
+    """Read the run folder ``path``: its config, and its result or failure if any.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a folder, or has no ``config.json``.
+        ValueError: a file in it is not valid JSON (named).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"run folder {path} does not exist (give the folder spml train "
+                                f"printed as 'run folder: ...')")
+    if not (path / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"{path / CONFIG_FILE} does not exist: {path} is not a run "
+                                f"folder")
+    final, failed = path / FINAL_FILE, path / FAILED_FILE
+    return Run(path, _read_json(path / CONFIG_FILE),
+               _read_json(final) if final.is_file() else None,
+               _read_json(failed) if failed.is_file() else None)

@@ -212,10 +212,12 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
         train_idx = _subsample(train_idx, subsample, seed if subsample_seed is None
                                else subsample_seed, ds.name)
     train, val, test = ds.pool.subset(train_idx), ds.pool.subset(val_idx), ds.test
+    standardize = None
     if ds.standardize:
         mean = train.x.mean(axis=0)
         std = train.x.std(axis=0)
         std[std == 0] = 1.0
+        standardize = {"mean": mean.tolist(), "std": std.tolist(), "dtype": str(mean.dtype)}
         train, val, test = (LabelledSet(((s.x - mean) / std).astype(np.float32), s.y,
                                         s.class_names, s.ids, s.where) for s in (train, val, test))
     k = float(train.y.sum(axis=1).mean())
@@ -223,5 +225,7 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
             "train_rows": train_idx.tolist(), "val_rows": val_idx.tolist(),
             "subsample": 1.0 if subsample is None else float(subsample),
             "observed_labels": int((observed[train_idx] != 0).sum())}
+    if standardize is not None:  # what new raw features need to look like these (predict)
+        meta["standardize"] = standardize
     return Splits(ds.name, train, val, test, observed[train_idx], observed[val_idx], regime, k,
                   meta)

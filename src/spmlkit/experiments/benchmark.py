@@ -72,7 +72,7 @@ def parse_methods(losses, references=("bce", "iun")) -> list[Method]:
 # ---- worker side (run through spmlkit.experiments.pool) ----------------------------------------
 def _run_point(task: dict) -> dict:
     from .pool import cached_splits
-    from .runner import train_one
+    from ..methods import train_run
 
     task = dict(task)
     dataset, options = task.pop("dataset"), task.pop("dataset_options")
@@ -80,7 +80,7 @@ def _run_point(task: dict) -> dict:
     config = TrainConfig(epochs=task["epochs"], batch_size=task["batch_size"], lr=task["lr"],
                          seed=task["seed"], early_stop=task["early_stop"])
     try:
-        res = train_one(splits, task["loss"], task.get("hparams"), config)
+        res = train_run("linear", splits, task["loss"], task.get("hparams"), config)
     except FloatingPointError as err:  # a diverged grid point loses the selection, visibly
         res = {"val_map": float("nan"), "test_map": float("nan"), "error": str(err),
                "train_recovery_map": float("nan"), "best_epoch": 0, "seconds": 0.0}

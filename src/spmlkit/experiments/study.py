@@ -68,12 +68,6 @@ from ..runs import write_text
 from .pool import cached_splits, default_jobs, run_tasks
 from .store import StudyStore
 
-MODES = ("linear", "finetune", "linear_init", "lac")
-#: mode -> (module, function) of its trainer (the run trainer contract); imported when used
-TRAINERS = {"linear": ("spmlkit.experiments.runner", "train_one"),
-            "finetune": ("spmlkit.experiments.finetune", "train_images"),
-            "linear_init": ("spmlkit.experiments.finetune", "train_images"),
-            "lac": ("spmlkit.methods.lac", "train_lac")}
 SPEC_KEYS = ("name", "title", "description", "datasets", "methods", "mode", "seeds", "epochs",
              "early_stop", "grid", "hparams", "vary", "train", "mode_options", "mlflow")
 REQUIRED_KEYS = ("datasets", "methods")
@@ -405,9 +399,14 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
     if len(set(labels)) < len(labels):
         _fail(source, "methods", f"labels must be unique, got {labels}")
 
+    from ..methods import get_method, list_methods
+
     mode = raw.get("mode", "linear")
-    if mode not in MODES:
-        _fail(source, "mode", f"expected one of {', '.join(MODES)}, got {mode!r}")
+    try:
+        method = get_method(str(mode))
+    except ValueError:
+        _fail(source, "mode", f"expected one of {', '.join(m.name for m in list_methods())}, "
+                              f"got {mode!r}")
 
     seeds = raw.get("seeds", 3)
     if isinstance(seeds, (list, tuple)):
@@ -501,6 +500,12 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
         vary[key] = values
 
     mode_options = _mapping(raw.get("mode_options"), source, "mode_options")
+    for where, opts in [("mode_options", mode_options)] + [
+            (f"methods[{i}].mode_options", m.mode_options) for i, m in enumerate(methods)]:
+        try:
+            method.check_options(opts)
+        except ValueError as err:
+            _fail(source, where, str(err))
     mlflow = raw.get("mlflow", False)
     if not isinstance(mlflow, bool):
         _fail(source, "mlflow", f"expected true or false, got {mlflow!r}")
@@ -626,57 +631,12 @@ def expand(spec: StudySpec) -> list[RunTask]:
 
 
 # ---- one run (in a worker process) -------------------------------------------------------------
-def get_trainer(mode: str):
-    """The trainer function of ``mode`` (imported now; ``lac`` lives in ``spmlkit.methods.lac``)."""
-    import importlib
-
-    if mode not in TRAINERS:
-        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
-    module, name = TRAINERS[mode]
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as err:
-        raise ModuleNotFoundError(f"mode {mode!r} needs {module}.{name}, which this installation "
-                                  f"does not have ({err})") from None
-
-
-def resolve_k(k, splits, seed: int):
-    """A run's ``k``: ``None`` and numbers as they are; ``estimate:M:bound`` from M fully
-    labelled train rows drawn with ``seed`` (:func:`spmlkit.labels.estimate_k`)."""
-    if not isinstance(k, str):
-        return k
-    import numpy as np
-
-    from ..labels import estimate_k
-
-    _, m, bound = k.split(":")
-    n = len(splits.train)
-    if int(m) > n:
-        raise ValueError(f"k {k!r}: the train split has only {n} rows")
-    rows = np.random.RandomState(seed).choice(n, int(m), replace=False)
-    est = estimate_k(splits.train.y[rows])
-    return {"lower": est.low, "point": est.k, "upper": est.high}[bound]
-
-
-def _trainer_kwargs(task: dict) -> dict:
-    from ..engine import TrainConfig
-
-    opts = dict(task["mode_options"])
-    if task["mode"] == "lac":  # its feature-map bars would garble the study's bar
-        opts.setdefault("progress", False)
-    if task["mode"] in ("finetune", "linear_init"):
-        opts["mode"] = task["mode"]
-        linear = {k[7:]: opts.pop(k) for k in ("linear_epochs", "linear_lr") if k in opts}
-        if task["mode"] == "linear_init" and linear:
-            opts["linear_config"] = TrainConfig(**{**task["train"], "epochs": 25, **linear})
-    return opts
-
-
 def execute(task: dict) -> dict:
     """Run one task dict (``RunTask`` fields plus ``runs_root``, the folder the run folder is
     made in) and return its store row; an exception becomes a ``failed`` row with the traceback.
     """
     from ..engine import TrainConfig
+    from ..methods import get_method, resolve_k, train_run
 
     t0 = time.perf_counter()
     row = {c: task[c] for c in ("run_id", "study", "method", "loss", "dataset", "regime", "seed",
@@ -690,11 +650,14 @@ def execute(task: dict) -> dict:
     try:
         splits = cached_splits(task["dataset"], task["regime"], task["dataset_options"])
         k = resolve_k(task["k"], splits, task["seed"])
-        trainer = get_trainer(task["mode"])
-        res = trainer(splits, task["loss"], dict(task["hparams"]),
-                      TrainConfig(**task["train"]), k=k, out=task["runs_root"],
-                      run_name=task["run_id"], dataset_options=task["dataset_options"],
-                      **_trainer_kwargs(task))
+        method = get_method(task["mode"])
+        options = dict(task["mode_options"])
+        if "progress" in method.options:  # per-run bars would garble the study's bar
+            options.setdefault("progress", False)
+        res = train_run(method, splits, task["loss"], dict(task["hparams"]),
+                        TrainConfig(**task["train"]), k=k, out=task["runs_root"],
+                        run_name=task["run_id"], dataset_options=task["dataset_options"],
+                        **options)
     except Exception as err:  # recorded as a failed run; the study goes on
         text = traceback.format_exc()
         if isinstance(err, FloatingPointError):
@@ -853,6 +816,8 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
     """
     from tqdm import tqdm
 
+    from ..methods import get_method
+
     spec = load_study(spec)
     mlflow_module = _import_mlflow() if (mlflow or spec.mlflow) else None
     out = Path(out) if out is not None else STUDIES_ROOT / spec.name
@@ -869,8 +834,9 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
         todo.sort(key=lambda t: (t.batch_size, t.loss != "role"))
         jobs = default_jobs(jobs, len(todo))
         if threads is None:
-            threads = 1 if spec.mode == "linear" else max(1, (os.cpu_count() or 1) // jobs)
-        from .runner import versions
+            threads = 1 if get_method(spec.mode).inputs == "features" else \
+                max(1, (os.cpu_count() or 1) // jobs)
+        from ..methods import versions
 
         launch = {"launch_id": uuid.uuid4().hex, "argv": list(argv) if argv else None,
                   "started": _now(), "finished": None, "runs_total": len(tasks),
@@ -885,7 +851,7 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
                 _safe_remove(runs_root / t.run_id, runs_root / ".stale")
         with contextlib.suppress(OSError):
             (runs_root / ".stale").rmdir()  # when empty
-        if todo and spec.mode == "linear":
+        if todo and get_method(spec.mode).inputs == "features":
             _prepare_features(spec, todo, progress)
         if mlflow_module is not None and todo:
             mlflow_module.set_experiment(spec.name)
@@ -969,5 +935,5 @@ def study_rows(out) -> tuple[StudySpec, list[dict]]:
 
 
 __all__ = ["DatasetSpec", "MethodSpec", "RunTask", "StudySpec", "apply_overrides", "execute",
-           "expand", "get_trainer", "list_presets", "load_study", "resolve_k", "run_study",
+           "expand", "list_presets", "load_study", "run_study",
            "study_rows", "study_spec", "study_status"]

@@ -1,13 +1,21 @@
-"""Methods: recipes with their own state and schedule on top of the losses and models.
+"""Training methods: how a model is trained on a dataset's splits with a loss.
 
-A method differs from a loss (:mod:`spmlkit.losses`) in that it owns its model, its views and
-its training schedule: LAC (Xie et al., NeurIPS 2022) trains a label-wise embedding model on a
-weak and a strong view in two stages (:mod:`spmlkit.methods.lac`). Each method provides a run
-trainer with the contract of :func:`spmlkit.experiments.runner.train_one` (see the study runner,
-mode ``lac``).
+One registry (:data:`METHODS`), one driver (:func:`train_run`), one way back to a trained model
+(:func:`load_run_model`); see :mod:`spmlkit.methods.base`. Registered here: ``linear``
+(:mod:`.linear`), ``finetune`` and ``linear_init`` (:mod:`.finetune`), ``lac``
+(:mod:`.lac`, Xie et al. 2022).
 """
 from __future__ import annotations
 
-from .lac import ABLATIONS, LACConfig, load_lac_model, resume_lac, train_lac
+from .base import (METHODS, Fitted, RunContext, TrainingMethod, get_method, list_methods,
+                   load_run_model, preprocess_features, pseudo_label_record, register_method,
+                   resolve_hparams, resolve_k, resume_run, train_run, versions)
 
-__all__ = ["ABLATIONS", "LACConfig", "load_lac_model", "resume_lac", "train_lac"]
+# the built-in methods register themselves, in this order (spml list methods)
+from . import linear  # noqa: E402,F401
+from . import finetune  # noqa: E402,F401
+from . import lac  # noqa: E402,F401
+
+__all__ = ["METHODS", "Fitted", "RunContext", "TrainingMethod", "get_method", "list_methods",
+           "load_run_model", "preprocess_features", "pseudo_label_record", "register_method",
+           "resolve_hparams", "resolve_k", "resume_run", "train_run", "versions"]

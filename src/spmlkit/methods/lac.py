@@ -75,7 +75,7 @@ from torch import nn
 from ..data import Splits
 from ..engine import (GlobalBatchSampler, ItemPredictor, LossScaler, TrainConfig, _amp_dtype,
                       _should_stop, loader_workers, mix_seed, parse_early_stop)
-from ..experiments.runner import resolve_hparams, versions
+from .base import resolve_hparams, versions
 from ..labels import validate_observed
 from ..losses import TrainInfo, create_loss
 from ..losses.lac import RingQueue, lac_entries, lac_loss, plc_loss, plc_targets
@@ -1041,3 +1041,34 @@ def load_lac_model(run, device: str = "cpu") -> tuple[LabelEmbeddingModel, dict]
     model = lac_model_from_checkpoint(info)
     info.pop("model")
     return model.to(device), info
+
+
+# ---- registration ------------------------------------------------------------------------------
+def _train(splits, loss, hparams, config, *, k=None, out=None, run_name=None, on_epoch=None,
+           dataset_options=None, resume=None, **options):
+    return train_lac(splits, loss, hparams, config, k=k, out=out, run_name=run_name,
+                     on_epoch=on_epoch, dataset_options=dataset_options, resume=resume,
+                     **options)
+
+
+def _load_model(best: dict, config: dict):
+    return lac_model_from_checkpoint(best), {
+        "inputs": "images", "image_size": int(best["image_size"]), "mean": tuple(best["mean"]),
+        "std": tuple(best["std"])}
+
+
+from .base import TrainingMethod, register_method  # noqa: E402
+
+LAC = register_method(TrainingMethod(
+    name="lac", description="LAC: a label-wise embedding model on the backbone's feature maps, "
+    "pseudo-label consistency, label-aware global consistency with a memory queue, two stages "
+    "and an EMA (options: lac=LACConfig fields, backbone, ...)",
+    paper="Xie et al. 2022", inputs="images", fit=None, load_model=_load_model,
+    options={"lac": None, "backbone": "efficientnet_lite0", "image_size": None,
+             "cache_dir": None, "progress": True, "pretrained": True, "backbone_options": None,
+             "features": None, "image_reader": None},
+    default_batch_size=OFFICIAL_BATCH_SIZE, default_epochs=OFFICIAL_EPOCHS, train=_train,
+    resume=lambda run_dir, on_epoch=None, device=None, **o: resume_lac(
+        run_dir, on_epoch=on_epoch, device=device, **o),
+    count_epochs=lambda config, o: resolve_train_config(config, LACConfig.coerce(o["lac"]))
+    .epochs))

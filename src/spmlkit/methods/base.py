@@ -1,0 +1,420 @@
+"""Training methods: the registry, and the one driver that turns a method's fit into a run.
+
+A *training method* says how a model is trained on a dataset's splits with a loss: ``linear``
+(a linear head on feature vectors, Cole et al.'s linear protocol), ``finetune`` and
+``linear_init`` (a backbone end to end on images), ``lac`` (Xie et al.'s label-wise embedding
+model). Each is one :class:`TrainingMethod` in :data:`METHODS`, registered by the module that
+implements it, with:
+
+- ``fit(ctx) -> Fitted``: trains and predicts (the engine's loop does the epochs);
+- ``load_model(best, config) -> (model, info)``: rebuilds the trained model from ``best.pt``
+  (``spml predict``, the figures);
+- ``options``: its own settings with their defaults (``--backbone``, ``linear_epochs``, LAC's
+  options, ...), as the CLI's flags and a study's ``mode_options`` give them;
+- what it needs (feature vectors or images), its default batch size, whether it runs under
+  ``torchrun``.
+
+:func:`train_run` is the one driver of every method: it resolves the loss and its
+hyperparameters, creates the run folder (:class:`spmlkit.runs.RunDir`) and writes its config,
+logs every epoch, hands the method a checkpoint writer and, for ``resume``, the saved state, then
+scores the best epoch's predictions the same way for every method and finishes the folder.
+:func:`resume_run` continues an interrupted run folder with its own settings.
+
+Adding a method: one module with its ``fit`` and ``load_model`` and one :func:`register_method`
+call; the CLI (``spml train --mode``), studies (``mode:``), ``spml predict``, the figures and the
+generated tests (tests/test_methods.py) pick it up.
+"""
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ..engine import TrainConfig
+from ..losses import LOSSES, create_loss
+from ..metrics import evaluate, map_score, pseudo_label_stats, select_thresholds
+from ..registry import Registry
+from ..runs import RunDir, read_run
+
+#: runs of a method whose epochs take longer than this write a resumable checkpoint
+CHECKPOINT_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class TrainingMethod:
+    """One training method (see the module docstring)."""
+
+    name: str
+    description: str
+    paper: str
+    inputs: str                                   # "features" or "images"
+    fit: Callable[["RunContext"], "Fitted"] | None   # None only with ``train``
+    load_model: Callable[[dict, dict], tuple]
+    options: dict = field(default_factory=dict)   # option -> default
+    run_config: Callable[["RunContext"], dict] | None = None  # extra config.json keys
+    default_batch_size: int = 8
+    processes: bool = False                       # runs under torchrun --nproc_per_node=N
+    default_epochs: int = 25
+    #: a method that still writes its own run folder: train(splits, loss, hparams, config, *,
+    #: k, out, run_name, on_epoch, dataset_options, resume, **options) -> result
+    train: Callable | None = None
+    #: ... and resumes its own folders: resume(run_dir, *, on_epoch, device, **options)
+    resume: Callable | None = None
+    #: the epochs a run will show (a progress bar's total): count_epochs(config, options)
+    count_epochs: Callable | None = None
+
+    def total_epochs(self, config, options: dict) -> int:
+        """How many epoch records a run with ``config`` and ``options`` writes."""
+        if self.count_epochs is None:
+            return int(config.epochs)
+        return int(self.count_epochs(config, {**self.options, **options}))
+
+    def check_options(self, options: dict, where: str = "options") -> dict:
+        """``options`` over the defaults; an unknown key is a ``ValueError`` naming it."""
+        import difflib
+
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], list(self.options), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"{where}: method {self.name!r} has no option(s) {unknown}{hint}; "
+                             f"it takes {sorted(self.options) or 'none'}")
+        return {**self.options, **options}
+
+
+METHODS = Registry("training method")
+
+
+def register_method(method: TrainingMethod) -> TrainingMethod:
+    """Add ``method`` to :data:`METHODS` (one call per method module)."""
+    METHODS.register(method.name, method.description, paper=method.paper,
+                     defaults=method.options, factory=method)
+    return method
+
+
+def get_method(name: str) -> TrainingMethod:
+    """The registered method ``name`` (``ValueError`` with suggestions otherwise)."""
+    return METHODS.get(name).factory
+
+
+def list_methods() -> list[TrainingMethod]:
+    """Every registered method, in registration order."""
+    return [e.factory for e in METHODS.entries()]
+
+
+# ---- what every run shares -------------------------------------------------------------------
+def resolve_hparams(loss: str, dataset: str | None, hparams: dict | None = None) -> dict:
+    """The loss's official per-dataset defaults (if any) with the user's values on top."""
+    return {**LOSSES.get(loss).hparams_for(dataset), **(hparams or {})}
+
+
+def versions() -> dict:
+    """The versions a run was made with (``config.json``, study launches)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .. import __version__
+
+    try:  # the installed version, without importing scikit-learn (seconds: scipy)
+        sklearn_version = version("scikit-learn")
+    except PackageNotFoundError:
+        sklearn_version = None
+    return {"spmlkit": __version__, "torch": torch.__version__, "numpy": np.__version__,
+            "scikit-learn": sklearn_version, "python": platform.python_version()}
+
+
+def pseudo_label_record(loss_module, y_train) -> dict:
+    """``{"pl_count", "pl_precision"}`` of a loss that pseudo-labels, else ``{}``.
+
+    A loss that pseudo-labels has the optional method ``hard_pseudo_labels()`` returning
+    ``(mask, value)``: N_train x L bool (the entries it has pseudo-labelled so far) and
+    N_train x L 0/1 (the label it asserts on each): ``em_apl`` (0: its soft negatives), ``ll_cp``
+    (1: flipped entries), ``soft_opml`` / ``opml_sp`` (1: corrected entries). ``pl_precision``
+    is a fraction in [0, 1] (NaN while nothing is pseudo-labelled); see
+    :func:`spmlkit.metrics.pseudo_label_stats`.
+    """
+    method = getattr(loss_module, "hard_pseudo_labels", None)
+    if method is None:
+        return {}
+    mask, value = method()
+    mask = mask.detach().cpu().numpy() if torch.is_tensor(mask) else np.asarray(mask)
+    value = value.detach().cpu().numpy() if torch.is_tensor(value) else np.asarray(value)
+    count, precision = pseudo_label_stats(mask, value, y_train)
+    return {"pl_count": count, "pl_precision": precision}
+
+
+def resolve_k(k, splits, seed: int, report: bool = False):
+    """A run's ``k`` (expected positives per example): ``None`` and numbers as they are;
+    ``"estimate:M:lower|point|upper"`` estimated from M fully labelled train rows drawn with
+    ``seed`` (Cole et al. App. B, :func:`spmlkit.labels.estimate_k`): the estimate or an end of
+    its 95% interval. ``report`` prints the estimate to stderr."""
+    if not isinstance(k, str):
+        if k is not None and not k > 0:
+            raise ValueError(f"k (expected positives per example) must be > 0, got {k}")
+        return k
+    import sys
+
+    from ..labels import estimate_k
+
+    parts = k.split(":")
+    if len(parts) != 3 or parts[0] != "estimate" or not parts[1].isdigit() or \
+            parts[2] not in ("lower", "point", "upper"):
+        raise ValueError(f"k {k!r}: expected a number or 'estimate:M:lower|point|upper'")
+    m, bound = int(parts[1]), parts[2]
+    n = len(splits.train)
+    if not 0 < m <= n:
+        raise ValueError(f"k {k!r}: the train split has only {n} rows")
+    rows = np.random.RandomState(seed).choice(n, m, replace=False)
+    est = estimate_k(splits.train.y[rows])
+    if report:
+        print(f"k estimated from {est.m} fully labelled train rows: {est.k:.3f} "
+              f"({est.confidence:.0%} interval {est.low:.3f} .. {est.high:.3f}); "
+              f"true mean {splits.k:.3f}", file=sys.stderr)
+    return {"lower": est.low, "point": est.k, "upper": est.high}[bound]
+
+
+def feature_preprocess(splits) -> dict:
+    """What a model trained on ``splits`` needs applied to new raw features: the train rows'
+    standardisation statistics (``{"mean", "std"}`` tensors in the dtype they were computed
+    in) when the source standardised them, else ``{}``."""
+    stats = (splits.meta or {}).get("standardize")
+    if not stats:
+        return {}
+    dtype = np.dtype(stats.get("dtype", "float64"))
+    return {key: torch.as_tensor(np.asarray(stats[key], dtype)) for key in ("mean", "std")}
+
+
+@dataclass
+class RunContext:
+    """What a method's ``fit`` gets from :func:`train_run`."""
+
+    method: TrainingMethod
+    splits: Any
+    loss_name: str
+    hparams: dict
+    loss: Any                    # the loss module (create_loss)
+    k: float
+    config: TrainConfig
+    options: dict                # the method's options, defaults filled in
+    on_epoch: Callable           # on_epoch(record, model, loss): logs, then the caller's
+    checkpoint: Callable | None  # the engine's checkpoint writer (None: no run folder)
+    resume: dict | None          # the saved state to continue from
+    is_main: bool = True         # process 0 (torchrun): the one that writes
+    run_dir: Path | None = None  # the run folder being written (None: none)
+    prepared: dict = field(default_factory=dict)  # what run_config built and fit reuses
+
+
+@dataclass
+class Fitted:
+    """What a method's ``fit`` returns: the fit, the best model's probabilities on every
+    split, the model's entries of ``best.pt`` and its own result keys."""
+
+    fit: Any                     # spmlkit.engine.FitResult (best_epoch, val_map, history)
+    probs: dict                  # split -> N x L probabilities (numpy)
+    best: dict                   # "model" state dict + what load_model needs to rebuild it
+    result: dict = field(default_factory=dict)
+    files: dict = field(default_factory=dict)   # more arrays for the run folder: name -> array
+
+
+def _fresh_config(method: TrainingMethod, ctx: RunContext, dataset_options) -> dict:
+    splits, config = ctx.splits, ctx.config
+    out = {"dataset": splits.name, "dataset_options": dataset_options or {},
+           "regime": splits.regime, "mode": method.name, "loss": ctx.loss_name,
+           "hparams": ctx.hparams, "k": ctx.k, "train": asdict(config),
+           "options": ctx.options, "sizes": {s: len(getattr(splits, s))
+                                              for s in ("train", "val", "test")},
+           "class_names": list(splits.class_names), "versions": versions()}
+    if method.run_config is not None:
+        out.update(method.run_config(ctx))
+    return out
+
+
+def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | None = None,
+              config: TrainConfig | None = None, *, k: float | None = None, out=None,
+              run_name: str | None = None, on_epoch=None, dataset_options: dict | None = None,
+              resume=None, checkpoint_seconds: float | None = None, **options) -> dict:
+    """Train one run of ``method`` with ``loss`` on ``splits`` and score its best epoch.
+
+    Args:
+        method: a registered training method (``spml list methods``) or its entry.
+        splits: the dataset's splits (:func:`spmlkit.data.load_splits`).
+        loss, hparams: a registered loss and its hyperparameters (over its per-dataset
+            official defaults).
+        config: :class:`spmlkit.engine.TrainConfig` (default: the method's epochs and batch).
+        k: expected positives per example for the loss (default: the train split's mean).
+        out, run_name: create the run folder ``out/run_name`` (default name
+            ``{dataset}-{loss}[-{method}]-{regime}-s{seed}``, no method for linear); without ``out`` nothing is written.
+        on_epoch: ``on_epoch(record, model, loss)`` after every epoch (after it is logged).
+        dataset_options: recorded in ``config.json`` (what ``load_splits`` was given).
+        resume: a run folder of this method to continue from its ``checkpoint.pt`` (use
+            :func:`resume_run`, which reads the settings from the folder); a finished folder
+            returns its ``final.json``.
+        checkpoint_seconds: write the resumable checkpoint after an epoch when this many
+            seconds have passed since the last one (default :data:`CHECKPOINT_SECONDS`; 0 every
+            epoch).
+        **options: the method's options (``TrainingMethod.options``).
+
+    Returns:
+        the result: ``best_epoch``, ``epochs_run``, ``val_map``, ``test_map``,
+        ``train_recovery_map`` (the train split's predictions against its full labels, Cole et
+        al. Table 2), ``test`` (P@k ...), ``seconds``, ``loss``, ``mode``, ``regime``,
+        ``seed``, ``batch_size``, ``lr``; ``pl_count`` / ``pl_precision`` at the selected
+        epoch for a loss that pseudo-labels; ``estimator_recovery_map`` for ROLE; the method's
+        own keys; ``run_dir`` when a folder was written.
+    """
+    from .. import distributed as dist_utils
+
+    method = method if isinstance(method, TrainingMethod) else get_method(method)
+    options = method.check_options(options)
+    if method.train is not None:
+        return method.train(splits, loss, hparams, config, k=k, out=out, run_name=run_name,
+                            on_epoch=on_epoch, dataset_options=dataset_options, resume=resume,
+                            **options)
+    config = config or TrainConfig(epochs=method.default_epochs,
+                                   batch_size=method.default_batch_size)
+    hparams = resolve_hparams(loss, splits.name, hparams)
+    loss_fn = create_loss(loss, **hparams)
+    k = splits.k if k is None else resolve_k(k, splits, config.seed)
+    is_main = dist_utils.current_context(config.device).is_main
+    run, state = None, None
+    if resume is not None:
+        run = RunDir(resume)
+        done = read_run(run.path)
+        if done.final is not None:
+            return {**done.final, "run_dir": str(run.path)}
+        state = run.resume_state(trim_metrics=is_main)
+    elif out is not None and is_main:
+        parts = [splits.name, loss, *([] if method.name == "linear" else [method.name]),
+                 splits.regime, f"s{config.seed}"]
+        run = RunDir.create(out, run_name or "-".join(parts).replace(":", "_"))
+    pseudo: dict = {}
+
+    def log_epoch(record, model, loss_module):
+        record.update(pseudo_label_record(loss_module, splits.train.y))
+        pseudo[record["epoch"]] = {key: record[key] for key in ("pl_count", "pl_precision")
+                                   if key in record}
+        if run is not None and is_main:
+            run.log(record)
+        if on_epoch is not None and is_main:
+            on_epoch(record, model, loss_module)
+
+    every = CHECKPOINT_SECONDS if checkpoint_seconds is None else float(checkpoint_seconds)
+    ctx = RunContext(method, splits, loss, hparams, loss_fn, k, config, options, log_epoch,
+                     run.checkpointer(every) if run is not None and is_main else None, state,
+                     is_main, run.path if run is not None else None)
+    if run is not None and resume is None:
+        run.start(_fresh_config(method, ctx, dataset_options), splits.observed)
+    t0 = time.perf_counter()
+    try:
+        fitted = method.fit(ctx)
+        fit, probs = fitted.fit, fitted.probs
+        conv = config.map_convention
+        test = evaluate(probs["test"], splits.test.y, conv)
+        result = {"loss": loss, "mode": method.name, "regime": splits.regime,
+                  "seed": config.seed, "batch_size": config.batch_size, "lr": config.lr,
+                  "best_epoch": fit.best_epoch, "epochs_run": len(fit.history),
+                  "val_map": fit.val_map, "test_map": test["map"],
+                  "train_recovery_map": map_score(probs["train"], splits.train.y, conv),
+                  "test": test, **fitted.result}
+        for key, value in pseudo.get(fit.best_epoch, {}).items():  # at the selected epoch
+            result[key] = value if np.isfinite(value) else None
+        if hasattr(loss_fn, "estimated_labels"):
+            result["estimator_recovery_map"] = map_score(
+                loss_fn.estimated_labels().cpu().numpy(), splits.train.y, conv)
+        result["seconds"] = time.perf_counter() - t0  # this launch's
+    except BaseException as err:
+        if run is not None and is_main and not isinstance(err, KeyboardInterrupt):
+            run.fail(err)
+        raise
+    if run is not None and is_main:
+        for name, array in fitted.files.items():
+            run.save_array(name, array)
+        best = {**fitted.best, "loss": loss_fn.state_dict(), "loss_name": loss,
+                "hparams": hparams, "mode": method.name,
+                "num_classes": len(splits.class_names),
+                "class_names": list(splits.class_names)}
+        run.finish(result, best, {
+            "best_epoch": fit.best_epoch, "observed": splits.observed,
+            **{f"probs_{s}": np.asarray(p, np.float32) for s, p in probs.items()},
+            **{f"y_{s}": getattr(splits, s).y for s in probs}},
+            select_thresholds(probs["val"], splits.val.y, splits.class_names))
+        result["run_dir"] = str(run.path)
+    return result
+
+
+def resume_run(run_dir, *, on_epoch=None, device: str | None = None,
+               checkpoint_seconds: float | None = None, **overrides) -> dict:
+    """Continue the interrupted run in ``run_dir`` with the settings of its ``config.json``
+    (dataset, regime, loss, train config, the method's options); a finished run returns its
+    ``final.json``. ``device`` overrides the stored device (a GPU run resumed on a CPU then
+    matches only up to floating-point differences); ``overrides`` set method options that do
+    not change results (``progress``, ``cache_dir``).
+
+    Raises:
+        FileNotFoundError: not a run folder.
+        ValueError: written by a method that cannot resume, or by another spmlkit version.
+    """
+    from ..data import load_splits
+
+    run = read_run(run_dir)
+    cfg = run.config
+    method = get_method(cfg.get("mode", "linear"))
+    if run.final is not None:
+        return {**run.final, "run_dir": str(run.path)}
+    if method.resume is not None:
+        return method.resume(run.path, on_epoch=on_epoch, device=device, **overrides)
+    if "options" not in cfg:
+        raise ValueError(f"cannot resume {run.path}: its config.json was written by an older "
+                         f"spmlkit (no 'options'); train the run again")
+    train = dict(cfg["train"])
+    if device is not None:
+        train["device"] = device
+    splits = load_splits(cfg["dataset"], cfg["regime"], **(cfg.get("dataset_options") or {}))
+    return train_run(method, splits, cfg["loss"], cfg["hparams"], TrainConfig(**train),
+                     k=cfg["k"], dataset_options=cfg.get("dataset_options"), resume=run.path,
+                     on_epoch=on_epoch, checkpoint_seconds=checkpoint_seconds,
+                     **{**cfg["options"], **overrides})
+
+
+def load_run_model(run, device: str = "cpu") -> tuple[torch.nn.Module, dict]:
+    """The best model of a finished run folder, in eval mode, and what is needed to feed it.
+
+    Returns ``(model, info)``: ``model`` maps inputs to logits; ``info["inputs"]`` says which
+    inputs: ``"features"`` (a linear head on feature vectors: apply ``info["preprocess"]``
+    first, see :func:`preprocess_features`) or ``"images"`` (3 x S x S tensors normalised with
+    ``info["mean"]`` / ``info["std"]`` at side ``info["image_size"]``). ``info`` also holds
+    ``mode``, ``class_names``, ``num_classes``, ``config`` (config.json) and ``checkpoint``
+    (best.pt without the weights). Checkpoints load with ``weights_only=True``.
+    """
+    run = read_run(run)
+    best = run.best()
+    for key in ("model", "num_classes", "class_names"):
+        if key not in best:
+            raise ValueError(f"{run.path / 'best.pt'} has no {key!r} entry: not a spmlkit run "
+                             f"checkpoint")
+    mode = best.get("mode", run.config.get("mode", "linear"))
+    model, info = get_method(mode).load_model(best, run.config)
+    info = {"mode": mode, "class_names": list(best["class_names"]),
+            "num_classes": int(best["num_classes"]), "config": run.config,
+            "checkpoint": {k: v for k, v in best.items() if k != "model"},
+            "preprocess": best.get("preprocess") or {}, **info}
+    return model.to(device).eval(), info
+
+
+def preprocess_features(x: torch.Tensor, preprocess: dict) -> torch.Tensor:
+    """Raw feature rows as the model saw them in training (standardised with the train
+    statistics when the source standardised; unchanged otherwise)."""
+    if preprocess:
+        mean, std = preprocess["mean"], preprocess["std"]
+        x = ((x.to(mean.dtype) - mean) / std).float()  # as the source computed it
+    return x
+
+
+__all__ = ["CHECKPOINT_SECONDS", "Fitted", "METHODS", "RunContext", "TrainingMethod",
+           "feature_preprocess", "get_method", "list_methods", "load_run_model",
+           "preprocess_features", "pseudo_label_record", "register_method", "resolve_hparams",
+           "resolve_k", "resume_run", "train_run", "versions"]

@@ -1,0 +1,83 @@
+"""``linear``: a linear head on feature vectors (Cole et al.'s linear protocol).
+
+The features are the dataset's own (yeast, ``arrays``, the authors' published ResNet-50
+features) or an image source's cached backbone features (``--backbone``). The engine's
+:func:`spmlkit.engine.fit_linear` trains the head; the best epoch (val mAP) is kept.
+
+Option ``save_train_probs``: also store the eval-mode train probabilities after every epoch
+as ``train_probs.npy`` (epochs x N_train x L, float16; row ``e - 1`` is epoch ``e``), for
+:func:`spmlkit.analysis.unobserved_positive_histograms` (needs a run folder).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..engine import fit_linear, predict_logits
+from ..runs import TRAIN_PROBS_FILE
+from .base import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
+
+
+def _probs(model, x) -> np.ndarray:
+    device = next(model.parameters()).device
+    x = x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x, np.float32))
+    return torch.sigmoid(predict_logits(model, x.to(device))).cpu().numpy()
+
+
+def fit(ctx: RunContext) -> Fitted:
+    splits, options = ctx.splits, ctx.options
+    save_probs = bool(options["save_train_probs"])
+    if save_probs and ctx.run_dir is None:
+        raise ValueError("save_train_probs=True stores train_probs.npy in the run folder: give "
+                         "out= (the folder the run folder is created in)")
+    if save_probs and ctx.resume is not None:
+        raise ValueError("a run with save_train_probs cannot resume (the probabilities of the "
+                         "epochs before the interruption are not in its checkpoint); train it "
+                         "again")
+    x_train = torch.as_tensor(np.asarray(splits.train.x, np.float32))
+    epoch_probs = []
+
+    def on_epoch(record, model, loss_module):
+        if save_probs:
+            epoch_probs.append(_probs(model, x_train).astype(np.float16))
+        ctx.on_epoch(record, model, loss_module)
+
+    model, result = fit_linear(splits.train.x, splits.observed, ctx.loss, ctx.config,
+                               x_val=splits.val.x, y_val=splits.val.y, k=ctx.k,
+                               on_epoch=on_epoch, checkpoint=ctx.checkpoint, resume=ctx.resume)
+    probs = {"train": _probs(model, x_train), "val": _probs(model, splits.val.x),
+             "test": _probs(model, splits.test.x)}
+    best = {"model": model.state_dict(), "in_features": int(np.shape(splits.train.x)[1]),
+            "preprocess": feature_preprocess(splits)}
+    files = {TRAIN_PROBS_FILE: np.stack(epoch_probs)} if save_probs else {}
+    return Fitted(result, probs, best, files=files)
+
+
+def load_model(best: dict, config: dict):
+    """The linear head (inputs: features), or for a run on a backbone's cached features of an
+    image source, the backbone rebuilt by name with the head on top (inputs: images)."""
+    weight = best["model"]["weight"]
+    head = torch.nn.Linear(weight.shape[1], weight.shape[0])
+    head.load_state_dict(best["model"])
+    options = config.get("dataset_options") or {}
+    name = options.get("backbone")
+    if not name:
+        return head, {"inputs": "features", "in_features": int(head.in_features)}
+    from ..models.backbones import create_backbone
+    from ..models.heads import ImageClassifier
+
+    feats = options.get("features") or {}
+    backbone = create_backbone(name, pretrained=bool(feats.get("pretrained", True)))
+    model = ImageClassifier(backbone, int(best["num_classes"]))
+    model.head.load_state_dict(best["model"])
+    size = int(feats.get("size") or backbone.input_size)
+    return model, {"inputs": "images", "image_size": size, "mean": tuple(backbone.mean),
+                   "std": tuple(backbone.std)}
+
+
+LINEAR = register_method(TrainingMethod(
+    name="linear", description="a linear head on feature vectors (the dataset's, or an image "
+    "source's cached backbone features with --backbone); Cole et al.'s linear protocol",
+    paper="Cole et al. 2021", inputs="features", fit=fit, load_model=load_model,
+    options={"save_train_probs": False},
+    run_config=lambda ctx: {"save_train_probs": bool(ctx.options["save_train_probs"])}))
