@@ -382,3 +382,16 @@ def test_cli_interruption_says_how_far_it_got(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert code == 130
     assert "smoke: stopped with 1 of 2 runs done; the same command runs the 1 missing" in err
+
+
+def test_run_ids_hash_only_what_changes_results():
+    """Cache folder, progress and worker counts used to be hashed into run ids, so moving the
+    cache or hiding a bar re-ran a finished study."""
+    base = load_study(spec())
+    ids = [t.run_id for t in expand(base)]
+    moved = load_study(spec(datasets=[{"name": "yeast", "options": {
+        "cache_dir": "/elsewhere", "features": {"progress": False, "num_workers": 3}}}],
+        train={"num_workers": 5}))
+    assert [t.run_id for t in expand(moved)] == ids
+    changed = load_study(spec(epochs=3))
+    assert not set(t.run_id for t in expand(changed)) & set(ids)

@@ -557,10 +557,39 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", str(text)).strip("_")
 
 
+#: settings that change where things are cached, what is shown and how fast, never the
+#: numbers: left out of a run id's hash (so a run is found again whatever they were)
+NOT_RESULTS = {"dataset_options": ("cache_dir", "progress"),
+               "dataset_options.features": ("cache_dir", "progress", "num_workers",
+                                            "batch_size", "device"),
+               "mode_options": ("cache_dir", "progress"),
+               "mode_options.features": ("num_workers", "batch_size", "device"),
+               "train": ("num_workers", "eval_batch_size")}
+
+
+def result_config(config: dict) -> dict:
+    """``config`` without the :data:`NOT_RESULTS` keys (what a run id's hash is of)."""
+    out = json.loads(json.dumps(config, default=str))
+    for where, keys in NOT_RESULTS.items():
+        node = out
+        for part in where.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            for key in keys:
+                node.pop(key, None)
+    for where in ("dataset_options", "mode_options"):  # emptied by the above: as if absent
+        if isinstance(out.get(where), dict) and out[where].get("features") == {}:
+            del out[where]["features"]
+    return out
+
+
 def run_id_for(config: dict, seed: int, variant: dict) -> str:
     """``<dataset>-<method>-<regime>-s<seed>-b<batch>-lr<lr>[-<vary>]-<hash8>``; the hash is of
-    the resolved configuration, so the id changes with anything that changes the run."""
-    digest = hashlib.sha1(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+    the resolved configuration without what cannot change the numbers (:func:`result_config`:
+    cache folders, progress bars, worker counts), so the id changes with anything that changes
+    the run and with nothing else."""
+    digest = hashlib.sha1(json.dumps(result_config(config), sort_keys=True,
+                                     default=str).encode()).hexdigest()
     train = config["train"]
     parts = [config["dataset"], config["method"], config["regime"], f"s{seed}",
              f"b{train['batch_size']}", f"lr{train['lr']:g}"]

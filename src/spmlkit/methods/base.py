@@ -67,6 +67,9 @@ class TrainingMethod:
     resume: Callable | None = None
     #: the epochs a run will show (a progress bar's total): count_epochs(config, options)
     count_epochs: Callable | None = None
+    #: options of a tiny run (a 16-px toy image set or a small feature set, seconds on a CPU):
+    #: the generated tests (tests/test_methods.py) train, resume and predict every method so
+    smoke_options: dict = field(default_factory=dict)
 
     def total_epochs(self, config, options: dict) -> int:
         """How many epoch records a run with ``config`` and ``options`` writes."""

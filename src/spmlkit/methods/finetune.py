@@ -29,6 +29,11 @@ OPTIONS = {"backbone": "efficientnet_lite0", "pretrained": True, "backbone_optio
            "cache_dir": None, "progress": True, "features": {}}
 
 
+#: a tiny run for the generated tests: a 4-channel CNN on 16-px images
+SMOKE = {"backbone": "tiny_cnn", "pretrained": False, "linear_epochs": 2, "progress": False,
+         "backbone_options": {"width": 4, "num_features": 8, "input_size": 16}}
+
+
 def check_images(splits, method: str) -> None:
     """Fine-tuning needs image items, not feature vectors: say so, naming the dataset."""
     x = splits.train.x
@@ -144,10 +149,10 @@ FINETUNE = register_method(TrainingMethod(
     name="finetune", description="the backbone and a linear head trained end to end on an "
     "image source (one process, or many under torchrun)", paper="Cole et al. 2021",
     inputs="images", fit=fit, load_model=load_model, options=dict(OPTIONS),
-    run_config=run_config, processes=True))
+    run_config=run_config, processes=True, smoke_options=SMOKE))
 LINEAR_INIT = register_method(TrainingMethod(
     name="linear_init", description="a linear phase on the frozen backbone's cached features "
     "(linear_epochs), then fine-tuning from that head with the loss's state carried over",
     paper="Cole et al. 2021", inputs="images", fit=fit, load_model=load_model,
-    options=dict(OPTIONS), run_config=run_config, processes=True,
+    options=dict(OPTIONS), run_config=run_config, processes=True, smoke_options=SMOKE,
     count_epochs=lambda config, o: config.epochs + int(o["linear_epochs"])))

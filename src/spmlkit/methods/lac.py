@@ -1071,4 +1071,9 @@ LAC = register_method(TrainingMethod(
     resume=lambda run_dir, on_epoch=None, device=None, **o: resume_lac(
         run_dir, on_epoch=on_epoch, device=device, **o),
     count_epochs=lambda config, o: resolve_train_config(config, LACConfig.coerce(o["lac"]))
-    .epochs))
+    .epochs,
+    smoke_options={"backbone": "tiny_cnn", "pretrained": False, "progress": False,
+                   "backbone_options": {"width": 4, "num_features": 8, "input_size": 16},
+                   "features": {"num_workers": 0},
+                   "lac": {"dim": 8, "heads": 2, "ffn": 16, "proj_dim": 8, "queue_size": 16,
+                           "weak_views": 2, "strong_views": 2, "ema_decay": 0.9}}))

@@ -1,0 +1,237 @@
+"""Generated from the training-method registry: every registered method trains a tiny run into a
+run folder, resumes an interrupted one to the same result, predicts new inputs as it scored
+them, and draws its curves. A new method registered with ``smoke_options`` is picked up."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from _image_toy import make_images
+from spmlkit.cli import main
+from spmlkit.data import load_dataset, load_splits
+from spmlkit.engine import TrainConfig
+from spmlkit.labels import make_observed
+from spmlkit.methods import list_methods, load_run_model, resume_run, train_run
+from spmlkit.runs import read_run
+
+METHODS = [m.name for m in list_methods()]
+CONFIG = dict(epochs=3, batch_size=8, lr=1e-2, seed=0)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Feature splits (yeast, a fifth of its train rows) and 16-px toy image splits."""
+    from spmlkit.data import LabelledSet, Splits
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("methods")
+    names = ["red", "green", "blue"]
+
+    def part(split, n, seed):
+        paths, y = make_images(root / split, n, seed=seed)
+        return LabelledSet(paths, y, names, None, f"toy {split}")
+
+    tr, va, te = part("train", 24, 0), part("val", 12, 1), part("test", 12, 2)
+    images = Splits("toy", tr, va, te, make_observed(tr.y, "1p"), make_observed(va.y, "1p"),
+                    "1p", float(tr.y.sum(1).mean()))
+    return {"features": load_splits("yeast", subsample=0.2), "images": images, "root": root}
+
+
+def options_of(name, root):
+    method = next(m for m in list_methods() if m.name == name)
+    options = dict(method.smoke_options)
+    if "cache_dir" in method.options:
+        options["cache_dir"] = str(root / "cache")
+    return method, options
+
+
+class Stop(Exception):
+    pass
+
+
+def train(name, data, out, **kw):
+    method, options = options_of(name, data["root"])
+    return train_run(name, data[method.inputs], "an", {}, TrainConfig(**CONFIG), out=out,
+                     checkpoint_seconds=0, **options, **kw)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_every_method_trains_into_a_run_folder(name, data, tmp_path):
+    res = train(name, data, tmp_path)
+    run = read_run(res["run_dir"])
+    assert run.status == "finished" and run.config["mode"] == name
+    assert run.final["test_map"] == res["test_map"] and 0 < res["test_map"] <= 100
+    method, options = options_of(name, data["root"])
+    assert len(run.metrics()) == method.total_epochs(TrainConfig(**CONFIG), options)
+    assert not (run.path / "checkpoint.pt").exists()  # dropped when the run finished
+    saved = np.load(run.path / "predictions.npz")
+    assert saved["probs_test"].shape == data[
+        next(m for m in list_methods() if m.name == name).inputs].test.y.shape
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_every_method_resumes_to_the_uninterrupted_result(name, data, tmp_path):
+    whole = train(name, data, tmp_path / "whole")
+
+    def stop_after_two(record, model, loss):
+        if record["epoch"] == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(name, data, tmp_path / "cut", on_epoch=stop_after_two)
+    (cut,) = (tmp_path / "cut").iterdir()
+    assert read_run(cut).status == "unfinished" and (cut / "checkpoint.pt").is_file()
+    resumed = resume_run(cut, progress=False) if "progress" in options_of(
+        name, data["root"])[0].options else resume_run(cut)
+    for key in ("best_epoch", "val_map", "test_map", "train_recovery_map"):
+        assert resumed[key] == whole[key], key
+    a = torch.load(os.path.join(whole["run_dir"], "best.pt"), weights_only=True)["model"]
+    b = torch.load(cut / "best.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["epoch"] for r in read_run(cut).metrics()] == \
+        list(range(1, whole["epochs_run"] + 1))  # each epoch logged once
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_every_method_predicts_new_inputs_as_it_scored_them(name, data, tmp_path):
+    from spmlkit.predict import predict_run
+
+    method, _ = options_of(name, data["root"])
+    res = train(name, data, tmp_path)
+    if method.inputs == "features":  # new data comes raw: the run standardises it
+        inputs = tmp_path / "new.npy"
+        np.save(inputs, load_dataset("yeast").test.x)
+        inputs = [str(inputs)]
+    else:
+        inputs = list(data["images"].test.x)
+    pred = predict_run(res["run_dir"], inputs)
+    saved = np.load(os.path.join(res["run_dir"], "predictions.npz"))
+    # image methods: predict recomputes from the images what training may have read from
+    # float16 feature caches (LAC's cached maps)
+    atol = 1e-5 if method.inputs == "features" else 5e-4
+    np.testing.assert_allclose(pred.probs, saved["probs_test"], rtol=1e-4, atol=atol)
+    model, info = load_run_model(res["run_dir"])
+    assert info["mode"] == name and info["inputs"] == method.inputs
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_every_method_draws_its_curves(name, data, tmp_path):
+    res = train(name, data, tmp_path / "runs")
+    out = tmp_path / "curves.png"
+    assert main(["figure", "curves", res["run_dir"], "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_run_that_raises_is_marked_failed_not_finished(data, tmp_path):
+    def boom(record, model, loss):
+        raise RuntimeError("disk on fire")
+
+    with pytest.raises(RuntimeError):
+        train("linear", data, tmp_path, on_epoch=boom)
+    (folder,) = tmp_path.iterdir()
+    run = read_run(folder)
+    assert run.status == "failed" and "disk on fire" in run.failed["error"]
+    assert not (folder / "final.json").exists() and not (folder / "best.pt").exists()
+
+
+def test_unknown_method_option_is_named(data):
+    with pytest.raises(ValueError, match=r"method 'linear' has no option\(s\) \['backbon'\]"):
+        train_run("linear", data["features"], "an", backbon="x")
+
+
+def test_predict_standardises_raw_yeast_features_like_training(tmp_path):
+    """The bug: spml predict read a yeast run's new features raw although training standardised
+    them (7.21 labels a row instead of 5.96 on the same rows)."""
+    from spmlkit.predict import predict_run
+
+    res = train_run("linear", load_splits("yeast"), "an", {}, TrainConfig(epochs=2, lr=1e-2),
+                    out=tmp_path)
+    raw = tmp_path / "raw.npy"
+    np.save(raw, load_dataset("yeast").test.x)
+    pred = predict_run(res["run_dir"], [str(raw)])
+    saved = np.load(os.path.join(res["run_dir"], "predictions.npz"))
+    np.testing.assert_allclose(pred.probs, saved["probs_test"], rtol=1e-5, atol=1e-6)
+    expected = saved["probs_test"] >= pred.thresholds[None]
+    assert pred.labels.sum(1).mean() == pytest.approx(expected.sum(1).mean())
+
+
+def test_arrays_source_with_standardize_predicts_raw_rows(tmp_path):
+    from spmlkit.predict import predict_run
+
+    rng = np.random.default_rng(0)
+    x = (rng.normal(5.0, 3.0, (300, 6))).astype(np.float32)
+    y = (x[:, :3] > 5.0).astype(np.uint8)
+    y[y.sum(1) == 0, 0] = 1
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    opts = {"features": str(tmp_path / "x.npy"), "labels": str(tmp_path / "y.npy"),
+            "standardize": True}
+    splits = load_splits("arrays", **opts)
+    res = train_run("linear", splits, "an", {}, TrainConfig(epochs=2, lr=1e-2),
+                    out=tmp_path / "runs", dataset_options=opts)
+    raw = load_dataset("arrays", **opts).test.x
+    np.save(tmp_path / "new.npy", raw)
+    pred = predict_run(res["run_dir"], [str(tmp_path / "new.npy")])
+    saved = np.load(os.path.join(res["run_dir"], "predictions.npz"))
+    np.testing.assert_allclose(pred.probs, saved["probs_test"], rtol=1e-5, atol=1e-6)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(data, tmp_path, capsys):
+    """best.pt from someone else: loading must not run what it pickled (weights_only)."""
+    res = train("linear", data, tmp_path / "runs")
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"model": Payload(), "num_classes": 1, "class_names": ["a"]},
+               os.path.join(res["run_dir"], "best.pt"))
+    feats = tmp_path / "f.npy"
+    np.save(feats, np.zeros((2, 103), np.float32))
+    assert main(["predict", res["run_dir"], str(feats)]) == 2
+    err = capsys.readouterr().err
+    assert "refused" in err and "system" in err
+    assert not marker.exists()
+
+
+def test_spml_train_resume_continues_a_linear_run(tmp_path, capsys):
+    out = tmp_path / "runs"
+    args = ["train", "--dataset", "yeast", "--loss", "role", "--epochs", "3", "--lr", "1e-2",
+            "--out", str(out), "--quiet"]
+    assert main(args) == 0
+    (whole,) = out.iterdir()
+    # an interrupted copy: the state after epoch 2 (what the checkpoint writer would keep)
+    from spmlkit.runs import RunDir
+
+    cut = tmp_path / "cut"
+    splits = load_splits("yeast")
+    states = []
+
+    def keep(make_state):
+        states.append(make_state())
+
+    from spmlkit.engine import fit_linear
+    from spmlkit.losses import create_loss
+
+    with pytest.raises(Stop):
+        def stop(record, model, loss):
+            if record["epoch"] == 2:
+                raise Stop
+        fit_linear(splits.train.x, splits.observed, create_loss("role"),
+                   TrainConfig(epochs=3, lr=1e-2), x_val=splits.val.x, y_val=splits.val.y,
+                   on_epoch=stop, checkpoint=keep)
+    run = RunDir.create(cut.parent, cut.name)
+    config = json.loads((whole / "config.json").read_text())
+    run.start(config, splits.observed)
+    run.save_torch("checkpoint.pt", states[1])
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run.path), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    final = json.loads((run.path / "final.json").read_text())
+    assert final["test_map"] == json.loads((whole / "final.json").read_text())["test_map"]
+    assert f"test mAP {final['test_map']:.2f}" in printed
