@@ -354,6 +354,18 @@ def cmd_benchmark(args) -> int:
     return 0
 
 
+FORCE_HELP = "overwrite the output file if it exists (default: write the next free name, " \
+             "e.g. curves-2.png)"
+
+
+def _wrote(path, wanted) -> None:
+    """``wrote PATH``, saying so when an existing file made it take another name."""
+    from pathlib import Path
+
+    note = "" if Path(path) == Path(wanted) else f" ({wanted} exists; --force overwrites it)"
+    print(f"wrote {path}{note}")
+
+
 def cmd_analyze(args) -> int:
     from . import analysis as an
 
@@ -417,10 +429,12 @@ def cmd_figure(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .experiments.report import write_report
+    from pathlib import Path
 
-    out = write_report(args.study, args.out)
-    print(f"wrote {out}")
+    from .experiments.report import REPORT_FILE, write_report
+
+    out = write_report(args.study, args.out, force=args.force)
+    _wrote(out, args.out or Path(args.study) / REPORT_FILE)
     if args.open:
         import webbrowser
 
@@ -430,14 +444,14 @@ def cmd_report(args) -> int:
 
 def _study_table(out, fmt: str = "markdown", metric: str = "test_map",
                  columns: str = "dataset") -> str:
-    from .experiments.study import study_rows
+    from .experiments.study import open_study
     from .experiments.tables import study_table
 
-    spec, rows = study_rows(out)
-    if not rows:
+    study = open_study(out)
+    if not study.selected:
         raise ValueError(f"{out}: no finished run to tabulate yet (spml study status {out})")
-    return study_table(rows, fmt, metric, columns=columns, title=spec.title,
-                       order=[m.label for m in spec.methods])
+    return study_table(study.selected, fmt, metric, columns=columns, title=study.title,
+                       order=[m.label for m in study.spec.methods])
 
 
 def _study_source(args) -> tuple:
@@ -496,16 +510,15 @@ def cmd_study(args) -> int:
     if args.action == "table":
         print(_study_table(args.dir, args.format, args.metric, args.columns), end="")
         return 0
-    from pathlib import Path
-
-    from .experiments.store import StudyStore
-
-    st.study_spec(args.dir)  # a study folder?
-    db = Path(args.dir) / st.RESULTS_FILE
-    if not db.exists():
-        raise FileNotFoundError(f"{db} is missing: the study has not run yet")
-    path = StudyStore(db).export(args.output, args.format, selected=args.selected)
-    print(f"wrote {path}")
+    study = st.open_study(args.dir)
+    if not study.has_results:
+        raise FileNotFoundError(f"{study.results_path} is missing: the study has not run yet")
+    path = study.export(args.output, args.format, selected=args.selected,
+                        include_stale=args.all, force=args.force)
+    _wrote(path, args.output)
+    if study.stale and not args.all:
+        print(f"{len(study.stale)} stored run(s) of an earlier version of the spec left out "
+              f"(--all includes them)")
     return 0
 
 
@@ -704,6 +717,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("study", metavar="STUDY_DIR", help="a study folder (runs/studies/<name>)")
     p.add_argument("--out", default=None, metavar="FILE",
                    help="the HTML file (default <STUDY_DIR>/report.html)")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--open", action="store_true", help="open it in the default browser")
     p.set_defaults(func=cmd_report)
 
@@ -740,13 +754,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a results column or a key of the run's metrics (default test_map)")
     s.add_argument("--columns", default="dataset",
                    help="what makes the columns: dataset (default) or a vary key")
-    s = ssub.add_parser("export", help="every run's row (or the selected ones) to a file")
+    s = ssub.add_parser("export", help="the rows of the current spec's runs (or the selected "
+                        "ones) to a file")
     s.add_argument("dir", metavar="DIR")
     s.add_argument("--format", choices=["csv", "md", "markdown", "latex", "json"],
                    required=True)
     s.add_argument("--output", required=True, metavar="FILE")
-    s.add_argument("--selected", action="store_true",
-                   help="only the best-val run per (method, dataset, regime, seed, variant)")
+    which = s.add_mutually_exclusive_group()
+    which.add_argument("--selected", action="store_true",
+                       help="only the best-val run per (method, dataset, regime, seed, variant)")
+    which.add_argument("--all", action="store_true",
+                       help="also the stored rows of runs an earlier version of the spec had "
+                            "(after a re-run with a changed spec)")
+    s.add_argument("--force", action="store_true", help=FORCE_HELP)
     ssub.add_parser("list", help="the shipped presets with their titles")
     p.set_defaults(func=cmd_study)
 

@@ -5,8 +5,8 @@ object-oriented API of :mod:`spmlkit.analysis`, no pyplot), writes the figure at
 SVG when the output path ends in ``.svg``) and returns the path. The numbers behind a figure come
 from a pure function (``sweep_points``, ``probability_histograms``, ``loss_landscape``,
 ``class_activation_maps``) so they can be tested and printed. The ``*_from_run(s)`` loaders read
-run folders (:mod:`spmlkit.runs`) and study folders (:func:`spmlkit.experiments.report.load_study`,
-which reads ``results.sqlite`` through ``StudyStore.selected()``). ``spml figure ...`` wires them.
+run folders (:mod:`spmlkit.runs`) and study folders (:func:`spmlkit.experiments.study.open_study`,
+the current spec's runs). ``spml figure ...`` wires them.
 
 - curves: val mAP and train loss per epoch of one or more runs (OPML Fig. 4);
 - sweep: selected test mAP (mean +- std over seeds) against a study's vary axis (LAC Figs. 3-5,
@@ -334,21 +334,19 @@ def plot_sweep(lines, axis: str, out, metric: str = "test_map", title: str | Non
 
 
 def sweep_from_study(study_dir, axis: str, metric: str = "test_map") -> tuple[list, str]:
-    """:func:`sweep_points` of a study folder's selected rows, and a title (the study's
-    ``title`` or name). The folder is read by :func:`spmlkit.experiments.report.load_study`
-    (``study.yaml``; ``results.sqlite`` through ``StudyStore.selected()``).
+    """:func:`sweep_points` of a study folder's selected rows (the current spec's runs, read by
+    :func:`spmlkit.experiments.study.open_study`), and a title (the study's title).
 
     Raises:
         FileNotFoundError: no study folder, ``study.yaml`` or ``results.sqlite`` (named).
         ValueError: no finished run, or ``axis`` is not one of the study's vary axes.
     """
-    from .report import load_study
+    from .study import open_study
 
-    study = load_study(study_dir)
-    db = Path(study_dir) / "results.sqlite"
-    if not db.is_file():
-        raise FileNotFoundError(f"{db} is missing: the study has not run yet (`spml study` "
-                                f"writes it)")
+    study = open_study(study_dir)
+    if not study.has_results:
+        raise FileNotFoundError(f"{study.results_path} is missing: the study has not run yet "
+                                f"(`spml study run` writes it)")
     return sweep_points(study.selected, axis, metric), f"{study.title}: sensitivity to {axis}"
 
 
