@@ -140,6 +140,34 @@ def test_export_keeps_an_existing_file(rerun, tmp_path, capsys):
     assert target.read_text().startswith("| run_id |")
 
 
+def test_figure_and_analyze_keep_existing_files(rerun, tmp_path, capsys):
+    out, new, _ = rerun
+    run = out / new["run_dir"]
+    default = run / "figures" / "curves.png"
+    for expected in ("curves.png", "curves-2.png"):
+        assert main(["figure", "curves", str(run)]) == 0
+        assert f"wrote {run / 'figures' / expected}" in capsys.readouterr().out
+    first = default.read_bytes()
+    assert first.startswith(PNG) and (run / "figures" / "curves-2.png").read_bytes()[:8] == PNG
+    default.write_bytes(b"mine")
+    assert main(["figure", "curves", str(run), "--force"]) == 0
+    assert default.read_bytes().startswith(PNG) and not (run / "figures" / "curves-3.png").exists()
+    sweep = tmp_path / "sweep.svg"
+    sweep.write_text("mine")
+    assert main(["figure", "sweep", str(out), "--axis", "regime", "--out", str(sweep)]) == 0
+    assert f"wrote {tmp_path / 'sweep-2.svg'}" in capsys.readouterr().out
+    assert sweep.read_text() == "mine" and "<svg" in (tmp_path / "sweep-2.svg").read_text()
+
+    ap = tmp_path / "ap.png"
+    ap.write_bytes(b"mine")
+    assert main(["analyze", "ap-diff", str(run), str(run), "--out", str(ap)]) == 0
+    assert f"wrote {tmp_path / 'ap-2.png'} ({ap} exists; --force overwrites it)" in \
+        capsys.readouterr().out
+    assert ap.read_bytes() == b"mine" and (tmp_path / "ap-2.png").read_bytes()[:8] == PNG
+    assert main(["analyze", "ap-diff", str(run), str(run), "--out", str(ap), "--force"]) == 0
+    assert ap.read_bytes()[:8] == PNG and not (tmp_path / "ap-3.png").exists()
+
+
 def test_write_output_takes_free_names_atomically(tmp_path, monkeypatch):
     import errno
     import os

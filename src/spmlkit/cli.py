@@ -368,25 +368,26 @@ def _wrote(path, wanted) -> None:
 
 def cmd_analyze(args) -> int:
     from . import analysis as an
+    from .experiments import figures as fg
 
     if args.analysis == "pl-precision":
         results = [an.pseudo_label_precision(run) for run in args.runs]
         for r in results:
             print(f"{r.run} ({r.loss})\n{r.table()}\n")
-        out = an.plot_pl_precision(results, args.out)
+        out = fg.plot_pl_precision(results, args.out, force=args.force)
     elif args.analysis == "ap-diff":
         res = an.classwise_ap_difference(args.run_a, args.run_b, args.split)
         print(res.table())
-        out = an.plot_ap_difference(res, args.out)
+        out = fg.plot_ap_difference(res, args.out, force=args.force)
     elif args.analysis == "wasserstein":
         results = [an.run_wasserstein(run) for run in args.runs]
         print(an.wasserstein_table(results))
-        out = an.plot_wasserstein(results, args.out)
+        out = fg.plot_wasserstein(results, args.out, force=args.force)
     else:
         res = an.unobserved_positive_histograms(args.run, args.epochs, args.bins)
         print(res.table())
-        out = an.plot_histograms(res, args.out)
-    print(f"wrote {out}")
+        out = fg.plot_histograms(res, args.out, force=args.force)
+    _wrote(out, args.out)
     return 0
 
 
@@ -398,33 +399,35 @@ def cmd_figure(args) -> int:
     kind = args.figure
     base = Path(args.study if kind == "sweep" else args.runs[0] if kind == "curves" else args.run)
     name = f"sweep-{args.axis}" if kind == "sweep" else kind
-    out = args.out or base / fg.FIGURES_DIR / f"{name}.png"
+    wanted = args.out or base / fg.FIGURES_DIR / f"{name}.png"
+    force = args.force
     if kind == "curves":
         labels = args.labels.split(",") if args.labels else None
-        out = fg.plot_curves(fg.curves_from_runs(args.runs, labels), out, args.metric)
+        out = fg.plot_curves(fg.curves_from_runs(args.runs, labels), wanted, args.metric,
+                             force=force)
     elif kind == "sweep":
         lines, title = fg.sweep_from_study(args.study, args.axis, args.metric)
         print(fg.sweep_table(lines, args.axis, args.metric))
-        out = fg.plot_sweep(lines, args.axis, out, args.metric, title)
+        out = fg.plot_sweep(lines, args.axis, wanted, args.metric, title, force=force)
     elif kind == "histograms":
         h = fg.histograms_from_run(args.run, args.bins)
         print(h.table())
-        out = fg.plot_probability_histograms(h, out)
+        out = fg.plot_probability_histograms(h, wanted, force=force)
     elif kind == "landscape":
         ls = fg.landscape_from_run(args.run, steps=args.steps, span=args.span, seed=args.seed,
                                    max_examples=args.max_examples)
         print(ls.summary())
-        out = fg.plot_landscape(ls, out)
+        out = fg.plot_landscape(ls, wanted, force=force)
     elif kind == "panel":
-        out = fg.plot_panel(fg.panel_from_run(args.run, args.split, args.n, args.seed), out,
-                            args.top)
+        out = fg.plot_panel(fg.panel_from_run(args.run, args.split, args.n, args.seed), wanted,
+                            args.top, force=force)
     else:
         loader = fg.cam_from_run if kind == "cam" else fg.attention_from_run
         ov = loader(args.run, args.split, args.n, args.seed)
         if ov.note:
             print(ov.note)
-        out = fg.plot_overlays(ov, out, args.top)
-    print(f"wrote {out}")
+        out = fg.plot_overlays(ov, wanted, args.top, force=force)
+    _wrote(out, wanted)
     return 0
 
 
@@ -663,7 +666,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "last)")
     a.add_argument("--bins", type=int, default=20)
     for a in asub.choices.values():
-        a.add_argument("--out", required=True, metavar="PNG", help="where to write the figure")
+        a.add_argument("--out", required=True, metavar="FILE",
+                       help="where to write the figure (.png or .svg)")
+        a.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("figure", help="the papers' figures of runs and studies (PNG, or SVG "
@@ -710,6 +715,7 @@ def build_parser() -> argparse.ArgumentParser:
         f.add_argument("--out", default=None, metavar="FILE",
                        help="a .png or .svg file (default: <RUN or STUDY_DIR>/figures/"
                             "<figure>.png)")
+        f.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(func=cmd_figure)
 
     p = sub.add_parser("report", help="one self-contained HTML page of a study: tables, "
