@@ -1,11 +1,11 @@
 """The papers' figures: numbers on hand-made data, valid PNG/SVG files, CLI on tiny runs."""
 import json
-import sqlite3
 
 import numpy as np
 import pytest
 import torch
 from _image_toy import make_images
+from _study_toy import real_run_id, write_results
 
 from spmlkit.cli import main
 from spmlkit.experiments import figures as fg
@@ -114,30 +114,28 @@ def test_sweep_points_means_stds_and_reference(tmp_path):
     assert is_png(fg.plot_sweep([line], "k", tmp_path / "k.png"))
 
 
-COLUMNS = ("run_id TEXT PRIMARY KEY, study TEXT, method TEXT, loss TEXT, dataset TEXT, "
-           "regime TEXT, seed INTEGER, variant TEXT, batch_size INTEGER, lr REAL, mode TEXT, "
-           "status TEXT, val_map REAL, test_map REAL, train_recovery_map REAL, best_epoch "
-           "INTEGER, seconds REAL, metrics TEXT, config TEXT, run_dir TEXT, error TEXT, "
-           "finished_at TEXT")
+#: the methods of sweep_rows as a study runs them: losses with the swept alpha, and a reference
+STUDY_METHODS = {"an": "em", "epr": "em_apl", "bce@full": "bce@full"}
 
 
 def write_study(folder, rows):
+    """A study folder whose spec sweeps alpha; every row at two grid points (the second worse on
+    val), under the run ids the spec gives those runs."""
     folder.mkdir()
     spec = {"name": "toy", "title": "Toy sweep", "datasets": ["yeast"],
-            "methods": ["an", "epr"], "vary": {"hparams.alpha": [0.01, 0.1, 1.0]}}
-    (folder / "study.yaml").write_text(json.dumps(spec))  # JSON is YAML: reads without PyYAML
-    con = sqlite3.connect(folder / "results.sqlite")
-    con.execute(f"CREATE TABLE runs ({COLUMNS})")
+            "methods": list(STUDY_METHODS.values()), "seeds": 3,
+            "grid": {"batch_size": [8], "lr": [1e-3, 1e-2]},
+            "vary": {"hparams.alpha": [0.01, 0.1, 1.0]}}
+    (folder / "study.yaml").write_text(json.dumps(spec))  # JSON is YAML
+    stored = []
     for r in rows:
         for lr, shift in ((1e-3, 0.0), (1e-2, -5.0)):  # the second grid point: worse val
-            con.execute("INSERT INTO runs (run_id, study, method, loss, dataset, regime, seed, "
-                        "variant, batch_size, lr, mode, status, val_map, test_map) VALUES "
-                        "(?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                        (f"{r['run_id']}-{lr}", "toy", r["method"], r["method"], r["dataset"],
-                         r["regime"], r["seed"], r["variant"], 8, lr, "linear", "done",
-                         r["val_map"] + shift, r["test_map"] + shift))
-    con.commit()
-    con.close()
+            method = STUDY_METHODS[r["method"]]
+            row = {**r, "method": method, "loss": method.split("@")[0], "lr": lr,
+                   "batch_size": 8, "mode": "linear", "study": "toy",
+                   "val_map": r["val_map"] + shift, "test_map": r["test_map"] + shift}
+            stored.append({**row, "run_id": real_run_id(spec, row)})
+    write_results(folder, stored)
 
 
 def test_sweep_cli_on_a_study_folder(tmp_path, capsys):

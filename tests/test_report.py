@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import sqlite3
 import subprocess
 
 import numpy as np
@@ -18,15 +17,13 @@ import pytest
 pytest.importorskip("matplotlib")
 from PIL import Image  # noqa: E402
 
+from _study_toy import real_run_id, write_results  # noqa: E402
+
 from spmlkit.cli import main  # noqa: E402
-from spmlkit.experiments.report import load_study, render_html, write_report  # noqa: E402
+from spmlkit.experiments.report import render_html, write_report  # noqa: E402
+from spmlkit.experiments.study import open_study  # noqa: E402
 
 EVIL = "<script>alert('x')</script>"
-COLUMNS = ("run_id TEXT PRIMARY KEY, study TEXT, method TEXT, loss TEXT, dataset TEXT, "
-           "regime TEXT, seed INTEGER, variant TEXT, batch_size INTEGER, lr REAL, mode TEXT, "
-           "status TEXT, val_map REAL, test_map REAL, train_recovery_map REAL, "
-           "best_epoch INTEGER, seconds REAL, metrics TEXT, config TEXT, run_dir TEXT, "
-           "error TEXT, finished_at TEXT")
 
 
 def _row(study, run_id, method, seed, lr, val, test, rec, variant=None, status="done",
@@ -40,18 +37,19 @@ def _row(study, run_id, method, seed, lr, val, test, rec, variant=None, status="
             "finished_at": "2026-01-01T00:00:00"}
 
 
-def make_study(root, evil: bool = True):
-    """A hand-made study folder: 3 methods (one named like a script tag), 2 seeds, 2 learning
-    rates, a vary axis for `wan`, one failed run, two launches."""
-    study = root / "tiny"
-    (study / "runs").mkdir(parents=True)
-    evil_name = EVIL if evil else "epr"
-    spec = {"name": "tiny", "title": "Tiny study <b>&</b> co", "description": "Hand-made "
+def _spec(evil: bool = True) -> dict:
+    """3 methods (one labelled like a script tag), 2 seeds, 3 learning rates, a vary axis that
+    applies to `wan` only."""
+    return {"name": "tiny", "title": "Tiny study <b>&</b> co", "description": "Hand-made "
             "folder for the report test.", "datasets": ["yeast"], "mode": "linear",
-            "methods": ["an", "wan", evil_name], "seeds": 2, "epochs": 3,
-            "grid": {"batch_size": [8], "lr": [0.01, 0.001]},
+            "methods": ["an", "wan", {"label": EVIL, "spec": "epr"} if evil else "epr"],
+            "seeds": 2, "epochs": 3, "grid": {"batch_size": [8], "lr": [0.01, 0.001, 1e-5]},
             "vary": {"hparams.gamma": [0.5, 2.0]}}
-    (study / "study.yaml").write_text(json.dumps(spec, indent=2))  # JSON is YAML
+
+
+def _rows(evil: bool = True) -> list:
+    """Rows named by hand (``an-s0-a``): some of the spec's runs, one failed, the rest not run."""
+    evil_name = EVIL if evil else "epr"
     rows = []
     for seed in (0, 1):
         # an: lr 1e-3 wins on val; selected test 45 / 47 -> 46.00 +- 1.41
@@ -65,13 +63,23 @@ def make_study(root, evil: bool = True):
                          loss="epr"))
     rows.append(_row("tiny", "an-s0-c", "an", 0, 1e-5, None, None, None, status="failed",
                      error="RuntimeError: loss is <nan> & training stopped"))
-    con = sqlite3.connect(study / "results.sqlite")
-    con.execute(f"CREATE TABLE runs ({COLUMNS})")
-    cols = list(rows[0])
-    con.executemany(f"INSERT INTO runs ({', '.join(cols)}) VALUES "
-                    f"({', '.join('?' * len(cols))})", [tuple(r[c] for c in cols) for r in rows])
-    con.commit()
-    con.close()
+    return rows
+
+
+def run_ids(evil: bool = True) -> dict:
+    """Hand name (``an-s0-c``) -> the run id the spec gives that run."""
+    return {r["run_id"]: real_run_id(_spec(evil), r) for r in _rows(evil)}
+
+
+def make_study(root, evil: bool = True):
+    """A hand-made study folder (see :func:`_spec`, :func:`_rows`) with two launches."""
+    study = root / "tiny"
+    (study / "runs").mkdir(parents=True)
+    (study / "study.yaml").write_text(json.dumps(_spec(evil), indent=2))  # JSON is YAML
+    ids = run_ids(evil)
+    rows = [{**r, "run_id": ids[r["run_id"]], "run_dir": f"runs/{ids[r['run_id']]}"}
+            for r in _rows(evil)]
+    write_results(study, rows)
     for r in rows:
         run = study / r["run_dir"]
         run.mkdir()
@@ -165,7 +173,7 @@ def test_commands_versions_failures(report):
     assert "0.1.0 → 0.1.1" in text                         # the version change across launches
     assert "1.5 min" in text                               # 60 s + 30 s of launches
     failures = text[text.index('id="failures"'):text.index('id="runs"')]
-    assert "an-s0-c" in failures and "RuntimeError" in failures
+    assert run_ids()["an-s0-c"] in failures and "RuntimeError" in failures
     runs = text[text.index('id="runs"'):text.index('id="commands"')]
     assert "<details>" in runs and runs.count("<tr") == 1 + 11 and runs.count("✓") == 1 + 8
 
@@ -212,7 +220,8 @@ def test_renders_in_chromium(report, tmp_path):
     cells = re.findall(r"<t[hd](?:\s[^>]*)?>(.*?)</t[hd]>", dom)
     assert html.escape(EVIL, quote=False) in cells          # escaped, shown as text
     assert any(c.startswith("46.0") for c in cells)         # an's selected test mAP
-    assert "an-s0-c" in cells and "wan-g2.0-s1" in cells    # per-run details
+    ids = run_ids()
+    assert ids["an-s0-c"] in cells and ids["wan-g2.0-s1"] in cells    # per-run details
     shot = tmp_path / "shot.png"
     _browse(path, f"--screenshot={shot}", "--window-size=1280,2400", tmp=tmp_path)
     img = np.asarray(Image.open(shot).convert("L"), dtype=np.float64)
@@ -226,6 +235,6 @@ def test_chromium_check_reports_a_broken_figure(tmp_path):
     broken = tmp_path / "broken.png"
     broken.write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
     page = tmp_path / "broken.html"
-    page.write_text(render_html(load_study(study), [("a broken figure", broken)]))
+    page.write_text(render_html(open_study(study), [("a broken figure", broken)]))
     dom = _browse(page, "--dump-dom", tmp=tmp_path)
     assert 'data-rendered="error: image not rendered: a broken figure"' in dom

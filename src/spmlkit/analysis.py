@@ -1,9 +1,10 @@
-"""The papers' analyses on finished run folders: numbers (pure functions) and PNG figures.
+"""The papers' analyses on finished run folders: the numbers, as pure functions.
 
 Each analysis reads files a run folder already holds (:mod:`spmlkit.runs`) and returns a small
-result object with the numbers and a ``table()``; a ``plot_*`` function turns results into a
-PNG and returns its path. Figures use matplotlib's object-oriented API on the Agg canvas
-(no pyplot, no global backend switch); matplotlib is imported only when a figure is drawn.
+result object with the numbers and a ``table()``. Their figures are drawn by
+:mod:`spmlkit.experiments.figures` (``plot_pl_precision``, ``plot_ap_difference``,
+``plot_wasserstein``, ``plot_histograms``); ``spml analyze ...`` prints the table and writes the
+figure.
 
 - :func:`pseudo_label_precision`: per-epoch number of pseudo-labels and the share that is right
   (Zhou et al. Table 2, right), from ``metrics.jsonl``.
@@ -30,7 +31,7 @@ import numpy as np
 
 from .labels import UNOBSERVED, validate_full_labels, validate_observed
 from .metrics import per_class_ap
-from .runs import PREDICTIONS_FILE, TRAIN_PROBS_FILE, _atomic
+from .runs import PREDICTIONS_FILE, TRAIN_PROBS_FILE
 
 SPLITS = ("train", "val", "test")
 
@@ -395,120 +396,3 @@ def unobserved_positive_histograms(run_dir, epochs=None, bins: int = 20) -> Hist
         above.append((values >= 0.5).mean() if values.size else np.nan)
     return Histograms(run_label(run_dir), epochs, edges, np.array(counts, dtype=np.int64),
                       int(pos.sum()), np.array(means), np.array(above))
-
-
-# --- figures -----------------------------------------------------------------------------------
-def _figure(figsize, nrows: int = 1, ncols: int = 1, **kw):
-    """A matplotlib Figure with an Agg canvas and its axes (imports matplotlib lazily)."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as err:
-        raise ModuleNotFoundError("figures need matplotlib: pip install 'spmlkit[plots]' (or "
-                                  "pip install matplotlib)") from err
-    fig = Figure(figsize=figsize, layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
-    return fig, axes
-
-
-def _save(fig, out) -> Path:
-    out = Path(out)
-    if out.suffix.lower() != ".png":
-        raise ValueError(f"figures are PNG files: give an output path ending in .png, got {out}")
-    _atomic(out, lambda fh: fig.savefig(fh, format="png", dpi=120))
-    return out
-
-
-def plot_pl_precision(results, out) -> Path:
-    """Pseudo-label count and precision per epoch, one line per run; returns ``out``."""
-    results = list(results)
-    if not results:
-        raise ValueError("no run given")
-    fig, axes = _figure((10, 4), 1, 2)
-    ax_count, ax_prec = axes[0]
-    for r in results:
-        label = f"{r.run} ({r.loss})"
-        ax_count.plot(r.epoch, r.count, marker="o", label=label)
-        ax_prec.plot(r.epoch, r.precision, marker="o", label=label)
-    ax_count.set(title="Pseudo-labelled train entries", xlabel="epoch", ylabel="count")
-    ax_prec.set(title="Pseudo-label precision", xlabel="epoch",
-                ylabel="share equal to the true label", ylim=(-0.02, 1.02))
-    from matplotlib.ticker import MaxNLocator
-
-    for ax in (ax_count, ax_prec):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.suptitle("Pseudo-label precision (Zhou et al. Table 2)")
-    return _save(fig, out)
-
-
-def plot_ap_difference(res: APDifference, out) -> Path:
-    """Bars of AP(b) - AP(a) per class, sorted by the difference; returns ``out``."""
-    order = res.order()
-    d = res.diff[order]
-    fig, axes = _figure((max(6.0, 0.35 * len(order) + 2), 4.5))
-    ax = axes[0, 0]
-    x = np.arange(len(order))
-    gain, loss_ = d >= 0, d < 0
-    ax.bar(x[gain], d[gain], color="tab:green", label=f"b better ({int(gain.sum())})")
-    ax.bar(x[loss_], d[loss_], color="tab:red", label=f"a better ({int(loss_.sum())})")
-    ax.axhline(0.0, color="black", linewidth=0.8)
-    if len(order):
-        ax.axhline(float(np.mean(d)), color="tab:blue", linestyle="--",
-                   label=f"mean = mAP difference ({np.mean(d):+.2f})")
-    ax.set_xticks(x, [res.class_names[j] for j in order], rotation=90, fontsize="small")
-    ax.set(xlabel="class (sorted by difference)", ylabel="AP(b) - AP(a), points")
-    left_out = int(np.isnan(res.diff).sum())
-    ax.set_title(f"Class-wise AP difference on {res.split}\na = {res.run_a}, b = {res.run_b}"
-                 + (f" ({left_out} classes without positives left out)" if left_out else ""),
-                 fontsize="medium")
-    ax.legend(fontsize="small")
-    ax.grid(axis="y", alpha=0.3)
-    return _save(fig, out)
-
-
-def plot_wasserstein(results, out) -> Path:
-    """Grouped bars of the per-class W1 distance, one colour per run; returns ``out``."""
-    results = list(results)
-    if not results:
-        raise ValueError("no run given")
-    names = results[0].class_names
-    for r in results[1:]:
-        if len(r.class_names) != len(names):
-            raise ValueError(f"{r.run} has {len(r.class_names)} classes, {results[0].run} "
-                             f"{len(names)}: compare runs on the same dataset")
-    fig, axes = _figure((max(6.0, 0.3 * len(names) * len(results) + 2), 4.5))
-    ax = axes[0, 0]
-    x = np.arange(len(names))
-    width = 0.8 / len(results)
-    for i, r in enumerate(results):
-        ax.bar(x - 0.4 + width * (i + 0.5), r.distance, width,  # NaN: no bar
-               label=f"{r.run} (mean {r.mean:.3f})")
-    ax.set_xticks(x, names, rotation=90, fontsize="small")
-    ax.set(xlabel="class", ylabel="Wasserstein-1 distance",
-           title="Unobserved positives vs unobserved negatives on the train split\n"
-                 "(Wasserstein-1 of predicted probabilities, Zhou et al. Fig. 4a)")
-    ax.legend(fontsize="small")
-    ax.grid(axis="y", alpha=0.3)
-    return _save(fig, out)
-
-
-def plot_histograms(h: Histograms, out) -> Path:
-    """Small multiples: one histogram per epoch (shared axes); returns ``out``."""
-    k = len(h.epochs)
-    ncols = min(k, 4)
-    nrows = -(-k // ncols)
-    fig, axes = _figure((3.2 * ncols, 2.8 * nrows), nrows, ncols, sharex=True, sharey=True)
-    flat = axes.ravel()
-    for ax, e, c, m in zip(flat, h.epochs, h.counts, h.mean):
-        ax.stairs(c, h.edges, fill=True, alpha=0.7, label=f"unobserved positives (n={h.n})")
-        if np.isfinite(m):
-            ax.axvline(m, color="black", linestyle="--", label=f"mean {m:.2f}")
-        ax.set(title=f"epoch {e}", xlabel="predicted probability", ylabel="count", xlim=(0, 1))
-        ax.legend(fontsize="x-small", loc="upper left")
-    for ax in flat[k:]:
-        ax.set_visible(False)
-    fig.suptitle(f"Predicted probabilities of unobserved positives (train split), {h.run}")
-    return _save(fig, out)

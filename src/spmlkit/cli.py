@@ -315,27 +315,40 @@ def cmd_benchmark(args) -> int:
     return 0
 
 
+FORCE_HELP = "overwrite the output file if it exists (default: write the next free name, " \
+             "e.g. curves-2.png)"
+
+
+def _wrote(path, wanted) -> None:
+    """``wrote PATH``, saying so when an existing file made it take another name."""
+    from pathlib import Path
+
+    note = "" if Path(path) == Path(wanted) else f" ({wanted} exists; --force overwrites it)"
+    print(f"wrote {path}{note}")
+
+
 def cmd_analyze(args) -> int:
     from . import analysis as an
+    from .experiments import figures as fg
 
     if args.analysis == "pl-precision":
         results = [an.pseudo_label_precision(run) for run in args.runs]
         for r in results:
             print(f"{r.run} ({r.loss})\n{r.table()}\n")
-        out = an.plot_pl_precision(results, args.out)
+        out = fg.plot_pl_precision(results, args.out, force=args.force)
     elif args.analysis == "ap-diff":
         res = an.classwise_ap_difference(args.run_a, args.run_b, args.split)
         print(res.table())
-        out = an.plot_ap_difference(res, args.out)
+        out = fg.plot_ap_difference(res, args.out, force=args.force)
     elif args.analysis == "wasserstein":
         results = [an.run_wasserstein(run) for run in args.runs]
         print(an.wasserstein_table(results))
-        out = an.plot_wasserstein(results, args.out)
+        out = fg.plot_wasserstein(results, args.out, force=args.force)
     else:
         res = an.unobserved_positive_histograms(args.run, args.epochs, args.bins)
         print(res.table())
-        out = an.plot_histograms(res, args.out)
-    print(f"wrote {out}")
+        out = fg.plot_histograms(res, args.out, force=args.force)
+    _wrote(out, args.out)
     return 0
 
 
@@ -347,41 +360,45 @@ def cmd_figure(args) -> int:
     kind = args.figure
     base = Path(args.study if kind == "sweep" else args.runs[0] if kind == "curves" else args.run)
     name = f"sweep-{args.axis}" if kind == "sweep" else kind
-    out = args.out or base / fg.FIGURES_DIR / f"{name}.png"
+    wanted = args.out or base / fg.FIGURES_DIR / f"{name}.png"
+    force = args.force
     if kind == "curves":
         labels = args.labels.split(",") if args.labels else None
-        out = fg.plot_curves(fg.curves_from_runs(args.runs, labels), out, args.metric)
+        out = fg.plot_curves(fg.curves_from_runs(args.runs, labels), wanted, args.metric,
+                             force=force)
     elif kind == "sweep":
         lines, title = fg.sweep_from_study(args.study, args.axis, args.metric)
         print(fg.sweep_table(lines, args.axis, args.metric))
-        out = fg.plot_sweep(lines, args.axis, out, args.metric, title)
+        out = fg.plot_sweep(lines, args.axis, wanted, args.metric, title, force=force)
     elif kind == "histograms":
         h = fg.histograms_from_run(args.run, args.bins)
         print(h.table())
-        out = fg.plot_probability_histograms(h, out)
+        out = fg.plot_probability_histograms(h, wanted, force=force)
     elif kind == "landscape":
         ls = fg.landscape_from_run(args.run, steps=args.steps, span=args.span, seed=args.seed,
                                    max_examples=args.max_examples)
         print(ls.summary())
-        out = fg.plot_landscape(ls, out)
+        out = fg.plot_landscape(ls, wanted, force=force)
     elif kind == "panel":
-        out = fg.plot_panel(fg.panel_from_run(args.run, args.split, args.n, args.seed), out,
-                            args.top)
+        out = fg.plot_panel(fg.panel_from_run(args.run, args.split, args.n, args.seed), wanted,
+                            args.top, force=force)
     else:
         loader = fg.cam_from_run if kind == "cam" else fg.attention_from_run
         ov = loader(args.run, args.split, args.n, args.seed)
         if ov.note:
             print(ov.note)
-        out = fg.plot_overlays(ov, out, args.top)
-    print(f"wrote {out}")
+        out = fg.plot_overlays(ov, wanted, args.top, force=force)
+    _wrote(out, wanted)
     return 0
 
 
 def cmd_report(args) -> int:
-    from .experiments.report import write_report
+    from pathlib import Path
 
-    out = write_report(args.study, args.out)
-    print(f"wrote {out}")
+    from .experiments.report import REPORT_FILE, write_report
+
+    out = write_report(args.study, args.out, force=args.force)
+    _wrote(out, args.out or Path(args.study) / REPORT_FILE)
     if args.open:
         import webbrowser
 
@@ -391,14 +408,14 @@ def cmd_report(args) -> int:
 
 def _study_table(out, fmt: str = "markdown", metric: str = "test_map",
                  columns: str = "dataset") -> str:
-    from .experiments.study import study_rows
+    from .experiments.study import open_study
     from .experiments.tables import study_table
 
-    spec, rows = study_rows(out)
-    if not rows:
+    study = open_study(out)
+    if not study.selected:
         raise ValueError(f"{out}: no finished run to tabulate yet (spml study status {out})")
-    return study_table(rows, fmt, metric, columns=columns, title=spec.title,
-                       order=[m.label for m in spec.methods])
+    return study_table(study.selected, fmt, metric, columns=columns, title=study.title,
+                       order=[m.label for m in study.spec.methods])
 
 
 def _study_source(args) -> tuple:
@@ -457,16 +474,15 @@ def cmd_study(args) -> int:
     if args.action == "table":
         print(_study_table(args.dir, args.format, args.metric, args.columns), end="")
         return 0
-    from pathlib import Path
-
-    from .experiments.store import StudyStore
-
-    st.study_spec(args.dir)  # a study folder?
-    db = Path(args.dir) / st.RESULTS_FILE
-    if not db.exists():
-        raise FileNotFoundError(f"{db} is missing: the study has not run yet")
-    path = StudyStore(db).export(args.output, args.format, selected=args.selected)
-    print(f"wrote {path}")
+    study = st.open_study(args.dir)
+    if not study.has_results:
+        raise FileNotFoundError(f"{study.results_path} is missing: the study has not run yet")
+    path = study.export(args.output, args.format, selected=args.selected,
+                        include_stale=args.all, force=args.force)
+    _wrote(path, args.output)
+    if study.stale and not args.all:
+        print(f"{len(study.stale)} stored run(s) of an earlier version of the spec left out "
+              f"(--all includes them)")
     return 0
 
 
@@ -611,7 +627,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "last)")
     a.add_argument("--bins", type=int, default=20)
     for a in asub.choices.values():
-        a.add_argument("--out", required=True, metavar="PNG", help="where to write the figure")
+        a.add_argument("--out", required=True, metavar="FILE",
+                       help="where to write the figure (.png or .svg)")
+        a.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("figure", help="the papers' figures of runs and studies (PNG, or SVG "
@@ -658,6 +676,7 @@ def build_parser() -> argparse.ArgumentParser:
         f.add_argument("--out", default=None, metavar="FILE",
                        help="a .png or .svg file (default: <RUN or STUDY_DIR>/figures/"
                             "<figure>.png)")
+        f.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(func=cmd_figure)
 
     p = sub.add_parser("report", help="one self-contained HTML page of a study: tables, "
@@ -665,6 +684,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("study", metavar="STUDY_DIR", help="a study folder (runs/studies/<name>)")
     p.add_argument("--out", default=None, metavar="FILE",
                    help="the HTML file (default <STUDY_DIR>/report.html)")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--open", action="store_true", help="open it in the default browser")
     p.set_defaults(func=cmd_report)
 
@@ -701,13 +721,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a results column or a key of the run's metrics (default test_map)")
     s.add_argument("--columns", default="dataset",
                    help="what makes the columns: dataset (default) or a vary key")
-    s = ssub.add_parser("export", help="every run's row (or the selected ones) to a file")
+    s = ssub.add_parser("export", help="the rows of the current spec's runs (or the selected "
+                        "ones) to a file")
     s.add_argument("dir", metavar="DIR")
     s.add_argument("--format", choices=["csv", "md", "markdown", "latex", "json"],
                    required=True)
     s.add_argument("--output", required=True, metavar="FILE")
-    s.add_argument("--selected", action="store_true",
-                   help="only the best-val run per (method, dataset, regime, seed, variant)")
+    which = s.add_mutually_exclusive_group()
+    which.add_argument("--selected", action="store_true",
+                       help="only the best-val run per (method, dataset, regime, seed, variant)")
+    which.add_argument("--all", action="store_true",
+                       help="also the stored rows of runs an earlier version of the spec had "
+                            "(after a re-run with a changed spec)")
+    s.add_argument("--force", action="store_true", help=FORCE_HELP)
     ssub.add_parser("list", help="the shipped presets with their titles")
     p.set_defaults(func=cmd_study)
 

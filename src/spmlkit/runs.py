@@ -22,6 +22,7 @@ every file in it is written atomically. Every training method writes the same fi
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -58,7 +59,10 @@ def _umask() -> int:
 _FILE_MODE = 0o666 & ~_umask()  # what open() would give (mkstemp makes 0600 files)
 
 
-def _atomic(path: Path, write) -> None:
+def _atomic(path: Path, write, keep_existing: bool = False) -> Path:
+    """Write through ``write(fh)`` into a temporary file next to ``path``, then publish it under
+    ``path`` (replacing what is there), or, with ``keep_existing``, under the first free name of
+    :func:`numbered_paths`; returns the path published."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -67,11 +71,50 @@ def _atomic(path: Path, write) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, _FILE_MODE)
-        os.replace(tmp, path)
+        if not keep_existing:
+            os.replace(tmp, path)
+            return path
+        return _publish_new(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def numbered_paths(path):
+    """``path``, then ``<stem>-2<suffix>``, ``<stem>-3<suffix>``, ... (``report.html``,
+    ``report-2.html``, ...): the names an output takes when the earlier ones exist.
+
+    >>> [p.name for p, _ in zip(numbered_paths(Path("figs/curves.png")), range(3))]
+    ['curves.png', 'curves-2.png', 'curves-3.png']
+    """
+    path = Path(path)
+    yield path
+    for i in range(2, 100_000):
+        yield path.with_name(f"{path.stem}-{i}{path.suffix}")
+
+
+_NO_HARD_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV)
+
+
+def _publish_new(tmp: str, path: Path) -> Path:
+    """Give the finished file ``tmp`` the first free name of :func:`numbered_paths`. A hard link
+    fails when the name exists, so claiming it is atomic: two writers never take the same one."""
+    for target in numbered_paths(path):
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            continue
+        except OSError as err:  # a file system without hard links: check, then rename
+            if err.errno not in _NO_HARD_LINKS:
+                raise
+            if os.path.lexists(target):
+                continue
+            os.replace(tmp, target)
+            return target
+        os.unlink(tmp)
+        return target
+    raise RuntimeError(f"no free file name next to {path} (tried {path.stem}-2 .. -99999)")
 
 
 def write_json(path, obj) -> None:
@@ -81,13 +124,42 @@ def write_json(path, obj) -> None:
 
 
 def write_text(path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    """Write ``text`` (UTF-8) to ``path`` atomically, replacing the file if it exists."""
     write_bytes(path, text.encode())
 
 
 def write_bytes(path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (a temporary file in the same folder, renamed)."""
+    """Write ``data`` to ``path`` atomically, replacing the file if it exists."""
     _atomic(Path(path), lambda fh: fh.write(data))
+
+
+def write_output(path, data, *, force: bool = False) -> Path:
+    """Write an output file (a figure, a report, an export) atomically, never over an existing
+    file unless ``force``.
+
+    Args:
+        path: the wanted file. When it exists, the next free name of :func:`numbered_paths`
+            is written instead (``report-2.html``); ``force=True`` replaces ``path``.
+        data: ``bytes``, ``str`` (written as UTF-8) or a function ``write(fh)`` that writes to
+            a binary file handle (``lambda fh: fig.savefig(fh, format="png")``).
+
+    Returns:
+        the path written (``path`` or the free name taken), for the caller to print.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> [write_output(d / "t.csv", "a\\n").name for _ in range(2)]
+    ['t.csv', 't-2.csv']
+    >>> write_output(d / "t.csv", "b\\n", force=True).read_text()
+    'b\\n'
+    """
+    if isinstance(data, str):
+        data = data.encode()
+    write = (lambda fh: fh.write(data)) if isinstance(data, (bytes, bytearray)) else data
+    if not callable(write):
+        raise TypeError(f"data must be bytes, str or a function of a file handle, got "
+                        f"{type(data).__name__}")
+    return _atomic(Path(path), write, keep_existing=not force)
 
 
 def _jsonable(obj):

@@ -1,7 +1,9 @@
 """One self-contained HTML page per study (``spml report STUDY``).
 
-:func:`write_report` reads a study folder (``study.yaml``, ``results.sqlite``,
-``launches.jsonl``, the run folders' ``metrics.jsonl``) and writes ``<study>/report.html``: the
+:func:`write_report` reads a study folder through :func:`spmlkit.experiments.study.open_study`
+(``study.yaml``, ``results.sqlite`` restricted to the current spec's runs, ``launches.jsonl``),
+and the run folders' ``metrics.jsonl``, and writes ``<study>/report.html`` (``report-2.html``
+when that exists, unless ``force``): the
 study's title and description, the paper-style tables (one per metric: test mAP and, when the
 runs have it, the train-label recovery mAP of Cole et al. Table 2), every run in a collapsible
 table, the training curves of the selected runs per dataset, a sweep figure per reported
@@ -17,8 +19,9 @@ JavaScript mark the page once it is rendered: after ``load`` every ``<img>`` mus
 headless-browser test reads it).
 
 Selection follows the study contract: per (method, dataset, regime, seed, variant) the grid point
-with the best val mAP (:meth:`StudyStore.selected`); a table cell is the mean ± standard
-deviation over seeds of the selected runs.
+with the best val mAP among the current spec's runs (:attr:`StudyFolder.selected`); a table cell
+is the mean ± standard deviation over seeds of the selected runs. Rows of an earlier spec's runs
+(the folder was re-run with a changed spec) are counted on the page, not shown.
 """
 from __future__ import annotations
 
@@ -28,10 +31,11 @@ import json
 import math
 import shlex
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runs import write_text
+from ..runs import write_output
+from . import figures as fg
+from .study import StudyFolder, open_study
 from .tables import row_variant
 
 REPORT_FILE = "report.html"
@@ -40,96 +44,13 @@ TABLE_METRICS = (("test_map", "Test mAP"), ("train_recovery_map", "Train-label r
 #: the per-run details table's columns
 RUN_COLUMNS = ("run_id", "method", "dataset", "regime", "seed", "variant", "batch_size", "lr",
                "status", "val_map", "test_map", "train_recovery_map", "best_epoch", "seconds")
-_GROUP = ("method", "dataset", "regime", "seed", "variant")
-
-
-@dataclass
-class StudyData:
-    """What a report shows, read from a study folder by :func:`load_study`."""
-
-    path: Path
-    spec: dict
-    spec_text: str
-    rows: list                      # every run row of results.sqlite
-    selected: list                  # the best-val row per (method, dataset, regime, seed, variant)
-    launches: list = field(default_factory=list)   # the records of launches.jsonl
-
-    @property
-    def name(self) -> str:
-        return str(self.spec.get("name") or self.path.name)
-
-    @property
-    def title(self) -> str:
-        return str(self.spec.get("title") or self.name)
-
-
-# --- reading a study folder --------------------------------------------------------------------
-def _parse_spec(text: str, path: Path) -> dict:
-    import yaml
-
-    try:
-        spec = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ValueError(f"{path}: not valid YAML ({err})") from None
-    if spec is None:
-        return {}
-    if not isinstance(spec, dict):
-        raise ValueError(f"{path}: expected a mapping (name:, title:, datasets:, ...), got "
-                         f"{type(spec).__name__}")
-    return spec
-
-
-def _read_launches(path: Path) -> list:
-    if not path.is_file():
-        return []
-    out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}, line {i}: not a JSON record ({err.msg})") from None
-        if isinstance(record, dict):
-            out.append(record)
-    return out
 
 
 def _good(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _read_store(path: Path) -> tuple[list, list]:
-    from .store import StudyStore
-
-    store = StudyStore(path)
-    return [dict(r) for r in store.rows()], [dict(r) for r in store.selected()]
-
-
-def load_study(study_dir) -> StudyData:
-    """Read a study folder (``study.yaml``, ``results.sqlite``, ``launches.jsonl``).
-
-    Raises ``FileNotFoundError`` naming the folder or file that is missing.
-    """
-    path = Path(study_dir)
-    if not path.is_dir():
-        raise FileNotFoundError(f"study folder {path} does not exist (give the folder "
-                                f"`spml study` wrote, runs/studies/<name> by default)")
-    spec_path = path / "study.yaml"
-    if not spec_path.is_file():
-        raise FileNotFoundError(f"{spec_path} is missing: {path} is not a study folder "
-                                f"(`spml study` writes study.yaml first)")
-    spec_text = spec_path.read_text()
-    spec = _parse_spec(spec_text, spec_path)
-    db = path / "results.sqlite"
-    if db.is_file():
-        rows, selected = _read_store(db)
-    else:
-        rows, selected = [], []
-    return StudyData(path, spec, spec_text, rows, selected, _read_launches(path / "launches.jsonl"))
-
-
-def _run_dir(study: StudyData, row) -> Path | None:
+def _run_dir(study: StudyFolder, row) -> Path | None:
     """A row's run folder: ``run_dir`` as stored (absolute, or relative to the study folder or
     the working directory), else ``<study>/runs/<run_id>``."""
     candidates = []
@@ -198,12 +119,9 @@ def _esc(v) -> str:
 
 
 # --- tables ------------------------------------------------------------------------------------
-def _method_order(spec: dict) -> list:
+def _method_order(study: StudyFolder) -> list:
     """The spec's method labels in its order (the table's row order, as in the papers)."""
-    out = []
-    for m in spec.get("methods") or []:
-        out.append(str(m.get("label", m.get("spec"))) if isinstance(m, dict) else str(m))
-    return out
+    return [m.label for m in study.spec.methods]
 
 
 def _main_table(selected, metric: str, title: str, order=None) -> str:
@@ -212,7 +130,7 @@ def _main_table(selected, metric: str, title: str, order=None) -> str:
     return str(study_table(selected, fmt="html", metric=metric, title=title, order=order))
 
 
-def _runs_table(study: StudyData) -> str:
+def _runs_table(study: StudyFolder) -> str:
     chosen = {r.get("run_id") for r in study.selected}
     head = "".join(f"<th>{_esc(c)}</th>" for c in RUN_COLUMNS) + "<th>selected</th>"
     body = []
@@ -233,7 +151,7 @@ def _runs_table(study: StudyData) -> str:
 
 
 # --- figures -----------------------------------------------------------------------------------
-def _mean_records(study: StudyData, rows) -> list:
+def _mean_records(study: StudyFolder, rows) -> list:
     """The rows' ``metrics.jsonl`` records averaged per epoch over the runs (seeds) found;
     ``[]`` when no run folder is there."""
     per_epoch: dict = {}
@@ -250,7 +168,7 @@ def _mean_records(study: StudyData, rows) -> list:
             for e in sorted(per_epoch) if per_epoch[e]]
 
 
-def _curves(study: StudyData, rows) -> dict:
+def _curves(study: StudyFolder, rows) -> dict:
     """Legend label (method, regime when it varies, variant) -> mean epoch records."""
     regimes_of = {}
     for r in study.selected:
@@ -266,22 +184,10 @@ def _curves(study: StudyData, rows) -> dict:
     return curves
 
 
-def _vary_axes(study: StudyData) -> list:
-    vary = study.spec.get("vary")
-    axes = [str(a) for a in vary] if isinstance(vary, dict) else []
-    for r in study.selected:  # axes found in the rows but not in the spec (an edited spec)
-        for k in row_variant(r):
-            if str(k) not in axes:
-                axes.append(str(k))
-    return axes
-
-
-def build_figures(study: StudyData, folder) -> list:
+def build_figures(study: StudyFolder, folder) -> list:
     """Draw the report's figures into ``folder`` with :mod:`spmlkit.experiments.figures`: the
     training curves of the selected runs per dataset (mean over seeds) and a sweep per vary
     axis. Returns ``[(caption, path), ...]``."""
-    from . import figures as fg
-
     folder = Path(folder)
     figures = []
     by_dataset: dict = {}
@@ -293,7 +199,7 @@ def build_figures(study: StudyData, folder) -> list:
             caption = f"Training curves of the selected runs, {dataset} (mean over seeds)"
             figures.append((caption, fg.plot_curves(curves, folder / f"curves-{i}.png",
                                                     title=f"{dataset}: selected runs")))
-    for i, axis in enumerate(_vary_axes(study)):
+    for i, axis in enumerate(study.spec.vary):
         try:
             lines = fg.sweep_points(study.selected, axis)
         except ValueError:  # no finished run varies this axis yet
@@ -347,19 +253,19 @@ def _launches_table(launches) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def rerun_command(study: StudyData) -> str:
+def rerun_command(study: StudyFolder) -> str:
     """The command that re-runs (resumes) the study: its last launch's argv, else
     ``spml study <folder>/study.yaml``."""
-    for launch in reversed(study.launches):
+    for launch in reversed(study.read_launches()):
         if launch.get("argv"):
             return _command(launch["argv"])
     return shlex.join(["spml", "study", str(study.path / "study.yaml")])
 
 
-def _versions(study: StudyData) -> dict:
+def _versions(study: StudyFolder) -> dict:
     """Package -> the versions seen across launches (in launch order)."""
     seen: dict = {}
-    for launch in study.launches:
+    for launch in study.read_launches():
         for pkg, v in (launch.get("versions") or {}).items():
             values = seen.setdefault(str(pkg), [])
             if str(v) not in values:
@@ -399,20 +305,25 @@ window.addEventListener("load", function () {
 """
 
 
-def render_html(study: StudyData, figures=()) -> str:
+def render_html(study: StudyFolder, figures=()) -> str:
     """The report page as one HTML string (``figures``: ``[(caption, path)]``, embedded)."""
     parts = []
     add = parts.append
-    n_done = sum(r.get("status") == "done" for r in study.rows)
-    failed = [r for r in study.rows if r.get("status") == "failed"]
-    datasets = list(dict.fromkeys(str(r.get("dataset")) for r in study.rows))
+    counts = study.status()
+    failed = study.failed
+    launches = study.read_launches()
+    datasets = [d.name for d in study.spec.datasets]
     add(f"<h1>{_esc(study.title)}</h1>")
     add(f'<p class="meta">study <code>{_esc(study.name)}</code> · folder '
-        f"<code>{_esc(study.path)}</code> · mode {_esc(study.spec.get('mode', ''))} · "
-        f"{len(study.rows)} runs ({n_done} done, {len(failed)} failed) · "
-        f"datasets: {_esc(', '.join(datasets))}</p>")
-    if study.spec.get("description"):
-        add(f"<p>{_esc(study.spec['description'])}</p>")
+        f"<code>{_esc(study.path)}</code> · mode {_esc(study.spec.mode)} · "
+        f"{counts['total']} runs ({counts['done']} done, {counts['failed']} failed, "
+        f"{counts['missing']} not run) · datasets: {_esc(', '.join(datasets))}</p>")
+    if study.stale:
+        add(f'<p class="meta" id="stale">{len(study.stale)} stored run(s) of an earlier version '
+            f"of the spec are left out of this page (<code>spml study export "
+            f"{_esc(study.path)} --all</code> lists them).</p>")
+    if study.spec.description:
+        add(f"<p>{_esc(study.spec.description)}</p>")
 
     add('<section id="tables"><h2>Results</h2>')
     if not study.selected:
@@ -422,7 +333,7 @@ def render_html(study: StudyData, figures=()) -> str:
     for metric, title in TABLE_METRICS:
         if study.selected and any(_good(r.get(metric)) for r in study.selected):
             add(f'<h3 id="table-{metric}">{_esc(title)}</h3>')
-            add(_main_table(study.selected, metric, title, _method_order(study.spec)))
+            add(_main_table(study.selected, metric, title, _method_order(study)))
     add("</section>")
 
     add('<section id="figures"><h2>Figures</h2>')
@@ -454,11 +365,11 @@ def render_html(study: StudyData, figures=()) -> str:
     add('<section id="commands"><h2>Commands</h2>')
     add(f'<p>Re-run with (finished runs are kept, the rest resumes):</p>'
         f'<pre id="rerun">{_esc(rerun_command(study))}</pre>')
-    if study.launches:
-        add(_launches_table(study.launches))
+    if launches:
+        add(_launches_table(launches))
     else:
         add("<p>No launch recorded (launches.jsonl is missing).</p>")
-    total = sum(float(x["seconds"]) for x in study.launches if _good(x.get("seconds")))
+    total = sum(float(x["seconds"]) for x in launches if _good(x.get("seconds")))
     compute = sum(float(r["seconds"]) for r in study.rows if _good(r.get("seconds")))
     add(f'<p id="walltime">Wall time over all launches: {_esc(_fmt_seconds(total) or "-")}; '
         f"training time summed over runs: {_esc(_fmt_seconds(compute) or '-')}.</p>")
@@ -483,22 +394,23 @@ def render_html(study: StudyData, figures=()) -> str:
             f"<script>{_JS}</script></head>\n<body>\n" + "\n".join(parts) + "\n</body></html>\n")
 
 
-def write_report(study_dir, out=None) -> Path:
-    """Write the study's self-contained HTML report; returns its path.
+def write_report(study_dir, out=None, *, force: bool = False) -> Path:
+    """Write the study's self-contained HTML report; returns the path written.
 
     Args:
         study_dir: a study folder (``study.yaml``, ``results.sqlite``, ``launches.jsonl``,
-            ``runs/<run_id>/metrics.jsonl``).
-        out: the HTML file to write (default ``<study_dir>/report.html``).
+            ``runs/<run_id>/metrics.jsonl``), read by :func:`open_study`.
+        out: the HTML file to write (default ``<study_dir>/report.html``). When it exists,
+            the next free name is written (``report-2.html``).
+        force: replace ``out`` instead.
 
     Raises:
         FileNotFoundError: ``study_dir`` or its ``study.yaml`` is missing.
         ValueError: ``study.yaml``, ``launches.jsonl`` or ``results.sqlite`` cannot be read.
         ModuleNotFoundError: a figure is needed and matplotlib is not installed.
     """
-    study = load_study(study_dir)
+    study = open_study(study_dir)
     out = Path(out) if out is not None else study.path / REPORT_FILE
     with tempfile.TemporaryDirectory(prefix="spml-report-") as tmp:
         page = render_html(study, build_figures(study, tmp))
-    write_text(out, page)
-    return out
+    return write_output(out, page, force=force)

@@ -7,9 +7,11 @@ file at once (the study runner writes from its parent process as results come ba
 relies on that). Only the standard library is used (``sqlite3``), so this module imports in
 milliseconds.
 
-Selection (:meth:`StudyStore.selected`) follows the papers' protocol: per (method, dataset,
-regime, seed, variant) the finished run with the best val mAP; failed runs and NaN val mAPs are
-never chosen (SQLite stores NaN as NULL); the first run id wins a tie.
+Selection (:func:`select_best`, :meth:`StudyStore.selected`) follows the papers' protocol: per
+(method, dataset, regime, seed, variant) the finished run with the best val mAP; failed runs and
+NaN val mAPs are never chosen (SQLite stores NaN as NULL); the first run id wins a tie. The store
+knows no spec: a study folder is read through :func:`spmlkit.experiments.study.open_study`, which
+keeps the current spec's runs.
 
 >>> import tempfile, os
 >>> store = StudyStore(os.path.join(tempfile.mkdtemp(), "results.sqlite"))
@@ -171,35 +173,51 @@ class StudyStore:
         return out
 
     def selected(self, run_ids=None) -> list[dict]:
-        """The best-val row per (method, dataset, regime, seed, variant), ordered by group.
-
-        Only ``done`` rows with a finite ``val_map`` compete; on a tie the smaller ``run_id``
-        wins. ``run_ids`` (optional) restricts the candidates, e.g. to a spec's current runs.
-        """
+        """:func:`select_best` of the stored rows; ``run_ids`` (optional) restricts the
+        candidates, e.g. to a spec's current runs (a study folder is read that way by
+        :func:`spmlkit.experiments.study.open_study`)."""
         keep = None if run_ids is None else set(run_ids)
-        best: dict = {}
-        for r in self.rows(status="done"):
-            if not _finite(r["val_map"]) or (keep is not None and r["run_id"] not in keep):
-                continue
-            key = tuple(r[c] for c in GROUP)
-            if key not in best or r["val_map"] > best[key]["val_map"]:
-                best[key] = r
-        return sorted(best.values(), key=_group_key)
+        return select_best(r for r in self.rows(status="done")
+                           if keep is None or r["run_id"] in keep)
 
     # ---- export -------------------------------------------------------------------------------
     def export(self, path, fmt: str = "csv", selected: bool = False) -> Path:
-        """Write the runs (every row, or the selected ones) to ``path`` atomically.
+        """Write the stored rows (every row, or :meth:`selected`) to ``path`` atomically,
+        replacing the file.
 
-        ``fmt``: ``csv`` (every column), ``json`` (a list of objects; ``variant``, ``metrics``
-        and ``config`` parsed), ``markdown`` / ``md`` or ``latex`` (the columns of
-        :data:`BRIEF_COLUMNS`). The paper-style table is :func:`spmlkit.experiments.tables.
-        study_table`.
+        This is the store alone: it knows no spec, so after a study folder was re-run with a
+        changed spec it holds the earlier spec's rows too. ``spml study export`` writes through
+        :meth:`spmlkit.experiments.study.StudyFolder.export` instead (the current spec's rows,
+        never over an existing file). ``fmt``: see :func:`format_rows`. The paper-style table is
+        :func:`spmlkit.experiments.tables.study_table`.
         """
         from ..runs import write_text
 
         rows = self.selected() if selected else self.rows()
         write_text(path, format_rows(rows, fmt))
         return Path(path)
+
+
+def select_best(rows) -> list[dict]:
+    """The selection rule of the papers: per (method, dataset, regime, seed, variant) the
+    ``done`` row with the best ``val_map``, ordered by group.
+
+    Failed rows and NaN / missing val mAPs never compete; on a tie the smaller ``run_id`` wins.
+
+    >>> rows = [{"run_id": i, "method": "an", "dataset": "d", "regime": "1p", "seed": 0,
+    ...          "variant": "{}", "status": "done", "val_map": v} for i, v in
+    ...         [("b", 2.0), ("a", 2.0), ("c", None)]]
+    >>> [r["run_id"] for r in select_best(rows)]
+    ['a']
+    """
+    best: dict = {}
+    for r in sorted(rows, key=lambda r: r["run_id"]):
+        if r.get("status") != "done" or not _finite(r.get("val_map")):
+            continue
+        key = tuple(r.get(c) for c in GROUP)
+        if key not in best or r["val_map"] > best[key]["val_map"]:
+            best[key] = r
+    return sorted(best.values(), key=_group_key)
 
 
 def _num(value, column: str = "") -> str:
@@ -220,7 +238,9 @@ def latex_escape(text) -> str:
 
 
 def format_rows(rows, fmt: str) -> str:
-    """Run rows as ``csv`` / ``json`` / ``markdown`` (``md``) / ``latex`` text."""
+    """Run rows as text: ``csv`` (every column), ``json`` (a list of objects; ``variant``,
+    ``metrics`` and ``config`` parsed), ``markdown`` / ``md`` or ``latex`` (the columns of
+    :data:`BRIEF_COLUMNS`)."""
     fmt = {"md": "markdown"}.get(fmt, fmt)
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose one of "

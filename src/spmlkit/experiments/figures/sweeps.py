@@ -1,0 +1,199 @@
+"""Sensitivity sweeps of a study: the selected metric (mean +- std over seeds) against a reported
+(``vary``) axis, one line per method (LAC Figs. 3-5, Zhou Fig. 3a, Cole Fig. 1).
+
+The numbers come from :func:`sweep_points` on selected rows; :func:`sweep_from_study` takes them
+from a study folder through :func:`spmlkit.experiments.study.open_study`, the one reader of study
+folders (the current spec's runs only, as ``spml study table`` and ``spml report``).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ...analysis import format_table
+from ..study import open_study
+from ..tables import row_variant
+from .base import new_figure, save_figure
+
+
+@dataclass
+class SweepLine:
+    """One method's selected metric against the swept axis (mean and std over seeds)."""
+
+    method: str
+    dataset: str
+    label: str                  # method, plus the other vary keys' values if any
+    x: list                     # axis values (numbers, or strings for a categorical axis)
+    mean: np.ndarray
+    std: np.ndarray             # sample std over seeds (ddof=1); 0 for a single seed
+    n: np.ndarray               # seeds per point
+    reference: bool = False     # a method without the axis: one value, drawn as a flat line
+
+
+def _axis_value(row, variant: dict, axis: str):
+    """The row's value on ``axis``: the vary assignment's key (also nested: ``hparams`` ->
+    ``alpha``), else a row column such as ``regime`` when the study varies it; ``KeyError``."""
+    if axis in variant:
+        return variant[axis]
+    head, _, rest = axis.partition(".")
+    if rest and isinstance(variant.get(head), dict) and rest in variant[head]:
+        return variant[head][rest]
+    raise KeyError(axis)
+
+
+def _as_number(v):
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float, np.integer, np.floating)):
+        return float(v)
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def sweep_points(rows, axis: str, metric: str = "test_map") -> list[SweepLine]:
+    """Group selected study rows by (dataset, method, other vary keys) and axis value.
+
+    Args:
+        rows: dicts with ``method``, ``dataset``, ``seed``, ``variant`` (JSON of the vary
+            assignment, e.g. ``{"hparams.alpha": 0.1}``) and ``metric``: what
+            ``StudyStore.selected()`` returns. Rows whose status is not ``done`` are skipped.
+        axis: a vary key (``hparams.alpha``, ``data.subsample``, ``k``, ``regime``).
+        metric: the row column on the y axis.
+
+    Returns:
+        one :class:`SweepLine` per (dataset, method, other keys): x sorted (numerically when
+        every value is a number), mean and sample std over seeds. Methods without the axis in
+        any row (references such as ``bce@full``) give one ``reference`` line with one value.
+
+    Raises:
+        ValueError: no row, or no row has ``axis`` (the message lists the study's axes).
+
+    >>> rows = [{"method": "an", "dataset": "d", "seed": s, "variant": json.dumps({"k": k}),
+    ...          "test_map": 10 * k + s} for k in (1, 2) for s in (0, 2)]
+    >>> line, = sweep_points(rows, "k")
+    >>> line.x, line.mean.tolist(), line.std.round(3).tolist()
+    ([1.0, 2.0], [11.0, 21.0], [1.414, 1.414])
+    """
+    rows = [r for r in rows if r.get("status", "done") == "done"]
+    if not rows:
+        raise ValueError("no finished run to plot (the study has no row with status 'done')")
+    axes = sorted({k for r in rows for k in row_variant(r)})
+    groups: dict = {}
+    refs: dict = {}
+    any_axis = False
+    for r in rows:
+        variant = row_variant(r)
+        value = r.get(metric)
+        if value is None:
+            raise ValueError(f"run {r.get('run_id')} has no {metric!r}; columns: {sorted(r)}")
+        try:
+            x = _axis_value(r, variant, axis)
+        except KeyError:
+            if axis in r and axis in ("regime", "dataset", "seed", "mode"):
+                x = r[axis]
+            else:
+                refs.setdefault((r["dataset"], r["method"]), []).append(float(value))
+                continue
+        any_axis = True
+        others = {k: v for k, v in variant.items() if k != axis}
+        label = r["method"] + (" (" + ", ".join(f"{k}={v}" for k, v in sorted(others.items()))
+                               + ")" if others else "")
+        key = (r["dataset"], r["method"], label)
+        groups.setdefault(key, {}).setdefault(json.dumps(x, sort_keys=True, default=str),
+                                              (x, []))[1].append(float(value))
+    if not any_axis:
+        raise ValueError(f"no run varies {axis!r}: the study's vary axes are "
+                         f"{axes or 'none (it has no vary: section)'}")
+
+    def stats(values):
+        v = np.asarray(values, dtype=np.float64)
+        return v.mean(), (v.std(ddof=1) if len(v) > 1 else 0.0), len(v)
+
+    lines = []
+    for (dataset, method, label), points in sorted(groups.items()):
+        xs = [p[0] for p in points.values()]
+        numeric = all(_as_number(x) is not None for x in xs)
+        order = sorted(range(len(xs)), key=(lambda i: _as_number(xs[i])) if numeric
+                       else (lambda i: str(xs[i])))
+        st = [stats(list(points.values())[i][1]) for i in order]
+        lines.append(SweepLine(method, dataset, label,
+                               [_as_number(xs[i]) if numeric else str(xs[i]) for i in order],
+                               np.array([s[0] for s in st]), np.array([s[1] for s in st]),
+                               np.array([s[2] for s in st], dtype=np.int64)))
+    for (dataset, method), values in sorted(refs.items()):
+        m, s, n = stats(values)
+        lines.append(SweepLine(method, dataset, method, [], np.array([m]), np.array([s]),
+                               np.array([n], dtype=np.int64), reference=True))
+    return lines
+
+
+def sweep_table(lines, axis: str, metric: str = "test_map") -> str:
+    """A plain-text table of :func:`sweep_points`' lines (one row per point)."""
+    rows = []
+    for ln in lines:
+        xs = ln.x if not ln.reference else ["(all)"]
+        rows += [[ln.dataset, ln.label, str(x), float(m), float(s), int(n)]
+                 for x, m, s, n in zip(xs, ln.mean, ln.std, ln.n)]
+    return format_table(["dataset", "method", axis, f"{metric} mean", "std", "seeds"], rows)
+
+
+def plot_sweep(lines, axis: str, out, metric: str = "test_map", title: str | None = None,
+               logx: bool | None = None, *, force: bool = False) -> Path:
+    """Mean +- std (band) of ``metric`` against ``axis``, one line per method, one panel per
+    dataset; reference methods as dashed flat lines. ``logx`` (default: automatic) uses a log
+    axis when every x is positive and they span a factor >= 100. Returns the path written
+    (``force``: replace ``out`` if it exists, else the next free name is taken)."""
+    lines = list(lines)
+    if not lines:
+        raise ValueError("no sweep line to plot")
+    datasets = sorted({ln.dataset for ln in lines})
+    fig, axes = new_figure((5.5 * len(datasets), 4.2), 1, len(datasets))
+    for ax, ds in zip(axes[0], datasets):
+        mine = [ln for ln in lines if ln.dataset == ds]
+        curves = [ln for ln in mine if not ln.reference]
+        numeric = all(isinstance(x, float) for ln in curves for x in ln.x)
+        cats = [] if numeric else sorted({str(x) for ln in curves for x in ln.x})
+        for ln in curves:
+            x = np.array(ln.x, dtype=np.float64) if numeric else \
+                np.array([cats.index(str(v)) for v in ln.x], dtype=np.float64)
+            (h,) = ax.plot(x, ln.mean, marker="o", label=ln.label)
+            ax.fill_between(x, ln.mean - ln.std, ln.mean + ln.std, alpha=0.2,
+                            color=h.get_color())
+        refs = [ln for ln in mine if ln.reference]
+        for i, ln in enumerate(refs):  # dashed; grey alone, else the colours after the curves'
+            ax.axhline(ln.mean[0], linestyle="--", linewidth=1.2,
+                       color="gray" if len(refs) == 1 else f"C{(len(curves) + i) % 10}",
+                       label=f"{ln.label} ({ln.mean[0]:.2f})")
+        if numeric:
+            xs = np.array([x for ln in curves for x in ln.x], dtype=np.float64)
+            auto = xs.size > 0 and xs.min() > 0 and xs.max() / xs.min() >= 100
+            if logx if logx is not None else auto:
+                ax.set_xscale("log")
+        else:
+            ax.set_xticks(range(len(cats)), cats, rotation=30, fontsize="small")
+        ax.set(xlabel=axis, ylabel=f"{metric.replace('_', ' ')} (mean ± std over seeds)",
+               title=ds)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.suptitle(title or f"Sensitivity to {axis}")
+    return save_figure(fig, out, force=force)
+
+
+def sweep_from_study(study_dir, axis: str, metric: str = "test_map") -> tuple[list, str]:
+    """:func:`sweep_points` of a study folder's selected rows (the current spec's runs, read by
+    :func:`spmlkit.experiments.study.open_study`), and a title (the study's title).
+
+    Raises:
+        FileNotFoundError: no study folder, ``study.yaml`` or ``results.sqlite`` (named).
+        ValueError: no finished run, or ``axis`` is not one of the study's vary axes.
+    """
+    study = open_study(study_dir)
+    if not study.has_results:
+        raise FileNotFoundError(f"{study.results_path} is missing: the study has not run yet "
+                                f"(`spml study run` writes it)")
+    return sweep_points(study.selected, axis, metric), f"{study.title}: sensitivity to {axis}"
