@@ -275,7 +275,7 @@ def cam_from_run(run, split: str = "test", n: int = 4, seed: int = 0) -> MapOver
     """
     import torch
 
-    from ...predict import load_run_model
+    from ...methods import load_run_model
 
     model, info = load_run_model(run)
     if info["inputs"] != "images":

@@ -207,7 +207,8 @@ def landscape_from_run(run, *, steps: int = 21, span: float = 1.0, seed: int = 0
     import torch
 
     from ...data import load_splits
-    from ...predict import load_checkpoint, load_run_model
+    from ...methods import load_run_model
+    from ...predict import load_checkpoint
 
     ckpt, config = load_checkpoint(run)
     if not config:
