@@ -1,11 +1,13 @@
-"""Smoke runs of every CLI command, and the benchmark's selection, files and resume."""
+"""Smoke runs of every CLI command, and the benchmark (a front of the study runner): selection,
+files, resume, lock."""
 import json
 
 import numpy as np
 import pytest
 
 from spmlkit.cli import main
-from spmlkit.experiments.benchmark import Method, parse_methods, run_benchmark, select_best
+from spmlkit.experiments.benchmark import Method, benchmark_study, parse_methods, run_benchmark
+from spmlkit.experiments.store import StudyStore
 
 
 def test_parse_methods_adds_references_and_regimes():
@@ -23,13 +25,16 @@ def test_parse_methods_adds_references_and_regimes():
         parse_methods("an+nope:1", ())
 
 
-def test_select_best_uses_val_and_skips_diverged():
-    recs = [{"method": "an", "seed": 0, "batch_size": b, "lr": lr, "val_map": v, "test_map": t,
-             "train_recovery_map": 1.0, "best_epoch": 2, "seconds": 1.0}
-            for b, lr, v, t in [(8, 1e-2, float("nan"), 99.0), (8, 1e-3, 50.0, 40.0),
-                                (16, 1e-3, 55.0, 30.0)]]
-    (best,) = select_best(recs, [Method("an", "an", "1p")], 1)
-    assert (best["batch_size"], best["test_map"], best["grid_seconds"]) == (16, 30.0, 3.0)
+def test_benchmark_study_spec():
+    spec = benchmark_study("yeast", "an,epr@1p_1n", seeds=2, epochs=5, grid={"lr": (1e-3,)},
+                           hparams={"epr": {"lam": 2.0}})
+    assert spec["methods"] == ["an", "epr@1p_1n", "bce", "iun"]
+    assert spec["seeds"] == [0, 1] and spec["epochs"] == 5 and spec["mode"] == "linear"
+    assert spec["grid"] == {"batch_size": (8, 16), "lr": (1e-3,)}
+    assert spec["datasets"] == [{"name": "yeast", "options": {}}]
+    assert spec["hparams"] == {"epr": {"lam": 2.0}}
+    with pytest.raises(ValueError, match="seeds must be an integer >= 1, got 0"):
+        benchmark_study(seeds=0)
 
 
 def test_benchmark_runs_in_two_processes_and_resumes(tmp_path):
@@ -37,23 +42,101 @@ def test_benchmark_runs_in_two_processes_and_resumes(tmp_path):
     kw = dict(dataset="yeast", losses="an,role", references=("iun",), seeds=2, out=out,
               jobs=2, epochs=1, grid={"batch_size": (16,), "lr": (1e-2, 1e-3)}, progress=False)
     res = run_benchmark(**kw)
-    lines = (out / "grid.jsonl").read_text().splitlines()
-    assert len(lines) == 3 * 2 * 2
+    assert res["study"]["runs_run"] == 3 * 2 * 2 and res["study"]["failures"] == 0
+    store = StudyStore(out / "results.sqlite")
+    assert len(store.rows(status="done")) == 3 * 2 * 2
     results = json.loads((out / "results.json").read_text())
     assert len(results) == 3 * 2 and results == res["results"]
     keys = {"loss", "seed", "batch_size", "lr", "best_epoch", "val_map", "test_map",
-            "train_recovery_map", "seconds"}
+            "train_recovery_map", "seconds", "grid_seconds", "run_id"}
     assert all(keys <= set(r) for r in results)
     assert all(20 < r["test_map"] < 80 for r in results)
+    # the selection: the best val mAP among the method x seed's grid points
+    for r in results:
+        points = store.rows(method=r["loss"], seed=r["seed"])
+        assert len(points) == 2
+        best = max(points, key=lambda p: p["val_map"])
+        assert (r["run_id"], r["lr"], r["test_map"]) == (best["run_id"], best["lr"],
+                                                         best["test_map"])
+        assert r["grid_seconds"] == pytest.approx(sum(p["seconds"] for p in points))
+        assert (out / r["run_dir"] / "best.pt").is_file()
     table = (out / "table.md").read_text()
     assert "| an | 1p |" in table and "*iun* (reference)" in table
-    # re-launch: nothing is run again
-    run_benchmark(**kw)
-    assert len((out / "grid.jsonl").read_text().splitlines()) == len(lines)
+    # re-launch: nothing is run again, same results
+    again = run_benchmark(**kw)
+    assert again["study"]["runs_run"] == 0 and again["results"] == results
+    assert len(store.rows()) == 3 * 2 * 2
     # same config and seed in a single process gives the same numbers
     one = run_benchmark(**{**kw, "out": tmp_path / "one", "jobs": 1})
     got = sorted((r["loss"], r["seed"], round(r["test_map"], 6)) for r in one["results"])
     assert got == sorted((r["loss"], r["seed"], round(r["test_map"], 6)) for r in results)
+
+
+SMALL = ["benchmark", "--dataset", "yeast", "--losses", "an,epr", "--no-references",
+         "--seeds", "1", "--batch-sizes", "16", "--lrs", "1e-2,1e-3", "--jobs", "1", "--quiet"]
+
+
+def _table_rows(folder) -> list[str]:
+    """The method rows of a benchmark's table.md (numbers and selections)."""
+    return [line for line in (folder / "table.md").read_text().splitlines()
+            if line.startswith("| ") and not line.startswith("| method")]
+
+
+def test_benchmark_rerun_with_other_epochs_reuses_nothing(tmp_path, capsys):
+    out = tmp_path / "bench"
+    assert main([*SMALL, "--epochs", "1", "--out", str(out)]) == 0
+    first = _table_rows(out)
+    assert main([*SMALL, "--epochs", "2", "--out", str(out)]) == 0
+    second = _table_rows(out)
+    assert "2 epochs" in (out / "table.md").read_text()
+    assert main([*SMALL, "--epochs", "2", "--out", str(tmp_path / "fresh")]) == 0
+    fresh = _table_rows(tmp_path / "fresh")
+    assert len(first) == len(second) == 2
+    assert second == fresh  # the 2-epoch numbers, not the 1-epoch ones under the new header
+    assert second != first
+    records = json.loads((out / "results.json").read_text())
+    fresh_records = json.loads((tmp_path / "fresh" / "results.json").read_text())
+    assert [r["test_map"] for r in records] == [r["test_map"] for r in fresh_records]
+
+
+def test_benchmark_in_an_old_folder_says_its_results_are_not_reused(tmp_path, capsys):
+    out = tmp_path / "old"
+    out.mkdir()
+    stale = {"method": "an", "loss": "an", "regime": "1p", "seed": 0, "batch_size": 16,
+             "lr": 0.01, "epochs": 1, "early_stop": "none", "hparams": {}, "val_map": 99.0,
+             "test_map": 99.0, "train_recovery_map": 99.0, "best_epoch": 1, "seconds": 1.0}
+    (out / "grid.jsonl").write_text(json.dumps(stale) + "\n")
+    assert main([*SMALL, "--epochs", "1", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "grid.jsonl" in err and "not reused" in err
+    rows = _table_rows(out)
+    assert len(rows) == 2 and not any("99.00" in row for row in rows)
+    assert (out / "study.yaml").is_file()
+    # a study folder now: no note the second time
+    assert main([*SMALL, "--epochs", "1", "--out", str(out)]) == 0
+    assert "not reused" not in capsys.readouterr().err
+
+
+def test_benchmark_refuses_a_second_launch_on_the_same_folder(tmp_path, capsys):
+    from spmlkit.experiments.study import _study_lock
+
+    out = tmp_path / "bench"
+    out.mkdir()
+    with _study_lock(out):  # what a first launch holds while it runs
+        code = main([*SMALL, "--epochs", "1", "--out", str(out)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("spml benchmark: error: ") and str(out) in err
+    assert "another launch" in err
+    assert not (out / "table.md").exists()
+
+
+@pytest.mark.parametrize("seeds", ["0", "-2"])
+def test_benchmark_seeds_below_one_is_an_error(tmp_path, capsys, seeds):
+    assert main([*SMALL, "--seeds", seeds, "--out", str(tmp_path / "b")]) == 2
+    assert capsys.readouterr().err.strip() == \
+        f"spml benchmark: error: --seeds must be >= 1, got {seeds}"
+    assert not (tmp_path / "b").exists()
 
 
 def test_cli_train_list_and_errors(tmp_path, capsys):

@@ -297,21 +297,28 @@ def _add_finetune(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_benchmark(args) -> int:
+    """``spml benchmark``: the paper's grid as a study in ``--out`` (resumable, one launch at a
+    time), its table printed and written."""
     from .experiments.benchmark import PAPER_GRID, run_benchmark
+    from .experiments.study import study_status
 
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
     grid = {"batch_size": tuple(args.batch_sizes or PAPER_GRID["batch_size"]),
             "lr": tuple(args.lrs or PAPER_GRID["lr"])}
     refs = [] if args.no_references else ["bce", "iun"]
     options = {**_pairs(args.data, "--data"), **_feature_data(args)}
-    if options.get("backbone"):  # extract once here (progress bar), the workers reuse the store
-        from .data import load_dataset
-
-        load_dataset(args.dataset, **options)
     res = run_benchmark(args.dataset, args.losses, refs, args.seeds, args.out, args.jobs,
-                        args.epochs, grid, args.early_stop,
-                        dataset_options=options, progress=not args.quiet)
+                        args.epochs, grid, args.early_stop, dataset_options=options,
+                        progress=not args.quiet, argv=sys.argv)
     print(res["table"])
-    print(f"wrote {args.out}/results.json and {args.out}/table.md")
+    print(f"wrote {args.out}/results.json and {args.out}/table.md (a study folder: spml study "
+          f"status | table | export {args.out}, spml report {args.out})")
+    failed = study_status(args.out)["failed"]
+    if failed:
+        print(f"note: {failed} grid point(s) failed (diverged or raised) and were left out of "
+              f"the selection; their errors: spml study export {args.out} --format json "
+              f"--output errors.json", file=sys.stderr)
     return 0
 
 
@@ -579,7 +586,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lrs", type=_floats, default=None, help="grid, default 1e-2,1e-3,1e-4,1e-5")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: cores)")
     p.add_argument("--out", default="runs/benchmark",
-                   help="output folder; re-running with the same folder resumes")
+                   help="output folder, a study folder; re-running with the same folder runs "
+                        "only the grid points it is missing")
     p.add_argument("--quiet", action="store_true")
     _add_backbone(p)
     p.set_defaults(func=cmd_benchmark)

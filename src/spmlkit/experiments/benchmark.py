@@ -6,36 +6,43 @@ high-rank regulariser to AN. Two reference rows are added by default, as in Cole
 Table 1: ``bce`` (``bce@full``, all labels) and ``iun`` (``bce@1p_alln``, one positive and every
 negative).
 
-Grid points run in parallel worker processes (:mod:`spmlkit.experiments.pool`, the runner that
-:mod:`spmlkit.experiments.study` uses too); each finished point is appended to
-``DIR/grid.jsonl`` as it completes, so an interrupted benchmark resumes where it stopped. At the
-end ``DIR/results.json`` (one record per method x seed, the grid point with the best val mAP) and
-``DIR/table.md`` are written atomically.
+:func:`run_benchmark` is a front of the study runner (:mod:`spmlkit.experiments.study`): it
+turns its arguments into a study spec (one dataset, the methods, ``range(seeds)``, the grid,
+linear mode) and runs it in ``DIR``, which is then a study folder: ``study.yaml``,
+``results.sqlite`` (one row per grid point, written as each finishes), ``runs/<run_id>/`` and
+``launches.jsonl``. The study gives the resume (a re-launch runs only the missing grid points;
+the run ids hash the whole resolved configuration, so other data, epochs or hyperparameters are
+other runs, never stale ones), the lock (one launch per folder at a time) and the selection (per
+method and seed the grid point with the best val mAP, among the current spec's runs). At the end
+``DIR/results.json`` (one record per method x seed) and ``DIR/table.md`` are written atomically;
+``spml study table / report / export DIR`` work on the folder too.
 """
 from __future__ import annotations
 
-import itertools
-import json
-import time
+import numbers
+import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..engine import TrainConfig
 from ..losses import LOSSES
 from ..losses.regularizers import parse_regularizers
 from ..runs import write_json, write_text
-from .pool import default_jobs, run_tasks
 
 DEFAULT_LOSSES = ("an", "an_ls", "wan", "epr", "role", "pr")
 REFERENCES = {"bce": ("bce", "full", "BCE, all labels (All P. & All N.)"),
               "iun": ("bce", "1p_alln", "IUN, one positive + all negatives (1 P. & All N.)")}
 PAPER_GRID = {"batch_size": (8, 16), "lr": (1e-2, 1e-3, 1e-4, 1e-5)}
+#: the resume file of the benchmarks before they ran as studies (no longer read)
+OLD_RESUME_FILE = "grid.jsonl"
 
 
 @dataclass(frozen=True)
 class Method:
+    """One benchmark row: its label (the spec as given), loss, regime and regularisers."""
+
     label: str
     loss: str
     regime: str
@@ -69,109 +76,99 @@ def parse_methods(losses, references=("bce", "iun")) -> list[Method]:
     return out
 
 
-# ---- worker side (run through spmlkit.experiments.pool) ----------------------------------------
-def _run_point(task: dict) -> dict:
-    from .pool import cached_splits
-    from ..methods import train_run
+def benchmark_study(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bce", "iun"),
+                    seeds: int = 3, epochs: int = 25, grid: dict | None = None,
+                    early_stop: str = "none", hparams: dict | None = None,
+                    dataset_options: dict | None = None) -> dict:
+    """The study spec (a dict for :func:`spmlkit.experiments.study.load_study`) of a benchmark:
+    the arguments mean what they mean in :func:`run_benchmark`.
 
-    task = dict(task)
-    dataset, options = task.pop("dataset"), task.pop("dataset_options")
-    splits = cached_splits(dataset, task["regime"], options)
-    config = TrainConfig(epochs=task["epochs"], batch_size=task["batch_size"], lr=task["lr"],
-                         seed=task["seed"], early_stop=task["early_stop"])
-    try:
-        res = train_run("linear", splits, task["loss"], task.get("hparams"), config)
-    except FloatingPointError as err:  # a diverged grid point loses the selection, visibly
-        res = {"val_map": float("nan"), "test_map": float("nan"), "error": str(err),
-               "train_recovery_map": float("nan"), "best_epoch": 0, "seconds": 0.0}
-    res.pop("test", None)
-    return {**task, **res}
-
-
-def _key(rec: dict) -> tuple:
-    return (rec["method"], rec["seed"], rec["batch_size"], rec["lr"])
+    >>> spec = benchmark_study("yeast", "an,epr@1p_1n", seeds=2, epochs=5)
+    >>> spec["methods"], spec["seeds"], spec["grid"]["batch_size"]
+    (['an', 'epr@1p_1n', 'bce', 'iun'], [0, 1], (8, 16))
+    """
+    if not isinstance(seeds, numbers.Integral) or seeds < 1:
+        raise ValueError(f"seeds must be an integer >= 1, got {seeds!r}")
+    methods = parse_methods(losses, references)
+    return {"name": "benchmark-" + re.sub(r"[^A-Za-z0-9._-]+", "_", dataset),
+            "title": f"spml benchmark on {dataset}",
+            "datasets": [{"name": dataset, "options": dict(dataset_options or {})}],
+            "methods": [m.label for m in methods], "mode": "linear",
+            "seeds": list(range(seeds)), "epochs": epochs, "early_stop": early_stop,
+            "grid": {**PAPER_GRID, **(grid or {})}, "hparams": dict(hparams or {})}
 
 
 def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bce", "iun"),
                   seeds: int = 3, out="runs/benchmark", jobs: int | None = None,
                   epochs: int = 25, grid: dict | None = None, early_stop: str = "none",
                   hparams: dict | None = None, dataset_options: dict | None = None,
-                  progress: bool = True) -> dict:
-    """Run the grid for every method and seed; write grid.jsonl, results.json and table.md.
+                  progress: bool = True, *, argv=None) -> dict:
+    """Run the grid for every method and seed as a study in ``out``; write results.json and
+    table.md there.
 
     Args:
-        hparams: per-loss hyperparameter overrides, ``{"epr": {"lam": 2.0}}``.
-    Returns:
-        ``{"results": [...], "table": str, "seconds": float}``.
-    """
-    from tqdm import tqdm
+        dataset, dataset_options: the data (``spmlkit.data.load_splits``).
+        losses: method specs, a list or comma-separated (see :func:`parse_methods`).
+        references: reference rows added unless listed already (``bce``, ``iun``).
+        seeds: seeds ``0 .. seeds-1`` (at least 1).
+        out: the study folder; a re-launch with the same arguments resumes, one with other
+            arguments runs what they need (the other runs' rows stay in the store, unused).
+        jobs: worker processes (default: the CPU count).
+        epochs, early_stop: per run (:class:`spmlkit.engine.TrainConfig`).
+        grid: ``{"batch_size": [...], "lr": [...]}`` laid over :data:`PAPER_GRID`.
+        hparams: per-loss (or per method label) hyperparameter overrides,
+            ``{"epr": {"lam": 2.0}}``.
+        progress: the study's progress bar.
+        argv: the command line recorded in ``launches.jsonl``.
 
-    methods = parse_methods(losses, references)
-    grid = {**PAPER_GRID, **(grid or {})}
+    Returns:
+        ``{"results": [...], "table": str, "seconds": float, "study": dict}``: one result per
+        method x seed (the selected grid point), the Markdown table, the wall time of this
+        launch's runs, and what :func:`spmlkit.experiments.study.run_study` returned.
+
+    Raises:
+        ValueError: an invalid argument (the study spec's message), or another launch is
+            running ``out``.
+    """
+    from .study import SPEC_FILE, load_study, run_study
+
+    spec = load_study(benchmark_study(dataset, losses, references, seeds, epochs, grid,
+                                      early_stop, hparams, dataset_options))
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    grid_file = out / "grid.jsonl"
-    done = {}
-    if grid_file.exists():
-        for line in grid_file.read_text().splitlines():
-            if line.strip():
-                rec = json.loads(line)
-                done[_key(rec)] = rec
-    tasks = []
-    for m, seed, bs, lr in itertools.product(methods, range(seeds), grid["batch_size"],
-                                             grid["lr"]):
-        hp = dict((hparams or {}).get(m.label, (hparams or {}).get(m.loss)) or {})
-        if m.reg:
-            hp["reg"] = list(m.reg)
-        task = {"method": m.label, "loss": m.loss, "regime": m.regime, "seed": seed,
-                "batch_size": bs, "lr": lr, "epochs": epochs, "early_stop": early_stop,
-                "hparams": hp}
-        if _key(task) not in done:
-            tasks.append(task)
-    # longest first (small batches, stateful losses), for a balanced pool
-    tasks.sort(key=lambda t: (t["batch_size"], t["loss"] != "role"))
-    jobs = default_jobs(jobs, len(tasks))
-    start = time.perf_counter()
-    bar = tqdm(total=len(tasks), desc=f"benchmark {dataset}", unit="run", disable=not progress)
-    if done:
-        bar.write(f"resuming: {len(done)} grid point(s) already in {grid_file}")
-    shared = {"dataset": dataset, "dataset_options": dict(dataset_options or {})}
-    with open(grid_file, "a") as fh:
-        for rec in run_tasks(_run_point, [{**t, **shared} for t in tasks], jobs):
-            done[_key(rec)] = rec
-            fh.write(json.dumps(rec) + "\n")
-            fh.flush()
-            bar.set_postfix_str(f"{rec['method']} val {rec['val_map']:.1f}")
-            bar.update()
-    bar.close()
-    seconds = time.perf_counter() - start
-    selected = select_best(done.values(), methods, seeds)
-    table = format_table(selected, methods, dataset, seeds, grid, epochs, seconds)
+    if (out / OLD_RESUME_FILE).is_file() and not (out / SPEC_FILE).is_file():
+        print(f"note: {out} holds a benchmark from an older spmlkit ({out / OLD_RESUME_FILE}); "
+              f"its results are not reused: this launch runs every grid point again and makes "
+              f"{out} a study folder ({SPEC_FILE}, results.sqlite, runs/)", file=sys.stderr)
+    res = run_study(spec, out=out, jobs=jobs, progress=progress, argv=argv)
+    selected = _selected_records(out)
+    table = format_table(selected, spec.methods, dataset, seeds, spec.grid, spec.epochs,
+                         res["seconds"])
     write_json(out / "results.json", selected)
     write_text(out / "table.md", table)
-    return {"results": selected, "table": table, "seconds": seconds}
+    return {"results": selected, "table": table, "seconds": res["seconds"], "study": res}
 
 
-def select_best(records, methods: list[Method], seeds: int) -> list[dict]:
-    """Per (method, seed), the grid point with the best val mAP (NaN = diverged, never chosen)."""
-    by = {}
-    for rec in records:
-        by.setdefault((rec["method"], rec["seed"]), []).append(rec)
-    out = []
-    for m in methods:
-        for seed in range(seeds):
-            runs = by.get((m.label, seed), [])
-            if not runs:
-                continue
-            best = max(runs, key=lambda r: -np.inf if np.isnan(r["val_map"]) else r["val_map"])
-            out.append({"loss": m.label, "regime": m.regime, "seed": seed,
-                        "batch_size": best["batch_size"], "lr": best["lr"],
-                        "best_epoch": best["best_epoch"], "val_map": best["val_map"],
-                        "test_map": best["test_map"],
-                        "train_recovery_map": best["train_recovery_map"],
-                        "seconds": best["seconds"],
-                        "grid_seconds": float(sum(r["seconds"] for r in runs))})
-    return out
+def _selected_records(out: Path) -> list[dict]:
+    """The study's selected run per method x seed (:func:`spmlkit.experiments.study.study_rows`)
+    as results.json records, in the spec's method order."""
+    from .store import StudyStore
+    from .study import RESULTS_FILE, expand, study_rows
+
+    spec, rows = study_rows(out)
+    ids = {t.run_id for t in expand(spec)}
+    spent: dict = {}  # seconds of every grid point of a (method, seed), failed ones included
+    for r in StudyStore(out / RESULTS_FILE).rows():
+        if r["run_id"] in ids:
+            key = (r["method"], r["seed"])
+            spent[key] = spent.get(key, 0.0) + float(r["seconds"] or 0.0)
+    order = {m.label: i for i, m in enumerate(spec.methods)}
+    rows = sorted(rows, key=lambda r: (order.get(r["method"], len(order)), r["seed"]))
+    return [{"loss": r["method"], "regime": r["regime"], "seed": r["seed"],
+             "batch_size": r["batch_size"], "lr": r["lr"], "best_epoch": r["best_epoch"],
+             "val_map": r["val_map"], "test_map": r["test_map"],
+             "train_recovery_map": r["train_recovery_map"], "seconds": r["seconds"],
+             "grid_seconds": spent[(r["method"], r["seed"])], "run_id": r["run_id"],
+             "run_dir": r["run_dir"]} for r in rows]
 
 
 def _mean_std(values) -> str:
@@ -180,7 +177,11 @@ def _mean_std(values) -> str:
 
 
 def format_table(selected, methods, dataset, seeds, grid, epochs, seconds) -> str:
-    """Markdown: test mAP mean ± std per method, then the reference rows."""
+    """Markdown: test mAP mean ± std per method, then the reference rows.
+
+    ``selected`` are :func:`run_benchmark`'s records (the study's selected run per method x
+    seed); ``methods`` have a ``label`` and a ``regime`` (:class:`Method` or the study's
+    ``MethodSpec``); ``seconds`` is the launch's wall time."""
     lines = [f"Test mAP on `{dataset}` (mean ± std over {seeds} seed(s); per seed the grid point "
              f"with the best val mAP; batch {list(grid['batch_size'])} x lr {list(grid['lr'])}, "
              f"{epochs} epochs, linear head).", "",
