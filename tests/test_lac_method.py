@@ -280,6 +280,56 @@ def test_resume_gives_the_uninterrupted_result(toy, tmp_path, stage):
     assert again["test_map"] == whole["test_map"]
 
 
+class Payload:
+    """Unpickling this calls ``open(marker, "w")``: creates the marker file (harmless code that
+    shows whether a load ran pickled code)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_checkpoints_holding_pickled_code_are_refused(toy, tmp_path):
+    """A run folder received from someone else: resume and load_lac_model load checkpoint.pt /
+    best.pt with weights_only=True, refuse pickled code with a ValueError and run nothing."""
+    lac = {"plc": False, "lac": False}
+    with pytest.raises(Stop):
+        run(toy, lac, out=tmp_path / "cut", epochs=2, on_epoch=stop_at(1, 1))
+    cut = next((tmp_path / "cut").iterdir())
+    marker = tmp_path / "marker"
+    torch.save({"model": Payload(marker)}, cut / CHECKPOINT_FILE)
+    # (runs.load_torch names the refused global on the torch versions whose message it parses)
+    with pytest.raises(ValueError, match=f"{CHECKPOINT_FILE}: (refused|not a readable)"):
+        run(toy, lac, epochs=2, resume=cut)
+    assert not marker.exists()
+    torch.save({"format": 1, "stage_index": 0}, cut / CHECKPOINT_FILE)  # an older spmlkit's
+    with pytest.raises(ValueError, match="format 1.*another spmlkit version"):
+        run(toy, lac, epochs=2, resume=cut)
+    done = run(toy, lac, out=tmp_path / "done", epochs=1)["run_dir"]
+    torch.save({"mode": "lac", "model": Payload(marker)}, f"{done}/best.pt")
+    with pytest.raises(ValueError, match="best.pt: (refused|not a readable)"):
+        load_lac_model(done)
+    assert not marker.exists()
+    torch.load(f"{done}/best.pt", weights_only=False)  # the payload is real: it runs when
+    assert marker.exists()                              # loaded the unsafe way
+
+
+def test_pl_precision_is_a_fraction_as_every_other_trainer(toy):
+    """PLC's pseudo-label precision is the fraction of the pseudo-positives that are true
+    positives, in [0, 1] (spmlkit.metrics.pseudo_label_stats), not a percentage."""
+    records = []
+    run(toy, {"lac": False, "delta1": 0.5}, epochs=2,
+        on_epoch=lambda record, model, loss: records.append(record))
+    counted = [r for r in records if r["pl_count"] > 0]
+    assert counted and any(r["pl_precision"] > 0 for r in counted)
+    for r in counted:
+        hits = r["pl_precision"] * r["pl_count"]  # the true pseudo-positives: a whole number
+        assert 0 < r["pl_precision"] <= 1 or r["pl_precision"] == 0
+        assert hits == pytest.approx(round(hits), abs=1e-9) and round(hits) <= r["pl_count"]
+
+
 # ---- outputs and the end-to-end path ----------------------------------------------------------
 def test_run_folder_and_model_loader(toy, tmp_path):
     res = run(toy, {"stage1_epochs": 1, "stage2_epochs": 1}, out=tmp_path)

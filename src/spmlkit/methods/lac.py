@@ -60,7 +60,8 @@ run folder.
 Resuming: after every epoch the run folder gets ``checkpoint.pt`` (written atomically, through
 the loop's ``checkpoint=`` callback) with the loop's whole state: model, EMA, optimiser,
 schedule, loss, queue, stage and epoch, the best weights so far with their score, the history
-and the elapsed time; tensors, numbers and strings only.
+and the elapsed time; tensors, numbers and strings only, loaded with ``weights_only=True``
+(:func:`spmlkit.runs.load_torch`: a file holding pickled code is refused, nothing runs).
 ``train_lac(..., resume=RUN_DIR)`` (``spml train --mode lac --resume RUN_DIR``, or
 :func:`resume_lac`) continues in either stage and ends with the same weights and metrics as a
 run that was never interrupted.
@@ -92,7 +93,7 @@ from ..losses.lac import RingQueue, lac_entries, lac_loss, plc_loss, plc_targets
 from ..metrics import evaluate, map_score, select_thresholds
 from ..models.ema import ModelEMA
 from ..models.label_embedding import LabelEmbeddingModel
-from ..runs import PREDICTIONS_FILE, RunDir, write_json, write_text
+from ..runs import PREDICTIONS_FILE, RunDir, load_torch, write_json, write_text
 
 __all__ = ["ABLATIONS", "CHECKPOINT_FILE", "LACConfig", "CachedMapViews", "ImageViews",
            "ablation_config", "fit_lac", "lac_model_from_checkpoint", "load_lac_model",
@@ -515,9 +516,9 @@ class _LACStep(StepHook):
 
     then the queue push; after the optimiser step, the OneCycle step and the EMA update. The
     epoch's record gets the mean base / PLC / LAC losses, the pseudo-positives PLC found on
-    unobserved entries (``pl_count``) and the percentage of them that are true positives
-    (``pl_precision``; NaN when none), the queue's fill and the learning rate of the epoch's
-    last step."""
+    unobserved entries (``pl_count``) and the fraction of them that are true positives
+    (``pl_precision`` in [0, 1], as :func:`spmlkit.metrics.pseudo_label_stats`; NaN when
+    none), the queue's fill and the learning rate of the epoch's last step."""
 
     def __init__(self, recipe: "_LACRecipe", lac_on: bool, delta: float, opt, sched, ema):
         self.recipe, self.lac, self.lac_on, self.delta = recipe, recipe.lac, lac_on, delta
@@ -575,7 +576,7 @@ class _LACStep(StepHook):
             record["lac_loss"] = self.sums["lac_loss"] / n
         if lac.plc or self.lac_on:
             record["pl_count"] = self.pl_count
-            record["pl_precision"] = 100.0 * self.pl_true / self.pl_count if self.pl_count \
+            record["pl_precision"] = self.pl_true / self.pl_count if self.pl_count \
                 else float("nan")
         if self.queue is not None and self.lac_on:
             record["queue"] = len(self.queue)
@@ -834,7 +835,8 @@ def train_lac(splits: Splits, loss: str = "an", hparams: dict | None = None,
         image_size: input side (default ``config.image_size``, else the backbone's).
         cache_dir: feature-map stores' folder (default ``$SPMLKIT_CACHE/features``).
         resume: a run folder of an interrupted LAC run with the same arguments: continue from
-            its ``checkpoint.pt`` (a finished run returns its ``final.json``).
+            its ``checkpoint.pt`` (a finished run returns its ``final.json``). The checkpoint
+            is loaded with ``weights_only=True``: one holding pickled code is refused.
         progress: progress bars of the feature-map extraction.
         on_epoch: ``on_epoch(record, model, loss)`` after each epoch, after the record is
             appended to ``metrics.jsonl`` and before ``checkpoint.pt`` is written (it is
@@ -851,13 +853,14 @@ def train_lac(splits: Splits, loss: str = "an", hparams: dict | None = None,
         ``seed``, ``batch_size``, ``lr``, ``lac``; ``run_dir`` when ``out`` or ``resume`` is
         given. The run folder holds ``config.json``, ``observed.npy``, ``metrics.jsonl`` (per
         epoch: ``stage``, losses, ``val_map_model``, ``val_map_ema``, ``val_source``, PLC's
-        ``pl_count`` / ``pl_precision`` on unobserved entries, ``lr``),
+        ``pl_count`` / ``pl_precision`` (a fraction in [0, 1]) on unobserved entries, ``lr``),
         ``checkpoint.pt``, ``best.pt``, ``predictions.npz``, ``thresholds.json`` and
         ``final.json``.
 
     Raises:
         ValueError: feature-vector splits, a bad LAC option, a resume with other settings, a
-            checkpoint of another format, val labels without a positive.
+            checkpoint of another format or holding pickled code, val labels without a
+            positive.
     """
     from ..models.backbones import create_backbone
 
@@ -891,7 +894,7 @@ def train_lac(splits: Splits, loss: str = "an", hparams: dict | None = None,
 
     state = None
     if resume is not None and (run.path / CHECKPOINT_FILE).is_file():
-        state = torch.load(run.path / CHECKPOINT_FILE, map_location=device, weights_only=False)
+        state = load_torch(run.path / CHECKPOINT_FILE, map_location=device)
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"cannot resume {run.path}: its {CHECKPOINT_FILE} has format "
                              f"{state.get('format')!r}, not {STATE_FORMAT!r} (written by "
@@ -1023,11 +1026,15 @@ def load_lac_model(run, device: str = "cpu") -> tuple[LabelEmbeddingModel, dict]
     """The best model of a LAC run folder, in eval mode (:func:`lac_model_from_checkpoint`).
     Returns ``(model, info)`` with ``info`` the rest of ``best.pt`` (class names, image size,
     mean, std, ...). ``model(images)`` gives logits, ``model.attention_maps(images)`` where
-    each label looks."""
+    each label looks.
+
+    ``best.pt`` is loaded with ``weights_only=True`` (:func:`spmlkit.runs.load_torch`): a file
+    holding pickled code (a run folder from someone else) is refused with a ValueError and
+    nothing in it runs."""
     path = Path(run) / "best.pt"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: is {run} a finished LAC run folder?")
-    info = torch.load(path, map_location="cpu", weights_only=False)
+    info = load_torch(path, map_location="cpu")
     if info.get("mode") != "lac":
         raise ValueError(f"{path} is not a LAC checkpoint (mode {info.get('mode', 'linear')!r})")
     model = lac_model_from_checkpoint(info)
