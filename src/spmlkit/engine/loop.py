@@ -75,7 +75,7 @@ class FitResult:
     seconds: float = 0.0
     stopped_early: bool = False
     linear: "FitResult | None" = None  # linear_init: the linear phase's own result
-    best_stage: "int | str | None" = None
+    best_stage: int | str | None = None
     best_source: str | None = None
 
     def to_dict(self) -> dict:
@@ -173,7 +173,7 @@ class Stage:
 
     epochs: int
     setup: Callable[[], StageParts]
-    name: "int | str | None" = None
+    name: int | str | None = None
     info: dict = field(default_factory=dict)
     from_best: bool = False
 
