@@ -196,3 +196,265 @@ def test_lean_adam_equals_torch_fused_adam():
             opt.step()
     assert torch.equal(a.weight, b.weight) and torch.equal(extra_a, extra_b)
     assert not torch.equal(a.weight, nn.Linear(5, 3).weight)
+
+
+# ---- checkpoint and resume ---------------------------------------------------------------------
+class Stop(Exception):
+    pass
+
+
+def weights_only_round_trip(state, tmp_path, name="state.pt"):
+    """What a caller does with the state: torch.save, then a weights_only load."""
+    torch.save(state, tmp_path / name)
+    return torch.load(tmp_path / name, weights_only=True)
+
+
+def stateful(name):
+    return create_loss(name, **({"warmup": 1} if name == "em_apl" else {}))
+
+
+@pytest.mark.parametrize("name", ["role", "em_apl", "ll_cp"])
+def test_fit_linear_resume_is_bit_identical(name, tmp_path):
+    """Stop after epoch e (on_epoch raises; the checkpoint of epoch e is kept), resume from
+    that state in a fresh process-like setting (new loss object, state through torch.save and a
+    weights_only load): the final weights, loss state, history and best epoch are the
+    uninterrupted run's exactly, for losses whose state changes every epoch."""
+    x, y = toy(n=90)
+    z = make_observed(y, "1p")
+    cfg = TrainConfig(epochs=6, batch_size=16, lr=2e-2, seed=7, early_stop="patience:3")
+    fit = dict(x_val=x[:40], y_val=y[:40], k=1.5)
+    whole_loss = stateful(name)
+    whole, ref = fit_linear(x, z, whole_loss, cfg, **fit)
+    for stop in (1, 3):
+        saved = {}
+
+        def on_epoch(record, model, loss):
+            if record["epoch"] == stop:
+                raise Stop
+
+        with pytest.raises(Stop):
+            fit_linear(x, z, stateful(name), cfg, on_epoch=on_epoch,
+                       checkpoint=lambda state: saved.update(state=state()), **fit)
+        state = weights_only_round_trip(saved["state"], tmp_path)
+        assert len(state["history"]) == stop and state["run"]["batch_order"]["state"].dtype \
+            == torch.uint8
+        loss = stateful(name)
+        model, res = fit_linear(x, z, loss, cfg, resume=state, **fit)
+        assert torch.equal(model.weight, whole.weight) and torch.equal(model.bias, whole.bias)
+        for key, value in whole_loss.state_dict().items():
+            assert torch.equal(loss.state_dict()[key], value), (name, key)
+        assert res.history == ref.history
+        assert (res.best_epoch, res.val_map, res.stopped_early) == \
+            (ref.best_epoch, ref.val_map, ref.stopped_early)
+
+
+def test_every_registered_loss_resumes_exactly(tmp_path):
+    """The state of every registered loss lives in its state_dict: resuming after epoch 2
+    gives the uninterrupted run, for each of them."""
+    from spmlkit.losses import LOSSES
+
+    x, y = toy(n=60)
+    z = make_observed(y, "1p")
+    cfg = TrainConfig(epochs=4, batch_size=16, lr=2e-2, seed=3)
+    fit = dict(x_val=x[:30], y_val=y[:30], k=1.5)
+    for name in LOSSES.names():
+        states = []
+        whole, ref = fit_linear(x, z, stateful(name), cfg,
+                                checkpoint=lambda state: states.append(state()), **fit)
+        state = weights_only_round_trip(states[1], tmp_path)
+        model, res = fit_linear(x, z, stateful(name), cfg, resume=state, **fit)
+        assert torch.equal(model.weight, whole.weight), name
+        assert res.history == ref.history, name
+
+
+def test_resume_from_every_epoch_and_from_a_finished_run():
+    x, y = toy(n=60)
+    z = make_observed(y, "1p")
+    cfg = TrainConfig(epochs=4, batch_size=8, lr=1e-2, seed=1)
+    states = []
+    whole, ref = fit_linear(x, z, create_loss("an"), cfg, x_val=x, y_val=y,
+                            checkpoint=lambda state: states.append(state()))
+    assert len(states) == 4 and [len(s["history"]) for s in states] == [1, 2, 3, 4]
+    for state in states:  # the last one: a finished run, nothing left to train
+        model, res = fit_linear(x, z, create_loss("an"), cfg, x_val=x, y_val=y, resume=state)
+        assert torch.equal(model.weight, whole.weight) and res.history == ref.history
+        assert res.best_epoch == ref.best_epoch
+
+
+def test_checkpoint_is_called_once_per_epoch_and_builds_nothing_unless_asked(monkeypatch):
+    from spmlkit.engine import loop
+
+    built = []
+    real = loop.snapshot
+
+    def counting(obj, where="state"):
+        if where == "state":
+            built.append(1)
+        return real(obj, where)
+
+    monkeypatch.setattr(loop, "snapshot", counting)
+    x, y = toy(n=40)
+    z = make_observed(y, "1p")
+    cfg = TrainConfig(epochs=3, batch_size=8, lr=1e-2)
+    calls = []
+    _, plain = fit_linear(x, z, create_loss("an"), cfg, x_val=x, y_val=y)
+    _, lazy = fit_linear(x, z, create_loss("an"), cfg, x_val=x, y_val=y,
+                         checkpoint=lambda state_fn: calls.append(callable(state_fn)))
+    assert calls == [True] * 3 and built == []  # called every epoch, the state never built
+    assert lazy.history == plain.history
+    fit_linear(x, z, create_loss("an"), cfg, x_val=x, y_val=y,
+               checkpoint=lambda state_fn: state_fn() if len(built) < 1 else None)
+    assert built == [1]  # a caller that writes once (e.g. throttled by time) builds it once
+
+
+def test_resume_refuses_a_state_of_another_run():
+    x, y = toy(n=40)
+    z = make_observed(y, "1p")
+    states = []
+    fit_linear(x, z, create_loss("an"), TrainConfig(epochs=2, batch_size=8), x_val=x, y_val=y,
+               checkpoint=lambda state: states.append(state()))
+    with pytest.raises(ValueError, match="stages.*differ"):
+        fit_linear(x, z, create_loss("an"), TrainConfig(epochs=3, batch_size=8), x_val=x,
+                   y_val=y, resume=states[0])
+    with pytest.raises(ValueError, match="does not fit this model"):
+        fit_linear(x[:, :4], z, create_loss("an"), TrainConfig(epochs=2, batch_size=8),
+                   resume=states[0])
+    with pytest.raises(ValueError, match="format"):
+        fit_linear(x, z, create_loss("an"), TrainConfig(epochs=2), resume={"model": {}})
+
+
+def test_lean_adam_state_round_trip():
+    from torch import nn
+
+    from spmlkit.engine import LeanAdam
+
+    gen = torch.Generator().manual_seed(0)
+    a = nn.Linear(5, 3)
+    b = nn.Linear(5, 3)
+    b.load_state_dict(a.state_dict())
+    opt_a, opt_b = LeanAdam([(list(a.parameters()), 1e-2)]), LeanAdam([(list(b.parameters()),
+                                                                         1e-2)])
+    data = [torch.randn(4, 5, generator=gen) for _ in range(6)]
+
+    def train(model, opt, xs):
+        for x in xs:
+            opt.zero_grad()
+            model(x).pow(2).sum().backward()
+            opt.step()
+
+    train(a, opt_a, data)
+    train(b, opt_b, data[:3])
+    c = nn.Linear(5, 3)
+    c.load_state_dict(b.state_dict())
+    opt_c = LeanAdam([(list(c.parameters()), 1e-2)])
+    opt_c.load_state_dict(opt_b.state_dict())  # moments and step counts, not just weights
+    train(c, opt_c, data[3:])
+    assert torch.equal(a.weight, c.weight) and torch.equal(a.bias, c.bias)
+    with pytest.raises(ValueError, match="groups"):
+        opt_c.load_state_dict({"groups": []})
+
+
+# ---- stages, hooks, several evaluators -----------------------------------------------------------
+def test_stages_hooks_and_evaluators_on_the_one_loop():
+    from spmlkit.engine import (Stage, StageParts, StepHook, make_linear_head, make_optimizer,
+                                predict_logits, train_loop)
+    from spmlkit.metrics import map_score
+
+    x, y = toy(n=48)
+    xt, z = torch.tensor(x), torch.as_tensor(make_observed(y, "1p"))
+    model, loss = make_linear_head(6, 4, 0), create_loss("an")
+    loss.on_train_start(z, None)
+
+    class L2(StepHook):  # an extra term, a per-epoch record field, a step counter
+        def __init__(self, weight):
+            self.weight, self.steps = weight, 0
+
+        def on_epoch_start(self, epoch):
+            self.sum = 0.0
+
+        def terms(self, batch):
+            term = model.weight.pow(2).sum()
+            self.sum += float(term.detach())
+            return [(self.weight, term)]
+
+        def after_step(self, batch):
+            self.steps += 1
+
+        def epoch_record(self):
+            return {"l2": self.sum}
+
+    hooks, starts = [], []
+
+    def setup(weight):
+        def build():
+            starts.append({k: v.clone() for k, v in model.state_dict().items()})
+            hooks.append(L2(weight))
+            return StageParts(make_optimizer(model, loss, 1e-2), hooks=[hooks[-1]])
+        return build
+
+    def batches(epoch):
+        for i in range(0, 48, 16):
+            idx = torch.arange(i, i + 16)
+            yield xt[idx], z[idx], idx
+
+    score = lambda: map_score(torch.sigmoid(predict_logits(model, xt)).numpy(), y)  # noqa: E731
+    other_scores = iter([70.0, 0.0, 0.0, 99.0])  # e.g. an EMA: wins epochs 1 and 4
+    other_state = {"weight": torch.full((4, 6), 0.5), "bias": torch.zeros(4)}
+
+    def weights(source):
+        return {k: v.clone() for k, v in (other_state if source == "other" else
+                                          model.state_dict()).items()}
+
+    res = train_loop(model, loss, [Stage(2, setup(0.0), name=1, info={"delta": 0.6}),
+                                   Stage(2, setup(1e-3), name=2, info={"delta": 0.9},
+                                         from_best=True)],
+                     num_examples=48, batches=batches, weights=weights,
+                     evaluators={"model": score, "other": lambda: next(other_scores)})
+    h = res.history
+    assert list(h[0]) == ["epoch", "stage", "stage_epoch", "train_loss", "l2", "delta",
+                          "val_map", "val_map_model", "val_map_other", "val_source", "best",
+                          "stage_done"]
+    assert [(r["epoch"], r["stage"], r["stage_epoch"], r["stage_done"]) for r in h] == \
+        [(1, 1, 1, False), (2, 1, 2, True), (3, 2, 1, False), (4, 2, 2, True)]
+    assert [r["val_source"] for r in h] == ["other", "model", "model", "other"]
+    assert [r["delta"] for r in h] == [0.6, 0.6, 0.9, 0.9]
+    for r in h:
+        assert r["val_map"] == max(r["val_map_model"], r["val_map_other"])
+    assert [r["best"] for r in h] == [True, h[1]["val_map"] > 70, h[2]["val_map"] > max(
+        70, h[1]["val_map"]), True]
+    assert [hk.steps for hk in hooks] == [3 * 2, 3 * 2] and h[0]["l2"] > 0
+    # stage 2 started from stage 1's best: the weights of the evaluator that won it
+    assert max(h[:2], key=lambda r: r["val_map"])["val_source"] == "other"
+    assert torch.equal(starts[1]["weight"], other_state["weight"])
+    assert not torch.equal(starts[0]["weight"], other_state["weight"])
+    assert (res.best_epoch, res.best_stage, res.best_source, res.val_map) == (4, 2, "other", 99.0)
+    assert torch.equal(model.weight, other_state["weight"])  # the best epoch's winner
+
+
+# ---- no finite validation mAP ------------------------------------------------------------------
+def test_val_labels_without_any_positive_are_a_clear_error():
+    """No class of the val labels has a positive: val mAP is NaN at every epoch (the former
+    loop then failed with a TypeError on the missing best state)."""
+    x, y = toy(n=30)
+    z = make_observed(y, "1p")
+    with pytest.raises(ValueError, match="validation labels.*no positive in any class"):
+        fit_linear(x, z, create_loss("an"), TrainConfig(epochs=2), x_val=x,
+                   y_val=np.zeros_like(y))
+    # the official convention scores such classes 0: finite, the first epoch is kept
+    _, res = fit_linear(x, z, create_loss("an"), TrainConfig(epochs=2, map_convention="official"),
+                        x_val=x, y_val=np.zeros_like(y))
+    assert res.val_map == 0.0 and res.best_epoch == 1
+
+
+def test_no_finite_val_map_is_a_clear_error():
+    from spmlkit.engine import Stage, StageParts, make_linear_head, make_optimizer, train_loop
+
+    x, y = toy(n=30)
+    z = make_observed(y, "1p")
+    model, loss = make_linear_head(6, 4, 0), create_loss("an")
+    xt, zt = torch.tensor(x), torch.as_tensor(z)
+    with pytest.raises(ValueError, match=r"no epoch got a finite validation mAP.*\[nan, nan\]"
+                                         r".*not finite"):
+        train_loop(model, loss, [Stage(2, lambda: StageParts(make_optimizer(model, loss, 1e-2)))],
+                   num_examples=30, batches=lambda e: [(xt, zt, torch.arange(30))],
+                   evaluators={"model": lambda: float("nan")})

@@ -245,3 +245,110 @@ def test_every_registered_loss_fine_tunes(images):
         (record,) = res.history
         assert np.isfinite(record["train_loss"]) and np.isfinite(record["val_map"]), entry.name
     assert len(losses) >= 20 and int(losses["em_apl"].pseudo_mask.sum()) > 0
+
+
+# ---- checkpoint and resume ---------------------------------------------------------------------
+class Stop(Exception):
+    pass
+
+
+def saved_state(tmp_path, state):
+    """torch.save, then a weights_only load: what a run folder's checkpoint goes through."""
+    torch.save(state, tmp_path / "state.pt")
+    return torch.load(tmp_path / "state.pt", weights_only=True)
+
+
+class DropoutModel(torch.nn.Module):
+    """tiny_cnn + dropout + linear head: training draws from torch's global RNG."""
+
+    def __init__(self, seed=0):
+        super().__init__()
+        self.backbone = tiny_model(seed).backbone
+        self.drop = torch.nn.Dropout(0.5)
+        self.head = tiny_model(seed).head
+
+    def forward(self, x):
+        return self.head(self.drop(self.backbone(x)))
+
+
+@pytest.mark.parametrize("make", [tiny_model, DropoutModel])
+def test_finetune_resume_is_bit_identical(images, tmp_path, make):
+    """Stop after epoch 1 (on_epoch raises), resume from that epoch's checkpoint state with a
+    fresh model and loss: the uninterrupted run's weights, ROLE estimator, history and best
+    epoch exactly; with dropout too (drawn per epoch from a seeded fork of the global RNG,
+    which is left as it was)."""
+    n = 24
+    config = cfg(epochs=3, image_size=16)
+    data = dict(val_items=images["val"], y_val=images["y_val"], k=1.5)
+    rng = torch.get_rng_state()
+    whole_loss = create_loss("role")
+    whole, ref = fit_finetune(make(), images["train"][:n], images["observed"][:n], whole_loss,
+                              config, **data)
+    assert torch.equal(torch.get_rng_state(), rng)  # the caller's global RNG untouched
+    saved = {}
+
+    def on_epoch(record, model, loss):
+        if record["epoch"] == 1:
+            raise Stop
+
+    with pytest.raises(Stop):
+        fit_finetune(make(), images["train"][:n], images["observed"][:n], create_loss("role"),
+                     config, on_epoch=on_epoch,
+                     checkpoint=lambda state: saved.update(state=state()), **data)
+    torch.manual_seed(123)  # whatever the global RNG holds when the run is resumed
+    loss = create_loss("role")
+    model, res = fit_finetune(make(), images["train"][:n], images["observed"][:n], loss,
+                              config, resume=saved_state(tmp_path, saved["state"]), **data)
+    for key, value in whole.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
+    assert torch.equal(loss.label_logits, whole_loss.label_logits)
+    assert res.history == ref.history and res.best_epoch == ref.best_epoch
+    assert len(res.history) == 3
+
+
+def test_linear_init_resumes_in_either_phase(images, tmp_path):
+    model0 = tiny_model(seed=4)
+    feats = {s: predict_items(model0.backbone, images[s], cfg()).numpy() for s in ("train", "val")}
+    kw = dict(linear_config=cfg(epochs=3, lr=1e-2), train_features=feats["train"],
+              val_features=feats["val"], val_items=images["val"], y_val=images["y_val"], k=1.5)
+    config = cfg(epochs=2, lr=1e-3)
+    whole_loss = create_loss("role")
+    whole, ref = fit_linear_init(tiny_model(seed=4), images["train"], images["observed"],
+                                 whole_loss, config, **kw)
+    for phase, epoch in (("linear", 2), ("finetune", 1)):
+        saved = {}
+
+        def on_epoch(record, model, loss):
+            if (record["phase"], record["epoch"]) == (phase, epoch):
+                raise Stop
+
+        with pytest.raises(Stop):
+            fit_linear_init(tiny_model(seed=4), images["train"], images["observed"],
+                            create_loss("role"), config, on_epoch=on_epoch,
+                            checkpoint=lambda state: saved.update(state=state()), **kw)
+        state = saved_state(tmp_path, saved["state"])
+        assert state["phase"] == phase and len(state["state"]["history"]) == epoch
+        loss = create_loss("role")
+        resumed_kw = dict(kw)
+        if phase == "finetune":  # no features needed: the linear phase is over
+            resumed_kw.update(train_features=None, val_features=None)
+        model, res = fit_linear_init(tiny_model(seed=4), images["train"], images["observed"],
+                                     loss, config, resume=state, **resumed_kw)
+        for key, value in whole.state_dict().items():
+            assert torch.equal(model.state_dict()[key], value), (phase, key)
+        assert torch.equal(loss.label_logits, whole_loss.label_logits)
+        assert res.history == ref.history and res.linear.history == ref.linear.history
+        assert res.linear.best_epoch == ref.linear.best_epoch
+    with pytest.raises(ValueError, match="not a linear_init state"):
+        fit_linear_init(tiny_model(seed=4), images["train"], images["observed"],
+                        create_loss("role"), config, resume=state["state"], **kw)
+
+
+def test_loss_scaler_state_round_trip():
+    scaler = LossScaler([torch.nn.Parameter(torch.ones(1))], init_scale=8.0)
+    scaler.scale, scaler.good, scaler.skipped = 4.0, 3, 1
+    other = LossScaler([], init_scale=2.0)
+    other.load_state_dict(scaler.state_dict())
+    assert (other.scale, other.good, other.skipped) == (4.0, 3, 1)
+    with pytest.raises(ValueError, match="lacks"):
+        other.load_state_dict({})

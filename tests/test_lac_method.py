@@ -17,6 +17,7 @@ from spmlkit.labels import make_observed
 from spmlkit.methods import lac as lac_mod
 from spmlkit.methods.lac import (ABLATIONS, CHECKPOINT_FILE, LACConfig, ablation_config,
                                  load_lac_model, resolve_train_config, train_lac)
+from spmlkit.runs import load_torch
 
 BACKBONE = {"width": 4, "num_features": 8, "input_size": 16}
 SMALL = {"dim": 8, "heads": 2, "ffn": 16, "proj_dim": 8, "queue_size": 16, "weak_views": 2,
@@ -136,32 +137,35 @@ def test_ablation_switches(toy, tmp_path):
 
 
 def test_stage_two_starts_from_stage_one_best_and_adds_the_projection_head(toy, monkeypatch):
-    seen = {}
-    build, start = lac_mod._Trainer._build_stage, lac_mod._Trainer._start_next_stage
+    seen = {"projector_trained": [], "projector": [], "start": [], "ema_updates": []}
+    setup = lac_mod._LACRecipe.setup
 
-    def spy_build(self):
-        build(self)
-        trained = {id(p) for g in self.opt.param_groups for p in g["params"]}
-        seen.setdefault("projector_trained", []).append(
+    def spy_setup(self, index):  # each stage's set-up, after the hand-over of weights
+        parts = setup(self, index)
+        seen["recipe"] = self
+        trained = {id(p) for g in parts.optimizer.param_groups for p in g["params"]}
+        seen["projector_trained"].append(
             all(id(p) in trained for p in self.model.head.projector.parameters()))
-        seen.setdefault("projector", []).append(lac_mod._state(self.model.head.projector))
+        seen["projector"].append(lac_mod._state(self.model.head.projector))
+        seen["start"].append(lac_mod._state(self.model))
+        seen["ema_updates"].append(self.ema.updates)
+        return parts
 
-    def spy_start(self):
-        seen["stage1_best"] = dict(self.best)
-        start(self)
-        seen["stage2_start"] = lac_mod._state(self.model)
-        seen["ema_updates"] = self.ema.updates
+    best = {}
 
-    monkeypatch.setattr(lac_mod._Trainer, "_build_stage", spy_build)
-    monkeypatch.setattr(lac_mod._Trainer, "_start_next_stage", spy_start)
+    def hook(record, model, loss):  # the weights that won each better stage-1 epoch
+        if record["stage"] == 1 and record["best"]:
+            best.update(stage=record["stage"], source=record["val_source"],
+                        model=seen["recipe"].weights(record["val_source"]))
+
+    monkeypatch.setattr(lac_mod._LACRecipe, "setup", spy_setup)
     # lr 1e-2 with an EMA of 0.9: stage 1's best may be either; the start must be that one
-    res = run(toy, {"stage1_epochs": 3, "stage2_epochs": 1})
+    res = run(toy, {"stage1_epochs": 3, "stage2_epochs": 1}, on_epoch=hook)
     assert seen["projector_trained"] == [False, True]
-    best = seen["stage1_best"]
     assert best["stage"] == 1 and best["source"] in ("model", "ema")
     for key, value in best["model"].items():
-        assert torch.equal(seen["stage2_start"][key], value), key
-    assert seen["ema_updates"] == 0  # a fresh EMA of the stage-2 start
+        assert torch.equal(seen["start"][1][key], value), key
+    assert seen["ema_updates"] == [0, 0]  # a fresh EMA of each stage's start
     # the projection head was not trained (nor decayed) in stage 1
     for key, value in seen["projector"][0].items():
         assert torch.equal(seen["projector"][1][key], value)
@@ -202,45 +206,54 @@ def test_checkpoint_round_trip_of_the_whole_state(toy, tmp_path, monkeypatch):
 
     def hook(record, model, loss):
         if record["stage"] == 2:
-            trainer = captured["trainer"]
+            recipe = captured["recipe"]
             captured.update(model=lac_mod._state(model),
-                            ema=lac_mod._state(trainer.ema.module),
-                            queue=lac_mod._state(trainer.queue), updates=trainer.ema.updates)
+                            ema=lac_mod._state(recipe.ema.module),
+                            queue=lac_mod._state(recipe.queue), updates=recipe.ema.updates)
             raise Stop
 
-    fit, load = lac_mod._Trainer.fit, lac_mod._Trainer.load_state_dict
+    setup, start = lac_mod._LACRecipe.setup, lac_mod._LACStep.on_epoch_start
 
-    def spy_fit(self, *args):
-        captured["trainer"] = self
-        return fit(self, *args)
+    def spy_setup(self, index):
+        captured["recipe"] = self
+        return setup(self, index)
 
-    def spy_load(self, ckpt):
-        load(self, ckpt)
-        captured["reloaded"] = copy.deepcopy(self.state_dict())  # before training goes on
+    def spy_start(self, epoch):  # the first epoch after the resume: the state as loaded
+        if captured.get("resumed") and "reloaded" not in captured:
+            r = self.recipe
+            captured["reloaded"] = copy.deepcopy({
+                "model": lac_mod._state(r.model), "loss": lac_mod._state(r.loss),
+                "queue": lac_mod._state(r.queue), "ema": self.ema.state_dict(),
+                "scheduler": self.sched.state_dict(), "optimizer": self.opt.state_dict()})
+        start(self, epoch)
 
-    monkeypatch.setattr(lac_mod._Trainer, "fit", spy_fit)
-    monkeypatch.setattr(lac_mod._Trainer, "load_state_dict", spy_load)
+    monkeypatch.setattr(lac_mod._LACRecipe, "setup", spy_setup)
+    monkeypatch.setattr(lac_mod._LACStep, "on_epoch_start", spy_start)
     with pytest.raises(Stop):
         run(toy, {"stage1_epochs": 2, "stage2_epochs": 2}, out=tmp_path, on_epoch=hook)
     run_dir = next(tmp_path.iterdir())
-    ckpt = torch.load(run_dir / CHECKPOINT_FILE, weights_only=False)
-    assert (ckpt["stage_index"], ckpt["stage_epoch"], ckpt["stage_done"]) == (1, 1, False)
-    assert ckpt["ema"]["updates"] == captured["updates"] == 3
-    assert int(ckpt["queue"]["count"]) == 16 and ckpt["queue"]["labels"].min() >= 0
-    for name in ("model", "queue"):
-        for key, value in captured[name].items():
-            assert torch.equal(ckpt[name][key], value), (name, key)
+    ckpt = load_torch(run_dir / CHECKPOINT_FILE)  # weights_only=True: no pickled code
+    parts = ckpt["parts"]
+    assert (ckpt["stage"], ckpt["stage_epoch"], ckpt["stage_done"]) == (1, 1, False)
+    assert parts["ema"]["updates"] == captured["updates"] == 3
+    assert int(parts["queue"]["count"]) == 16 and parts["queue"]["labels"].min() >= 0
+    for key, value in captured["model"].items():
+        assert torch.equal(ckpt["model"][key], value), key
+    for key, value in captured["queue"].items():
+        assert torch.equal(parts["queue"][key], value), key
     for key, value in captured["ema"].items():
-        assert torch.equal(ckpt["ema"]["module"][key], value), key
+        assert torch.equal(parts["ema"]["module"][key], value), key
     assert ckpt["best"]["stage"] in (1, 2) and len(ckpt["history"]) == 3
+    captured["resumed"] = True
     run(toy, {"stage1_epochs": 2, "stage2_epochs": 2}, resume=run_dir)
     back = captured["reloaded"]  # the state right after loading the checkpoint
-    for name in ("model", "queue", "loss"):
-        assert back[name].keys() == ckpt[name].keys()
-        assert all(torch.equal(back[name][k], ckpt[name][k]) for k in ckpt[name]), name
+    for name, saved in (("model", ckpt["model"]), ("queue", parts["queue"]),
+                        ("loss", ckpt["loss"])):
+        assert back[name].keys() == saved.keys()
+        assert all(torch.equal(back[name][k], saved[k]) for k in saved), name
     assert all(torch.equal(back["ema"]["module"][k], v)
-               for k, v in ckpt["ema"]["module"].items())
-    assert back["scheduler"]["last_epoch"] == ckpt["scheduler"]["last_epoch"] == 3
+               for k, v in parts["ema"]["module"].items())
+    assert back["scheduler"]["last_epoch"] == parts["scheduler"]["last_epoch"] == 3
     opt_a, opt_b = back["optimizer"]["state"], ckpt["optimizer"]["state"]
     assert opt_a.keys() == opt_b.keys() and all(
         torch.equal(opt_a[i]["exp_avg"], opt_b[i]["exp_avg"]) for i in opt_b)
@@ -260,11 +273,61 @@ def test_resume_gives_the_uninterrupted_result(toy, tmp_path, stage):
         assert resumed[key] == whole[key], key
     strip = [{k: v for k, v in r.items()} for r in records(whole["run_dir"])]
     assert json.dumps(records(cut_dir)) == json.dumps(strip)
-    a = torch.load(f"{whole['run_dir']}/best.pt", weights_only=False)["model"]
-    b = torch.load(cut_dir / "best.pt", weights_only=False)["model"]
+    a = load_torch(f"{whole['run_dir']}/best.pt")["model"]
+    b = load_torch(cut_dir / "best.pt")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
     again = run(toy, lac, resume=cut_dir)  # a finished run: its final.json
     assert again["test_map"] == whole["test_map"]
+
+
+class Payload:
+    """Unpickling this calls ``open(marker, "w")``: creates the marker file (harmless code that
+    shows whether a load ran pickled code)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_checkpoints_holding_pickled_code_are_refused(toy, tmp_path):
+    """A run folder received from someone else: resume and load_lac_model load checkpoint.pt /
+    best.pt with weights_only=True, refuse pickled code with a ValueError and run nothing."""
+    lac = {"plc": False, "lac": False}
+    with pytest.raises(Stop):
+        run(toy, lac, out=tmp_path / "cut", epochs=2, on_epoch=stop_at(1, 1))
+    cut = next((tmp_path / "cut").iterdir())
+    marker = tmp_path / "marker"
+    torch.save({"model": Payload(marker)}, cut / CHECKPOINT_FILE)
+    # (runs.load_torch names the refused global on the torch versions whose message it parses)
+    with pytest.raises(ValueError, match=f"{CHECKPOINT_FILE}: (refused|not a readable)"):
+        run(toy, lac, epochs=2, resume=cut)
+    assert not marker.exists()
+    torch.save({"format": 1, "stage_index": 0}, cut / CHECKPOINT_FILE)  # an older spmlkit's
+    with pytest.raises(ValueError, match="format 1.*another spmlkit version"):
+        run(toy, lac, epochs=2, resume=cut)
+    done = run(toy, lac, out=tmp_path / "done", epochs=1)["run_dir"]
+    torch.save({"mode": "lac", "model": Payload(marker)}, f"{done}/best.pt")
+    with pytest.raises(ValueError, match="best.pt: (refused|not a readable)"):
+        load_lac_model(done)
+    assert not marker.exists()
+    torch.load(f"{done}/best.pt", weights_only=False)  # the payload is real: it runs when
+    assert marker.exists()                              # loaded the unsafe way
+
+
+def test_pl_precision_is_a_fraction_as_every_other_trainer(toy):
+    """PLC's pseudo-label precision is the fraction of the pseudo-positives that are true
+    positives, in [0, 1] (spmlkit.metrics.pseudo_label_stats), not a percentage."""
+    records = []
+    run(toy, {"lac": False, "delta1": 0.5}, epochs=2,
+        on_epoch=lambda record, model, loss: records.append(record))
+    counted = [r for r in records if r["pl_count"] > 0]
+    assert counted and any(r["pl_precision"] > 0 for r in counted)
+    for r in counted:
+        hits = r["pl_precision"] * r["pl_count"]  # the true pseudo-positives: a whole number
+        assert 0 < r["pl_precision"] <= 1 or r["pl_precision"] == 0
+        assert hits == pytest.approx(round(hits), abs=1e-9) and round(hits) <= r["pl_count"]
 
 
 # ---- outputs and the end-to-end path ----------------------------------------------------------

@@ -187,7 +187,7 @@ def load_torch(path, map_location="cpu") -> dict:
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         text = str(err)
-        found = re.search(r"unsupported GLOBAL (\S+)", text)
+        found = re.search(r"\bGLOBAL (\S+)", text)
         if found is None:  # not a torch file at all
             raise ValueError(f"{path}: not a readable checkpoint (UnpicklingError); train the "
                              f"run again") from None

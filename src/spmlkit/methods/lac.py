@@ -51,16 +51,26 @@ Randomness: the head's initialisation, the batch order and the view choice come 
 inside ``torch.random.fork_rng`` re-seeded from ``mix_seed(seed, epoch)`` every epoch, so the
 caller's global RNG is left as it was and a resumed run repeats an uninterrupted one exactly.
 
-Resuming: after every epoch the run folder gets ``checkpoint.pt`` (written atomically) with
-the whole state: model, EMA, optimiser, schedule, loss, queue, stage and epoch, the best weights
-so far with their score, the history and the elapsed time. ``train_lac(..., resume=RUN_DIR)``
-(``spml train --mode lac --resume RUN_DIR``, or :func:`resume_lac`) continues in either stage
-and ends with the same weights and metrics as a run that was never interrupted.
+The loop is the engine's (:func:`spmlkit.engine.train_loop`): LAC is its stages (each stage's
+set-up builds AdamW, OneCycle, the EMA and resets the queue; stage 2 starts from the best
+weights), a step hook (PLC and LAC terms, queue push, schedule and EMA steps) and two evaluators
+(the model and its EMA). :func:`fit_lac` runs it on given views; :func:`train_lac` adds the
+run folder.
+
+Resuming: after every epoch the run folder gets ``checkpoint.pt`` (written atomically, through
+the loop's ``checkpoint=`` callback) with the loop's whole state: model, EMA, optimiser,
+schedule, loss, queue, stage and epoch, the best weights so far with their score, the history
+and the elapsed time; tensors, numbers and strings only, loaded with ``weights_only=True``
+(:func:`spmlkit.runs.load_torch`: a file holding pickled code is refused, nothing runs).
+``train_lac(..., resume=RUN_DIR)`` (``spml train --mode lac --resume RUN_DIR``, or
+:func:`resume_lac`) continues in either stage and ends with the same weights and metrics as a
+run that was never interrupted.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -73,8 +83,9 @@ import torch
 from torch import nn
 
 from ..data import Splits
-from ..engine import (GlobalBatchSampler, ItemPredictor, LossScaler, TrainConfig, _amp_dtype,
-                      _should_stop, loader_workers, mix_seed, parse_early_stop)
+from ..engine import (STATE_FORMAT, FitResult, GlobalBatchSampler, ItemPredictor, LossScaler,
+                      Stage, StageParts, StepBatch, StepHook, TrainConfig, _amp_dtype,
+                      check_val_labels, loader_workers, mix_seed, train_loop, val_map)
 from .base import resolve_hparams, versions
 from ..labels import validate_observed
 from ..losses import TrainInfo, create_loss
@@ -82,14 +93,13 @@ from ..losses.lac import RingQueue, lac_entries, lac_loss, plc_loss, plc_targets
 from ..metrics import evaluate, map_score, select_thresholds
 from ..models.ema import ModelEMA
 from ..models.label_embedding import LabelEmbeddingModel
-from ..runs import PREDICTIONS_FILE, RunDir, write_json, write_text
+from ..runs import PREDICTIONS_FILE, RunDir, load_torch, write_json, write_text
 
 __all__ = ["ABLATIONS", "CHECKPOINT_FILE", "LACConfig", "CachedMapViews", "ImageViews",
-           "ablation_config", "lac_model_from_checkpoint", "load_lac_model", "resume_lac",
-           "train_lac"]
+           "ablation_config", "fit_lac", "lac_model_from_checkpoint", "load_lac_model",
+           "resume_lac", "train_lac"]
 
 CHECKPOINT_FILE = "checkpoint.pt"
-CHECKPOINT_FORMAT = 1
 #: the paper's batch size, OneCycle max learning rate and epoch budget (section 4.1)
 OFFICIAL_BATCH_SIZE, OFFICIAL_LR, OFFICIAL_EPOCHS = 32, 1e-4, 40
 VIEWS = ("cached", "images")
@@ -451,7 +461,8 @@ class ImageViews:
         self.loader = torch.utils.data.DataLoader(
             _TwoViewItems(list(splits.train.x), weak, strong, read, seed),
             batch_sampler=self.sampler, num_workers=workers, collate_fn=_collate_two,
-            pin_memory=device.type == "cuda", persistent_workers=workers > 0)
+            pin_memory=device.type == "cuda", persistent_workers=workers > 0,
+            generator=torch.Generator())  # its workers' base seed: not from the global RNG
         eval_t = T.eval_transform(size, mean, std)
         self.predictors = {s: ItemPredictor(list(getattr(splits, s).x), eval_t, config,
                                             (3, size, size), device, read)
@@ -477,12 +488,7 @@ class ImageViews:
         self.loader = None
 
 
-# ---- the trainer ---------------------------------------------------------------------------
-# A dedicated loop rather than engine.train_loop: LAC needs two views per step, extra loss
-# terms on embeddings, a per-step schedule and EMA, model-vs-EMA selection, two stages with a
-# hand-over of weights, and a whole-state checkpoint after every epoch for resuming; adding all
-# of that to the shared loop as optional hooks would make it much harder to read for every
-# other mode. The base loss is still driven through the same SPMLLoss hooks.
+# ---- LAC on the engine's loop ------------------------------------------------------------------
 def _state(module) -> dict:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
@@ -501,35 +507,123 @@ class _EMAView(nn.Module):
             return self._head(self._model.features(x))
 
 
-class _Trainer:
-    def __init__(self, model, loss, views, z, y_train, lac: LACConfig, config: TrainConfig,
-                 stages, device, k, run: RunDir | None, on_epoch, log_record):
+class _LACStep(StepHook):
+    """LAC's per-step additions to the base loss, on the weak view's logits ``lw`` and the
+    strong view's ``ls``, the label-wise embeddings ``ew`` / ``es`` (the batch's extras)::
+
+        + lambda_plc * PLC(ls | lw, observed, delta)          (lac.plc)
+        + lambda_lac * LAC(proj(ew), proj(es), positives, queue)   (this stage's LAC)
+
+    then the queue push; after the optimiser step, the OneCycle step and the EMA update. The
+    epoch's record gets the mean base / PLC / LAC losses, the pseudo-positives PLC found on
+    unobserved entries (``pl_count``) and the fraction of them that are true positives
+    (``pl_precision`` in [0, 1], as :func:`spmlkit.metrics.pseudo_label_stats`; NaN when
+    none), the queue's fill and the learning rate of the epoch's last step."""
+
+    def __init__(self, recipe: "_LACRecipe", lac_on: bool, delta: float, opt, sched, ema):
+        self.recipe, self.lac, self.lac_on, self.delta = recipe, recipe.lac, lac_on, delta
+        self.opt, self.sched, self.ema = opt, sched, ema
+        self.queue = recipe.queue
+
+    def on_epoch_start(self, epoch: int) -> None:
+        self.sums = {"base_loss": 0.0, "plc_loss": 0.0, "lac_loss": 0.0}
+        self.pl_count = self.pl_true = 0
+        self.last_lr = float("nan")
+
+    def terms(self, batch: StepBatch):
+        lac, delta, obs = self.lac, self.delta, batch.observed
+        lw = batch.logits
+        ls, ew, es = batch.extras
+        out = []
+        self.parts = {"base_loss": batch.value}
+        if lac.plc or self.lac_on:
+            targets, _ = plc_targets(lw, obs, delta)
+            positive = targets.bool()
+            new = positive & (obs == 0)
+            self.pl_count += int(new.sum())
+            self.pl_true += int((new & self.recipe.y_train[batch.index]).sum())
+        if lac.plc:
+            p = plc_loss(ls, lw, obs, delta)
+            out.append((lac.lambda_plc, p))
+            self.parts["plc_loss"] = p
+        if self.lac_on:
+            with self.recipe.autocast():
+                pw, ps = self.recipe.model.head.project(ew), self.recipe.model.head.project(es)
+            anchors, labels = lac_entries(pw.float(), ps.float(), positive)
+            qf, ql = self.queue.contents() if self.queue is not None else (None, None)
+            c = lac_loss(anchors, labels, qf, ql, lac.temperature)
+            out.append((lac.lambda_lac, c))
+            self.parts["lac_loss"] = c
+            if self.queue is not None:
+                self.queue.push(anchors.detach(), labels)
+        return out
+
+    def after_step(self, batch: StepBatch) -> None:
+        self.last_lr = float(self.opt.param_groups[0]["lr"])  # this step's
+        self.sched.step()
+        model = self.recipe.model
+        self.ema.update(model.head if self.recipe.ema_head_only else model)
+        b = len(batch.index)
+        for key, value in self.parts.items():
+            self.sums[key] += float(value.detach()) * b
+
+    def epoch_record(self) -> dict:
+        n, lac = self.recipe.n, self.lac
+        record = {"base_loss": self.sums["base_loss"] / n}
+        if lac.plc:
+            record["plc_loss"] = self.sums["plc_loss"] / n
+        if self.lac_on:
+            record["lac_loss"] = self.sums["lac_loss"] / n
+        if lac.plc or self.lac_on:
+            record["pl_count"] = self.pl_count
+            record["pl_precision"] = self.pl_true / self.pl_count if self.pl_count \
+                else float("nan")
+        if self.queue is not None and self.lac_on:
+            record["queue"] = len(self.queue)
+        record["lr"] = self.last_lr
+        return record
+
+
+class _LACRecipe:
+    """LAC as stages, step hooks and evaluators of :func:`spmlkit.engine.train_loop`.
+
+    Each stage's set-up builds AdamW (weight decay on the model; the loss's own state at
+    ``lr * loss.lr_multiplier`` without), the per-step OneCycle schedule, a fresh EMA of what
+    trains (the head, or the whole model when the backbone trains), the fp16 loss scaler
+    (CUDA), and resets the queue; the projection head trains only in a stage with LAC. Stage
+    2 starts from the best weights so far (model or EMA) and loss state. The evaluators are
+    the model and its EMA on val.
+    """
+
+    def __init__(self, model: LabelEmbeddingModel, loss, views, z, y_train, y_val,
+                 lac: LACConfig, config: TrainConfig, stages, device):
         self.model, self.loss, self.views, self.z = model, loss, views, z
-        self.y_train = y_train
+        self.y_train = torch.as_tensor(np.asarray(y_train) > 0).to(device)
+        self.y_val = y_val
         self.lac, self.config, self.stages, self.device = lac, config, stages, device
-        self.run, self.on_epoch, self.log_record = run, on_epoch, log_record
-        self.n, self.num_classes = z.shape
-        self.k = k
+        self.n = int(z.shape[0])
         self.amp = _amp_dtype(config.amp, device)
         self.sampler = GlobalBatchSampler(self.n, config.batch_size, config.seed)
         self.steps_per_epoch = len(self.sampler)
         self.queue = RingQueue(lac.queue_size, lac.proj_dim).to(device) \
             if lac.queue_size > 0 else None
-        # progress
-        self.stage_index, self.stage_epoch, self.stage_done = 0, 0, False
-        self.history: list = []
-        self.best = {"score": float("-inf"), "epoch": 0, "stage": 0, "source": None,
-                     "model": None, "loss": None}
-        self.stage_best = {"score": float("-inf"), "epoch": 0}
-        self.seconds = 0.0
-        self.opt = self.sched = self.ema = self.scaler = None
+        # the EMA tracks what trains: the head, or the whole model when the backbone trains (a
+        # frozen backbone's EMA would only pick up rounding, and double the memory)
+        self.ema_head_only = model.backbone is None or model.freeze_backbone
+        self.ema: ModelEMA | None = None
 
-    # -- stage set-up ------------------------------------------------------------------------
-    def _build_stage(self) -> None:
-        stage, epochs, _ = self.stages[self.stage_index]
-        lac_on = self._lac_on(stage)
-        head = self.model.head
-        projector = {id(p) for p in head.projector.parameters()}
+    def lac_on(self, stage: int) -> bool:
+        return self.lac.lac and (stage == 2 or not self.lac.two_stage)
+
+    def loop_stages(self) -> list[Stage]:
+        return [Stage(epochs, functools.partial(self.setup, i), name=stage,
+                      info={"delta": delta}, from_best=i > 0)
+                for i, (stage, epochs, delta) in enumerate(self.stages)]
+
+    def setup(self, index: int) -> StageParts:
+        stage, epochs, delta = self.stages[index]
+        lac_on = self.lac_on(stage)
+        projector = {id(p) for p in self.model.head.projector.parameters()}
         params = [p for p in self.model.parameters()
                   if p.requires_grad and (lac_on or id(p) not in projector)]
         groups = [{"params": params, "lr": self.config.lr,
@@ -538,223 +632,119 @@ class _Trainer:
         if own:
             groups.append({"params": own, "lr": self.config.lr * self.loss.lr_multiplier,
                            "weight_decay": 0.0})
-        self.opt = torch.optim.AdamW(groups, lr=self.config.lr,
-                                     weight_decay=self.lac.weight_decay)
-        self.sched = torch.optim.lr_scheduler.OneCycleLR(
-            self.opt, max_lr=[g["lr"] for g in groups],
-            total_steps=self.steps_per_epoch * epochs, pct_start=self.lac.pct_start)
-        # the EMA tracks what trains: the head, or the whole model when the backbone trains (a
-        # frozen backbone's EMA would only pick up rounding, and double the memory)
-        self.ema_head_only = self.model.backbone is None or self.model.freeze_backbone
+        opt = torch.optim.AdamW(groups, lr=self.config.lr, weight_decay=self.lac.weight_decay)
+        sched = torch.optim.lr_scheduler.OneCycleLR(
+            opt, max_lr=[g["lr"] for g in groups], total_steps=self.steps_per_epoch * epochs,
+            pct_start=self.lac.pct_start)
         self.ema = ModelEMA(self.model.head if self.ema_head_only else self.model,
                             self.lac.ema_decay)
-        self.scaler = LossScaler(params + own) if self.amp == torch.float16 else None
         if self.queue is not None:
             self.queue.reset()
-
-    def _lac_on(self, stage: int) -> bool:
-        return self.lac.lac and (stage == 2 or not self.lac.two_stage)
-
-    def _start_next_stage(self) -> None:
-        """Stage 2 from stage 1's best weights (model or EMA) and loss state."""
-        self.stage_index += 1
-        self.stage_epoch, self.stage_done = 0, False
-        self.stage_best = {"score": float("-inf"), "epoch": 0}
-        self.model.load_state_dict(self.best["model"])
-        self.loss.load_state_dict(self.best["loss"])
-        self._build_stage()
-
-    # -- checkpoint ----------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        return {"format": CHECKPOINT_FORMAT, "stage_index": self.stage_index,
-                "stage_epoch": self.stage_epoch, "stage_done": self.stage_done,
-                "model": _state(self.model), "loss": _state(self.loss),
-                "ema": self.ema.state_dict(), "optimizer": self.opt.state_dict(),
-                "scheduler": self.sched.state_dict(),
-                "queue": None if self.queue is None else _state(self.queue),
-                "scaler": None if self.scaler is None else self.scaler.scale,
-                "best": self.best, "stage_best": self.stage_best, "history": self.history,
-                "seconds": self.seconds, "seed": self.config.seed,
-                "stages": [list(s) for s in self.stages]}
-
-    def load_state_dict(self, ckpt: dict) -> None:
-        if ckpt.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"checkpoint format {ckpt.get('format')!r} is not "
-                             f"{CHECKPOINT_FORMAT}: it was written by another spmlkit version")
-        if [list(s) for s in self.stages] != ckpt["stages"]:
-            raise ValueError(f"the checkpoint's stages {ckpt['stages']} differ from this run's "
-                             f"{[list(s) for s in self.stages]}")
-        self.stage_index = int(ckpt["stage_index"])
-        self.model.load_state_dict(ckpt["model"])
-        self.loss.load_state_dict(ckpt["loss"])
-        self._build_stage()  # optimiser, schedule, EMA, queue of that stage, then their state
-        self.ema.load_state_dict(ckpt["ema"])
-        self.opt.load_state_dict(ckpt["optimizer"])
-        self.sched.load_state_dict(ckpt["scheduler"])
+        state = {"scheduler": sched, "ema": self.ema}
         if self.queue is not None:
-            self.queue.load_state_dict(ckpt["queue"])
-        if self.scaler is not None and ckpt.get("scaler") is not None:
-            self.scaler.scale = float(ckpt["scaler"])
-        self.stage_epoch, self.stage_done = int(ckpt["stage_epoch"]), bool(ckpt["stage_done"])
-        self.best, self.stage_best = ckpt["best"], ckpt["stage_best"]
-        self.history, self.seconds = list(ckpt["history"]), float(ckpt["seconds"])
+            state["queue"] = self.queue
+        step = None
+        if self.amp == torch.float16:
+            scaler = LossScaler(params + own)
+            state["scaler"] = scaler
+            step = functools.partial(scaler.step, optimizer=opt)
+        strong = self.lac.plc or lac_on
+        return StageParts(opt, step=step,
+                          hooks=[_LACStep(self, lac_on, delta, opt, sched, self.ema)],
+                          state=state, batches=functools.partial(self.batches, strong=strong),
+                          forward=functools.partial(self.forward, strong=strong))
 
-    # -- one epoch -------------------------------------------------------------------------
-    def _autocast(self):
+    # -- steps -------------------------------------------------------------------------------
+    def autocast(self):
         if self.amp is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp)
 
-    def _forward(self, x):
-        with self._autocast():
-            return self.model.forward_all(x)
-
-    def _train_epoch(self, stage: int, delta: float, global_epoch: int) -> dict:
-        lac, model, loss = self.lac, self.model, self.loss
-        lac_on = self._lac_on(stage)
-        strong = lac.plc or lac_on
-        model.train()
-        loss.on_epoch_start(global_epoch)
-        sums = {"train_loss": 0.0, "base_loss": 0.0, "plc_loss": 0.0, "lac_loss": 0.0}
-        pl_count = pl_true = 0
-        batches = self.sampler.global_batches(global_epoch)
-        for weak, stro, rows in self.views.train_epoch(batches, global_epoch, strong):
+    def batches(self, epoch: int, strong: bool):
+        """``((weak, strong or None), observed, index)`` of every batch of ``epoch``."""
+        for weak, stro, rows in self.views.train_epoch(self.sampler.global_batches(epoch),
+                                                       epoch, strong):
             idx = rows.to(self.device)
-            obs = self.z[idx]
-            b = len(rows)
-            if strong:
-                logits, emb = self._forward(torch.cat([weak, stro]))
-                lw, ls = logits[:b].float(), logits[b:].float()
-                ew, es = emb[:b], emb[b:]
-            else:
-                lw, ew = self._forward(weak)
-                lw = lw.float()
-            base = loss(lw, obs, index=idx)
-            extra = loss.penalty(model)
-            if torch.is_tensor(extra):
-                base = base + extra
-            total = base
-            parts = {"base_loss": base}
-            if lac.plc or lac_on:
-                targets, _ = plc_targets(lw, obs, delta)
-                positive = targets.bool()
-                new = positive & (obs == 0)
-                pl_count += int(new.sum())
-                pl_true += int((new & self.y_train[rows].to(new.device)).sum())
-            if lac.plc:
-                p = plc_loss(ls, lw, obs, delta)
-                total = total + lac.lambda_plc * p
-                parts["plc_loss"] = p
-            if lac_on:
-                with self._autocast():
-                    pw, ps = model.head.project(ew), model.head.project(es)
-                anchors, labels = lac_entries(pw.float(), ps.float(), positive)
-                qf, ql = self.queue.contents() if self.queue is not None else (None, None)
-                c = lac_loss(anchors, labels, qf, ql, lac.temperature)
-                total = total + lac.lambda_lac * c
-                parts["lac_loss"] = c
-                if self.queue is not None:
-                    self.queue.push(anchors.detach(), labels)
-            if self.scaler is not None:
-                self.scaler.step(total, self.opt)
-            else:
-                self.opt.zero_grad(set_to_none=True)
-                total.backward()
-                self.opt.step()
-            last_lr = float(self.opt.param_groups[0]["lr"])  # this step's
-            self.sched.step()
-            self.ema.update(model.head if self.ema_head_only else model)
-            sums["train_loss"] += float(total.detach()) * b
-            for key, value in parts.items():
-                sums[key] += float(value.detach()) * b
-        record = {k: v / self.n for k, v in sums.items()
-                  if k in ("train_loss", "base_loss") or (k == "plc_loss" and lac.plc)
-                  or (k == "lac_loss" and lac_on)}
-        if not np.isfinite(record["train_loss"]):
-            raise FloatingPointError(f"LAC training diverged in stage {stage}, epoch "
-                                     f"{global_epoch + 1} (loss {record['train_loss']}); try a "
-                                     f"smaller learning rate")
-        if lac.plc or lac_on:
-            record["pl_count"] = pl_count
-            record["pl_precision"] = 100.0 * pl_true / pl_count if pl_count else float("nan")
-        if self.queue is not None and lac_on:
-            record["queue"] = len(self.queue)
-        record["lr"] = last_lr  # of the epoch's last step
-        return record
+            yield (weak, stro), self.z[idx], idx
 
-    def _ema_model(self) -> nn.Module:
+    def forward(self, inputs, obs, idx, strong: bool):
+        """The weak view's float32 logits, and ``(ls, ew, es)`` for the step hook."""
+        weak, stro = inputs
+        b = len(idx)
+        if strong:
+            with self.autocast():
+                logits, emb = self.model.forward_all(torch.cat([weak, stro]))
+            return logits[:b].float(), obs, idx, (logits[b:].float(), emb[:b], emb[b:])
+        with self.autocast():
+            lw, ew = self.model.forward_all(weak)
+        return lw.float(), obs, idx, (None, ew, None)
+
+    # -- evaluation ----------------------------------------------------------------------------
+    def ema_model(self) -> nn.Module:
         return _EMAView(self.model, self.ema.module) if self.ema_head_only else self.ema.module
 
-    def _ema_state(self) -> dict:
-        """The EMA's weights as a state dict of the whole model."""
+    def val(self, module) -> float:
+        return val_map(self.views.predict(module, "val"), self.y_val,
+                       self.config.map_convention)
+
+    def evaluators(self) -> dict:
+        return {"model": lambda: self.val(self.model), "ema": lambda: self.val(self.ema_model())}
+
+    def weights(self, source: str) -> dict:
+        """A copy of the whole model's state dict with the weights ``source`` scored."""
+        if source != "ema":
+            return _state(self.model)
         if not self.ema_head_only:
             return _state(self.ema.module)
         return {**_state(self.model), **{f"head.{k}": v for k, v in
                                          _state(self.ema.module).items()}}
 
-    def _val(self, module) -> float:
-        probs = torch.sigmoid(self.views.predict(module, "val")).numpy()
-        return map_score(probs, self.y_val, self.config.map_convention)
-
-    # -- the run ---------------------------------------------------------------------------
-    def fit(self, y_val, save: Callable[[dict], None] | None) -> None:
-        self.y_val = y_val
-        kind, arg = parse_early_stop(self.config.early_stop)
-        while True:
-            if self.stage_done:
-                if self.stage_index + 1 >= len(self.stages):
-                    break
-                self._start_next_stage()
-            stage, epochs, delta = self.stages[self.stage_index]
-            offset = sum(e for _, e, _ in self.stages[:self.stage_index])
-            for e in range(self.stage_epoch, epochs):
-                t0 = time.perf_counter()
-                g = offset + e  # 0-based global epoch (batch order, views, dropout)
-                devices = [self.device.index or 0] if self.device.type == "cuda" else []
-                with torch.random.fork_rng(devices=devices):
-                    torch.manual_seed(mix_seed(self.config.seed, 0x1AC, g))
-                    record = self._train_epoch(stage, delta, g)
-                if self.loss.needs_train_predictions:
-                    self.loss.on_epoch_end(g, self.views.predict(self.model, "train")
-                                           .to(self.device))
-                else:
-                    self.loss.on_epoch_end(g, None)
-                val_model, val_ema = self._val(self.model), self._val(self._ema_model())
-                source = "ema" if val_ema > val_model else "model"
-                score = max(val_model, val_ema)
-                improved = score > self.best["score"]
-                if improved:
-                    self.best = {"score": score, "epoch": g + 1, "stage": stage,
-                                 "source": source,
-                                 "model": self._ema_state() if source == "ema"
-                                 else _state(self.model), "loss": _state(self.loss)}
-                if score > self.stage_best["score"]:
-                    self.stage_best = {"score": score, "epoch": e + 1}
-                self.stage_epoch = e + 1
-                record = {"epoch": g + 1, "stage": stage, "stage_epoch": e + 1, **record,
-                          "delta": delta, "val_map": score, "val_map_model": val_model,
-                          "val_map_ema": val_ema, "val_source": source, "best": improved}
-                self.history.append(record)
-                stop = _should_stop(kind, arg, [{**h, "epoch": h["stage_epoch"]}
-                                                for h in self.history if h["stage"] == stage],
-                                    _Best(self.stage_best["epoch"], self.stage_best["score"]))
-                self.stage_done = self.stage_epoch >= epochs or stop
-                record["stage_done"] = self.stage_done
-                self.seconds += time.perf_counter() - t0
-                if save is not None:
-                    save(self.state_dict())
-                self.log_record(record)
-                if self.on_epoch is not None:
-                    self.on_epoch(record, self.model, self.loss)
-                if self.stage_done:
-                    break
-            self.stage_done = True
+    def train_logits(self) -> torch.Tensor:
+        return self.views.predict(self.model, "train").to(self.device)
 
 
-@dataclass
-class _Best:
-    best_epoch: int
-    val_map: float
+def fit_lac(model: LabelEmbeddingModel, loss, views, observed, y_train, y_val, lac: LACConfig,
+            config: TrainConfig, *, k: float | None = None,
+            on_epoch: Callable[..., None] | None = None,
+            checkpoint: Callable[[Callable[[], dict]], None] | None = None,
+            resume: dict | None = None) -> FitResult:
+    """Train LAC's label-wise embedding model on the engine's loop; keep the best epoch.
+
+    The loop of :func:`train_lac` without the run folder: the stages of
+    ``lac.stages(config.epochs)``, LAC's step hook, the model and its EMA as evaluators (the
+    best epoch's weights are the winner's), ``config.early_stop`` within each stage, dropout
+    seeded per epoch from ``mix_seed(config.seed, 0x1AC, epoch)``.
+
+    Args:
+        model: a :class:`spmlkit.models.LabelEmbeddingModel` on the run's device.
+        loss: the base SPML loss (``on_train_start`` is called here).
+        views: :class:`CachedMapViews` or :class:`ImageViews` of the splits.
+        observed: N x L observed train labels; ``y_train``: their full labels (PLC's
+            ``pl_precision``); ``y_val``: the full val labels (selection).
+        lac, config: the method's and the run's settings.
+        k: expected positives per example, for the base loss.
+        on_epoch: ``on_epoch(record, model, loss)`` after each epoch.
+        checkpoint, resume: as :func:`spmlkit.engine.fit_linear`: ``checkpoint(state_fn)``
+            after every epoch, ``state_fn()`` the whole resumable state (model, loss, AdamW,
+            OneCycle, EMA, queue, loss scaler, stage and epoch, best weights, history, time;
+            it loads with ``torch.load(weights_only=True)``), and ``resume=`` such a state to
+            continue in either stage with the uninterrupted run's result.
+
+    Returns:
+        the :class:`spmlkit.engine.FitResult` (``best_stage``, ``best_source``: ``"model"``
+        or ``"ema"``); ``model`` and ``loss`` hold the best epoch's state.
+    """
+    device = next(model.parameters()).device
+    z = torch.as_tensor(validate_observed(observed, "train observed labels")).to(device)
+    check_val_labels(y_val, config.map_convention)
+    stages = lac.stages(config.epochs)
+    loss.on_train_start(z, TrainInfo(len(z), z.shape[1], k, config.seed, config.epochs))
+    recipe = _LACRecipe(model, loss, views, z, y_train, y_val, lac, config, stages, device)
+    return train_loop(model, loss, recipe.loop_stages(), num_examples=recipe.n,
+                      evaluators=recipe.evaluators(), weights=recipe.weights,
+                      early_stop=config.early_stop, train_logits=recipe.train_logits,
+                      on_epoch=on_epoch, checkpoint=checkpoint, resume=resume,
+                      epoch_seed=lambda epoch: mix_seed(config.seed, 0x1AC, epoch))
 
 
 # ---- building blocks of train_lac ---------------------------------------------------------
@@ -845,9 +835,12 @@ def train_lac(splits: Splits, loss: str = "an", hparams: dict | None = None,
         image_size: input side (default ``config.image_size``, else the backbone's).
         cache_dir: feature-map stores' folder (default ``$SPMLKIT_CACHE/features``).
         resume: a run folder of an interrupted LAC run with the same arguments: continue from
-            its ``checkpoint.pt`` (a finished run returns its ``final.json``).
+            its ``checkpoint.pt`` (a finished run returns its ``final.json``). The checkpoint
+            is loaded with ``weights_only=True``: one holding pickled code is refused.
         progress: progress bars of the feature-map extraction.
-        on_epoch: ``on_epoch(record, model, loss)`` after each epoch (after the checkpoint).
+        on_epoch: ``on_epoch(record, model, loss)`` after each epoch, after the record is
+            appended to ``metrics.jsonl`` and before ``checkpoint.pt`` is written (it is
+            written also when ``on_epoch`` raises, so an interrupted run keeps that epoch).
         features: more :func:`spmlkit.features.extract_features` options for the cached maps
             (``num_workers``, ``batch_size``, ``device``).
         image_reader: ``path -> PIL image`` for ``views="images"``.
@@ -860,11 +853,14 @@ def train_lac(splits: Splits, loss: str = "an", hparams: dict | None = None,
         ``seed``, ``batch_size``, ``lr``, ``lac``; ``run_dir`` when ``out`` or ``resume`` is
         given. The run folder holds ``config.json``, ``observed.npy``, ``metrics.jsonl`` (per
         epoch: ``stage``, losses, ``val_map_model``, ``val_map_ema``, ``val_source``, PLC's
-        ``pl_count`` / ``pl_precision`` on unobserved entries, ``lr``), ``checkpoint.pt``,
-        ``best.pt``, ``predictions.npz``, ``thresholds.json`` and ``final.json``.
+        ``pl_count`` / ``pl_precision`` (a fraction in [0, 1]) on unobserved entries, ``lr``),
+        ``checkpoint.pt``, ``best.pt``, ``predictions.npz``, ``thresholds.json`` and
+        ``final.json``.
 
     Raises:
-        ValueError: feature-vector splits, a bad LAC option, a resume with other settings.
+        ValueError: feature-vector splits, a bad LAC option, a resume with other settings, a
+            checkpoint of another format or holding pickled code, val labels without a
+            positive.
     """
     from ..models.backbones import create_backbone
 
@@ -896,8 +892,13 @@ def train_lac(splits: Splits, loss: str = "an", hparams: dict | None = None,
         run.write_json("config.json", run_config)
         run.save_array("observed.npy", splits.observed)
 
-    z = torch.as_tensor(validate_observed(splits.observed, "train observed labels")).to(device)
-    y_train = torch.as_tensor(np.asarray(splits.train.y) > 0)
+    state = None
+    if resume is not None and (run.path / CHECKPOINT_FILE).is_file():
+        state = load_torch(run.path / CHECKPOINT_FILE, map_location=device)
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"cannot resume {run.path}: its {CHECKPOINT_FILE} has format "
+                             f"{state.get('format')!r}, not {STATE_FORMAT!r} (written by "
+                             f"another spmlkit version); train the run again")
     if lac.views == "cached":
         views = CachedMapViews(splits, net, size, lac, seed=config.seed, device=device,
                                cache_dir=cache_dir, progress=progress, **(features or {}))
@@ -915,49 +916,43 @@ def train_lac(splits: Splits, loss: str = "an", hparams: dict | None = None,
     model = model.to(device, memory_format=torch.channels_last if channels_last
                      else torch.contiguous_format)
     loss_fn = create_loss(loss, **hparams).to(device)
-    loss_fn.on_train_start(z, TrainInfo(len(z), z.shape[1], k, config.seed, config.epochs))
 
-    def log_record(record):
+    def log_epoch(record, model, loss):  # metrics.jsonl, then the caller's hook
         if run is not None:
             run.append_jsonl("metrics.jsonl", record)
+        if on_epoch is not None:
+            on_epoch(record, model, loss)
 
-    trainer = _Trainer(model, loss_fn, views, z, y_train, lac, config, stages, device, k, run,
-                       on_epoch, log_record)
-    if resume is not None and (run.path / CHECKPOINT_FILE).is_file():
-        ckpt = torch.load(run.path / CHECKPOINT_FILE, map_location=device, weights_only=False)
-        trainer.load_state_dict(ckpt)
+    if state is not None:
         # the metrics file holds exactly the checkpoint's epochs (an epoch logged after its
         # checkpoint may be missing, one logged before a crash must not appear twice)
         write_text(run.path / "metrics.jsonl",
-                   "".join(json.dumps(h) + "\n" for h in trainer.history))
-    else:
-        trainer._build_stage()
+                   "".join(json.dumps(h) + "\n" for h in state["history"]))
     save = None if run is None else \
-        (lambda state: run.save_torch(CHECKPOINT_FILE, state))
-    trainer.fit(splits.val.y, save)
+        (lambda state_fn: run.save_torch(CHECKPOINT_FILE, state_fn()))  # every epoch
+    fit = fit_lac(model, loss_fn, views, splits.observed, splits.train.y, splits.val.y, lac,
+                  config, k=k, on_epoch=log_epoch, checkpoint=save, resume=state)
     views_info = views.describe()
 
-    # best weights -> predictions and metrics
-    model.load_state_dict(trainer.best["model"])
-    loss_fn.load_state_dict(trainer.best["loss"])
+    # the best epoch's weights (fit_lac left them in the model) -> predictions and metrics
     probs = {s: torch.sigmoid(views.predict(model, s)).numpy() for s in ("train", "val", "test")}
     views.close()
     conv = config.map_convention
     test = evaluate(probs["test"], splits.test.y, conv)
-    per_stage = [sum(1 for h in trainer.history if h["stage"] == s) for s, _, _ in stages]
-    stage1_scores = [h["val_map"] for h in trainer.history if h["stage"] == 1]
+    per_stage = [sum(1 for h in fit.history if h["stage"] == s) for s, _, _ in stages]
+    stage1_scores = [h["val_map"] for h in fit.history if h["stage"] == 1]
     result = {
         "loss": loss, "mode": "lac", "backbone": backbone_name, "regime": splits.regime,
         "seed": config.seed, "batch_size": config.batch_size, "lr": config.lr,
-        "best_epoch": int(trainer.best["epoch"]), "best_stage": int(trainer.best["stage"]),
-        "best_source": trainer.best["source"], "epochs_run": len(trainer.history),
-        "stage_epochs": per_stage, "val_map": float(trainer.best["score"]),
+        "best_epoch": int(fit.best_epoch), "best_stage": int(fit.best_stage),
+        "best_source": fit.best_source, "epochs_run": len(fit.history),
+        "stage_epochs": per_stage, "val_map": float(fit.val_map),
         "stage1_val_map": max(stage1_scores) if stage1_scores else float("nan"),
         "test_map": test["map"],
         "train_recovery_map": map_score(probs["train"], splits.train.y, conv), "test": test,
         "lac": asdict(lac), "views": views.kind, "image_size": size,
         "extract_seconds": round(float(getattr(views, "seconds", 0.0)), 3),
-        "seconds": trainer.seconds,
+        "seconds": fit.seconds,
     }
     if hasattr(loss_fn, "estimated_labels"):
         result["estimator_recovery_map"] = map_score(loss_fn.estimated_labels().cpu().numpy(),
@@ -1031,11 +1026,15 @@ def load_lac_model(run, device: str = "cpu") -> tuple[LabelEmbeddingModel, dict]
     """The best model of a LAC run folder, in eval mode (:func:`lac_model_from_checkpoint`).
     Returns ``(model, info)`` with ``info`` the rest of ``best.pt`` (class names, image size,
     mean, std, ...). ``model(images)`` gives logits, ``model.attention_maps(images)`` where
-    each label looks."""
+    each label looks.
+
+    ``best.pt`` is loaded with ``weights_only=True`` (:func:`spmlkit.runs.load_torch`): a file
+    holding pickled code (a run folder from someone else) is refused with a ValueError and
+    nothing in it runs."""
     path = Path(run) / "best.pt"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: is {run} a finished LAC run folder?")
-    info = torch.load(path, map_location="cpu", weights_only=False)
+    info = load_torch(path, map_location="cpu")
     if info.get("mode") != "lac":
         raise ValueError(f"{path} is not a LAC checkpoint (mode {info.get('mode', 'linear')!r})")
     model = lac_model_from_checkpoint(info)

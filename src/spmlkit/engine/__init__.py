@@ -1,0 +1,51 @@
+"""The training engine: one loop for every mode and method, and the modes built on it.
+
+:func:`train_loop` (:mod:`.loop`) is the one loop: stages (each with its epochs and a set-up
+that builds its optimiser, schedule and extra state), per-step hooks, several evaluators (the
+epoch's score is the best of them), early stopping per stage, and checkpoint / resume of the
+whole state. The modes differ only in their stages, where batches come from and how a batch
+becomes logits:
+
+- :func:`fit_linear` (:mod:`.linear`): a linear head on features held in memory. One epoch = a
+  seeded permutation of the train rows, cut into batches that index pre-loaded tensors (no
+  per-row ``DataLoader``).
+- :func:`fit_finetune` (:mod:`.finetune`, batches from :mod:`.images`): end to end from image
+  items, a ``torch`` ``DataLoader`` with worker processes and a seeded sampler; the weak view
+  for training, the eval transform for val and train predictions; AMP (:mod:`.amp`) and
+  channels-last on CUDA; one process or many under ``torchrun`` (:mod:`spmlkit.distributed`).
+- :func:`fit_linear_init` (Cole et al.): the linear phase on cached features, then
+  fine-tuning from that head, with the loss (ROLE's label estimator) carried over.
+- LAC (:mod:`spmlkit.methods.lac`): two stages with AdamW, a OneCycle schedule, an EMA scored
+  beside the model, and the PLC / LAC terms as step hooks.
+
+Adam with no weight decay and no schedule (Cole et al.) in the linear and fine-tuning modes;
+the loss's own trainable state (ROLE's label estimator) at ``loss.lr_multiplier`` times the
+learning rate, the head of a fine-tuned model at ``config.head_lr_mult`` times. After every
+epoch the model is scored on the validation split; the best epoch (val mAP) is kept, with
+optional early stopping. The engine knows a method only through the hooks of
+:class:`spmlkit.losses.SPMLLoss` (and, for a recipe such as LAC, the stages and step hooks it
+hands to :func:`train_loop`).
+
+Every ``fit_*`` takes ``checkpoint=`` (called after every epoch with a function that builds
+the resumable state; the caller decides whether and when to write it) and ``resume=`` (such a
+state): a resumed run ends with the uninterrupted run's weights, history and best epoch.
+"""
+from .amp import LossScaler, _amp_dtype, _run
+from .config import AMP_MODES, TrainConfig, config_dict, parse_early_stop
+from .finetune import LINEAR_INIT_FORMAT, fit_finetune, fit_linear_init, predict_items
+from .images import (GlobalBatchSampler, ImageItems, ItemPredictor, _check_items, _Collate,
+                     _image_geometry, _loader, _Rows, _transforms, default_image_reader,
+                     loader_workers, mix_seed, shares)
+from .linear import _as_tensor, fit_linear, make_linear_head, predict_logits, val_map
+from .loop import (STATE_FORMAT, Batch, FitResult, GeneratorState, Stage, StageParts,
+                   StepBatch, StepHook, check_val_labels, no_finite_val_map, snapshot,
+                   train_loop)
+from .optim import LeanAdam, make_optimizer
+
+__all__ = ["AMP_MODES", "Batch", "FitResult", "GeneratorState", "GlobalBatchSampler",
+           "ImageItems", "ItemPredictor", "LINEAR_INIT_FORMAT", "LeanAdam", "LossScaler",
+           "STATE_FORMAT", "Stage", "StageParts", "StepBatch", "StepHook", "TrainConfig",
+           "check_val_labels", "config_dict", "default_image_reader", "fit_finetune",
+           "fit_linear", "fit_linear_init", "loader_workers", "make_linear_head",
+           "make_optimizer", "mix_seed", "no_finite_val_map", "parse_early_stop",
+           "predict_items", "predict_logits", "shares", "snapshot", "train_loop", "val_map"]

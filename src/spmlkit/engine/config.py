@@ -1,0 +1,84 @@
+"""A run's hyperparameters (:class:`TrainConfig`) and the early-stopping rules."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+AMP_MODES = ("auto", "none", "bf16", "fp16")
+
+
+@dataclass
+class TrainConfig:
+    """Hyperparameters of one training run (Cole et al.'s linear protocol by default).
+
+    ``early_stop``: ``"none"`` (fixed epochs, Cole), ``"patience:N"`` (stop after N epochs
+    without a better val mAP; ``patience:1`` is Zhou et al.'s rule) or ``"drop:X"`` (stop when
+    val mAP falls more than X points below the best, Kim et al.).
+
+    Fine-tuning only (the linear mode ignores them):
+
+    - ``head_lr_mult``: the head's learning rate is ``lr * head_lr_mult`` (Kim et al.: 10);
+    - ``amp``: ``"auto"`` (bfloat16 where the GPU supports it, else float16), ``"bf16"``,
+      ``"fp16"`` or ``"none"``; autocast runs the model only, the loss is always float32. AMP
+      and ``channels_last`` apply on CUDA only (on a CPU the run is float32, contiguous);
+    - ``num_workers``: ``DataLoader`` worker processes per process (0: load in the main one);
+    - ``image_size``: side of the square input (default: the backbone's ``input_size``);
+    - ``eval_batch_size``: batch of the prediction passes (default ``max(64, batch_size)``).
+
+    ``batch_size`` is the global batch: under ``torchrun`` each of the N processes takes its
+    share of every batch (see :class:`GlobalBatchSampler`).
+    """
+
+    epochs: int = 25
+    batch_size: int = 8
+    lr: float = 1e-4
+    seed: int = 0
+    early_stop: str = "none"
+    map_convention: str = "present"
+    device: str = "cpu"
+    head_lr_mult: float = 1.0
+    amp: str = "auto"
+    channels_last: bool = True
+    num_workers: int = 0
+    image_size: int | None = None
+    eval_batch_size: int | None = None
+
+    def __post_init__(self):
+        if self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
+            raise ValueError(f"epochs and batch_size must be >= 1 and lr > 0, got epochs="
+                             f"{self.epochs}, batch_size={self.batch_size}, lr={self.lr}")
+        parse_early_stop(self.early_stop)
+        if not self.head_lr_mult > 0:
+            raise ValueError(f"head_lr_mult must be > 0, got {self.head_lr_mult}")
+        if self.amp not in AMP_MODES:
+            raise ValueError(f"amp must be one of {AMP_MODES}, got {self.amp!r}")
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+        for name in ("image_size", "eval_batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 (or None for the default), got {value}")
+
+
+def parse_early_stop(spec: str) -> tuple[str, float]:
+    """``(kind, arg)`` of an ``early_stop`` spec: ``"none"``, ``"patience:N"``, ``"drop:X"``.
+
+    >>> parse_early_stop("patience:3"), parse_early_stop("none")
+    (('patience', 3.0), ('none', 0.0))
+    """
+    kind, _, arg = str(spec).partition(":")
+    try:
+        if kind == "none" and not arg:
+            return kind, 0.0
+        if kind == "patience" and int(arg) >= 1:
+            return kind, float(int(arg))
+        if kind == "drop" and float(arg) >= 0:
+            return kind, float(arg)
+    except ValueError:
+        pass
+    raise ValueError(f"early_stop must be 'none', 'patience:N' (N >= 1) or 'drop:X', got {spec!r}")
+
+
+def config_dict(config: TrainConfig) -> dict:
+    """The config as a plain dict (``dataclasses.asdict``)."""
+    return asdict(config)
+

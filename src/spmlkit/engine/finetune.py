@@ -1,0 +1,294 @@
+"""The fine-tuning modes: end to end from image items (:func:`fit_finetune`) and Cole et al.'s
+``linear_init`` (:func:`fit_linear_init`: the linear phase, then fine-tuning from its head)."""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import asdict
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import distributed as dist_utils
+from ..labels import validate_full_labels, validate_observed
+from ..losses import SPMLLoss, TrainInfo
+from .amp import LossScaler, _amp_dtype, _run
+from .config import TrainConfig
+from .images import (GlobalBatchSampler, ImageItems, ItemPredictor, _check_items, _loader,
+                     _transforms, mix_seed)
+from .linear import fit_linear, val_map
+from .loop import FitResult, Stage, StageParts, check_val_labels, snapshot, train_loop
+from .optim import make_optimizer
+
+#: the ``format`` of a :func:`fit_linear_init` state (it holds the phase's own train-loop state)
+LINEAR_INIT_FORMAT = "spmlkit-linear-init-state/1"
+#: tag of the fine-tuning modes' per-epoch seeds of torch's global RNG (dropout)
+_RNG_TAG = 0xF17E
+
+
+def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLoss,
+                 config: TrainConfig, *, val_items: Sequence | None = None, y_val=None,
+                 k: float | None = None, on_epoch: Callable[..., None] | None = None,
+                 train_transform: Callable | None = None,
+                 eval_transform: Callable | None = None,
+                 image_reader: Callable | None = None,
+                 checkpoint: Callable[[Callable[[], dict]], None] | None = None,
+                 resume: dict | None = None) -> tuple[nn.Module, FitResult]:
+    """Train ``model`` end to end on image items with ``loss``; select the best epoch on val.
+
+    The loop is :func:`train_loop`'s; batches come from a ``DataLoader`` (``config.num_workers``
+    worker processes) over a :class:`GlobalBatchSampler` seeded with ``config.seed``. Training
+    images go through ``train_transform`` (default: the weak view of
+    :mod:`spmlkit.data.transforms` at the backbone's size, mean and std), seeded per
+    ``(seed, epoch, row)``; val and train predictions through ``eval_transform``. On CUDA the
+    model runs under autocast (``config.amp``) in channels-last memory format; the loss always
+    gets float32 logits. The head trains at ``config.lr * config.head_lr_mult`` (the model must
+    then have a ``head``, as :class:`spmlkit.models.heads.ImageClassifier`), the loss's own
+    state at ``config.lr * loss.lr_multiplier``.
+
+    Many processes (``torchrun --nproc_per_node=N``, after
+    :func:`spmlkit.distributed.init_distributed`): ``config.batch_size`` is the global batch and
+    every process trains on its share under ``DistributedDataParallel``; each process's logits
+    are all-gathered (differentiably) and every process evaluates the loss on the whole global
+    batch, so per-example state (ROLE's estimator, pseudo-labels, LL-Cp's flips) and batch-level
+    terms (EPR, the high-rank regulariser) see what one process would. ``on_epoch_end`` gets the
+    gathered train logits of every row, in row order, in every process; val mAP is computed in
+    every process from the gathered predictions (so early stopping agrees); ``on_epoch`` is
+    called in process 0 only. See :mod:`spmlkit.distributed` for what is synchronised and why.
+
+    Args:
+        model: maps ``B x 3 x S x S`` images to ``B x L`` logits.
+        train_items: N image paths (``LabelledSet.x`` of an image source) or PIL images.
+        observed: N x L observed labels (1 / 0 / -1).
+        loss, config, k, on_epoch: as :func:`fit_linear`.
+        val_items, y_val: validation items and full 0/1 labels for selection.
+        train_transform, eval_transform: ``t(img, generator) -> 3 x S x S`` tensors.
+        image_reader: ``path -> PIL image`` (default ``spmlkit.data.images.open_image``).
+        checkpoint: ``checkpoint(state_fn)`` after every epoch, in process 0 only, as in
+            :func:`fit_linear`; the state holds the model, the loss's state, the optimiser's,
+            the fp16 loss scaler's, the best epoch and weights, the history.
+        resume: such a state (loaded in every process): continue after its epoch. Batches,
+            augmentations (seeded per ``(seed, epoch, row)``) and torch's global RNG during the
+            training steps (dropout: seeded per ``(seed, epoch, rank)``, the caller's RNG left
+            as it was) do not depend on what ran before, so the result is the uninterrupted
+            run's, bit for bit on the same machine.
+
+    Returns:
+        ``(model, result)``: the model (unwrapped, on ``config.device``) holds the best
+        epoch's weights and ``loss`` the best epoch's state, in every process.
+    """
+    start = time.perf_counter()
+    ctx = dist_utils.current_context(config.device)
+    device = ctx.device
+    train_items = _check_items(train_items, "train items")
+    z = torch.as_tensor(validate_observed(observed, "train observed labels"))
+    if z.shape[0] != len(train_items):
+        raise ValueError(f"{len(train_items)} train items but {z.shape[0]} rows of observed "
+                         f"labels")
+    has_val = val_items is not None and y_val is not None
+    if has_val:
+        val_items = _check_items(val_items, "validation items")
+        yv = validate_full_labels(y_val, "validation labels")
+        if len(val_items) != len(yv) or yv.shape[1] != z.shape[1]:
+            raise ValueError(f"{len(val_items)} validation items and labels {yv.shape} do not "
+                             f"match each other or the {z.shape[1]} train classes")
+        check_val_labels(yv, config.map_convention)
+    n, num_classes = z.shape
+    train_t, eval_t, shape = _transforms(model, config, train_transform, eval_transform)
+    amp = _amp_dtype(config.amp, device)
+    if config.amp in ("bf16", "fp16") and device.type != "cuda":
+        warnings.warn(f"amp={config.amp!r} applies on CUDA only; this {device.type} run is "
+                      f"float32", stacklevel=2)
+    channels_last = device.type == "cuda" and config.channels_last
+    # one memory format in every process (DDP compares strides), whatever touched the model
+    # before (e.g. a feature extraction that ran it channels-last in one process only)
+    model = model.to(device, memory_format=torch.channels_last if channels_last
+                     else torch.contiguous_format)
+    loss = loss.to(device)
+    z = z.to(device)
+    loss.on_train_start(z, TrainInfo(n, num_classes, k, config.seed, config.epochs))
+    if ctx.world_size > 1:
+        dist_utils.broadcast_state(loss)  # one start in every process, whatever it drew
+    net = dist_utils.wrap_model(model, ctx)
+    sampler = GlobalBatchSampler(n, config.batch_size, config.seed, ctx.rank, ctx.world_size)
+    loader = _loader(ImageItems(train_items, train_t, image_reader, config.seed), sampler,
+                     config, shape, device)
+    predict_train = ItemPredictor(train_items, eval_t, config, shape, device, image_reader, ctx)
+    predict_val = ItemPredictor(val_items, eval_t, config, shape, device, image_reader, ctx) \
+        if has_val else None
+
+    def batches(epoch):
+        sampler.set_epoch(epoch)
+        for (inputs, _), rows in zip(loader, sampler.global_batches(epoch)):
+            rows = rows.to(device)
+            yield inputs, z[rows], rows  # observed labels and index of the global batch
+
+    def forward(inputs, obs, idx):
+        logits = _run(net, inputs, device, amp, channels_last).float()
+        if ctx.world_size > 1:
+            logits = dist_utils.gather_rows(logits, sampler.chunk_sizes(len(idx)))
+        return logits, obs, idx
+
+    def setup():
+        opt = make_optimizer(model, loss, config.lr, config.head_lr_mult)
+        if amp != torch.float16:
+            return StageParts(opt)
+        scaler = LossScaler(list(model.parameters()) + list(loss.parameters()))
+        return StageParts(opt, step=lambda value: scaler.step(value, opt),
+                          state={"scaler": scaler})
+
+    def evaluate():
+        return val_map(predict_val(model), yv, config.map_convention)
+
+    def after_epoch():
+        if ctx.world_size > 1:
+            dist_utils.broadcast_state(loss)
+
+    def report(record, m, lo):
+        if on_epoch is not None and ctx.is_main:
+            on_epoch(record, m, lo)
+
+    result = train_loop(model, loss, [Stage(config.epochs, setup)], num_examples=n,
+                        batches=batches, forward=forward,
+                        evaluators={"model": evaluate} if has_val else None,
+                        early_stop=config.early_stop,
+                        train_logits=lambda: predict_train(model), after_epoch=after_epoch,
+                        on_epoch=report, checkpoint=checkpoint if ctx.is_main else None,
+                        resume=resume,
+                        epoch_seed=lambda epoch: mix_seed(config.seed, _RNG_TAG, epoch,
+                                                          ctx.rank),
+                        start=start)
+    return model, result
+
+
+def predict_items(model: nn.Module, items: Sequence, config: TrainConfig, *,
+                  transform: Callable | None = None,
+                  image_reader: Callable | None = None) -> torch.Tensor:
+    """Eval-mode outputs (float32, on ``config.device``) of ``model`` on every image item, in
+    row order; gathered across processes when running under ``torchrun``. ``transform``
+    defaults to the eval transform at the model's size, mean and std."""
+    ctx = dist_utils.current_context(config.device)
+    _, eval_t, shape = _transforms(model, config, None, transform, train=False)
+    model = model.to(ctx.device)
+    return ItemPredictor(_check_items(items, "items"), eval_t, config, shape, ctx.device,
+                         image_reader, ctx)(model)
+
+
+# ---- linear_init ------------------------------------------------------------------------------
+def fit_linear_init(model: nn.Module, train_items: Sequence, observed, loss: SPMLLoss,
+                    config: TrainConfig, *, linear_config: TrainConfig | None = None,
+                    train_features=None, val_features=None, val_items: Sequence | None = None,
+                    y_val=None, k: float | None = None,
+                    on_epoch: Callable[..., None] | None = None,
+                    train_transform: Callable | None = None,
+                    eval_transform: Callable | None = None,
+                    image_reader: Callable | None = None,
+                    checkpoint: Callable[[Callable[[], dict]], None] | None = None,
+                    resume: dict | None = None) -> tuple[nn.Module, FitResult]:
+    """Cole et al.'s ``linear_init``: a linear phase on cached features, then fine-tuning from
+    that head, with the same loss object (ROLE's label estimator continues).
+
+    Phase 1 is :func:`fit_linear` on ``train_features`` / ``val_features`` (the frozen
+    backbone's pooled features of the eval-transformed images, e.g. from the feature store;
+    computed here with ``model.backbone`` when not given) with ``linear_config`` (default
+    ``config`` with Cole's 25 linear epochs). Its best head is copied into ``model.head`` and
+    phase 2 is :func:`fit_finetune` with ``config``. ``loss`` goes from one phase to the next
+    as it is: a loss whose ``on_train_start`` keeps state that fits the same labels (ROLE's
+    ``label_logits``, LL-Cp's flips, soft OPML's AP and corrections, em_apl's pseudo-labels)
+    continues from the linear phase's best epoch. The optimiser starts afresh (Adam moments are
+    not carried over).
+
+    ``on_epoch`` records carry ``"phase": "linear"`` or ``"finetune"``.
+
+    Checkpoint and resume: ``checkpoint(state_fn)`` after every epoch of either phase (process
+    0 only); ``state_fn()`` returns ``{"format", "phase": "linear" | "finetune", "state": the
+    phase's train-loop state}`` and, in the fine-tuning phase, ``"linear_result"`` (the linear
+    phase's :class:`FitResult` as a dict). ``resume=`` such a state continues in its phase (a
+    fine-tuning phase neither computes features nor runs the linear phase again), with the
+    uninterrupted run's result.
+
+    Returns:
+        ``(model, result)``: the fine-tuning phase's :class:`FitResult`, with the linear
+        phase's in ``result.linear``.
+    """
+    head = getattr(model, "head", None)
+    if not isinstance(head, nn.Linear):
+        raise ValueError(f"linear_init copies a linear head into model.head; "
+                         f"{type(model).__name__} has no nn.Linear `head` (use "
+                         f"spmlkit.models.heads.ImageClassifier)")
+    phase = None
+    if resume is not None:
+        found = resume.get("format") if isinstance(resume, dict) else type(resume).__name__
+        phase = resume.get("phase") if isinstance(resume, dict) else None
+        if found != LINEAR_INIT_FORMAT or phase not in ("linear", "finetune"):
+            raise ValueError(f"resume: not a linear_init state (format {found!r}, phase "
+                             f"{phase!r}; expected format {LINEAR_INIT_FORMAT!r} and phase "
+                             f"'linear' or 'finetune'): pass what fit_linear_init's checkpoint "
+                             f"state function returned")
+    has_val = val_items is not None and y_val is not None
+
+    def tagged(phase):
+        def call(record, m, lo):
+            if on_epoch is not None:
+                on_epoch({**record, "phase": phase}, m, lo)
+        return call
+
+    def saving(phase, **extra):
+        if checkpoint is None:
+            return None
+        return lambda state_fn: checkpoint(lambda: {"format": LINEAR_INIT_FORMAT,
+                                                    "phase": phase, **extra,
+                                                    "state": state_fn()})
+
+    is_main = dist_utils.current_context(config.device).is_main
+    if phase == "finetune":
+        lin_result = FitResult.from_dict(resume["linear_result"])
+    else:
+        train_features, val_features = _linear_init_features(
+            model, head, train_items, val_items if has_val else None, config, train_features,
+            val_features, eval_transform, image_reader)
+        linear_config = linear_config or TrainConfig(**{**asdict(config), "epochs": 25})
+        lin_config = TrainConfig(**{**asdict(linear_config), "device": config.device})
+        linear_head, lin_result = fit_linear(
+            train_features, observed, loss, lin_config,
+            x_val=val_features if has_val else None, y_val=y_val if has_val else None, k=k,
+            on_epoch=tagged("linear") if is_main else None,
+            checkpoint=saving("linear") if is_main else None,
+            resume=resume["state"] if phase == "linear" else None)
+        with torch.no_grad():
+            head.weight.copy_(linear_head.weight.to(head.weight))
+            head.bias.copy_(linear_head.bias.to(head.bias))
+    model, result = fit_finetune(model, train_items, observed, loss, config, val_items=val_items,
+                                 y_val=y_val, k=k, on_epoch=tagged("finetune"),
+                                 train_transform=train_transform, eval_transform=eval_transform,
+                                 image_reader=image_reader,
+                                 checkpoint=saving("finetune",
+                                                   linear_result=snapshot(lin_result.to_dict())),
+                                 resume=resume["state"] if phase == "finetune" else None)
+    result.linear = lin_result
+    return model, result
+
+
+def _linear_init_features(model, head, train_items, val_items, config, train_features,
+                          val_features, eval_transform, image_reader):
+    """The linear phase's train / val features: as given, else the backbone's pooled features
+    of the eval-transformed images; checked against the head's width."""
+    if train_features is None or (val_items is not None and val_features is None):
+        backbone = getattr(model, "backbone", None)
+        if not isinstance(backbone, nn.Module):
+            raise ValueError("linear_init without features needs model.backbone to compute them")
+        _, eval_t, _ = _transforms(model, config, None, eval_transform, train=False)
+        if train_features is None:
+            train_features = predict_items(backbone, train_items, config, transform=eval_t,
+                                           image_reader=image_reader).cpu()
+        if val_items is not None and val_features is None:
+            val_features = predict_items(backbone, val_items, config, transform=eval_t,
+                                         image_reader=image_reader).cpu()
+    width = int(np.shape(train_features)[1]) if np.ndim(train_features) == 2 else -1
+    if width != head.in_features:
+        raise ValueError(f"train features of shape {tuple(np.shape(train_features))} do not fit "
+                         f"model.head ({head.in_features} inputs): compute them with this "
+                         f"model's backbone")
+    return train_features, val_features

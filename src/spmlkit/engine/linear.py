@@ -1,0 +1,140 @@
+"""The linear mode: a linear head on features held in memory (Cole et al.'s protocol).
+
+One epoch = a permutation of the train rows drawn from one ``torch.Generator`` seeded with
+``config.seed`` (one draw per epoch, in order), cut into batches that index pre-loaded tensors
+(no per-row ``DataLoader``). Adam (:class:`LeanAdam`), no weight decay, no schedule.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..labels import validate_full_labels, validate_observed
+from ..losses import SPMLLoss, TrainInfo
+from ..metrics import map_score
+from .config import TrainConfig
+from .loop import (FitResult, GeneratorState, Stage, StageParts, check_val_labels, train_loop)
+from .optim import make_optimizer
+
+
+def _as_tensor(x, where: str) -> torch.Tensor:
+    """``x`` as a finite float32 N x D tensor (errors name ``where`` and the bad rows)."""
+    t = torch.as_tensor(np.asarray(x, dtype=np.float32))
+    if t.ndim != 2:
+        raise ValueError(f"{where} must be an N x D matrix, got shape {tuple(t.shape)}")
+    if not torch.isfinite(t).all():
+        rows = torch.nonzero(~torch.isfinite(t).all(dim=1)).flatten()[:5].tolist()
+        raise ValueError(f"{where} hold NaN or inf (first rows: {rows})")
+    return t
+
+
+def make_linear_head(in_features: int, num_classes: int, seed: int) -> nn.Linear:
+    """``nn.Linear`` with PyTorch's default init, drawn from ``seed`` (global RNG untouched)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return nn.Linear(in_features, num_classes)
+
+
+@torch.no_grad()
+def predict_logits(model: nn.Module, x: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
+    """Eval-mode logits of ``x`` in chunks (the mode is restored afterwards)."""
+    was = model.training
+    model.eval()
+    out = torch.cat([model(x[i:i + chunk]) for i in range(0, len(x), chunk)]) if len(x) else \
+        model(x)
+    model.train(was)
+    return out.float()
+
+
+
+def val_map(scores: torch.Tensor, y, convention: str) -> float:
+    """mAP of sigmoid(``scores``) against ``y``; NaN (no score for the epoch) when the scores
+    are not all finite."""
+    probs = torch.sigmoid(scores.float()).cpu().numpy()
+    if not np.isfinite(probs).all():
+        return float("nan")
+    return map_score(probs, y, convention)
+
+
+def fit_linear(x_train, observed, loss: SPMLLoss, config: TrainConfig, *, x_val=None,
+               y_val=None, k: float | None = None, model: nn.Module | None = None,
+               on_epoch: Callable[..., None] | None = None,
+               checkpoint: Callable[[Callable[[], dict]], None] | None = None,
+               resume: dict | None = None) -> tuple[nn.Module, FitResult]:
+    """Train a linear head on in-memory features with ``loss``; select the best epoch on val.
+
+    Args:
+        x_train: N x D features of the train split.
+        observed: N x L observed labels (1 / 0 / -1).
+        loss: a loss from :func:`spmlkit.losses.create_loss`; its hooks are called here.
+        config: :class:`TrainConfig`.
+        x_val, y_val: validation features and full 0/1 labels for selection (without them the
+            last epoch is kept).
+        k: expected positives per example, handed to the loss through :class:`TrainInfo`.
+        model: start from this head instead of a fresh ``nn.Linear``.
+        on_epoch: called as ``on_epoch(record, model, loss)`` after each epoch (progress display,
+            logging, diagnostics); ``model`` is in train mode and must not be modified. Fields
+            it adds to ``record`` are kept in the history (and in the checkpoint state).
+        checkpoint: called as ``checkpoint(state_fn)`` after every epoch (after ``on_epoch``,
+            also when it raises); ``state_fn()`` returns the resumable state: model, loss state,
+            optimiser moments and step counts, the batch-order generator's state, best epoch
+            and weights, history, elapsed seconds; a dict of tensors, numbers, strings, lists
+            and dicts (``torch.save`` it; :func:`spmlkit.runs.load_torch` loads it). It is built
+            only when called: e.g. ``checkpoint=lambda state: run.save_torch("checkpoint.pt",
+            state())``, or call it every N epochs / minutes only.
+        resume: a state from ``state_fn``: continue after its epoch, with the same arguments
+            as the run that saved it; the result (weights, history, best epoch) is the
+            uninterrupted run's, bit for bit on the same machine.
+
+    Returns:
+        ``(model, result)``: the model holds the best epoch's weights, and ``loss`` the best
+        epoch's state.
+
+    Raises:
+        ValueError: bad inputs (naming them); validation labels without a positive (val mAP
+            undefined); no epoch with a finite val mAP; a ``resume`` state that does not fit.
+        FloatingPointError: the training diverged.
+    """
+    start = time.perf_counter()
+    device = torch.device(config.device)
+    x = _as_tensor(x_train, "train features").to(device)
+    z = torch.as_tensor(validate_observed(observed, "train observed labels")).to(device)
+    if z.shape[0] != x.shape[0]:
+        raise ValueError(f"train features have {x.shape[0]} rows, observed labels "
+                         f"{z.shape[0]}")
+    has_val = x_val is not None and y_val is not None
+    if has_val:
+        xv = _as_tensor(x_val, "validation features").to(device)
+        yv = validate_full_labels(y_val, "validation labels")
+        if len(xv) != len(yv) or yv.shape[1] != z.shape[1]:
+            raise ValueError(f"validation features {tuple(xv.shape)} and labels {yv.shape} do "
+                             f"not match each other or the {z.shape[1]} train classes")
+        check_val_labels(yv, config.map_convention)
+    n, num_classes = z.shape
+    model = (model or make_linear_head(x.shape[1], num_classes, config.seed)).to(device)
+    loss = loss.to(device)
+    loss.on_train_start(z, TrainInfo(n, num_classes, k, config.seed, config.epochs))
+    gen = torch.Generator().manual_seed(config.seed)
+    bs = config.batch_size
+
+    def batches(epoch):  # indexes the pre-loaded tensors: no per-row DataLoader
+        perm = torch.randperm(n, generator=gen).to(device)
+        for i in range(0, n, bs):
+            idx = perm[i:i + bs]
+            yield x[idx], z[idx], idx
+
+    def evaluate():
+        return val_map(predict_logits(model, xv), yv, config.map_convention)
+
+    stage = Stage(config.epochs, lambda: StageParts(make_optimizer(model, loss, config.lr)))
+    result = train_loop(model, loss, [stage], num_examples=n, batches=batches,
+                        evaluators={"model": evaluate} if has_val else None,
+                        early_stop=config.early_stop,
+                        train_logits=lambda: predict_logits(model, x), on_epoch=on_epoch,
+                        checkpoint=checkpoint, resume=resume,
+                        state={"batch_order": GeneratorState(gen)}, start=start)
+    return model, result
