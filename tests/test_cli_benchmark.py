@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from spmlkit.cli import main
-from spmlkit.experiments.benchmark import Method, benchmark_study, parse_methods, run_benchmark
+from spmlkit.experiments.benchmark import benchmark_study, run_benchmark
+from spmlkit.experiments.study import Method, parse_methods
 from spmlkit.experiments.store import StudyStore
 
 
@@ -30,7 +31,7 @@ def test_benchmark_study_spec():
                            hparams={"epr": {"lam": 2.0}})
     assert spec["methods"] == ["an", "epr@1p_1n", "bce", "iun"]
     assert spec["seeds"] == [0, 1] and spec["epochs"] == 5 and spec["mode"] == "linear"
-    assert spec["grid"] == {"batch_size": (8, 16), "lr": (1e-3,)}
+    assert spec["grid"] == {"batch_size": [8, 16], "lr": (1e-3,)}
     assert spec["datasets"] == [{"name": "yeast", "options": {}}]
     assert spec["hparams"] == {"epr": {"lam": 2.0}}
     with pytest.raises(ValueError, match="seeds must be an integer >= 1, got 0"):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from _image_toy import make_images, tiny_model
 
-from spmlkit.engine import (GlobalBatchSampler, LossScaler, TrainConfig, _amp_dtype,
+from spmlkit.engine import (GlobalBatchSampler, LossScaler, TrainConfig, amp_dtype,
                             fit_finetune, fit_linear, fit_linear_init, predict_items)
 from spmlkit.labels import make_observed
 from spmlkit.losses import SPMLLoss, TrainInfo, create_loss
@@ -173,9 +173,9 @@ def test_linear_init_carries_head_and_role_estimator(images):
 
 def test_amp_on_cuda_only_and_loss_scaler():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert _amp_dtype("bf16", cpu) is None and _amp_dtype("auto", cpu) is None
-    assert _amp_dtype("bf16", cuda) == torch.bfloat16 and _amp_dtype("fp16", cuda) == \
-        torch.float16 and _amp_dtype("none", cuda) is None
+    assert amp_dtype("bf16", cpu) is None and amp_dtype("auto", cpu) is None
+    assert amp_dtype("bf16", cuda) == torch.bfloat16 and amp_dtype("fp16", cuda) == \
+        torch.float16 and amp_dtype("none", cuda) is None
     with pytest.raises(ValueError, match="amp"):
         TrainConfig(amp="fp8")
     p = torch.nn.Parameter(torch.ones(3))

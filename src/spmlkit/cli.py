@@ -299,13 +299,14 @@ def _add_finetune(p: argparse.ArgumentParser) -> None:
 def cmd_benchmark(args) -> int:
     """``spml benchmark``: the paper's grid as a study in ``--out`` (resumable, one launch at a
     time), its table printed and written."""
-    from .experiments.benchmark import PAPER_GRID, run_benchmark
+    from .experiments.benchmark import run_benchmark
+    from .experiments.study import DEFAULT_GRID
     from .experiments.study import study_status
 
     if args.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
-    grid = {"batch_size": tuple(args.batch_sizes or PAPER_GRID["batch_size"]),
-            "lr": tuple(args.lrs or PAPER_GRID["lr"])}
+    grid = {"batch_size": tuple(args.batch_sizes or DEFAULT_GRID["batch_size"]),
+            "lr": tuple(args.lrs or DEFAULT_GRID["lr"])}
     refs = [] if args.no_references else ["bce", "iun"]
     options = {**_pairs(args.data, "--data"), **_feature_data(args)}
     res = run_benchmark(args.dataset, args.losses, refs, args.seeds, args.out, args.jobs,

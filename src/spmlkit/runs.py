@@ -296,6 +296,10 @@ class RunDir:
         self.write_json(FINAL_FILE, result)
         (self.path / CHECKPOINT_FILE).unlink(missing_ok=True)
 
+    def clear_failure(self) -> None:
+        """A resumed run is no longer failed (``failed.json`` removed)."""
+        (self.path / FAILED_FILE).unlink(missing_ok=True)
+
     def fail(self, err: BaseException) -> None:
         """Record that the run raised ``err`` (``failed.json``): the folder then says so
         instead of looking like a run that is still going."""

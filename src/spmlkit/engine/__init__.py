@@ -30,19 +30,18 @@ Every ``fit_*`` takes ``checkpoint=`` (called after every epoch with a function 
 the resumable state; the caller decides whether and when to write it) and ``resume=`` (such a
 state): a resumed run ends with the uninterrupted run's weights, history and best epoch.
 """
-from .amp import LossScaler, _amp_dtype, _run
+from .amp import LossScaler, amp_dtype
 from .config import AMP_MODES, TrainConfig, config_dict, parse_early_stop
 from .finetune import LINEAR_INIT_FORMAT, fit_finetune, fit_linear_init, predict_items
-from .images import (GlobalBatchSampler, ImageItems, ItemPredictor, _check_items, _Collate,
-                     _image_geometry, _loader, _Rows, _transforms, default_image_reader,
+from .images import (GlobalBatchSampler, ImageItems, ItemPredictor, default_image_reader,
                      loader_workers, mix_seed, shares)
-from .linear import _as_tensor, fit_linear, make_linear_head, predict_logits, val_map
+from .linear import fit_linear, make_linear_head, predict_logits, val_map
 from .loop import (STATE_FORMAT, Batch, FitResult, GeneratorState, Stage, StageParts,
                    StepBatch, StepHook, check_val_labels, no_finite_val_map, snapshot,
                    train_loop)
 from .optim import LeanAdam, make_optimizer
 
-__all__ = ["AMP_MODES", "Batch", "FitResult", "GeneratorState", "GlobalBatchSampler",
+__all__ = ["AMP_MODES", "Batch", "amp_dtype", "FitResult", "GeneratorState", "GlobalBatchSampler",
            "ImageItems", "ItemPredictor", "LINEAR_INIT_FORMAT", "LeanAdam", "LossScaler",
            "STATE_FORMAT", "Stage", "StageParts", "StepBatch", "StepHook", "TrainConfig",
            "check_val_labels", "config_dict", "default_image_reader", "fit_finetune",

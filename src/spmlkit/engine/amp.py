@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-def _amp_dtype(amp: str, device: torch.device):
+def amp_dtype(amp: str, device: torch.device):
     """The autocast dtype, or None (AMP off): CUDA only."""
     if device.type != "cuda" or amp == "none":
         return None

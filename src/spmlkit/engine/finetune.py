@@ -14,7 +14,7 @@ from torch import nn
 from .. import distributed as dist_utils
 from ..labels import validate_full_labels, validate_observed
 from ..losses import SPMLLoss, TrainInfo
-from .amp import LossScaler, _amp_dtype, _run
+from .amp import LossScaler, amp_dtype, _run
 from .config import TrainConfig
 from .images import (GlobalBatchSampler, ImageItems, ItemPredictor, _check_items, _loader,
                      _transforms, mix_seed)
@@ -97,7 +97,7 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
         check_val_labels(yv, config.map_convention)
     n, num_classes = z.shape
     train_t, eval_t, shape = _transforms(model, config, train_transform, eval_transform)
-    amp = _amp_dtype(config.amp, device)
+    amp = amp_dtype(config.amp, device)
     if config.amp in ("bf16", "fp16") and device.type != "cuda":
         warnings.warn(f"amp={config.amp!r} applies on CUDA only; this {device.type} run is "
                       f"float32", stacklevel=2)

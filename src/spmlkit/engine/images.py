@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .. import distributed as dist_utils
-from .amp import _amp_dtype, _run
+from .amp import amp_dtype, _run
 from .config import TrainConfig
 
 
@@ -216,7 +216,7 @@ class ItemPredictor:
         rows = range(begin, begin + self.sizes[self.ctx.rank])
         batch = config.eval_batch_size or max(64, config.batch_size)
         self.device = device
-        self.amp = _amp_dtype(config.amp, device)
+        self.amp = amp_dtype(config.amp, device)
         self.channels_last = device.type == "cuda" and config.channels_last
         self.loader = _loader(ImageItems(items, transform, read), _Rows(rows, batch), config,
                               shape, device, persistent=False) if len(rows) else None

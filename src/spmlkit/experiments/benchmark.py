@@ -22,58 +22,16 @@ from __future__ import annotations
 import numbers
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..losses import LOSSES
-from ..losses.regularizers import parse_regularizers
 from ..runs import write_json, write_text
+from .study import DEFAULT_GRID, REFERENCES, parse_methods
 
 DEFAULT_LOSSES = ("an", "an_ls", "wan", "epr", "role", "pr")
-REFERENCES = {"bce": ("bce", "full", "BCE, all labels (All P. & All N.)"),
-              "iun": ("bce", "1p_alln", "IUN, one positive + all negatives (1 P. & All N.)")}
-PAPER_GRID = {"batch_size": (8, 16), "lr": (1e-2, 1e-3, 1e-4, 1e-5)}
 #: the resume file of the benchmarks before they ran as studies (no longer read)
 OLD_RESUME_FILE = "grid.jsonl"
-
-
-@dataclass(frozen=True)
-class Method:
-    """One benchmark row: its label (the spec as given), loss, regime and regularisers."""
-
-    label: str
-    loss: str
-    regime: str
-    reg: tuple = ()
-
-
-def parse_methods(losses, references=("bce", "iun")) -> list[Method]:
-    """``["an", "bce@full"]`` -> methods; ``"all"`` stands for every registered loss (but bce,
-    a reference row) and may be combined with more specs (``"all,opml@full"``)."""
-    if isinstance(losses, str):
-        losses = [s.strip() for s in losses.split(",") if s.strip()]
-    every = [n for n in LOSSES.names() if n != "bce"]
-    losses = [name for spec in losses for name in (every if spec == "all" else [spec])]
-    out = []
-    for spec in losses:
-        name, _, regime = spec.partition("@")
-        if name in REFERENCES and not regime:
-            loss, regime, _ = REFERENCES[name]
-            out.append(Method(name, loss, regime))
-            continue
-        name, *reg = name.split("+")
-        LOSSES.get(name)  # unknown names fail here, with suggestions
-        if reg:
-            parse_regularizers(reg)  # so does a bad regulariser spec
-        out.append(Method(spec, name, regime or "1p", tuple(reg)))
-    for ref in references or ():
-        if ref not in REFERENCES:
-            raise ValueError(f"unknown reference {ref!r}; known: {', '.join(REFERENCES)}")
-        if all(m.label != ref for m in out):
-            out.append(Method(ref, *REFERENCES[ref][:2]))
-    return out
 
 
 def benchmark_study(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bce", "iun"),
@@ -85,7 +43,7 @@ def benchmark_study(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("
 
     >>> spec = benchmark_study("yeast", "an,epr@1p_1n", seeds=2, epochs=5)
     >>> spec["methods"], spec["seeds"], spec["grid"]["batch_size"]
-    (['an', 'epr@1p_1n', 'bce', 'iun'], [0, 1], (8, 16))
+    (['an', 'epr@1p_1n', 'bce', 'iun'], [0, 1], [8, 16])
     """
     if not isinstance(seeds, numbers.Integral) or seeds < 1:
         raise ValueError(f"seeds must be an integer >= 1, got {seeds!r}")
@@ -95,7 +53,7 @@ def benchmark_study(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("
             "datasets": [{"name": dataset, "options": dict(dataset_options or {})}],
             "methods": [m.label for m in methods], "mode": "linear",
             "seeds": list(range(seeds)), "epochs": epochs, "early_stop": early_stop,
-            "grid": {**PAPER_GRID, **(grid or {})}, "hparams": dict(hparams or {})}
+            "grid": {**DEFAULT_GRID, **(grid or {})}, "hparams": dict(hparams or {})}
 
 
 def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bce", "iun"),
@@ -115,7 +73,7 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
             arguments runs what they need (the other runs' rows stay in the store, unused).
         jobs: worker processes (default: the CPU count).
         epochs, early_stop: per run (:class:`spmlkit.engine.TrainConfig`).
-        grid: ``{"batch_size": [...], "lr": [...]}`` laid over :data:`PAPER_GRID`.
+        grid: ``{"batch_size": [...], "lr": [...]}`` laid over :data:`DEFAULT_GRID`.
         hparams: per-loss (or per method label) hyperparameter overrides,
             ``{"epr": {"lam": 2.0}}``.
         progress: the study's progress bar.

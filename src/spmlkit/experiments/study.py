@@ -83,6 +83,52 @@ LAUNCHES_FILE = "launches.jsonl"
 RUNS_DIR = "runs"
 
 
+#: the reference rows of Cole et al. Table 1: name -> (loss, regime, description)
+REFERENCES = {"bce": ("bce", "full", "BCE, all labels (All P. & All N.)"),
+              "iun": ("bce", "1p_alln", "IUN, one positive + all negatives (1 P. & All N.)")}
+
+
+# ---- method specs ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Method:
+    """One benchmark row: its label (the spec as given), loss, regime and regularisers."""
+
+    label: str
+    loss: str
+    regime: str
+    reg: tuple = ()
+
+
+def parse_methods(losses, references=("bce", "iun")) -> list[Method]:
+    """``["an", "bce@full"]`` -> methods; ``"all"`` stands for every registered loss (but bce,
+    a reference row) and may be combined with more specs (``"all,opml@full"``)."""
+    from ..losses import LOSSES
+    from ..losses.regularizers import parse_regularizers
+
+    if isinstance(losses, str):
+        losses = [s.strip() for s in losses.split(",") if s.strip()]
+    every = [n for n in LOSSES.names() if n != "bce"]
+    losses = [name for spec in losses for name in (every if spec == "all" else [spec])]
+    out = []
+    for spec in losses:
+        name, _, regime = spec.partition("@")
+        if name in REFERENCES and not regime:
+            loss, regime, _ = REFERENCES[name]
+            out.append(Method(name, loss, regime))
+            continue
+        name, *reg = name.split("+")
+        LOSSES.get(name)  # unknown names fail here, with suggestions
+        if reg:
+            parse_regularizers(reg)  # so does a bad regulariser spec
+        out.append(Method(spec, name, regime or "1p", tuple(reg)))
+    for ref in references or ():
+        if ref not in REFERENCES:
+            raise ValueError(f"unknown reference {ref!r}; known: {', '.join(REFERENCES)}")
+        if all(m.label != ref for m in out):
+            out.append(Method(ref, *REFERENCES[ref][:2]))
+    return out
+
+
 # ---- YAML --------------------------------------------------------------------------------------
 class _Loader(yaml.SafeLoader):
     """YAML 1.1 reads ``1e-3`` as a string (its floats need a dot); grids are full of them."""
@@ -343,7 +389,6 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
     from ..data import DATASETS
     from ..engine import TrainConfig, parse_early_stop
     from ..labels import parse_regime
-    from .benchmark import REFERENCES, parse_methods
 
     unknown = sorted(set(raw) - set(SPEC_KEYS))
     if unknown:

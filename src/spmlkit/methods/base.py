@@ -53,20 +53,21 @@ class TrainingMethod:
     description: str
     paper: str
     inputs: str                                   # "features" or "images"
-    fit: Callable[["RunContext"], "Fitted"] | None   # None only with ``train``
+    fit: Callable[["RunContext"], "Fitted"]
     load_model: Callable[[dict, dict], tuple]
     options: dict = field(default_factory=dict)   # option -> default
     run_config: Callable[["RunContext"], dict] | None = None  # extra config.json keys
     default_batch_size: int = 8
     processes: bool = False                       # runs under torchrun --nproc_per_node=N
     default_epochs: int = 25
-    #: a method that still writes its own run folder: train(splits, loss, hparams, config, *,
-    #: k, out, run_name, on_epoch, dataset_options, resume, **options) -> result
-    train: Callable | None = None
-    #: ... and resumes its own folders: resume(run_dir, *, on_epoch, device, **options)
-    resume: Callable | None = None
     #: the epochs a run will show (a progress bar's total): count_epochs(config, options)
     count_epochs: Callable | None = None
+    #: write the resumable checkpoint when this many seconds passed since the last one
+    #: (None: :data:`CHECKPOINT_SECONDS`; 0: every epoch)
+    checkpoint_seconds: float | None = None
+    #: the run's TrainConfig from the given one and the options (LAC: its stages fix the
+    #: epochs, LACConfig's batch size and lr win): resolve_config(config, options)
+    resolve_config: Callable | None = None
     #: options of a tiny run (a 16-px toy image set or a small feature set, seconds on a CPU):
     #: the generated tests (tests/test_methods.py) train, resume and predict every method so
     smoke_options: dict = field(default_factory=dict)
@@ -223,12 +224,53 @@ class Fitted:
     files: dict = field(default_factory=dict)   # more arrays for the run folder: name -> array
 
 
+def _plain_options(options: dict) -> dict:
+    """The options as ``config.json`` records them: a module or a function given in Python
+    (a backbone module, an image reader) by its name."""
+    def plain(value):
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if value is None or isinstance(value, (str, int, float, bool)):
+            return value
+        if hasattr(value, "__dataclass_fields__"):
+            return plain(asdict(value))
+        return f"<{getattr(value, 'name', None) or type(value).__name__}>"
+    return plain(options)
+
+
+#: config.json entries a resume must find unchanged (besides the method's own: run_config)
+RESUME_KEYS = ("dataset", "regime", "mode", "loss", "hparams", "k", "sizes")
+#: TrainConfig fields a resume may change (where and how fast, not what)
+RESUME_FREE = ("device", "num_workers", "eval_batch_size")
+
+
+def _check_resume(path, stored: dict, fresh: dict) -> None:
+    """A resume continues the same run: the settings it is given must be the folder's."""
+    import json
+
+    fresh = json.loads(json.dumps(fresh, default=str))
+    keys = [k for k in fresh if k in RESUME_KEYS or k not in (
+        "dataset_options", "train", "options", "class_names", "versions", "processes")]
+    differ = [k for k in keys if stored.get(k) != fresh.get(k)]
+    strip = (lambda t: {k: v for k, v in (t or {}).items() if k not in RESUME_FREE})
+    if strip(stored.get("train")) != strip(fresh.get("train")):
+        differ.append("train")
+    if differ:
+        detail = "; ".join(f"{k}: run folder {stored.get(k)!r} vs now {fresh.get(k)!r}"
+                           for k in differ[:3])
+        raise ValueError(f"cannot resume {path}: the run was started with other settings "
+                         f"({detail}); resume with the same arguments (spml train --resume "
+                         f"RUN_DIR reads them from config.json)")
+
+
 def _fresh_config(method: TrainingMethod, ctx: RunContext, dataset_options) -> dict:
     splits, config = ctx.splits, ctx.config
     out = {"dataset": splits.name, "dataset_options": dataset_options or {},
            "regime": splits.regime, "mode": method.name, "loss": ctx.loss_name,
            "hparams": ctx.hparams, "k": ctx.k, "train": asdict(config),
-           "options": ctx.options, "sizes": {s: len(getattr(splits, s))
+           "options": _plain_options(ctx.options), "sizes": {s: len(getattr(splits, s))
                                               for s in ("train", "val", "test")},
            "class_names": list(splits.class_names), "versions": versions()}
     if method.run_config is not None:
@@ -273,12 +315,10 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
 
     method = method if isinstance(method, TrainingMethod) else get_method(method)
     options = method.check_options(options)
-    if method.train is not None:
-        return method.train(splits, loss, hparams, config, k=k, out=out, run_name=run_name,
-                            on_epoch=on_epoch, dataset_options=dataset_options, resume=resume,
-                            **options)
     config = config or TrainConfig(epochs=method.default_epochs,
                                    batch_size=method.default_batch_size)
+    if method.resolve_config is not None:
+        config = method.resolve_config(config, options)
     hparams = resolve_hparams(loss, splits.name, hparams)
     loss_fn = create_loss(loss, **hparams)
     k = splits.k if k is None else resolve_k(k, splits, config.seed)
@@ -287,9 +327,8 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
     if resume is not None:
         run = RunDir(resume)
         done = read_run(run.path)
-        if done.final is not None:
-            return {**done.final, "run_dir": str(run.path)}
-        state = run.resume_state(trim_metrics=is_main)
+        if done.final is None:
+            state = run.resume_state(trim_metrics=is_main)
     elif out is not None and is_main:
         parts = [splits.name, loss, *([] if method.name == "linear" else [method.name]),
                  splits.regime, f"s{config.seed}"]
@@ -305,12 +344,20 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
         if on_epoch is not None and is_main:
             on_epoch(record, model, loss_module)
 
-    every = CHECKPOINT_SECONDS if checkpoint_seconds is None else float(checkpoint_seconds)
+    every = checkpoint_seconds if checkpoint_seconds is not None else \
+        method.checkpoint_seconds if method.checkpoint_seconds is not None else \
+        CHECKPOINT_SECONDS
     ctx = RunContext(method, splits, loss, hparams, loss_fn, k, config, options, log_epoch,
                      run.checkpointer(every) if run is not None and is_main else None, state,
                      is_main, run.path if run is not None else None)
     if run is not None and resume is None:
         run.start(_fresh_config(method, ctx, dataset_options), splits.observed)
+    elif run is not None:
+        _check_resume(run.path, done.config, _fresh_config(method, ctx, dataset_options))
+        if done.final is not None:  # finished: its result
+            return {**done.final, "run_dir": str(run.path)}
+        if is_main:
+            run.clear_failure()
     t0 = time.perf_counter()
     try:
         fitted = method.fit(ctx)
@@ -350,12 +397,14 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
 
 
 def resume_run(run_dir, *, on_epoch=None, device: str | None = None,
-               checkpoint_seconds: float | None = None, **overrides) -> dict:
+               checkpoint_seconds: float | None = None, splits=None, **overrides) -> dict:
     """Continue the interrupted run in ``run_dir`` with the settings of its ``config.json``
     (dataset, regime, loss, train config, the method's options); a finished run returns its
     ``final.json``. ``device`` overrides the stored device (a GPU run resumed on a CPU then
     matches only up to floating-point differences); ``overrides`` set method options that do
-    not change results (``progress``, ``cache_dir``).
+    not change results (``progress``, ``cache_dir``). ``splits``: the splits the run trained
+    on, for data made in Python that ``load_splits`` cannot reload (default: reloaded from the
+    dataset and options in ``config.json``).
 
     Raises:
         FileNotFoundError: not a run folder.
@@ -368,15 +417,15 @@ def resume_run(run_dir, *, on_epoch=None, device: str | None = None,
     method = get_method(cfg.get("mode", "linear"))
     if run.final is not None:
         return {**run.final, "run_dir": str(run.path)}
-    if method.resume is not None:
-        return method.resume(run.path, on_epoch=on_epoch, device=device, **overrides)
     if "options" not in cfg:
         raise ValueError(f"cannot resume {run.path}: its config.json was written by an older "
                          f"spmlkit (no 'options'); train the run again")
     train = dict(cfg["train"])
     if device is not None:
         train["device"] = device
-    splits = load_splits(cfg["dataset"], cfg["regime"], **(cfg.get("dataset_options") or {}))
+    if splits is None:
+        splits = load_splits(cfg["dataset"], cfg["regime"],
+                             **(cfg.get("dataset_options") or {}))
     return train_run(method, splits, cfg["loss"], cfg["hparams"], TrainConfig(**train),
                      k=cfg["k"], dataset_options=cfg.get("dataset_options"), resume=run.path,
                      on_epoch=on_epoch, checkpoint_seconds=checkpoint_seconds,

@@ -71,7 +71,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, fields
@@ -83,17 +82,15 @@ import torch
 from torch import nn
 
 from ..data import Splits
-from ..engine import (STATE_FORMAT, FitResult, GlobalBatchSampler, ItemPredictor, LossScaler,
-                      Stage, StageParts, StepBatch, StepHook, TrainConfig, _amp_dtype,
+from ..engine import (FitResult, GlobalBatchSampler, ItemPredictor, LossScaler,
+                      Stage, StageParts, StepBatch, StepHook, TrainConfig, amp_dtype,
                       check_val_labels, loader_workers, mix_seed, train_loop, val_map)
-from .base import resolve_hparams, versions
 from ..labels import validate_observed
-from ..losses import TrainInfo, create_loss
+from ..losses import TrainInfo
 from ..losses.lac import RingQueue, lac_entries, lac_loss, plc_loss, plc_targets
-from ..metrics import evaluate, map_score, select_thresholds
 from ..models.ema import ModelEMA
 from ..models.label_embedding import LabelEmbeddingModel
-from ..runs import PREDICTIONS_FILE, RunDir, load_torch, write_json, write_text
+from ..runs import load_torch
 
 __all__ = ["ABLATIONS", "CHECKPOINT_FILE", "LACConfig", "CachedMapViews", "ImageViews",
            "ablation_config", "fit_lac", "lac_model_from_checkpoint", "load_lac_model",
@@ -602,7 +599,7 @@ class _LACRecipe:
         self.y_val = y_val
         self.lac, self.config, self.stages, self.device = lac, config, stages, device
         self.n = int(z.shape[0])
-        self.amp = _amp_dtype(config.amp, device)
+        self.amp = amp_dtype(config.amp, device)
         self.sampler = GlobalBatchSampler(self.n, config.batch_size, config.seed)
         self.steps_per_epoch = len(self.sampler)
         self.queue = RingQueue(lac.queue_size, lac.proj_dim).to(device) \
@@ -747,7 +744,7 @@ def fit_lac(model: LabelEmbeddingModel, loss, views, observed, y_train, y_val, l
                       epoch_seed=lambda epoch: mix_seed(config.seed, 0x1AC, epoch))
 
 
-# ---- building blocks of train_lac ---------------------------------------------------------
+# ---- LAC as a training method (spmlkit.methods.train_run writes its run folder) ---------------
 def _check_images(splits: Splits) -> None:
     x = splits.train.x
     if isinstance(x, np.ndarray) and x.dtype.kind == "f":
@@ -764,150 +761,59 @@ def _device(config: TrainConfig) -> torch.device:
     return device
 
 
-def _run_config(splits, loss, hparams, k, config, lac, backbone, backbone_options, pretrained,
-                size, mean, std, dataset_options) -> dict:
-    return {"dataset": splits.name, "dataset_options": dataset_options or {},
-            "regime": splits.regime, "loss": loss, "hparams": hparams, "k": k, "mode": "lac",
-            "backbone": backbone, "pretrained": pretrained,
-            "backbone_options": backbone_options or {}, "image_size": size, "mean": mean,
-            "std": std, "train": asdict(config), "lac": asdict(lac),
-            "stages": [list(s) for s in lac.stages(config.epochs)],
-            "sizes": {"train": len(splits.train), "val": len(splits.val),
-                      "test": len(splits.test)},
-            "class_names": list(splits.class_names), "versions": versions()}
-
-
-#: config.json keys that must match for a resume
-_RESUME_KEYS = ("dataset", "regime", "loss", "hparams", "k", "backbone", "pretrained",
-                "backbone_options", "image_size", "train", "lac", "stages", "sizes")
-
-
-def _lac_run_config(run_dir: Path) -> dict:
-    """A LAC run folder's ``config.json``; errors that say what the folder is instead."""
-    try:
-        cfg = json.loads((Path(run_dir) / "config.json").read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"cannot resume {run_dir}: it has no config.json (resume takes "
-                                f"a run folder written by spml train --mode lac)") from None
-    if cfg.get("mode") != "lac":
-        raise ValueError(f"cannot resume {run_dir} as a LAC run: its mode is "
-                         f"{cfg.get('mode', 'linear')!r}")
-    return cfg
-
-
-def _check_resume(run_dir: Path, fresh: dict) -> None:
-    stored = _lac_run_config(run_dir)
-    fresh = json.loads(json.dumps(fresh, default=str))
-    differ = [key for key in _RESUME_KEYS if stored.get(key) != fresh.get(key)]
-    if differ:
-        detail = "; ".join(f"{key}: run folder {stored.get(key)!r} vs now {fresh.get(key)!r}"
-                           for key in differ[:3])
-        raise ValueError(f"cannot resume {run_dir}: the run was started with other settings "
-                         f"({detail}); resume with the same arguments (spml train --resume "
-                         f"RUN_DIR reads them from config.json)")
-
-
-def train_lac(splits: Splits, loss: str = "an", hparams: dict | None = None,
-              config: TrainConfig | None = None, *, k: float | None = None, out=None,
-              run_name: str | None = None, dataset_options: dict | None = None, lac=None,
-              backbone="efficientnet_lite0", image_size: int | None = None, cache_dir=None,
-              resume=None, progress: bool = True, on_epoch=None, pretrained: bool = True,
-              backbone_options: dict | None = None, features: dict | None = None,
-              image_reader: Callable | None = None) -> dict:
-    """Train LAC (or one of its ablations) on an image source's splits; score the best epoch.
-
-    The run trainer of mode ``lac`` (contract of :func:`spmlkit.experiments.runner.train_one`).
-
-    Args:
-        splits: splits whose ``x`` are image paths.
-        loss: the base SPML loss on the weak view (a registered name; default ``an``).
-        hparams: its hyperparameters (on top of its per-dataset defaults).
-        config: :class:`TrainConfig` (seed, device, amp, early_stop, map_convention,
-            num_workers, and the ``batch_size`` / ``lr`` / ``epochs`` that LACConfig leaves
-            open); default: the paper's 40 epochs, batch 32, lr 1e-4.
-        k: expected positives per example for the base loss (default: the split's).
-        out, run_name: create the run folder ``out/run_name`` (default name
-            ``{dataset}-{loss}-lac-{regime}-s{seed}``).
-        dataset_options: recorded in ``config.json`` (what ``load_splits`` was given).
-        lac: :class:`LACConfig` or a dict of its fields (default: the full method).
-        backbone: a registered backbone name (or a backbone module); ``pretrained`` and
-            ``backbone_options`` as :func:`spmlkit.models.create_backbone`.
-        image_size: input side (default ``config.image_size``, else the backbone's).
-        cache_dir: feature-map stores' folder (default ``$SPMLKIT_CACHE/features``).
-        resume: a run folder of an interrupted LAC run with the same arguments: continue from
-            its ``checkpoint.pt`` (a finished run returns its ``final.json``). The checkpoint
-            is loaded with ``weights_only=True``: one holding pickled code is refused.
-        progress: progress bars of the feature-map extraction.
-        on_epoch: ``on_epoch(record, model, loss)`` after each epoch, after the record is
-            appended to ``metrics.jsonl`` and before ``checkpoint.pt`` is written (it is
-            written also when ``on_epoch`` raises, so an interrupted run keeps that epoch).
-        features: more :func:`spmlkit.features.extract_features` options for the cached maps
-            (``num_workers``, ``batch_size``, ``device``).
-        image_reader: ``path -> PIL image`` for ``views="images"``.
-
-    Returns:
-        dict with ``val_map``, ``test_map``, ``train_recovery_map``, ``test`` (P@k ...),
-        ``best_epoch`` (1-based over both stages), ``best_stage``, ``best_source`` (``model``
-        or ``ema``), ``epochs_run``, ``stage_epochs``, ``seconds`` (training, extraction not
-        included: ``extract_seconds``), ``loss``, ``mode``, ``backbone``, ``regime``,
-        ``seed``, ``batch_size``, ``lr``, ``lac``; ``run_dir`` when ``out`` or ``resume`` is
-        given. The run folder holds ``config.json``, ``observed.npy``, ``metrics.jsonl`` (per
-        epoch: ``stage``, losses, ``val_map_model``, ``val_map_ema``, ``val_source``, PLC's
-        ``pl_count`` / ``pl_precision`` (a fraction in [0, 1]) on unobserved entries, ``lr``),
-        ``checkpoint.pt``, ``best.pt``, ``predictions.npz``, ``thresholds.json`` and
-        ``final.json``.
-
-    Raises:
-        ValueError: feature-vector splits, a bad LAC option, a resume with other settings, a
-            checkpoint of another format or holding pickled code, val labels without a
-            positive.
-    """
+def _backbone(ctx) -> tuple[nn.Module, str]:
+    """The run's backbone module and its name, built once (run_config and fit both need it)."""
     from ..models.backbones import create_backbone
 
-    _check_images(splits)
-    lac = LACConfig.coerce(lac)
-    config = resolve_train_config(config, lac)
-    stages = lac.stages(config.epochs)
-    hparams = resolve_hparams(loss, splits.name, hparams)
-    k = splits.k if k is None else k
-    device = _device(config)
-    net = backbone if isinstance(backbone, nn.Module) else \
-        create_backbone(backbone, pretrained=pretrained, **(backbone_options or {}))
-    backbone_name = backbone if isinstance(backbone, str) else getattr(net, "name",
-                                                                        type(net).__name__)
-    size = int(image_size or config.image_size or net.input_size)
-    mean, std = [float(v) for v in net.mean], [float(v) for v in net.std]
-    run_config = _run_config(splits, loss, hparams, k, config, lac, backbone_name,
-                             backbone_options, pretrained, size, mean, std, dataset_options)
-    run = None
-    if resume is not None:
-        run = RunDir(resume)
-        _check_resume(run.path, run_config)
-        if (run.path / "final.json").is_file():
-            result = json.loads((run.path / "final.json").read_text())
-            return {**result, "run_dir": str(run.path)}
-    elif out is not None:
-        run = RunDir.create(out, run_name or f"{splits.name}-{loss}-lac-{splits.regime}-"
-                            f"s{config.seed}".replace(":", "_"))
-        run.write_json("config.json", run_config)
-        run.save_array("observed.npy", splits.observed)
+    if "backbone" not in ctx.prepared:
+        o = ctx.options
+        given = o["backbone"]
+        net = given if isinstance(given, nn.Module) else \
+            create_backbone(given, pretrained=o["pretrained"], **(o["backbone_options"] or {}))
+        name = given if isinstance(given, str) else getattr(net, "name", type(net).__name__)
+        ctx.prepared["backbone"] = (net, name)
+    return ctx.prepared["backbone"]
 
-    state = None
-    if resume is not None and (run.path / CHECKPOINT_FILE).is_file():
-        state = load_torch(run.path / CHECKPOINT_FILE, map_location=device)
-        if state.get("format") != STATE_FORMAT:
-            raise ValueError(f"cannot resume {run.path}: its {CHECKPOINT_FILE} has format "
-                             f"{state.get('format')!r}, not {STATE_FORMAT!r} (written by "
-                             f"another spmlkit version); train the run again")
+
+def _geometry(ctx) -> tuple[int, list, list]:
+    net, _ = _backbone(ctx)
+    size = int(ctx.options["image_size"] or ctx.config.image_size or net.input_size)
+    return size, [float(v) for v in net.mean], [float(v) for v in net.std]
+
+
+def run_config(ctx) -> dict:
+    """LAC's entries of ``config.json``: the backbone, the input geometry, LACConfig, stages."""
+    lac = LACConfig.coerce(ctx.options["lac"])
+    _, name = _backbone(ctx)
+    size, mean, std = _geometry(ctx)
+    o = ctx.options
+    return {"backbone": name, "pretrained": o["pretrained"],
+            "backbone_options": o["backbone_options"] or {}, "image_size": size, "mean": mean,
+            "std": std, "lac": asdict(lac),
+            "stages": [list(s) for s in lac.stages(ctx.config.epochs)]}
+
+
+def fit(ctx):
+    """LAC's fit for :func:`spmlkit.methods.train_run`: views (cached feature maps or images),
+    the label-wise embedding model, :func:`fit_lac`; the best epoch's predictions."""
+    from .base import Fitted
+
+    splits, config, o = ctx.splits, ctx.config, ctx.options
+    _check_images(splits)
+    lac = LACConfig.coerce(o["lac"])
+    device = _device(config)
+    net, name = _backbone(ctx)
+    size, mean, std = _geometry(ctx)
     if lac.views == "cached":
         views = CachedMapViews(splits, net, size, lac, seed=config.seed, device=device,
-                               cache_dir=cache_dir, progress=progress, **(features or {}))
+                               cache_dir=o["cache_dir"], progress=o["progress"],
+                               **(o["features"] or {}))
         model = LabelEmbeddingModel(None, len(splits.class_names),
                                     in_channels=views.in_channels, seed=config.seed,
                                     **lac.head_kwargs())
     else:
         views = ImageViews(splits, size, mean, std, config, seed=config.seed, device=device,
-                           image_reader=image_reader)
+                           image_reader=o["image_reader"])
         model = LabelEmbeddingModel(net, len(splits.class_names),
                                     freeze_backbone=not lac.train_backbone,
                                     freeze_batchnorm=lac.train_backbone, seed=config.seed,
@@ -915,95 +821,70 @@ def train_lac(splits: Splits, loss: str = "an", hparams: dict | None = None,
     channels_last = device.type == "cuda" and config.channels_last and lac.views == "images"
     model = model.to(device, memory_format=torch.channels_last if channels_last
                      else torch.contiguous_format)
-    loss_fn = create_loss(loss, **hparams).to(device)
-
-    def log_epoch(record, model, loss):  # metrics.jsonl, then the caller's hook
-        if run is not None:
-            run.append_jsonl("metrics.jsonl", record)
-        if on_epoch is not None:
-            on_epoch(record, model, loss)
-
-    if state is not None:
-        # the metrics file holds exactly the checkpoint's epochs (an epoch logged after its
-        # checkpoint may be missing, one logged before a crash must not appear twice)
-        write_text(run.path / "metrics.jsonl",
-                   "".join(json.dumps(h) + "\n" for h in state["history"]))
-    save = None if run is None else \
-        (lambda state_fn: run.save_torch(CHECKPOINT_FILE, state_fn()))  # every epoch
-    fit = fit_lac(model, loss_fn, views, splits.observed, splits.train.y, splits.val.y, lac,
-                  config, k=k, on_epoch=log_epoch, checkpoint=save, resume=state)
-    views_info = views.describe()
-
-    # the best epoch's weights (fit_lac left them in the model) -> predictions and metrics
-    probs = {s: torch.sigmoid(views.predict(model, s)).numpy() for s in ("train", "val", "test")}
-    views.close()
-    conv = config.map_convention
-    test = evaluate(probs["test"], splits.test.y, conv)
-    per_stage = [sum(1 for h in fit.history if h["stage"] == s) for s, _, _ in stages]
-    stage1_scores = [h["val_map"] for h in fit.history if h["stage"] == 1]
-    result = {
-        "loss": loss, "mode": "lac", "backbone": backbone_name, "regime": splits.regime,
-        "seed": config.seed, "batch_size": config.batch_size, "lr": config.lr,
-        "best_epoch": int(fit.best_epoch), "best_stage": int(fit.best_stage),
-        "best_source": fit.best_source, "epochs_run": len(fit.history),
-        "stage_epochs": per_stage, "val_map": float(fit.val_map),
-        "stage1_val_map": max(stage1_scores) if stage1_scores else float("nan"),
-        "test_map": test["map"],
-        "train_recovery_map": map_score(probs["train"], splits.train.y, conv), "test": test,
-        "lac": asdict(lac), "views": views.kind, "image_size": size,
-        "extract_seconds": round(float(getattr(views, "seconds", 0.0)), 3),
-        "seconds": fit.seconds,
-    }
-    if hasattr(loss_fn, "estimated_labels"):
-        result["estimator_recovery_map"] = map_score(loss_fn.estimated_labels().cpu().numpy(),
-                                                     splits.train.y, conv)
-    if run is not None:
-        from ..predict import THRESHOLDS_FILE
-
-        state = {n: t.detach().cpu().contiguous() for n, t in model.state_dict().items()}
-        run.save_torch("best.pt", {
-            "model": state, "loss": loss_fn.state_dict(), "loss_name": loss, "hparams": hparams,
-            "mode": "lac", "views": views_info, "backbone": backbone_name,
-            "pretrained": pretrained, "backbone_options": backbone_options or {},
+    loss = ctx.loss.to(device)
+    try:
+        result = fit_lac(model, loss, views, splits.observed, splits.train.y, splits.val.y,
+                         lac, config, k=ctx.k, on_epoch=ctx.on_epoch,
+                         checkpoint=ctx.checkpoint, resume=ctx.resume)
+        # the best epoch's weights (fit_lac left them in the model) -> predictions
+        probs = {s: torch.sigmoid(views.predict(model, s)).numpy()
+                 for s in ("train", "val", "test")}
+        views_info = views.describe()
+    finally:
+        views.close()
+    stages = lac.stages(config.epochs)
+    stage1 = [h["val_map"] for h in result.history if h["stage"] == 1]
+    extra = {"backbone": name, "best_stage": int(result.best_stage),
+             "best_source": result.best_source,
+             "stage_epochs": [sum(1 for h in result.history if h["stage"] == s)
+                              for s, _, _ in stages],
+             "stage1_val_map": max(stage1) if stage1 else float("nan"), "lac": asdict(lac),
+             "views": views.kind, "image_size": size,
+             "extract_seconds": round(float(getattr(views, "seconds", 0.0)), 3)}
+    state = {n: t.detach().cpu().contiguous() for n, t in model.state_dict().items()}
+    best = {"model": state, "views": views_info, "backbone": name,
+            "pretrained": o["pretrained"], "backbone_options": o["backbone_options"] or {},
             "image_size": size, "mean": mean, "std": std, "in_channels": model.head.in_channels,
             "head": {**lac.head_kwargs(), "seed": config.seed},
-            "num_classes": len(splits.class_names), "class_names": list(splits.class_names),
-            "best_epoch": result["best_epoch"], "best_stage": result["best_stage"],
-            "best_source": result["best_source"]})
-        run.save_npz(PREDICTIONS_FILE, best_epoch=result["best_epoch"], observed=splits.observed,
-                     **{f"probs_{s}": p.astype(np.float32) for s, p in probs.items()},
-                     **{f"y_{s}": getattr(splits, s).y for s in probs})
-        run.write_json(THRESHOLDS_FILE, select_thresholds(probs["val"], splits.val.y,
-                                                          splits.class_names))
-        run.write_json("final.json", result)
-        result["run_dir"] = str(run.path)
-    return result
+            "best_epoch": int(result.best_epoch), "best_stage": int(result.best_stage),
+            "best_source": result.best_source}
+    return Fitted(result, probs, best, extra)
 
 
-def resume_lac(run_dir, *, progress: bool = True, on_epoch=None, cache_dir=None,
-               device: str | None = None) -> dict:
-    """Continue the interrupted LAC run in ``run_dir`` with the settings of its
-    ``config.json`` (dataset, regime, loss, LAC options, train config, backbone); a finished
-    run returns its ``final.json``. ``device`` overrides the stored one (e.g. resume a GPU run
-    on a CPU: the result then matches only up to floating-point differences)."""
-    from ..data import load_splits
+def train_lac(splits: Splits, loss: str = "an", hparams: dict | None = None,
+              config: TrainConfig | None = None, **kwargs) -> dict:
+    """Train LAC (or one of its ablations) on an image source's splits; score the best epoch:
+    ``spmlkit.methods.train_run("lac", ...)``.
 
-    run_dir = Path(run_dir)
-    cfg = _lac_run_config(run_dir)
-    train = dict(cfg["train"])
-    if device is not None and device != train["device"]:
-        train["device"] = device
-        cfg["train"] = train
-    splits = load_splits(cfg["dataset"], cfg["regime"], **(cfg.get("dataset_options") or {}))
-    config = TrainConfig(**train)
-    if device is not None:
-        write_json(run_dir / "config.json", cfg)
-    return train_lac(splits, cfg["loss"], cfg["hparams"], config, k=cfg["k"],
-                     dataset_options=cfg.get("dataset_options"), lac=cfg["lac"],
-                     backbone=cfg["backbone"], image_size=cfg["image_size"],
-                     cache_dir=cache_dir, resume=run_dir, progress=progress,
-                     on_epoch=on_epoch, pretrained=cfg.get("pretrained", True),
-                     backbone_options=cfg.get("backbone_options") or None)
+    LAC's options (keywords): ``lac`` (:class:`LACConfig` or a dict of its fields; default the
+    full method), ``backbone`` (a registered name or a backbone module), ``pretrained``,
+    ``backbone_options``, ``image_size`` (default ``config.image_size``, else the
+    backbone's), ``cache_dir`` (the feature-map stores), ``progress`` (extraction bars),
+    ``features`` (more :func:`spmlkit.features.extract_features` options: ``num_workers``,
+    ``batch_size``, ``device``), ``image_reader`` (``views="images"``). The rest as
+    :func:`spmlkit.methods.train_run` (``k``, ``out``, ``run_name``, ``on_epoch``,
+    ``dataset_options``, ``resume``: a run folder of an interrupted LAC run with the same
+    arguments). ``config`` defaults to the paper's 40 epochs, batch 32, lr 1e-4; LACConfig's
+    ``batch_size`` / ``lr`` override it and its stages fix the epochs
+    (:func:`resolve_train_config`).
+
+    Returns:
+        :func:`spmlkit.methods.train_run`'s result plus ``best_stage``, ``best_source``
+        (``model`` or ``ema``), ``stage_epochs``, ``stage1_val_map``, ``lac``, ``views``,
+        ``image_size``, ``extract_seconds``. The run folder's ``metrics.jsonl`` has per epoch
+        ``stage``, the losses, ``val_map_model``, ``val_map_ema``, ``val_source``, PLC's
+        ``pl_count`` / ``pl_precision`` (a fraction in [0, 1]) and ``lr``.
+    """
+    from .base import train_run
+
+    return train_run("lac", splits, loss, hparams, config, **kwargs)
+
+
+def resume_lac(run_dir, **kwargs) -> dict:
+    """Continue an interrupted LAC run folder: :func:`spmlkit.methods.resume_run`."""
+    from .base import resume_run
+
+    return resume_run(run_dir, **kwargs)
 
 
 def lac_model_from_checkpoint(info: dict) -> LabelEmbeddingModel:
@@ -1043,13 +924,6 @@ def load_lac_model(run, device: str = "cpu") -> tuple[LabelEmbeddingModel, dict]
 
 
 # ---- registration ------------------------------------------------------------------------------
-def _train(splits, loss, hparams, config, *, k=None, out=None, run_name=None, on_epoch=None,
-           dataset_options=None, resume=None, **options):
-    return train_lac(splits, loss, hparams, config, k=k, out=out, run_name=run_name,
-                     on_epoch=on_epoch, dataset_options=dataset_options, resume=resume,
-                     **options)
-
-
 def _load_model(best: dict, config: dict):
     return lac_model_from_checkpoint(best), {
         "inputs": "images", "image_size": int(best["image_size"]), "mean": tuple(best["mean"]),
@@ -1062,15 +936,14 @@ LAC = register_method(TrainingMethod(
     name="lac", description="LAC: a label-wise embedding model on the backbone's feature maps, "
     "pseudo-label consistency, label-aware global consistency with a memory queue, two stages "
     "and an EMA (options: lac=LACConfig fields, backbone, ...)",
-    paper="Xie et al. 2022", inputs="images", fit=None, load_model=_load_model,
+    paper="Xie et al. 2022", inputs="images", fit=fit, load_model=_load_model,
+    run_config=run_config,
     options={"lac": None, "backbone": "efficientnet_lite0", "image_size": None,
              "cache_dir": None, "progress": True, "pretrained": True, "backbone_options": None,
              "features": None, "image_reader": None},
-    default_batch_size=OFFICIAL_BATCH_SIZE, default_epochs=OFFICIAL_EPOCHS, train=_train,
-    resume=lambda run_dir, on_epoch=None, device=None, **o: resume_lac(
-        run_dir, on_epoch=on_epoch, device=device, **o),
-    count_epochs=lambda config, o: resolve_train_config(config, LACConfig.coerce(o["lac"]))
-    .epochs,
+    default_batch_size=OFFICIAL_BATCH_SIZE, default_epochs=OFFICIAL_EPOCHS,
+    checkpoint_seconds=0.0,
+    resolve_config=lambda config, o: resolve_train_config(config, LACConfig.coerce(o["lac"])),
     smoke_options={"backbone": "tiny_cnn", "pretrained": False, "progress": False,
                    "backbone_options": {"width": 4, "num_features": 8, "input_size": 16},
                    "features": {"num_workers": 0},
