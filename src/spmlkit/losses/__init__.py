@@ -12,7 +12,8 @@ import inspect
 from . import cole  # noqa: F401  (registers the Cole et al. losses)
 from . import zhou  # noqa: F401
 from . import large_loss, opml  # noqa: F401
-from .base import SPMLLoss, TrainInfo, log_1mp, log_p, soft_bce
+from .base import SPMLLoss, TrainInfo, check_observed, log_1mp, log_p, observed_validated, \
+    soft_bce
 from .registry import LOSSES
 from .regularizers import REGULARIZERS, Regularized, parse_regularizers
 
@@ -52,6 +53,6 @@ def list_losses() -> list[tuple[str, str]]:
     return [(e.name, e.description) for e in LOSSES.entries()]
 
 
-__all__ = ["LOSSES", "REGULARIZERS", "Regularized", "SPMLLoss", "TrainInfo", "create_loss",
-           "list_losses", "loss_hparams",
+__all__ = ["LOSSES", "REGULARIZERS", "Regularized", "SPMLLoss", "TrainInfo", "check_observed",
+           "create_loss", "list_losses", "loss_hparams", "observed_validated",
            "log_p", "log_1mp", "soft_bce"]
