@@ -382,3 +382,13 @@ def test_cli_interruption_says_how_far_it_got(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert code == 130
     assert "smoke: stopped with 1 of 2 runs done; the same command runs the 1 missing" in err
+
+
+def test_a_damaged_results_file_is_named(tmp_path):
+    """A results.sqlite that is not an SQLite database (damaged, or another file under that
+    name) raised sqlite3.DatabaseError 'file is not a database' from the first read."""
+    bad = tmp_path / "results.sqlite"
+    bad.write_bytes(b"not an SQLite database" * 50)
+    with pytest.raises(ValueError, match=r"results.sqlite is not a usable results store \(file "
+                                         r"is not a database\)"):
+        StudyStore(bad)
