@@ -91,13 +91,13 @@ def check_source_options(name: str, options: dict, protocol: Sequence[str] = (),
     for key in options:
         if key in takes or key in FEATURE_KEYS:
             continue
-        close = difflib.get_close_matches(key, takes, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ";"
         if key in PROTOCOL_OPTIONS:
             raise ValueError(f"option {key!r} belongs to the train / val protocol "
-                             f"(load_splits: spml train, benchmark, study), not to dataset "
-                             f"{entry.name!r}'s source; it takes: {', '.join(takes)}")
-        raise ValueError(f"unknown option {key!r} for dataset {entry.name!r}{hint} It takes: "
+                             f"(load_splits: spml train, benchmark, study), not to the source "
+                             f"of dataset {entry.name!r}; it takes: {', '.join(takes)}")
+        close = difflib.get_close_matches(key, [*takes, *PROTOCOL_OPTIONS], n=1)
+        hint = f"; did you mean {close[0]!r}? It takes: " if close else "; it takes: "
+        raise ValueError(f"unknown option {key!r} for dataset {entry.name!r}{hint}"
                          f"{', '.join(takes)}")
     missing = [n for n, p in params.items() if p.default is p.empty and n not in options] \
         if complete else []
