@@ -136,10 +136,12 @@ def check_observed(observed: torch.Tensor, where: str) -> None:
 
     What every loss call checks, unless its caller validated the whole matrix already
     (:func:`observed_validated`): one ``aminmax`` reduction for integer labels (the engine's
-    int8) and a second operation for float labels (which must also be whole numbers); about 4 us
-    per call on a CPU, a few percent of a linear-mode step on yeast (nothing next to a
-    fine-tuning step). Only a failing check looks further, to name the values and the first row.
-    Boolean labels (True = positive) pass.
+    int8) and a second operation for float labels (which must also be whole numbers). About 4 us
+    per call on a CPU: 4-6% of a linear-mode step on yeast (``benchmarks/observed_check.py``).
+    On CUDA reading the result waits for the labels' device work (a host sync before the
+    backward pass), one more reason for the training loop to use :func:`observed_validated`.
+    Only a failing check looks further, to name the values and the first row. Boolean labels
+    (True = positive) pass.
 
     >>> check_observed(torch.tensor([[1, 0, -1]], dtype=torch.int8), "an")  # passes
     >>> check_observed(torch.tensor([[1, 0, 3]]), "an")  # doctest: +ELLIPSIS
