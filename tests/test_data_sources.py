@@ -351,3 +351,56 @@ def test_yeast_splits():
     assert ((splits.observed == POSITIVE).sum(axis=1) == 1).all()
     assert set(np.unique(splits.observed)) == {POSITIVE, UNOBSERVED}
     assert load_dataset("yeast").pool_observed is None
+
+
+# ---- source options, checked against the source's signature ----------------------------------
+def test_source_options_are_checked_against_the_signature(arrays_files):
+    """Misspelt, missing and mistyped options are ``ValueError``s naming the dataset, key and
+    value (they were ``TypeError``s from inside the source); the message lists what the source
+    takes, generated from its signature."""
+    root = arrays_files[0]
+    x, y = str(root / "x.npy"), str(root / "y.npy")
+    with pytest.raises(ValueError, match=r"^unknown option 'subsampel' for dataset 'yeast'; did "
+                                         r"you mean 'subsample'\? It takes: path, seed, "
+                                         r"subsample, subsample_seed, class_order$"):
+        load_splits("yeast", subsampel=0.5)
+    with pytest.raises(ValueError, match="'subsample' belongs to the train / val protocol"):
+        load_dataset("yeast", subsample=0.5)  # no protocol without load_splits
+    with pytest.raises(ValueError, match=r"dataset 'arrays' needs the option\(s\) features, "
+                                         r"labels"):
+        load_dataset("arrays")
+    with pytest.raises(ValueError, match=r"option standardize='yes' of dataset 'arrays': "
+                                         r"expected bool, got str"):
+        load_dataset("arrays", features=x, labels=y, standardize="yes")
+    with pytest.raises(ValueError, match=r"option root=2012 of dataset 'cole': expected "
+                                         r"str \| os.PathLike, got int \(on the command line"):
+        load_dataset("cole", root=2012)
+    with pytest.raises(ValueError, match="the features option .* needs a backbone"):
+        load_dataset("folder", root=str(root), features={"dtype": "float16"})
+    with pytest.raises(ValueError, match="observed-label seed must be a whole number"):
+        load_splits("yeast", seed="1")
+
+
+def test_name_option_reaches_the_source(arrays_files):
+    """``name=`` is the source's option (the dataset's name), not ``load_splits``' dataset
+    argument (it raised "got multiple values for argument 'name'")."""
+    x, y = str(arrays_files[0] / "x.npy"), str(arrays_files[0] / "y.npy")
+    assert load_splits("arrays", features=x, labels=y, name="mine").name == "mine"
+    assert load_dataset("arrays", features=x, labels=y, name="mine").name == "mine"
+
+
+def test_one_module_per_source_and_the_old_import_paths():
+    """Every registered source lives in its own module; the modules that used to hold several
+    (``image_sources``, ``offline_sets``) re-export the same objects."""
+    from spmlkit.data import image_sources, offline_sets
+
+    modules = {e.name: e.factory.__module__.rsplit(".", 1)[1] for e in DATASETS.entries()}
+    assert modules == {"arrays": "arrays", "cole": "cole", "fmnist_mosaic": "fmnist_mosaic",
+                       "mdi_icons": "mdi_icons", "yeast": "yeast", "voc": "voc",
+                       "coco": "coco", "cub": "cub", "cole_images": "cole_images",
+                       "nuswide": "nuswide", "csv": "csv_images", "folder": "folder"}
+    for public in image_sources.__all__:
+        assert getattr(image_sources, public) is not None
+    assert image_sources.load_voc is DATASETS.get("voc").factory
+    assert offline_sets.load_mdi_icons is DATASETS.get("mdi_icons").factory
+    assert all(hasattr(offline_sets, n) for n in offline_sets.__all__)

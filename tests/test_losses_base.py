@@ -112,3 +112,47 @@ def test_resize_state_ignores_missing_keys_and_same_shapes():
     assert toy.mask.shape == (2, 2)  # absent from the state dict: untouched
     with pytest.raises(RuntimeError, match="Missing key"):
         _Toy().load_state_dict({"estimate": torch.zeros(2, 2)})  # strict still reports the rest
+
+
+# --- observed-label checks ----------------------------------------------------------------------
+def test_the_issue_example_raises_and_observed_validated_skips_only_inside():
+    """``create_loss("an")(logits, observed_with_a_3)`` used to compute silently; now it names
+    the value. Within ``observed_validated`` the per-call check is skipped (for the engine,
+    which validates the whole matrix once), for the wrapped base of a regularised loss too, and
+    after the block (also after an error in it) the check is back."""
+    from spmlkit.losses import create_loss, observed_validated
+
+    logits = torch.zeros(2, 3)
+    bad = torch.tensor([[1, 0, 0], [0, 3, 1]])
+    for loss in (create_loss("an"), create_loss("an", reg="highrank:1e-3")):
+        with pytest.raises(ValueError, match=r"found \[3\] \(first at batch row 1\)"):
+            loss(logits, bad)
+        with observed_validated(loss):
+            assert torch.isfinite(loss(logits, bad))
+        with pytest.raises(RuntimeError, match="inside"), observed_validated(loss):
+            raise RuntimeError("inside")
+        with pytest.raises(ValueError, match="observed labels must be"):
+            loss(logits, bad)
+
+
+@pytest.mark.parametrize("k", [-1.0, float("nan"), float("inf"), 7.0, "2"])
+def test_train_info_refuses_a_k_outside_0_to_the_class_count(k):
+    from spmlkit.losses.base import TrainInfo
+
+    with pytest.raises(ValueError, match=r"k \(expected positives per example\) must be a "
+                                         r"number in \[0, 6\]"):
+        TrainInfo(num_examples=10, num_classes=6, k=k)
+    assert TrainInfo(num_examples=10, num_classes=6, k=6).k == 6
+
+
+def test_epr_refuses_a_negative_weight_and_a_zero_k_from_the_data():
+    from spmlkit.losses import create_loss
+    from spmlkit.losses.base import TrainInfo
+
+    with pytest.raises(ValueError, match="lam .* must be >= 0, got -1"):
+        create_loss("epr", lam=-1)
+    with pytest.raises(ValueError, match=r"loss 'epr': hyperparameter lam='abc' must be a number "
+                                         r"\(default 1.0\)"):
+        create_loss("epr", lam="abc")  # was float()'s "could not convert string to float"
+    with pytest.raises(ValueError, match="needs k > 0 .* mean is 0"):
+        create_loss("epr").on_train_start(torch.zeros(4, 3), TrainInfo(4, 3, k=0.0))

@@ -301,3 +301,19 @@ def test_index_required_when_declared(name):
 def test_unknown_hparam_rejected(name):
     with pytest.raises(ValueError, match="no hyperparameter"):
         create_loss(name, not_a_real_hparam=1)
+
+
+@pytest.mark.parametrize("bad, dtype", [(3, torch.int64), (3, torch.int8), (-2, torch.int8),
+                                        (0.5, torch.float32), (float("nan"), torch.float32)])
+def test_observed_values_outside_the_encoding_raise(name, bad, dtype):
+    """A label outside {1, 0, -1} is an error naming the value and the batch row, whatever the
+    dtype (it used to be computed with silently)."""
+    loss, obs_all = build(name)
+    logits, obs, idx = batch(obs_all, 13)
+    obs = obs.to(dtype)
+    call(loss, logits, obs, idx)  # the valid batch passes in this dtype
+    broken = obs.clone()
+    broken[2, 1] = bad
+    with pytest.raises(ValueError, match=rf"found \[{'nan' if bad != bad else bad}\] "
+                                         rf"\(first at batch row 2\)"):
+        call(loss, logits, broken, idx)

@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from spmlkit.data import DATASETS, load_dataset
+from spmlkit.data import fmnist_mosaic, mdi_icons
 from spmlkit.data import offline_sets as ofs
 
 
@@ -159,14 +160,14 @@ def test_a_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
             raise ValueError("simulated failure")
         return real(split, root)
 
-    monkeypatch.setattr(ofs, "read_fmnist", fail_on_test)
+    monkeypatch.setattr(fmnist_mosaic, "read_fmnist", fail_on_test)  # where the build looks
     with pytest.raises(ValueError, match="simulated"):
         load_dataset("fmnist_mosaic", cache_dir=tmp_path, **SMALL)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_missing_debian_package_names_the_install_command(tmp_path, monkeypatch):
-    monkeypatch.setattr(ofs, "FMNIST_DIR", tmp_path / "not-installed")
+    monkeypatch.setattr(fmnist_mosaic, "FMNIST_DIR", tmp_path / "not-installed")
     with pytest.raises(FileNotFoundError,
                        match=r"not-installed/train-images-idx3-ubyte\.gz.*apt-get install -y "
                              r"dataset-fashion-mnist"):
@@ -259,7 +260,7 @@ def test_mdi_missing_package_names_the_npm_command(tmp_path, monkeypatch):
         load_dataset("mdi_icons", cache_dir=tmp_path)
     monkeypatch.delenv(ofs.MDI_ENV)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(ofs, "__file__", str(tmp_path / "a" / "b" / "c" / "d.py"))
+    monkeypatch.setattr(mdi_icons, "__file__", str(tmp_path / "a" / "b" / "c" / "d.py"))
     with pytest.raises(FileNotFoundError, match=r"@mdi/svg was not found.*npm install --prefix "
                                                 r".*make image-data"):
         load_dataset("mdi_icons", cache_dir=tmp_path)

@@ -387,11 +387,28 @@ def test_cli_interruption_says_how_far_it_got(tmp_path, capsys, monkeypatch):
 def test_run_ids_hash_only_what_changes_results():
     """Cache folder, progress and worker counts used to be hashed into run ids, so moving the
     cache or hiding a bar re-ran a finished study."""
+    from spmlkit.experiments.study import result_config, run_id_for
+
     base = load_study(spec())
     ids = [t.run_id for t in expand(base)]
-    moved = load_study(spec(datasets=[{"name": "yeast", "options": {
-        "cache_dir": "/elsewhere", "features": {"progress": False, "num_workers": 3}}}],
-        train={"num_workers": 5}))
-    assert [t.run_id for t in expand(moved)] == ids
-    changed = load_study(spec(epochs=3))
-    assert not set(t.run_id for t in expand(changed)) & set(ids)
+    assert [t.run_id for t in expand(load_study(spec(train={"num_workers": 5})))] == ids
+    assert not {t.run_id for t in expand(load_study(spec(epochs=3)))} & set(ids)
+    config = expand(base)[0].config()
+    moved = {**config, "dataset_options": {"backbone": "b", "cache_dir": "/elsewhere",
+                                           "features": {"progress": False, "num_workers": 3}},
+             "mode_options": {"progress": False, "cache_dir": "/x"}}
+    kept = {**config, "dataset_options": {"backbone": "b"}}
+    assert result_config(moved) == result_config(kept)
+    assert run_id_for(moved, 0, {}) == run_id_for(kept, 0, {})
+    assert run_id_for({**kept, "dataset_options": {"backbone": "c"}}, 0, {}) != \
+        run_id_for(kept, 0, {})
+
+
+def test_a_damaged_results_file_is_named(tmp_path):
+    """A results.sqlite that is not an SQLite database (damaged, or another file under that
+    name) raised sqlite3.DatabaseError 'file is not a database' from the first read."""
+    bad = tmp_path / "results.sqlite"
+    bad.write_bytes(b"not an SQLite database" * 50)
+    with pytest.raises(ValueError, match=r"results.sqlite is not a usable results store \(file "
+                                         r"is not a database\)"):
+        StudyStore(bad)

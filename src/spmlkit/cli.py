@@ -17,13 +17,25 @@ def _value(text: str):
 
 
 def _pairs(items, what: str) -> dict:
+    """``key=value`` options (``--data``, ``--hp``, ``--lac``) as a dict; a value is read as
+    JSON when it parses as JSON (``0.5``, ``true``, ``[1, 2]``), else kept as text."""
     out = {}
     for item in items or []:
         key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"spml: {what} must look like key=value, got {item!r}")
-        out[key.replace("-", "_")] = _value(value)
+        if not sep or not key.strip():
+            raise ValueError(f"{what} {item!r}: expected key=value, e.g. {what} "
+                             f"{'root=/data/pascal' if what == '--data' else 'lam=2'}")
+        out[key.strip().replace("-", "_")] = _value(value)
     return out
+
+
+def _data(args) -> dict:
+    """The ``--data`` options; the regime has its own flag (``--regime``)."""
+    options = _pairs(args.data, "--data")
+    if "regime" in options:
+        raise ValueError(f"--data regime={options['regime']}: the label regime is not a "
+                         f"dataset option; use --regime")
+    return options
 
 
 def _floats(text: str) -> list:
@@ -37,15 +49,61 @@ def _ints(text: str) -> list:
     return [int(v) for v in _floats(text)]
 
 
+def _whole(low: int, high: int | None = None):
+    """An argparse type: a whole number >= ``low`` (and <= ``high``)."""
+    want = f"a whole number >= {low}" + (f" and <= {high}" if high is not None else "")
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {value}")
+        return value
+    return parse
+
+
+def _positive(text: str) -> float:
+    """An argparse type: a finite number > 0 (learning rates, k, multipliers)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not np.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def _device(text: str) -> str:
+    """An argparse type: a torch device this machine has (``cpu``, ``cuda``, ``cuda:1``)."""
+    import torch
+
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a device such as cpu, cuda or cuda:1, got "
+                                         f"{text!r}") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count or (dev.index is not None and dev.index >= count):
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA "
+                                             f"device(s)")
+    return text
+
+
+SEED = _whole(0, 2**32 - 1)  # numpy's RandomState takes seeds in [0, 2**32)
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="yeast", help="registered dataset (spml list datasets)")
     p.add_argument("--data", action="append", metavar="KEY=VALUE",
                    help="dataset option, e.g. --data root=/data/pascal (repeatable)")
-    p.add_argument("--epochs", type=int, default=None,
+    p.add_argument("--epochs", type=_whole(1), default=None,
                    help="default 25 (spml train: the method's, e.g. 40 for --mode lac)")
     p.add_argument("--early-stop", default="none",
                    help="none | patience:N | drop:X (default none: fixed epochs, Cole et al.)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=_whole(1), default=1,
                    help="torch threads per process (default 1: a linear head on small batches "
                         "is bound by per-operation overhead, extra threads only add contention)")
 
@@ -65,22 +123,30 @@ def _add_backbone(p: argparse.ArgumentParser, default: str | None = None) -> Non
                         "~/.cache/spmlkit/features)")
 
 
-def _feature_data(args) -> dict:
+def _feature_data(args, data: dict | None = None) -> dict:
+    """The dataset options of ``--backbone`` / ``--float16`` / ``--cache-dir``, merged with the
+    extraction settings given as ``--data features={...}`` (those win)."""
     from .features import feature_options
 
-    return feature_options(getattr(args, "backbone", None), args.feature_dtype, args.cache_dir)
+    options = feature_options(getattr(args, "backbone", None), args.feature_dtype, args.cache_dir)
+    given = (data or {}).get("features")
+    if options and given is not None:
+        if not isinstance(given, dict):
+            raise ValueError(f"--data features={given!r}: with --backbone, expected a JSON "
+                             f"object of extraction settings, e.g. --data "
+                             f"'features={{\"num_workers\": 0}}'")
+        options["features"] = {**options.get("features", {}), **given}
+    return options
 
 
 def cmd_extract(args) -> int:
     import time
 
-    from .data.registry import DATASETS
-    from .features import feature_dataset
+    from .data import load_dataset
+    from .features import feature_dataset, require_images
 
-    ds = DATASETS.get(args.dataset).factory(**_pairs(args.data, "--data"))
+    ds = require_images(load_dataset(args.dataset, **_data(args)))
     if args.limit is not None:
-        if args.limit < 1:
-            raise ValueError(f"--limit must be >= 1, got {args.limit}")
         ds.pool, ds.test = (s.subset(np.arange(min(args.limit, len(s)))) for s in (ds.pool,
                                                                                     ds.test))
     t0 = time.perf_counter()
@@ -119,15 +185,25 @@ def cmd_train(args) -> int:
     method = get_method(args.mode)
     ctx = _processes(method, args)
     images = method.inputs == "images"  # else --backbone names the features to train on
-    options = {**_pairs(args.data, "--data"), **({} if images else _feature_data(args))}
+    data = _data(args)
+    options = {**data, **({} if images else _feature_data(args, data))}
     quiet = {"features": {**options.get("features", {}), "progress": False}} \
         if args.quiet and "backbone" in options else {}  # for this load, not the run's config
     splits = load_splits(args.dataset, args.regime, **{**options, **quiet})
+    x = splits.train.x
+    if not images and not (isinstance(x, np.ndarray) and x.dtype.kind in "fiu"):
+        raise ValueError(f"dataset {args.dataset!r} holds images, not feature vectors: train a "
+                         f"linear head on a backbone's cached features with --backbone NAME "
+                         f"(spml list backbones), or fine-tune with --mode finetune --backbone "
+                         f"NAME")
     hparams = _pairs(args.hp, "--hp")
     if args.reg:
         hparams["reg"] = args.reg
     k = args.k
     if args.k_estimate:
+        if args.k_estimate > len(splits.train):
+            raise ValueError(f"--k-estimate {args.k_estimate}: the train split of "
+                             f"{args.dataset!r} has only {len(splits.train)} rows")
         k = resolve_k(f"estimate:{args.k_estimate}:point", splits, args.seed, report=True)
     device = args.device or ("cuda" if images and torch.cuda.is_available() else "cpu")
     config = TrainConfig(epochs=args.epochs or method.default_epochs,
@@ -277,22 +353,23 @@ def _add_finetune(p: argparse.ArgumentParser) -> None:
                    help="continue an interrupted run (any --mode) from its checkpoint, with "
                         "the settings in its config.json (--device, --cache-dir and --quiet "
                         "may change; the other options are ignored)")
-    p.add_argument("--head-lr-mult", type=float, default=1.0,
+    p.add_argument("--head-lr-mult", type=_positive, default=1.0,
                    help="fine-tuning: the head's learning rate is lr times this (Kim et al.: 10)")
     p.add_argument("--amp", choices=["auto", "none", "bf16", "fp16"], default="auto",
                    help="fine-tuning on CUDA: autocast dtype (auto: bf16 where supported); the "
                         "loss is always float32")
-    p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
+    p.add_argument("--workers", type=_whole(0), default=min(4, os.cpu_count() or 1),
                    help="fine-tuning: image-loading processes per training process")
-    p.add_argument("--image-size", type=int, default=None,
+    p.add_argument("--image-size", type=_whole(1), default=None,
                    help="fine-tuning: input side (default: the backbone's)")
-    p.add_argument("--device", default=None, help="fine-tuning: cpu or cuda (default: cuda if "
-                   "there; with torchrun each process takes cuda:LOCAL_RANK)")
+    p.add_argument("--device", type=_device, default=None,
+                   help="fine-tuning: cpu or cuda (default: cuda if there; with torchrun each "
+                        "process takes cuda:LOCAL_RANK)")
     p.add_argument("--random-init", action="store_true",
                    help="fine-tuning: start the backbone from random weights")
-    p.add_argument("--linear-epochs", type=int, default=None,
+    p.add_argument("--linear-epochs", type=_whole(1), default=None,
                    help="linear_init: epochs of the linear phase (default 25)")
-    p.add_argument("--linear-lr", type=float, default=None,
+    p.add_argument("--linear-lr", type=_positive, default=None,
                    help="linear_init: learning rate of the linear phase (default --lr)")
 
 
@@ -520,7 +597,7 @@ def cmd_list(args) -> int:
         for name, desc, paper in rows:
             print(f"| `{name}` | {paper} | {desc.replace('|', '/')} |")
         return 0
-    width = max(len(r[0]) for r in rows)
+    width = max((len(r[0]) for r in rows), default=0)
     for name, desc, _ in rows:
         print(f"{name:<{width}}  {desc}")
     return 0
@@ -541,14 +618,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="loss hyperparameter, e.g. --hp lam=2 (repeatable)")
     p.add_argument("--reg", action="append", metavar="NAME:WEIGHT",
                    help="add a regulariser to the loss, e.g. --reg highrank:1e-3")
-    p.add_argument("--batch-size", type=int, default=None,
+    p.add_argument("--batch-size", type=_whole(1), default=None,
                    help="default 8 (Cole et al.'s linear and fine-tuned runs); 32 with --mode "
                         "lac (Xie et al.)")
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--k", type=float, default=None,
+    p.add_argument("--lr", type=_positive, default=1e-4)
+    p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--k", type=_positive, default=None,
                    help="expected positives per example (default: the train split's mean)")
-    p.add_argument("--k-estimate", type=int, default=None, metavar="M",
+    p.add_argument("--k-estimate", type=_whole(1), default=None, metavar="M",
                    help="estimate k from M fully labelled train rows (Cole et al. App. B)")
     p.add_argument("--out", default="runs", help="parent folder of the run folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -571,9 +648,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["csv", "json"], default=None,
                    help="default: json when --out ends with .json, else csv")
     p.add_argument("--out", default=None, metavar="FILE", help="default: standard output")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--workers", type=int, default=0, help="image-loading processes")
+    p.add_argument("--device", type=_device, default="cpu")
+    p.add_argument("--batch-size", type=_whole(1), default=64)
+    p.add_argument("--workers", type=_whole(0), default=0, help="image-loading processes")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("benchmark", help="the paper's grid for several methods and seeds")
@@ -600,13 +677,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dataset option, e.g. --data root=/data/pascal (repeatable)")
     _add_backbone(p, default="efficientnet_lite0")
     p.add_argument("--transform", default="eval", choices=["eval", "weak", "strong"])
-    p.add_argument("--size", type=int, default=None, help="input side (default: the backbone's)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--size", type=_whole(1), default=None,
+                   help="input side (default: the backbone's)")
+    p.add_argument("--batch-size", type=_whole(1), default=32)
+    p.add_argument("--workers", type=_whole(0), default=None,
                    help="image decoding processes (default: cores - 1, at most 8)")
-    p.add_argument("--limit", type=int, default=None, metavar="N",
+    p.add_argument("--limit", type=_whole(1), default=None, metavar="N",
                    help="only the first N images of pool and test (a quick try)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if there)")
+    p.add_argument("--device", type=_device, default=None,
+                   help="cpu, cuda, cuda:1 (default: cuda if there)")
     p.add_argument("--random-init", action="store_true", help="backbone without pretrained "
                    "weights")
     p.add_argument("--recompute", action="store_true", help="discard the stores and recompute")
@@ -710,7 +789,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--methods", default=None, metavar="A,B",
                    help="method specs, comma-separated, e.g. an,role,bce@full,an+highrank:1e-3 "
                         "(overrides the spec's)")
-    s.add_argument("--seeds", type=int, default=None, help="seeds per grid point")
+    s.add_argument("--seeds", type=_whole(1), default=None, help="seeds per grid point")
     s.add_argument("--name", default=None, help="the study's name (folder runs/studies/NAME)")
     s.add_argument("--out", default=None, help="study folder (default runs/studies/<name>)")
     s.add_argument("--jobs", type=int, default=None, help="worker processes (default: cores)")
@@ -754,23 +833,55 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 STUDY_ACTIONS = ("run", "status", "table", "export", "list")
+#: the ``dest`` of each command's own subcommands (``spml study run``, ``spml figure curves``)
+SUBCOMMANDS = {"study": "action", "figure": "figure", "analyze": "analysis"}
+
+
+def _prog(args) -> str:
+    """``spml <command> [<subcommand>]``, as argparse names it in its own error lines."""
+    sub = getattr(args, SUBCOMMANDS.get(args.command, ""), None)
+    return f"spml {args.command}" + (f" {sub}" if sub else "")
+
+
+def _os_message(err: OSError) -> str:
+    """``<path>: <reason>`` of an operating-system error (a file that cannot be written or
+    read), or its own text when it names no file."""
+    if err.filename is None or not err.strerror:
+        return str(err)
+    paths = err.filename if err.filename2 is None else f"{err.filename} -> {err.filename2}"
+    return f"{paths}: {err.strerror}"
+
+
+def _fail(prog: str, message: str) -> int:
+    """Print ``<prog>: error: <message>`` on one line; return exit status 2."""
+    text = "; ".join(line.strip() for line in message.splitlines() if line.strip())
+    print(f"{prog}: error: {text}", file=sys.stderr)
+    return 2
 
 
 def main(argv=None) -> int:
+    """``spml``: parse ``argv``, run the command; a bad input ends in one line
+    ``spml <command>: error: <what is wrong and where>`` on stderr and exit status 2."""
+    import sqlite3
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["study"] and len(argv) > 1 and argv[1] not in STUDY_ACTIONS and \
             not argv[1].startswith("-"):
         argv.insert(1, "run")  # `spml study <preset or spec>` is `spml study run ...`
     args = build_parser().parse_args(argv)
+    prog = _prog(args)
     if getattr(args, "threads", None):
         import torch
 
         torch.set_num_threads(args.threads)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, ModuleNotFoundError) as err:
-        print(f"spml {args.command}: error: {err}", file=sys.stderr)
-        return 2
+    except (ValueError, ModuleNotFoundError, FloatingPointError) as err:
+        return _fail(prog, str(err))  # what is wrong and where, said by the code that found it
+    except OSError as err:  # ours (FileNotFoundError naming the file and what was expected),
+        return _fail(prog, _os_message(err))  # else a file the system refused: path, reason
+    except sqlite3.Error as err:  # last resort: stores turn the known cases into ValueError
+        return _fail(prog, f"the study's results store (SQLite) failed: {err}")
     except KeyboardInterrupt:
         print("interrupted; finished work is kept (re-run the same command to resume)",
               file=sys.stderr)

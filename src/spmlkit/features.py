@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -265,6 +266,9 @@ def plan_store(items, backbone="efficientnet_lite0", transform: str = "eval",
     name = (f"{_safe(spec['cache_key'])}__{transform}{size}{tag}__n{len(items)}__{dtype}__"
             f"{key[:12]}")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if cache.exists() and not cache.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "is a file; the feature cache must be a folder",
+                                 str(cache))
     return StorePlan(cache / name, key, fields, len(items), d, dtype)
 
 
@@ -519,26 +523,43 @@ FEATURE_OPTIONS = ("transform", "size", "dtype", "cache_dir", "batch_size", "num
                    "pretrained", "device", "progress")
 
 
-def load_feature_dataset(name: str, backbone: str, features: dict | None = None,
+def require_images(ds: Dataset) -> Dataset:
+    """``ds`` itself when its items are images (paths); a source that already holds feature
+    vectors raises ``ValueError`` naming it (a backbone applies to image sources only)."""
+    if isinstance(ds.pool.x, np.ndarray) and ds.pool.x.dtype.kind in "fiu":
+        shape = ds.pool.x.shape
+        raise ValueError(f"dataset {ds.name!r} already holds feature vectors "
+                         f"({shape[1] if len(shape) > 1 else '?'}-d); a backbone applies to "
+                         f"image sources only (spml list datasets)")
+    return ds
+
+
+def load_feature_dataset(name: str, /, backbone: str, features: dict | None = None,
                          **source_options) -> Dataset:
     """Load the image source ``name`` and replace its items by cached ``backbone`` features.
 
     This is what ``load_dataset(name, backbone=..., features={...})`` does, so a run's
     ``dataset_options`` (config.json, benchmark workers) name the features it trained on.
     ``features`` holds :func:`extract_features` options (:data:`FEATURE_OPTIONS`).
+
+    Raises:
+        ValueError: an unknown feature option, ``features`` that is not a mapping, a source
+            that already holds feature vectors, or a bad source option (see
+            :func:`spmlkit.data.check_source_options`).
     """
+    from .data.options import check_source_options
     from .data.registry import DATASETS
 
+    if features is not None and not isinstance(features, dict):
+        raise ValueError(f"the features option is a mapping of extraction options (e.g. "
+                         f'{{"dtype": "float16"}}), got {features!r}')
     features = dict(features or {})
     unknown = sorted(set(features) - set(FEATURE_OPTIONS))
     if unknown:
         raise ValueError(f"unknown feature option(s) {unknown}; known: "
                          f"{', '.join(FEATURE_OPTIONS)}")
-    ds = DATASETS.get(name).factory(**source_options)
-    if isinstance(ds.pool.x, np.ndarray) and ds.pool.x.dtype.kind == "f":
-        raise ValueError(f"dataset {name!r} already holds feature vectors "
-                         f"({ds.pool.x.shape[1]}-d); a backbone applies to image sources only "
-                         f"(drop --backbone)")
+    check_source_options(name, source_options)
+    ds = require_images(DATASETS.get(name).factory(**source_options))
     return feature_dataset(ds, backbone, **features)
 
 

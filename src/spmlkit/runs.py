@@ -59,12 +59,31 @@ def _umask() -> int:
 _FILE_MODE = 0o666 & ~_umask()  # what open() would give (mkstemp makes 0600 files)
 
 
+def make_folder(path) -> Path:
+    """``mkdir -p path``; a file in the way raises ``NotADirectoryError`` naming that file
+    (``mkdir`` itself says only "File exists")."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+        raise NotADirectoryError(errno.ENOTDIR, "is a file, where a folder is needed",
+                                 str(blocker)) from None
+    return path
+
+
 def _atomic(path: Path, write, keep_existing: bool = False) -> Path:
     """Write through ``write(fh)`` into a temporary file next to ``path``, then publish it under
     ``path`` (replacing what is there), or, with ``keep_existing``, under the first free name of
-    :func:`numbered_paths`; returns the path published."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    :func:`numbered_paths`; returns the path published. An ``OSError`` names ``path`` (not the
+    temporary file)."""
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
+    make_folder(path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:  # e.g. a read-only folder: name the file the caller asked for
+        raise type(err)(err.errno, err.strerror, str(path)) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             write(fh)
@@ -214,8 +233,7 @@ class RunDir:
 
     @classmethod
     def create(cls, root, name: str) -> "RunDir":
-        root = Path(root)
-        root.mkdir(parents=True, exist_ok=True)
+        root = make_folder(root)
         for i in range(1, 10_000):
             path = root / (name if i == 1 else f"{name}-{i}")
             try:

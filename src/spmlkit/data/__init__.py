@@ -6,37 +6,60 @@
 """
 from __future__ import annotations
 
-from . import arrays, cole, offline_sets, yeast  # noqa: F401  (registers the sources)
-from . import image_sources  # noqa: F401
+# one module per source; importing it registers it (this order is the registry's, which
+# `spml list datasets` and the README's table follow)
+from . import arrays, cole, offline_sets, yeast  # noqa: F401
+from . import voc, coco, cub, cole_images, nuswide, csv_images, folder  # noqa: F401
+from . import image_sources  # noqa: F401  (the image sources' names in one place)
 from .base import Dataset, LabelledSet, Splits, cole_split, make_splits
+from .options import PROTOCOL_OPTIONS, check_source_options, source_parameters
 from .registry import DATASETS
 
 
-def load_dataset(name: str, **options) -> Dataset:
-    """Load the registered source ``name`` (options are the source's own, e.g. ``root=``).
+def load_dataset(name: str, /, **options) -> Dataset:
+    """Load the registered source ``name`` (options are the source's own, e.g. ``root=``;
+    ``name=`` among them is the source's, e.g. the name a ``csv`` dataset is given).
 
     ``backbone=`` (and ``features={...}``) turns an image source's paths into cached backbone
-    features (:func:`spmlkit.features.load_feature_dataset`)."""
+    features (:func:`spmlkit.features.load_feature_dataset`).
+
+    Raises:
+        ValueError: an unknown dataset, or options the source does not take (unknown or missing
+            keys, values of the wrong type: :func:`check_source_options`); the source's own
+            errors for its files.
+    """
     if options.get("backbone") is not None:
         from ..features import load_feature_dataset
 
         return load_feature_dataset(name, **options)
+    params = source_parameters(name)
+    if "backbone" in options and "backbone" not in params:
+        del options["backbone"]  # backbone=None: the source's own items
+    if "features" in options and "features" not in params:
+        raise ValueError(f"dataset {name!r}: the features option (feature-extraction settings) "
+                         f"needs a backbone (backbone=NAME, or --backbone NAME)")
+    check_source_options(name, options)
     return DATASETS.get(name).factory(**options)
 
 
-#: ``load_splits`` options that belong to the protocol (:func:`make_splits`), not to the source
-PROTOCOL_OPTIONS = ("subsample", "subsample_seed", "class_order")
-
-
-def load_splits(name: str, regime: str = "1p", seed: int | None = None, **options) -> Splits:
+def load_splits(name: str, /, regime: str = "1p", seed: int | None = None,
+                **options) -> Splits:
     """Load a source and apply the protocol (observed labels drawn with ``seed``, default 1200).
 
     Options in :data:`PROTOCOL_OPTIONS` go to :func:`make_splits` (``subsample=0.5`` keeps a
     seeded half of the train rows; ``class_order=[...]`` for ``1p_biased:semantic``); the rest
     to the source (:func:`load_dataset`). Every source takes them.
+
+    Raises:
+        ValueError: as :func:`load_dataset` (a misspelt option names the closest one, e.g.
+            ``subsampel`` -> ``subsample``), and as :func:`make_splits`.
     """
     from ..labels import OFFICIAL_SEED
 
+    check_source_options(name, options, PROTOCOL_OPTIONS)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"dataset {name!r}: the observed-label seed must be a whole number >= 0, "
+                         f"got {seed!r}")
     protocol = {key: options.pop(key) for key in PROTOCOL_OPTIONS if key in options}
     return make_splits(load_dataset(name, **options), regime,
                        OFFICIAL_SEED if seed is None else seed, **protocol)
@@ -46,5 +69,6 @@ def list_datasets() -> list[tuple[str, str]]:
     return [(e.name, e.description) for e in DATASETS.entries()]
 
 
-__all__ = ["DATASETS", "PROTOCOL_OPTIONS", "Dataset", "LabelledSet", "Splits", "cole_split",
-           "list_datasets", "load_dataset", "load_splits", "make_splits"]
+__all__ = ["DATASETS", "PROTOCOL_OPTIONS", "Dataset", "LabelledSet", "Splits",
+           "check_source_options", "cole_split", "list_datasets", "load_dataset", "load_splits",
+           "make_splits", "source_parameters"]

@@ -115,8 +115,9 @@ def check_features(x, where: str, to_float32: bool = True) -> np.ndarray:
     other real dtype converted to float32.
 
     Raises:
-        ValueError: wrong number of dimensions, non-numeric dtype, or rows with NaN / inf (the
-            message names ``where``, the number of such rows and the first of them).
+        ValueError: wrong number of dimensions, no row or no column, non-numeric dtype, or rows
+            with NaN / inf (the message names ``where``, the number of such rows and the first
+            of them).
 
     >>> check_features([[0.5, 1.0], [2.0, float("nan")]], "x.npy")
     Traceback (most recent call last):
@@ -127,6 +128,10 @@ def check_features(x, where: str, to_float32: bool = True) -> np.ndarray:
     if arr.ndim != 2:
         raise ValueError(f"{where}: features must be a 2-D matrix (examples x dimensions), got "
                          f"shape {arr.shape}")
+    if 0 in arr.shape:
+        raise ValueError(f"{where}: the feature matrix is empty ({arr.shape[0]} rows x "
+                         f"{arr.shape[1]} columns); expected one row per example and at least "
+                         f"one feature column")
     if arr.dtype.kind not in "fiub":
         raise ValueError(f"{where}: features must be real numbers, got dtype {arr.dtype}")
     if to_float32 or arr.dtype.kind != "f":
@@ -290,7 +295,9 @@ def check_rows(x, x_where: str, y, y_where: str) -> None:
 @register("arrays", "your own features + labels: .npy/.npz features; a 0/1 .npy/.npz matrix or a "
           ".csv/.txt of class names per example; test set given or carved out (0.3, seed 1200)",
           paper="Cole et al. 2021 (protocol)", tags=("features",))
-def load_arrays(features, labels, test_features=None, test_labels=None,
+def load_arrays(features: str | os.PathLike | np.ndarray, labels: str | os.PathLike | np.ndarray,
+                test_features: str | os.PathLike | np.ndarray | None = None,
+                test_labels: str | os.PathLike | np.ndarray | None = None,
                 test_fraction: float = TEST_FRACTION, class_names=None,
                 standardize: bool = False, name: str = "arrays",
                 seed: int = OFFICIAL_SEED) -> Dataset:

@@ -43,6 +43,7 @@ only the test features stay mapped. Without ``mmap`` the features are read and k
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -229,7 +230,7 @@ def _read_phase(root: Path, phase: str, arch: str, mmap: bool):
           "{train,val}_features_imagenet_resnet50.npy) for VOC / COCO / NUS-WIDE / CUB: "
           "the paper's linear protocol with the published features",
           paper="Cole et al. 2021", tags=("features",))
-def load_cole(root, name: str | None = None, arch: str = "resnet50",
+def load_cole(root: str | os.PathLike, name: str | None = None, arch: str = "resnet50",
               observed: str | None = "uniform", class_names=None, mmap: bool = False,
               standardize: bool = False) -> Dataset:
     """Load one dataset folder in the official formatted layout (module docstring).

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import gzip
 import importlib.util
+import os
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +59,7 @@ def read_yeast_csv(path) -> tuple[np.ndarray, np.ndarray, list[str]]:
 
 @register("yeast", "MULAN yeast (river): 2,417 x 103 features, 14 classes; the embedded "
           "default", paper="Elisseeff & Weston 2001", tags=("features", "embedded"))
-def load_yeast(path=None, seed: int = OFFICIAL_SEED) -> Dataset:
+def load_yeast(path: str | os.PathLike | None = None, seed: int = OFFICIAL_SEED) -> Dataset:
     x, y, names = read_yeast_csv(path or yeast_path())
     pool_idx, test_idx = cole_split(len(y), TEST_FRACTION, seed)
     full = LabelledSet(x, y, names, where="yeast")

@@ -83,6 +83,10 @@ class StudyStore:
     Args:
         path: the SQLite file; created with its folder and the ``runs`` table when missing.
         timeout: seconds a writer waits for another one's lock (SQLite's busy timeout).
+
+    Raises:
+        ValueError: the file cannot be opened, or is not an SQLite database (damaged, or another
+            file under that name); the message names it.
     """
 
     def __init__(self, path, timeout: float = 60.0):
@@ -94,6 +98,12 @@ class StudyStore:
             con.execute("PRAGMA journal_mode=WAL")  # persistent: readers never block a writer
             with con:
                 con.execute(_SCHEMA)
+        except sqlite3.DatabaseError as err:  # the first statement that reads the file
+            if isinstance(err, sqlite3.OperationalError) and "locked" in str(err):
+                raise
+            raise ValueError(f"{self.path} is not a usable results store ({err}): a damaged "
+                             f"file or another file under that name; restore it from a copy, "
+                             f"or move it aside to start a new store") from None
         finally:
             con.close()
 

@@ -64,7 +64,7 @@ from pathlib import Path
 
 import yaml
 
-from ..runs import write_text
+from ..runs import make_folder, write_text
 from .pool import cached_splits, default_jobs, run_tasks
 from .store import StudyStore
 
@@ -387,6 +387,7 @@ def _check_k(value, source: str, key: str):
 
 def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
     from ..data import DATASETS
+    from ..data.options import PROTOCOL_OPTIONS, check_source_options
     from ..engine import TrainConfig, parse_early_stop
     from ..labels import parse_regime
 
@@ -414,8 +415,12 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
             DATASETS.get(str(item["name"]))
         except ValueError as err:
             _fail(source, key, str(err))
-        datasets.append(DatasetSpec(str(item["name"]),
-                                    _mapping(item.get("options"), source, f"{key}.options")))
+        options = _mapping(item.get("options"), source, f"{key}.options")
+        try:  # keys and values; a vary axis may still supply a required option
+            check_source_options(str(item["name"]), options, PROTOCOL_OPTIONS, complete=False)
+        except ValueError as err:
+            _fail(source, f"{key}.options", str(err))
+        datasets.append(DatasetSpec(str(item["name"]), options))
     if len({(d.name, json.dumps(d.options, sort_keys=True)) for d in datasets}) < len(datasets):
         _fail(source, "datasets", "a dataset is listed twice")
 
@@ -528,7 +533,13 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
                 _fail(source, f"vary.{key}", f"no method's loss has the hyperparameter "
                                              f"{key[8:]!r}")
         elif key.startswith("data.") and len(key) > 5:
-            pass  # dataset options: checked by the data layer when the run loads its splits
+            for ds in datasets:  # the key and each value (completeness: when a run loads)
+                for v in values:
+                    try:
+                        check_source_options(ds.name, {key[5:]: v}, PROTOCOL_OPTIONS,
+                                             complete=False)
+                    except ValueError as err:
+                        _fail(source, f"vary.{key}", str(err))
         elif key == "k":
             values = [_check_k(v, source, "vary.k") for v in values]
             if not any("k" in a for a in accepts.values()):
@@ -894,8 +905,7 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
 
     spec = load_study(spec)
     mlflow_module = _import_mlflow() if (mlflow or spec.mlflow) else None
-    out = Path(out) if out is not None else STUDIES_ROOT / spec.name
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_folder(Path(out) if out is not None else STUDIES_ROOT / spec.name)
     with _study_lock(out):
         write_text(out / SPEC_FILE, spec.to_yaml())
         store = StudyStore(out / RESULTS_FILE)

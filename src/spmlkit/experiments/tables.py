@@ -195,6 +195,11 @@ def study_table(selected_rows, fmt: str = "markdown", metric: str = "test_map",
         group_values.append(grp)
         row_groups.setdefault(grp, []).append(label)
         cells.setdefault((grp, label), {}).setdefault(col, []).append(value)
+    if not cells and everywhere:  # every row lacks the column axis: a misspelt --columns
+        varied = sorted({k for r in selected_rows for k in row_variant(r)})
+        raise ValueError(f"no selected run has {columns!r}: the columns are a results column "
+                         f"(dataset, regime, method, ...) or a vary key of the study "
+                         f"({', '.join(varied) or 'it varies nothing'})")
     if not cells:
         raise ValueError(f"no selected run has a value for {metric!r}: nothing to tabulate")
     cols = _ordered(col_values)

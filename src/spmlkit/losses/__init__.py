@@ -8,11 +8,15 @@ True
 from __future__ import annotations
 
 import inspect
+import numbers
+
+import numpy as np
 
 from . import cole  # noqa: F401  (registers the Cole et al. losses)
 from . import zhou  # noqa: F401
 from . import large_loss, opml  # noqa: F401
-from .base import SPMLLoss, TrainInfo, log_1mp, log_p, soft_bce
+from .base import SPMLLoss, TrainInfo, check_observed, log_1mp, log_p, observed_validated, \
+    soft_bce
 from .registry import LOSSES
 from .regularizers import REGULARIZERS, Regularized, parse_regularizers
 
@@ -23,12 +27,23 @@ def create_loss(name: str, reg=None, **hparams) -> SPMLLoss:
     ``reg`` adds regularisers on the batch logits to any loss (see
     :mod:`spmlkit.losses.regularizers`): ``"highrank:1e-3"``, a list of such specs, or one
     comma-separated string; the loss is then wrapped in :class:`Regularized`.
+
+    A value whose default is a number must be a number, one whose default is a bool a bool
+    (``lam="abc"`` names ``lam``, instead of ``float()``'s "could not convert string").
     """
     entry = LOSSES.get(name)
-    unknown = sorted(set(hparams) - set(loss_hparams(name)))
+    known = loss_hparams(name)
+    unknown = sorted(set(hparams) - set(known))
     if unknown:
         raise ValueError(f"loss {entry.name!r} has no hyperparameter(s) {unknown}; it takes "
-                         f"{sorted(loss_hparams(name))}")
+                         f"{sorted(known)}")
+    for key, value in hparams.items():
+        default = known[key]
+        number = isinstance(default, numbers.Real) and not isinstance(default, bool)
+        if number and (isinstance(value, bool) or not isinstance(value, numbers.Real)) or \
+                isinstance(default, bool) and not isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"loss {entry.name!r}: hyperparameter {key}={value!r} must be "
+                             f"{'a number' if number else 'true or false'} (default {default})")
     loss = entry.factory(**{**entry.defaults, **hparams})
     specs = parse_regularizers(reg)
     return Regularized(loss, specs) if specs else loss
@@ -52,6 +67,6 @@ def list_losses() -> list[tuple[str, str]]:
     return [(e.name, e.description) for e in LOSSES.entries()]
 
 
-__all__ = ["LOSSES", "REGULARIZERS", "Regularized", "SPMLLoss", "TrainInfo", "create_loss",
-           "list_losses", "loss_hparams",
+__all__ = ["LOSSES", "REGULARIZERS", "Regularized", "SPMLLoss", "TrainInfo", "check_observed",
+           "create_loss", "list_losses", "loss_hparams", "observed_validated",
            "log_p", "log_1mp", "soft_bce"]

@@ -114,11 +114,17 @@ class _NeedsK(SPMLLoss):
         super().__init__(**kw)
         if k is not None and k <= 0:
             raise ValueError(f"k (expected positives per example) must be > 0, got {k}")
+        if float(lam) < 0:
+            raise ValueError(f"lam (the weight of the expected-positive penalty) must be >= 0, "
+                             f"got {lam}")
         self.k = k
         self.lam = float(lam)
 
     def on_train_start(self, observed, info: TrainInfo) -> None:
         if self.k is None:
+            if info.k is not None and info.k <= 0:
+                raise ValueError(f"{type(self).__name__} needs k > 0 expected positives per "
+                                 f"example; the train split's mean is {info.k}: pass k=...")
             self.k = info.k
 
     def _k(self) -> float:

@@ -41,8 +41,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
-from .base import as_compute
+from .base import as_compute, check_observed
 
 __all__ = ["RingQueue", "lac_loss", "lac_entries", "plc_targets", "plc_loss"]
 
@@ -236,12 +235,7 @@ def _check_pair(logits: torch.Tensor, observed: torch.Tensor, fn: str) -> torch.
     if logits.ndim != 2 or observed.shape != logits.shape:
         raise ValueError(f"{fn}: logits and observed must both be B x L, got "
                          f"{tuple(logits.shape)} and {tuple(observed.shape)}")
-    bad = (observed != POSITIVE) & (observed != UNOBSERVED) & (observed != NEGATIVE)
-    if bool(bad.any()):
-        row = int(bad.nonzero()[0, 0])
-        values = sorted(set(observed[bad].tolist()))[:5]
-        raise ValueError(f"{fn}: observed labels must be {POSITIVE} / {UNOBSERVED} / "
-                         f"{NEGATIVE}, found {values} (first at batch row {row})")
+    check_observed(observed, fn)
     return observed
 
 

@@ -1,0 +1,166 @@
+"""Your own images listed in a CSV file as a dataset source (``csv``): one row per image, its
+path, then its class names. Test = a second CSV, else 0.3 of the rows (the Cole split, seed 1200,
+as for yeast).
+"""
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..labels import OFFICIAL_SEED
+from .arrays import resolve_class_names
+from .image_common import TAGS, TEST_FRACTION, carve, image_dataset, join_paths
+from .registry import register
+
+__all__ = ["CSV_HEADERS", "CSV_NAME_SEPARATORS", "load_csv_images", "read_image_csv"]
+
+
+#: A first row is a header when its first cell is one of these (any case).
+CSV_HEADERS = ("path", "image", "image_path", "file", "filename", "file_name", "img")
+CSV_NAME_SEPARATORS = (";", "|")
+
+
+def _split_names(cell: str) -> list[str]:
+    for sep in CSV_NAME_SEPARATORS[1:]:
+        cell = cell.replace(sep, CSV_NAME_SEPARATORS[0])
+    return [n.strip() for n in cell.split(CSV_NAME_SEPARATORS[0]) if n.strip()]
+
+
+def read_image_csv(path, classes: Sequence[str] | None = None, delimiter: str | None = None):
+    """Image paths and their positive class names from a CSV file.
+
+    Form: one row per image, ``<path>,<name>[,<name>...]``; a cell may also hold several names
+    separated by ``;`` or ``|`` (``img.jpg,"cat;dog"``). Names may contain spaces
+    (``traffic light``); surrounding spaces are dropped. A row with no name is an image without
+    a positive. Rows that repeat a path add their names to the first (so the long form, one
+    ``path,name`` row per label, works too). An optional header row is recognised by its first
+    cell (:data:`CSV_HEADERS`). Delimiter: tab for ``.tsv`` files, else comma.
+
+    Args:
+        path: the CSV file.
+        classes: the classes in column order; a name outside them is an error. Default: the
+            sorted set of the names found.
+        delimiter: the field separator (default from the extension).
+
+    Returns:
+        ``(paths as written, y uint8 N x L, classes)``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: no row, an empty path cell, or an unknown class name (the message names the
+            file, the line and the known classes).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"image list {path} does not exist; expected a CSV file with one "
+                                f"row per image: <path>,<class name>[;<class name>...]")
+    if delimiter is None:
+        delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            rows = list(csv.reader(fh, delimiter=delimiter))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not a UTF-8 text file ({err})") from None
+    except csv.Error as err:
+        raise ValueError(f"{path}: not a readable CSV file ({err})") from None
+    entries: dict[str, list] = {}
+    first_line: dict[str, int] = {}
+    start = 1 if rows and rows[0] and rows[0][0].strip().lower() in CSV_HEADERS else 0
+    for lineno, row in enumerate(rows[start:], start=start + 1):
+        if not row or not any(c.strip() for c in row):
+            continue
+        image = row[0].strip()
+        if not image:
+            raise ValueError(f"{path}, line {lineno}: empty image path (expected "
+                             f"<path>,<class name>...)")
+        names = [n for cell in row[1:] for n in _split_names(cell)]
+        first_line.setdefault(image, lineno)
+        entries.setdefault(image, []).extend((lineno, n) for n in names)
+    if not entries:
+        raise ValueError(f"{path}: no image row (expected <path>,<class name>[;<class name>...] "
+                         f"per row, optionally after a header such as 'path,labels')")
+    if classes is None:
+        classes = sorted({n for names in entries.values() for _, n in names})
+    classes = list(classes)
+    column = {c: j for j, c in enumerate(classes)}
+    images = list(entries)
+    y = np.zeros((len(images), len(classes)), dtype=np.uint8)
+    for i, image in enumerate(images):
+        for lineno, n in entries[image]:
+            j = column.get(n)
+            if j is None:
+                shown = ", ".join(classes[:10]) + (f", ... ({len(classes)} in all)"
+                                                   if len(classes) > 10 else "")
+                raise ValueError(f"{path}, line {lineno}: unknown class name {n!r} (image "
+                                 f"{image}); known classes: {shown or 'none'}. Fix the name or "
+                                 f"declare every class with class_names=")
+            y[i, j] = 1
+    return images, y, classes
+
+
+@register("csv", "your own images: a CSV with one row per image (path, class names); test CSV "
+          "given or carved out (0.3, seed 1200)", paper="Cole et al. 2021 (protocol)",
+          tags=TAGS)
+def load_csv_images(path: str | os.PathLike, test_path: str | os.PathLike | None = None,
+                    image_root: str | os.PathLike | None = None,
+                    test_image_root: str | os.PathLike | None = None,
+                    class_names=None, test_fraction: float = TEST_FRACTION,
+                    seed: int = OFFICIAL_SEED, name: str = "csv", delimiter: str | None = None,
+                    skip_missing: bool = False, skip_corrupt: bool = False) -> Dataset:
+    """Images listed in a CSV file with their full labels (form: :func:`read_image_csv`).
+
+    Args:
+        path: the CSV of the training images (the pool).
+        test_path: the CSV of the evaluation images. Without it, the test set is carved out of
+            the rows with the Cole split (``cole_split(N, test_fraction, seed)``: 0.3, seed 1200,
+            as for yeast), and the rest is the pool.
+        image_root, test_image_root: the folders relative paths are resolved against (default:
+            each CSV's own folder); absolute paths are used as they are.
+        class_names: the classes in column order (list or text file, one per line). Default: the
+            sorted names of the training CSV; the test CSV may only use those.
+        test_fraction, seed: the carve-out.
+        name: the dataset's name.
+        delimiter: field separator (default: tab for ``.tsv``, else comma).
+        skip_missing, skip_corrupt: drop and count unusable images instead of raising.
+
+    Returns:
+        a :class:`Dataset`; ``ids`` are the paths as written in the CSV.
+
+    Raises:
+        FileNotFoundError: a missing CSV or image (named).
+        ValueError: an unknown class name (file and line), an empty CSV, too few rows to carve a
+            test set.
+
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from PIL import Image
+    >>> d = Path(tempfile.mkdtemp())
+    >>> for i in range(10):
+    ...     Image.new("RGB", (8, 8)).save(d / f"{i}.png")
+    >>> _ = (d / "labels.csv").write_text("path,labels\\n" + "".join(
+    ...     f"{i}.png,{'cat;dog' if i % 2 else 'dog'}\\n" for i in range(10)))
+    >>> ds = load_csv_images(d / "labels.csv")
+    >>> ds.class_names, len(ds.pool), len(ds.test), ds.pool.ids[:2]
+    (['cat', 'dog'], 7, 3, ['1.png', '2.png'])
+    """
+    path = Path(path)
+    classes = resolve_class_names(class_names)
+    rel, y, classes = read_image_csv(path, classes, delimiter)
+    base = Path(image_root) if image_root is not None else path.parent
+    paths = join_paths(base.resolve(), rel)
+    meta = {"source": "csv", "path": str(path), "image_root": str(base)}
+    if test_path is None:
+        pool, test = carve(name, paths, rel, y, test_fraction, seed, str(path))
+        meta.update(test_fraction=test_fraction, split_seed=seed)
+    else:
+        test_path = Path(test_path)
+        rel_t, yt, _ = read_image_csv(test_path, classes, delimiter)
+        base_t = Path(test_image_root) if test_image_root is not None else test_path.parent
+        pool, test = (paths, rel, y), (join_paths(base_t.resolve(), rel_t), rel_t, yt)
+        meta.update(test_path=str(test_path), test_image_root=str(base_t))
+    return image_dataset(name, pool, test, classes, skip_missing=skip_missing,
+                         skip_corrupt=skip_corrupt, meta=meta)

@@ -1,0 +1,162 @@
+"""Your own images, one subfolder per class, as a dataset source (``folder``):
+``<root>/<class>/<image>``, each image's folder its only known positive. Test = a second tree,
+else 0.3 of the images (Cole split, seed 1200).
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..labels import OFFICIAL_SEED
+from .image_common import TAGS, TEST_FRACTION, carve, image_dataset, join_paths
+from .images import IMAGE_SUFFIXES, is_image_name, listing
+from .registry import register
+
+__all__ = ["SPLIT_FOLDER_NAMES", "load_folder", "scan_class_folders"]
+
+
+SPLIT_FOLDER_NAMES = {"train", "training", "val", "valid", "validation", "test", "testing"}
+
+
+def scan_class_folders(root, classes: Sequence[str] | None = None):
+    """The images of a one-folder-per-class tree.
+
+    Each subfolder of ``root`` (hidden ones skipped) is a class; its images (files ending in
+    :data:`~spmlkit.data.images.IMAGE_SUFFIXES`, searched recursively, sorted) are labelled with
+    it. Other files are ignored and counted.
+
+    Args:
+        root: the tree.
+        classes: the class columns (default: the sorted subfolder names). A subfolder outside
+            them is an error.
+
+    Returns:
+        ``(paths relative to root, class index per image, classes, number of ignored files)``.
+
+    Raises:
+        FileNotFoundError: ``root`` is not a folder.
+        ValueError: no class subfolder, a tree that looks like ``train/``, ``test/`` split
+            folders, an unknown class folder, or no image at all.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        state = "is a file, not a folder" if root.exists() else "does not exist"
+        raise FileNotFoundError(f"image folder {root} {state}; expected one subfolder per "
+                                f"class holding that class's images")
+    subdirs = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    loose = [p.name for p in root.iterdir() if p.is_file() and is_image_name(p.name)]
+    if not subdirs:
+        raise ValueError(f"{root}: no class subfolder; expected <root>/<class>/<image> "
+                         f"({listing(root)})")
+    if set(s.lower() for s in subdirs) <= SPLIT_FOLDER_NAMES and all(
+            any(q.is_dir() for q in (root / s).iterdir()) for s in subdirs):
+        train = next((s for s in subdirs if s.lower() in ("train", "training")), subdirs[0])
+        test = next((s for s in subdirs if s.lower() in ("test", "testing")), "<test folder>")
+        raise ValueError(f"{root} holds split folders ({', '.join(subdirs)}), not class folders; "
+                         f"pass root={root / train} and test_root={root / test}")
+    if classes is None:
+        classes = subdirs
+    classes = list(classes)
+    column = {c: j for j, c in enumerate(classes)}
+    unknown = [s for s in subdirs if s not in column]
+    if unknown:
+        raise ValueError(f"{root / unknown[0]}: class folder {unknown[0]!r} is not one of the "
+                         f"training classes ({', '.join(classes[:10])}"
+                         f"{', ...' if len(classes) > 10 else ''})")
+    rel, label, ignored = [], [], 0
+    for cls in subdirs:
+        found = []
+        for dirpath, dirnames, filenames in os.walk(root / cls):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for f in filenames:
+                if is_image_name(f):
+                    found.append(os.path.relpath(os.path.join(dirpath, f), root))
+                elif not f.startswith("."):
+                    ignored += 1
+        found.sort()
+        rel.extend(p.replace(os.sep, "/") for p in found)
+        label.extend([column[cls]] * len(found))
+    if not rel:
+        raise ValueError(f"{root}: no image in any class folder (image files end in "
+                         f"{', '.join(IMAGE_SUFFIXES)})")
+    if loose:
+        warnings.warn(f"{root}: {len(loose)} image(s) lie directly in the folder, outside any "
+                      f"class folder, and are ignored (first: {loose[0]})", stacklevel=3)
+    return rel, np.asarray(label, dtype=np.int64), classes, ignored
+
+
+def _one_hot(label: np.ndarray, num_classes: int) -> np.ndarray:
+    y = np.zeros((len(label), num_classes), dtype=np.uint8)
+    y[np.arange(len(label)), label] = 1
+    return y
+
+
+@register("folder", "your own images, one subfolder per class: each image's folder is its single "
+          "known positive (test folder given or carved out, 0.3, seed 1200)",
+          paper="Cole et al. 2021 (protocol)", tags=TAGS)
+def load_folder(root: str | os.PathLike, test_root: str | os.PathLike | None = None,
+                test_fraction: float = TEST_FRACTION,
+                seed: int = OFFICIAL_SEED, name: str = "folder", skip_missing: bool = False,
+                skip_corrupt: bool = False) -> Dataset:
+    """A one-folder-per-class tree (torchvision's ``ImageFolder`` layout) for SPML.
+
+    This is the practitioner's case: each image is known to show its folder's class, and nothing
+    is known about the others. The full labels are therefore the **one-hot** of the folder class
+    (``meta["labels"] == "folder_class_only"``):
+
+    * training with the default regime ``1p`` observes exactly that positive, which is all the
+      information there is; regimes that also observe negatives (``full``, ``1p_alln``,
+      ``1p_1n``, ``mlml:r``) would treat the unknown classes as known negatives: do not use them
+      here;
+    * val / test mAP against these labels treats every unlisted class as absent, so an image that
+      really shows two classes counts as a false positive for the second. The score is an
+      estimate that is usually **pessimistic** (a correct, confident prediction of an unlisted
+      class lowers precision for the listed positives ranked below it), but it is not a strict
+      lower bound on the mAP against complete labels (an unlisted positive ranked low would have
+      lowered that mAP too). Only a fully labelled test set gives the true value.
+
+    Args:
+        root: the tree ``<root>/<class>/<image>`` (subfolders within a class are searched too).
+        test_root: a second tree with the evaluation images (its class folders must be among
+            ``root``'s). Without it, the test set is carved out of all images with the Cole split
+            (``cole_split(N, test_fraction, seed)``: 0.3, seed 1200, as for yeast).
+        test_fraction, seed: the carve-out.
+        name: the dataset's name.
+        skip_missing, skip_corrupt: drop and count unusable images (``skip_corrupt`` decodes every
+            image once) instead of raising when they are opened.
+
+    Returns:
+        a :class:`Dataset`; classes are the sorted folder names; ids are paths relative to the
+        tree; ``meta["ignored_files"]`` counts non-image files.
+
+    Raises:
+        FileNotFoundError: no such folder.
+        ValueError: no class folder, split folders given as root, an unknown class folder in
+            ``test_root``, no image.
+    """
+    root = Path(root)
+    rel, label, classes, ignored = scan_class_folders(root)
+    y = _one_hot(label, len(classes))
+    paths = join_paths(root.resolve(), rel)
+    meta = {"source": "folder", "root": str(root), "labels": "folder_class_only",
+            "ignored_files": {"pool": ignored}}
+    if test_root is None:
+        pool, test = carve(name, paths, rel, y, test_fraction, seed, str(root))
+        meta.update(test_fraction=test_fraction, split_seed=seed)
+    else:
+        test_root = Path(test_root)
+        rel_t, label_t, _, ignored_t = scan_class_folders(test_root, classes)
+        pool = (paths, rel, y)
+        test = (join_paths(test_root.resolve(), rel_t), rel_t,
+                _one_hot(label_t, len(classes)))
+        meta.update(test_root=str(test_root))
+        meta["ignored_files"]["test"] = ignored_t
+    empty = [c for j, c in enumerate(classes) if not pool[2][:, j].any()]
+    if empty:
+        meta["classes_without_pool_images"] = empty
+    return image_dataset(name, pool, test, classes, skip_missing=skip_missing,
+                         skip_corrupt=skip_corrupt, meta=meta)

@@ -1,0 +1,88 @@
+"""What the image sources share: building a :class:`~spmlkit.data.base.Dataset` of image paths
+whose unusable images are checked, dropped and counted, and the Cole split of one list.
+
+Every image source (:mod:`spmlkit.data.image_sources` lists them) returns a ``Dataset`` whose
+``pool`` is the official training set and whose ``test`` is the official evaluation set; ``x``
+is a list of **absolute** image paths, ``ids`` the paths relative to the dataset's image folder.
+
+Broken inputs: a missing image raises ``FileNotFoundError`` naming it, unless
+``skip_missing=True``, which drops the item; with ``skip_corrupt=True`` every image is decoded once
+and unreadable ones are dropped too (without it a corrupt image fails when it is opened, with an
+error naming it). Dropped items are counted in ``Dataset.meta["skipped"]`` and in one warning.
+Dropping pool items shifts the rows the protocol splits, so the train / val split no longer
+equals the official one (``meta["official_split"]`` is then ``False``).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .base import Dataset, LabelledSet, cole_split
+from .images import check_images, warn_skipped
+
+__all__ = ["TAGS", "TEST_FRACTION", "COLE", "image_set", "image_dataset", "join_paths", "carve"]
+
+#: the registry tags of an image source
+TAGS = ("images",)
+#: Share of the rows that becomes the test set when a ``csv`` / ``folder`` source has no test
+#: file (the Cole split, seed 1200, as for yeast and ``arrays``).
+TEST_FRACTION = 0.3
+COLE = "Cole et al. 2021 (formatting scripts)"
+
+
+def image_set(name: str, part: str, paths: list, ids: list, y: np.ndarray, classes,
+              skip_missing: bool, skip_corrupt: bool, observed=None):
+    """Check the images of one part, drop (and count) the unusable ones, build the set."""
+    where = f"{name} {part}"
+    if not paths:
+        raise ValueError(f"{where}: the annotations list no image")
+    check = check_images(paths, skip_missing=skip_missing, skip_corrupt=skip_corrupt,
+                         where=where)
+    warn_skipped(check, where)
+    if check.skipped:
+        keep = check.keep
+        paths, ids, y = [paths[i] for i in keep], [ids[i] for i in keep], y[keep]
+        observed = None if observed is None else observed[keep]
+    if not paths:
+        raise ValueError(f"{where}: no usable image left ({check.skipped} skipped of "
+                         f"{check.skipped + len(paths)})")
+    info = {"listed": len(paths) + check.skipped, "missing": len(check.missing),
+            "corrupt": len(check.corrupt), "first_skipped": (check.missing + check.corrupt)[:5]}
+    return LabelledSet(paths, y, list(classes), ids, where=where), observed, info
+
+
+def image_dataset(name: str, pool: tuple, test: tuple, classes, *, skip_missing: bool,
+                  skip_corrupt: bool, meta: dict, pool_observed=None) -> Dataset:
+    """``pool`` / ``test`` = (absolute paths, ids, y). Checks the images and assembles."""
+    pool_set, pool_observed, pool_info = image_set(name, "pool", *pool, classes, skip_missing,
+                                                   skip_corrupt, pool_observed)
+    test_set, _, test_info = image_set(name, "test", *test, classes, skip_missing,
+                                       skip_corrupt)
+    meta = {**meta, "skipped": {"pool": pool_info, "test": test_info},
+            "skip_missing": bool(skip_missing), "skip_corrupt": bool(skip_corrupt)}
+    if pool_info["missing"] or pool_info["corrupt"]:
+        meta["official_split"] = False
+    return Dataset(name, pool_set, test_set, pool_observed=pool_observed, meta=meta)
+
+
+def join_paths(base: Path, rel: Sequence[str]) -> list[str]:
+    """Absolute, normalised paths of ``rel`` under ``base`` (absolute entries stay as they are)."""
+    base = os.path.abspath(os.fspath(base))
+    return [os.path.normpath(os.path.join(base, r)) for r in rel]
+
+
+def carve(name: str, paths, ids, y, test_fraction: float, seed: int, where: str):
+    """Split one list into pool / test with the Cole split (the rest / ``test_fraction``)."""
+    pool_idx, test_idx = cole_split(len(y), test_fraction, seed)
+    if not len(pool_idx) or not len(test_idx):
+        raise ValueError(f"{where}: {len(y)} image(s) leave an empty "
+                         f"{'test set' if not len(test_idx) else 'pool'} with test_fraction "
+                         f"{test_fraction}; add images or give an explicit test set")
+
+    def take(idx):
+        return [paths[i] for i in idx], [ids[i] for i in idx], y[idx]
+
+    return take(pool_idx), take(test_idx)
