@@ -186,5 +186,6 @@ def test_broken_run_folders_name_the_file(tmp_path, capsys):
     np.savez(tmp_path / "two.npz", a=np.zeros((2, 3)), b=np.zeros((2, 3)))
     from spmlkit.predict import read_feature_file
 
-    with pytest.raises(ValueError, match=r"two.npz holds the arrays \['a', 'b'\]"):
+    with pytest.raises(ValueError, match=r"two.npz: expected the features under key "
+                       r"'features' or 'x'.*holds keys \['a', 'b'\]"):
         read_feature_file(tmp_path / "two.npz")

@@ -143,33 +143,11 @@ def _expand_images(inputs) -> list[str]:
 
 def read_feature_file(path) -> np.ndarray:
     """An N x D float32 matrix from a ``.npy`` file or an ``.npz`` file (its only array, or
-    the one named ``features`` or ``x``)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"feature file {path} does not exist")
-    try:
-        if path.suffix.lower() == ".npz":
-            with np.load(path) as f:
-                names = list(f.files)
-                key = next((k for k in ("features", "x") if k in names), None)
-                if key is None and len(names) == 1:
-                    key = names[0]
-                if key is None:
-                    raise ValueError(f"{path} holds the arrays {names}: name the features "
-                                     f"'features' or 'x', or store only them")
-                arr = f[key]
-        else:
-            arr = np.load(path, allow_pickle=False)
-    except (OSError, EOFError) as err:
-        raise ValueError(f"{path}: not a readable .npy/.npz file ({err})") from None
-    if arr.ndim != 2 or arr.dtype.kind not in "fiu":
-        raise ValueError(f"{path}: expected an N x D numeric matrix, got shape {arr.shape} "
-                         f"dtype {arr.dtype}")
-    arr = arr.astype(np.float32)
-    if not np.isfinite(arr).all():
-        rows = np.flatnonzero(~np.isfinite(arr).all(axis=1))[:5].tolist()
-        raise ValueError(f"{path}: rows {rows} hold NaN or inf")
-    return arr
+    the one named ``features`` or ``x``): the data layer's reader and checks
+    (:func:`spmlkit.data.arrays.load_matrix`, :func:`~spmlkit.data.arrays.check_features`)."""
+    from .data.arrays import check_features, load_matrix
+
+    return check_features(load_matrix(path, ("features", "x"), "features"), str(path))
 
 
 def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
@@ -209,9 +187,9 @@ def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
         raise ValueError("give either feature files (.npy/.npz) or images, not both")
     if info["inputs"] == "features":
         if not features:
-            raise ValueError("this linear run was trained on feature vectors, not on a "
-                             "backbone's features of images: give .npy/.npz feature files as "
-                             "inputs")
+            raise ValueError(f"{inputs[0]}: this linear run was trained on feature vectors, "
+                             f"not on a backbone's features of images: give .npy/.npz feature "
+                             f"files as inputs")
         mats = [read_feature_file(f) for f in features]
         for f, m in zip(features, mats):
             if m.shape[1] != info["in_features"]:

@@ -210,6 +210,8 @@ def landscape_from_run(run, *, steps: int = 21, span: float = 1.0, seed: int = 0
     from ...methods import load_run_model
     from ...predict import load_checkpoint
 
+    if max_examples is not None and max_examples < 1:
+        raise ValueError(f"max_examples (--max-examples) must be >= 1, got {max_examples}")
     ckpt, config = load_checkpoint(run)
     if not config:
         run_file(run, "config.json")  # raises, naming it
