@@ -568,6 +568,9 @@ def train_loop(model: nn.Module, loss: SPMLLoss, stages: Sequence[Stage], *, num
     Returns:
         the :class:`FitResult`; ``model`` and ``loss`` hold the best epoch's state.
 
+    The batches' observed labels must already be valid (1 / 0 / -1: the ``fit_*`` functions
+    check the whole matrix once): the loss skips its per-call check inside the loop.
+
     Raises:
         FloatingPointError: an epoch's train loss is not finite.
         ValueError: no epoch got a finite val mAP (val labels without positives, non-finite
@@ -584,4 +587,7 @@ def train_loop(model: nn.Module, loss: SPMLLoss, stages: Sequence[Stage], *, num
                start=time.perf_counter() if start is None else start)
     if resume is not None:
         run.load_state_dict(resume)
-    return run.run()
+    from ..losses.base import observed_validated
+
+    with observed_validated(loss):  # the fit functions validated the observed matrix once
+        return run.run()
