@@ -161,3 +161,13 @@ def test_cli_train_list_and_errors(tmp_path, capsys):
     assert main(["train", "--dataset", "cole", "--data", f"root={tmp_path}/missing",
                  "--quiet", "--out", str(tmp_path)]) == 2
     assert "missing" in capsys.readouterr().err
+
+
+def test_benchmark_without_epochs_runs_the_papers_25(tmp_path):
+    """`make demo` runs `spml benchmark` with no --epochs: the paper's 25 epochs."""
+    import yaml
+
+    out = tmp_path / "b"
+    assert main(["benchmark", "--losses", "an", "--no-references", "--seeds", "1",
+                 "--batch-sizes", "16", "--lrs", "1e-2", "--out", str(out), "--quiet"]) == 0
+    assert yaml.safe_load((out / "study.yaml").read_text())["epochs"] == 25

@@ -39,7 +39,7 @@ def _mdi_package():
 
 def _have_cairosvg() -> bool:
     try:
-        ofs._require_cairosvg()
+        ofs.require_cairosvg()
     except (ModuleNotFoundError, OSError):
         return False
     return True

@@ -386,9 +386,10 @@ def cmd_benchmark(args) -> int:
             "lr": tuple(args.lrs or DEFAULT_GRID["lr"])}
     refs = [] if args.no_references else ["bce", "iun"]
     options = {**_pairs(args.data, "--data"), **_feature_data(args)}
+    given = {"epochs": args.epochs} if args.epochs is not None else {}  # else the paper's 25
     res = run_benchmark(args.dataset, args.losses, refs, args.seeds, args.out, args.jobs,
-                        args.epochs, grid, args.early_stop, dataset_options=options,
-                        progress=not args.quiet, argv=sys.argv)
+                        grid=grid, early_stop=args.early_stop, dataset_options=options,
+                        progress=not args.quiet, argv=sys.argv, **given)
     print(res["table"])
     print(f"wrote {args.out}/results.json and {args.out}/table.md (a study folder: spml study "
           f"status | table | export {args.out}, spml report {args.out})")

@@ -125,7 +125,7 @@ def _check_folder(root: Path, arch: str) -> None:
                                 f"{_listing(root)}")
 
 
-def _observed_file(root: Path, observed: str | None) -> Path | None:
+def observed_file(root: Path, observed: str | None) -> Path | None:
     if observed is None:
         return None
     if observed not in BIASES:
@@ -174,7 +174,7 @@ def read_observed(path: Path, y: np.ndarray, labels_path: Path,
     return z
 
 
-def _class_names(root: Path, name: str, num_classes: int, class_names) -> tuple[list, str]:
+def cole_class_names(root: Path, name: str, num_classes: int, class_names) -> tuple[list, str]:
     """The column names and where they came from."""
     given = resolve_class_names(class_names)
     if given is not None:
@@ -274,9 +274,9 @@ def load_cole(root: str | os.PathLike, name: str | None = None, arch: str = "res
     if xt.shape[1] != x.shape[1]:
         raise ValueError(f"{xt_path} has {xt.shape[1]} feature columns but {x_path} has "
                          f"{x.shape[1]}")
-    obs_path = _observed_file(root, observed)
+    obs_path = observed_file(root, observed)
     z = None if obs_path is None else read_observed(obs_path, y, y_path)
-    names, names_from = _class_names(root, name, y.shape[1], class_names)
+    names, names_from = cole_class_names(root, name, y.shape[1], class_names)
     pool = LabelledSet(x, y, list(names), ids, where=f"{name} train ({y_path.name})")
     test = LabelledSet(xt, yt, list(names), ids_t, where=f"{name} test ({yt_path.name})")
     meta = {"source": "cole", "root": str(root), "arch": arch, "features": [x_path.name,

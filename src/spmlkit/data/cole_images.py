@@ -13,7 +13,7 @@ import numpy as np
 
 from ..labels import validate_full_labels
 from .arrays import load_matrix
-from .cole import _class_names, _observed_file, read_observed
+from .cole import cole_class_names, observed_file, read_observed
 from .image_common import COLE, TAGS, image_dataset, join_paths
 from .images import listing
 from .registry import register
@@ -89,10 +89,10 @@ def load_formatted(root, name: str, image_root, observed, class_names, drop_empt
     if yt.shape[1] != y.shape[1]:
         raise ValueError(f"{root}: formatted_val_labels.npy has {yt.shape[1]} classes but "
                          f"formatted_train_labels.npy has {y.shape[1]}")
-    obs_path = _observed_file(root, observed)
+    obs_path = observed_file(root, observed)
     z = None if obs_path is None else read_observed(obs_path, y, root /
                                                     "formatted_train_labels.npy")
-    classes, names_from = _class_names(root, name, y.shape[1], class_names)
+    classes, names_from = cole_class_names(root, name, y.shape[1], class_names)
     if not classes:
         classes = [f"class{j}" for j in range(y.shape[1])]
     base = _image_root(root, name, ids, image_root)

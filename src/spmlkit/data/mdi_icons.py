@@ -131,7 +131,7 @@ def render_svg(svg_path: Path, png_path: Path, size: int) -> None:
     Image.alpha_composite(white, rgba).convert("RGB").save(png_path)
 
 
-def _require_cairosvg() -> None:
+def require_cairosvg() -> None:
     try:
         import cairosvg  # noqa: F401
     except ModuleNotFoundError:
@@ -199,7 +199,7 @@ def load_mdi_icons(size: int = 64, min_count: int = 30, limit: int | None = None
     folder = cache_root(cache_dir) / key
     manifest = read_manifest(folder, params)
     if manifest is None:
-        _require_cairosvg()
+        require_cairosvg()
         names, classes, y = mdi_labels(icons, params["min_count"])
         if limit is not None and limit < len(names):
             keep = np.sort(np.random.RandomState(seed).choice(len(names), int(limit),

@@ -43,13 +43,13 @@ from __future__ import annotations
 from .fmnist_mosaic import FMNIST_CLASSES, FMNIST_DIR, FMNIST_FILES, FMNIST_INSTALL, \
     FOREGROUND_LEVEL, compose_mosaic, draw_mosaics, fmnist_dir, load_fmnist_mosaic, \
     mosaic_instances, mosaic_labels, read_fmnist, read_idx
-from .mdi_icons import MDI_ENV, MDI_SVG_VERSION, MDI_TEST_FRACTION, _require_cairosvg, \
+from .mdi_icons import MDI_ENV, MDI_SVG_VERSION, MDI_TEST_FRACTION, require_cairosvg, \
     load_mdi_icons, mdi_labels, mdi_svg_dir, read_mdi_meta, render_svg
 from .offline_cache import FORMAT_VERSION, cache_root
 
 __all__ = ["FMNIST_CLASSES", "FMNIST_DIR", "FMNIST_FILES", "FMNIST_INSTALL", "FOREGROUND_LEVEL",
            "FORMAT_VERSION", "MDI_ENV", "MDI_SVG_VERSION", "MDI_TEST_FRACTION",
-           "_require_cairosvg", "cache_root", "compose_mosaic", "draw_mosaics", "fmnist_dir",
+           "require_cairosvg", "cache_root", "compose_mosaic", "draw_mosaics", "fmnist_dir",
            "load_fmnist_mosaic", "load_mdi_icons", "mdi_labels", "mdi_svg_dir",
            "mosaic_instances", "mosaic_labels", "read_fmnist", "read_idx", "read_mdi_meta",
            "render_svg"]

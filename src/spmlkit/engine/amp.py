@@ -13,7 +13,7 @@ def amp_dtype(amp: str, device: torch.device):
     return torch.bfloat16 if amp == "bf16" else torch.float16
 
 
-def _run(module, inputs, device, amp, channels_last):
+def run_model(module, inputs, device, amp, channels_last):
     """``module(inputs)`` on ``device`` (channels-last when asked), under autocast when
     ``amp`` is a dtype."""
     inputs = inputs.to(device, non_blocking=True)

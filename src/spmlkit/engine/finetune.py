@@ -14,9 +14,9 @@ from torch import nn
 from .. import distributed as dist_utils
 from ..labels import validate_full_labels, validate_observed
 from ..losses import SPMLLoss, TrainInfo
-from .amp import LossScaler, amp_dtype, _run
+from .amp import LossScaler, amp_dtype, run_model
 from .config import TrainConfig
-from .images import (GlobalBatchSampler, ImageItems, ItemPredictor, _check_items, _loader,
+from .images import (GlobalBatchSampler, ImageItems, ItemPredictor, check_items, make_loader,
                      _transforms, mix_seed)
 from .linear import fit_linear, val_map
 from .loop import FitResult, Stage, StageParts, check_val_labels, snapshot, train_loop
@@ -82,14 +82,14 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
     start = time.perf_counter()
     ctx = dist_utils.current_context(config.device)
     device = ctx.device
-    train_items = _check_items(train_items, "train items")
+    train_items = check_items(train_items, "train items")
     z = torch.as_tensor(validate_observed(observed, "train observed labels"))
     if z.shape[0] != len(train_items):
         raise ValueError(f"{len(train_items)} train items but {z.shape[0]} rows of observed "
                          f"labels")
     has_val = val_items is not None and y_val is not None
     if has_val:
-        val_items = _check_items(val_items, "validation items")
+        val_items = check_items(val_items, "validation items")
         yv = validate_full_labels(y_val, "validation labels")
         if len(val_items) != len(yv) or yv.shape[1] != z.shape[1]:
             raise ValueError(f"{len(val_items)} validation items and labels {yv.shape} do not "
@@ -113,7 +113,7 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
         dist_utils.broadcast_state(loss)  # one start in every process, whatever it drew
     net = dist_utils.wrap_model(model, ctx)
     sampler = GlobalBatchSampler(n, config.batch_size, config.seed, ctx.rank, ctx.world_size)
-    loader = _loader(ImageItems(train_items, train_t, image_reader, config.seed), sampler,
+    loader = make_loader(ImageItems(train_items, train_t, image_reader, config.seed), sampler,
                      config, shape, device)
     predict_train = ItemPredictor(train_items, eval_t, config, shape, device, image_reader, ctx)
     predict_val = ItemPredictor(val_items, eval_t, config, shape, device, image_reader, ctx) \
@@ -126,7 +126,7 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
             yield inputs, z[rows], rows  # observed labels and index of the global batch
 
     def forward(inputs, obs, idx):
-        logits = _run(net, inputs, device, amp, channels_last).float()
+        logits = run_model(net, inputs, device, amp, channels_last).float()
         if ctx.world_size > 1:
             logits = dist_utils.gather_rows(logits, sampler.chunk_sizes(len(idx)))
         return logits, obs, idx
@@ -172,7 +172,7 @@ def predict_items(model: nn.Module, items: Sequence, config: TrainConfig, *,
     ctx = dist_utils.current_context(config.device)
     _, eval_t, shape = _transforms(model, config, None, transform, train=False)
     model = model.to(ctx.device)
-    return ItemPredictor(_check_items(items, "items"), eval_t, config, shape, ctx.device,
+    return ItemPredictor(check_items(items, "items"), eval_t, config, shape, ctx.device,
                          image_reader, ctx)(model)
 
 

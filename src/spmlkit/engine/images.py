@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .. import distributed as dist_utils
-from .amp import amp_dtype, _run
+from .amp import amp_dtype, run_model
 from .config import TrainConfig
 
 
@@ -169,7 +169,7 @@ def loader_workers(n: int) -> int:
     return 0 if multiprocessing.current_process().daemon else int(n)
 
 
-def _loader(dataset, batch_sampler, config: TrainConfig, shape, device,
+def make_loader(dataset, batch_sampler, config: TrainConfig, shape, device,
             persistent: bool = True) -> torch.utils.data.DataLoader:
     """A DataLoader over ``batch_sampler``'s batches. It has a generator of its own: the base
     seed that a DataLoader draws for its workers comes from it, not from (and without
@@ -218,7 +218,7 @@ class ItemPredictor:
         self.device = device
         self.amp = amp_dtype(config.amp, device)
         self.channels_last = device.type == "cuda" and config.channels_last
-        self.loader = _loader(ImageItems(items, transform, read), _Rows(rows, batch), config,
+        self.loader = make_loader(ImageItems(items, transform, read), _Rows(rows, batch), config,
                               shape, device, persistent=False) if len(rows) else None
 
     @torch.no_grad()
@@ -227,7 +227,7 @@ class ItemPredictor:
         module.eval()
         outs = []
         for inputs, _ in (self.loader or ()):
-            outs.append(_run(module, inputs, self.device, self.amp, self.channels_last).float())
+            outs.append(run_model(module, inputs, self.device, self.amp, self.channels_last).float())
         module.train(was)
         local = torch.cat(outs) if outs else None
         if self.ctx.world_size == 1:
@@ -264,7 +264,7 @@ def _transforms(model, config, train_transform, eval_transform, train: bool = Tr
     return train_transform, eval_transform, (3, size, size)
 
 
-def _check_items(items, name: str) -> Sequence:
+def check_items(items, name: str) -> Sequence:
     """``items`` when they are a non-empty sequence of image items (not a feature matrix)."""
     if isinstance(items, np.ndarray) and items.dtype.kind == "f":
         raise ValueError(f"{name} are a feature matrix {items.shape}; fine-tuning takes image "
