@@ -76,20 +76,6 @@ class Predictions:
                           indent=2) + "\n"
 
 
-def load_checkpoint(run) -> tuple[dict, dict]:
-    """``(best.pt contents, config.json)`` of a finished run folder (``weights_only=True``),
-    with errors that name what is missing."""
-    from .runs import read_run
-
-    found = read_run(run)
-    best = found.best()
-    for key in ("model", "num_classes", "class_names"):
-        if key not in best:
-            raise ValueError(f"{found.path / 'best.pt'} has no {key!r} entry: not a spmlkit run "
-                             f"checkpoint")
-    return best, found.config
-
-
 def run_thresholds(run, kind: str = "global") -> tuple[np.ndarray | None, str]:
     """The run's thresholds for ``kind`` (``"global"``, ``"per-class"`` or a number) as an
     array of L values (None for a number: the caller knows L), and the kind."""

@@ -353,7 +353,11 @@ class Run:
         if not path.is_file():
             raise FileNotFoundError(f"{path} does not exist: the run did not finish ({BEST_FILE}"
                                     f" is written at the end of spml train)")
-        return load_torch(path)
+        best = load_torch(path)
+        for key in ("model", "num_classes", "class_names"):
+            if key not in best:
+                raise ValueError(f"{path} has no {key!r} entry: not a spmlkit run checkpoint")
+        return best
 
     def metrics(self) -> list[dict]:
         """The per-epoch records of ``metrics.jsonl`` (``[]`` without the file)."""

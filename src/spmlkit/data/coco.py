@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .base import Dataset
 from .cole import COCO_CLASSES
 from .image_common import COLE, TAGS, image_dataset, join_paths
 from .images import listing

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..labels import validate_full_labels
+from .base import Dataset
 from .arrays import load_matrix
 from .cole import cole_class_names, observed_file, read_observed
 from .image_common import COLE, TAGS, image_dataset, join_paths

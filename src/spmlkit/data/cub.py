@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .base import Dataset
 from .image_common import COLE, TAGS, image_dataset, join_paths
 from .images import listing, locate, parse_int, read_fields
 from .registry import register

@@ -12,6 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from ..labels import OFFICIAL_SEED
+from .base import Dataset
 from .image_common import TAGS, TEST_FRACTION, carve, image_dataset, join_paths
 from .images import IMAGE_SUFFIXES, is_image_name, listing
 from .registry import register

@@ -15,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .base import Dataset
 from .cole import VOC_CLASSES
 from .image_common import COLE, TAGS, image_dataset, join_paths
 from .images import listing, locate, parse_int, read_fields

@@ -444,10 +444,6 @@ def load_run_model(run, device: str = "cpu") -> tuple[torch.nn.Module, dict]:
     """
     run = read_run(run)
     best = run.best()
-    for key in ("model", "num_classes", "class_names"):
-        if key not in best:
-            raise ValueError(f"{run.path / 'best.pt'} has no {key!r} entry: not a spmlkit run "
-                             f"checkpoint")
     mode = best.get("mode", run.config.get("mode", "linear"))
     model, info = get_method(mode).load_model(best, run.config)
     info = {"mode": mode, "class_names": list(best["class_names"]),

@@ -208,13 +208,12 @@ def landscape_from_run(run, *, steps: int = 21, span: float = 1.0, seed: int = 0
 
     from ...data import load_splits
     from ...methods import load_run_model
-    from ...predict import load_checkpoint
+    from ...runs import read_run
 
     if max_examples is not None and max_examples < 1:
         raise ValueError(f"max_examples (--max-examples) must be >= 1, got {max_examples}")
-    ckpt, config = load_checkpoint(run)
-    if not config:
-        run_file(run, "config.json")  # raises, naming it
+    found = read_run(run)
+    ckpt, config = found.best(), found.config
     mode = ckpt.get("mode", config.get("mode", "linear"))
     splits = load_splits(config["dataset"], config.get("regime", "1p"),
                          **(config.get("dataset_options") or {} if mode == "linear"
