@@ -243,3 +243,9 @@ def test_spml_train_resume_continues_a_linear_run(tmp_path, capsys):
     final = json.loads((run.path / "final.json").read_text())
     assert final["test_map"] == json.loads((whole / "final.json").read_text())["test_map"]
     assert f"test mAP {final['test_map']:.2f}" in printed
+
+
+def test_spml_list_methods_lists_the_registry(capsys):
+    assert main(["list", "methods"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[0] for line in out.splitlines()] == METHODS

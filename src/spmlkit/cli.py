@@ -582,6 +582,11 @@ def cmd_list(args) -> int:
         from .data import DATASETS
 
         rows = [(e.name, e.description, e.paper) for e in DATASETS.entries()]
+    elif args.what == "methods":
+        from .methods import list_methods
+
+        rows = [(m.name, f"{m.description} (inputs: {m.inputs}; options: "
+                 f"{', '.join(sorted(m.options)) or 'none'})", m.paper) for m in list_methods()]
     elif args.what == "backbones":
         from .models.backbones import BACKBONES, list_backbones
 
@@ -593,7 +598,7 @@ def cmd_list(args) -> int:
         rows = [(name, desc, "") for name, desc in REGIMES.items()]
     if args.markdown:  # the README's tables are generated this way
         singular = {"losses": "loss", "datasets": "dataset", "regimes": "regime",
-                    "backbones": "backbone"}[args.what]
+                    "backbones": "backbone", "methods": "method"}[args.what]
         print(f"| {singular} | paper | description |\n|---|---|---|")
         for name, desc, paper in rows:
             print(f"| `{name}` | {paper} | {desc.replace('|', '/')} |")
@@ -826,8 +831,9 @@ def build_parser() -> argparse.ArgumentParser:
     ssub.add_parser("list", help="the shipped presets with their titles")
     p.set_defaults(func=cmd_study)
 
-    p = sub.add_parser("list", help="list registered losses, datasets, regimes or backbones")
-    p.add_argument("what", choices=["losses", "datasets", "regimes", "backbones"])
+    p = sub.add_parser("list", help="list registered losses, training methods, datasets, regimes or "
+                       "backbones")
+    p.add_argument("what", choices=["losses", "methods", "datasets", "regimes", "backbones"])
     p.add_argument("--markdown", action="store_true", help="a Markdown table (for docs)")
     p.set_defaults(func=cmd_list)
     return parser

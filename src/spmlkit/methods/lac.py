@@ -935,7 +935,7 @@ from .base import TrainingMethod, register_method  # noqa: E402
 LAC = register_method(TrainingMethod(
     name="lac", description="LAC: a label-wise embedding model on the backbone's feature maps, "
     "pseudo-label consistency, label-aware global consistency with a memory queue, two stages "
-    "and an EMA (options: lac=LACConfig fields, backbone, ...)",
+    "and an EMA",
     paper="Xie et al. 2022", inputs="images", fit=fit, load_model=_load_model,
     run_config=run_config,
     options={"lac": None, "backbone": "efficientnet_lite0", "image_size": None,
