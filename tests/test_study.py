@@ -132,6 +132,82 @@ def test_run_resume_partial_folder_and_selection(tmp_path):
                                  "missing": 0, "stale": 0}
 
 
+def kill_a_busy_worker(monkeypatch, s, out, **kw):
+    """``run_study(s, out, jobs=2, **kw)`` in a thread; once a run is in the store, SIGKILL (the
+    out-of-memory killer's signal) a worker that runs a task. Returns the study's result, the
+    worker's pid and its task."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from spmlkit.experiments import pool
+
+    executors = []
+
+    class Recorded(pool.LocalExecutor):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            executors.append(self)
+
+    monkeypatch.setattr(pool, "LocalExecutor", Recorded)
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(
+        run_study(s, out=out, jobs=2, progress=False, **kw)), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not (out / "results.sqlite").exists() or not StudyStore(out / "results.sqlite").rows():
+        assert time.monotonic() < deadline and thread.is_alive(), "no run finished"
+        time.sleep(0.02)
+    pid, task = next(iter(executors[0].running().items()))
+    os.kill(pid, signal.SIGKILL)
+    thread.join(120)
+    assert not thread.is_alive(), "the study hangs after a worker was killed"
+    return result, pid, task
+
+
+def test_a_worker_killed_mid_study_is_retried_and_changes_nothing(tmp_path, monkeypatch,
+                                                                    caplog):
+    """A busy worker SIGKILLed during ``run_study``: the study finishes, the run it was running
+    is retried and done, and every number equals that of the same study in one process."""
+    s = load_study(spec(seeds=2, grid={"batch_size": [16], "lr": [1e-3, 1e-2]}))
+    out = tmp_path / "killed"
+    result, pid, task = kill_a_busy_worker(monkeypatch, s, out)
+    assert (result["runs_run"], result["failures"]) == (8, 0)
+    assert f"worker process {pid} died while running task {task['run_id']} (killed by " \
+           f"SIGKILL, e.g. out of memory); running it again alone" in caplog.text
+    rows = StudyStore(out / "results.sqlite").rows()
+    assert [r["status"] for r in rows] == ["done"] * 8
+    assert all(r["run_dir"] == f"runs/{r['run_id']}" for r in rows)  # the retry's own folder
+    run_study(s, out=tmp_path / "one", jobs=1, progress=False)
+    one = StudyStore(tmp_path / "one" / "results.sqlite").rows()
+    numbers = ("run_id", "status", "val_map", "test_map", "train_recovery_map", "best_epoch")
+    assert [[r[c] for c in numbers] for r in rows] == [[r[c] for c in numbers] for r in one]
+    _, selected = study_rows(out)
+    _, selected_one = study_rows(tmp_path / "one")
+    assert [[r[c] for c in numbers] for r in selected] == \
+        [[r[c] for c in numbers] for r in selected_one]
+    assert study_table(selected) == study_table(selected_one)
+
+
+def test_a_run_whose_worker_died_is_recorded_failed_with_the_reason(tmp_path, monkeypatch):
+    """``retries=0``: the killed worker's run is lost at once, recorded as ``failed`` (with the
+    reason as its error) and counted; the other runs finish."""
+    s = load_study(spec(seeds=2))
+    out = tmp_path / "lost"
+    result, _, task = kill_a_busy_worker(monkeypatch, s, out, retries=0)
+    assert (result["runs_run"], result["failures"]) == (4, 1)
+    (failed,) = StudyStore(out / "results.sqlite").rows(status="failed")
+    assert failed["run_id"] == task["run_id"] and failed["val_map"] is None
+    assert failed["error"] == ("the worker process died while running this task (killed by "
+                               "SIGKILL, e.g. out of memory); tried 1 time")
+    assert (failed["method"], failed["seed"], failed["lr"]) == (task["method"], task["seed"],
+                                                                task["train"]["lr"])
+    assert len(StudyStore(out / "results.sqlite").rows(status="done")) == 3
+    launch = json.loads((out / "launches.jsonl").read_text().splitlines()[-1])
+    assert launch["finished"] and launch["failures"] == 1
+
+
 def test_failed_run_is_recorded_and_study_goes_on(tmp_path):
     out = tmp_path / "fail"
     s = load_study(spec(vary={"k": ["estimate:99999:point"]}))  # epr cannot draw 99999 rows
@@ -412,3 +488,18 @@ def test_a_damaged_results_file_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"results.sqlite is not a usable results store \(file "
                                          r"is not a database\)"):
         StudyStore(bad)
+
+
+def test_cli_study_run_passes_retries(tmp_path, monkeypatch):
+    from spmlkit.experiments import study as study_module
+
+    seen = {}
+
+    def record(spec, **kw):
+        seen.update(kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(study_module, "run_study", record)
+    args = ["study", "run", "smoke", "--out", str(tmp_path / "s"), "--quiet"]
+    assert main(args + ["--retries", "3"]) == 130 and seen["retries"] == 3
+    assert main(args) == 130 and seen["retries"] == 1

@@ -534,7 +534,7 @@ def cmd_study(args) -> int:
         try:
             res = st.run_study(spec, out=args.out, jobs=args.jobs, progress=not args.quiet,
                                mlflow=args.mlflow, argv=sys.argv,
-                               retry_failed=args.retry_failed)
+                               retry_failed=args.retry_failed, retries=args.retries)
         except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (kill, timeout)
             out = args.out or st.STUDIES_ROOT / spec.name
             with contextlib.suppress(Exception):
@@ -805,6 +805,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                    help="override spec keys, e.g. --set seeds=1 epochs=5 grid.lr=[1e-3]")
     s.add_argument("--retry-failed", action="store_true", help="run failed runs again")
+    s.add_argument("--retries", type=int, default=1, metavar="N",
+                   help="run a run whose worker process died (e.g. out of memory) N more times, "
+                        "alone, before recording it as failed (default 1)")
     s = ssub.add_parser("status", help="runs done / failed / missing of a study folder")
     s.add_argument("dir", metavar="DIR")
     s = ssub.add_parser("table", help="the paper-style table of a study folder (mean ± std "

@@ -1,11 +1,31 @@
-"""The one parallel runner of the experiments: a spawn pool of worker processes, and a per-worker
-cache of loaded splits.
+"""The one parallel runner of the experiments: an executor seam, a local pool of spawned worker
+processes that notices when one of them dies, and a per-worker cache of loaded splits.
 
-:func:`run_tasks` maps a top-level function over task dicts in ``jobs`` worker processes
-(``multiprocessing`` spawn context: no fork of a process that holds torch threads), yielding each
-result as it completes (unordered); with ``jobs=1`` it runs in this process, without a pool.
-Stopping the iteration (an exception, ``KeyboardInterrupt``, closing the generator) terminates
-the workers, so an interrupted benchmark or study leaves no process behind.
+:func:`run_tasks` maps a top-level function over task dicts and yields each result as it
+completes (unordered). Where the tasks run is an :class:`Executor`:
+
+- :class:`InProcessExecutor` (``jobs=1``): in this process, one after the other;
+- :class:`LocalExecutor` (``jobs > 1``): ``jobs`` daemonic worker processes started with the
+  ``multiprocessing`` spawn context (no fork of a process that holds torch threads), each running
+  one task at a time.
+
+A worker that dies while it runs a task (SIGKILL from the out-of-memory killer, a crash in native
+code) is noticed at once: each worker has one task in flight, so the task that killed it is known
+exactly and no other worker is disturbed. A fresh worker replaces it, and the task is run again
+*alone* (once the others have finished their current task, before any new one starts), so that a
+task killed by the memory the others were using gets its chance; after ``retries`` more deaths it
+is *lost*: ``run_tasks`` yields ``on_lost(task, reason)`` in its place, or raises a RuntimeError
+that names it. Stopping the iteration (an exception, ``KeyboardInterrupt``, closing the generator)
+terminates the workers, so an interrupted benchmark or study leaves no process behind.
+
+Adding an executor (a Dask distributed cluster, say) is one subclass of :class:`Executor`, handed
+to ``run_tasks(..., executor=...)``: its :meth:`Executor.run` yields ``(task, fn(task))`` as each
+task finishes, and ``(task, Lost(reason))`` for a task whose worker died on every one of its
+``retries + 1`` tries; it raises the exception of a task that raised, and stops its work when the
+generator is closed. For Dask: ``client.submit(fn, task, pure=False)`` per task (at most as many
+in flight as wanted), ``distributed.as_completed`` over the futures, ``init_worker`` in a worker
+plugin's ``setup``, the scheduler's ``allowed-failures`` for the retries, a
+``distributed.KilledWorker`` turned into ``Lost(str(err))``, and ``cancel`` on close.
 
 A worker loads each dataset split once (:func:`cached_splits`), keyed by dataset, regime and
 options, and reuses it for every grid point it runs; the cache keeps the few most recent ones.
@@ -13,14 +33,22 @@ options, and reuses it for every grid point it runs; the cache keeps the few mos
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing as mp
+import multiprocessing.connection
 import os
-from collections import OrderedDict
-from typing import Callable, Iterable, Iterator
+import signal
+import traceback
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator
 
 #: how many (dataset, regime, options) splits a worker keeps loaded
 CACHE_SIZE = 8
 _CACHE: OrderedDict = OrderedDict()
+#: seconds a worker gets to exit after it was asked to (or terminated), before it is killed
+STOP_TIMEOUT = 10.0
+
+log = logging.getLogger(__name__)
 
 
 def init_worker(threads: int = 1) -> None:
@@ -54,8 +82,254 @@ def default_jobs(jobs: int | None, tasks: int) -> int:
     return max(1, min(jobs or os.cpu_count() or 1, tasks or 1))
 
 
+# ---- the executor seam -------------------------------------------------------------------------
+class Lost:
+    """What an executor yields for a task whose worker process died on every try."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"Lost({self.reason!r})"
+
+
+class Executor:
+    """Where :func:`run_tasks` runs its tasks (see the module docstring for adding one)."""
+
+    def run(self, fn: Callable[[dict], object], tasks: list[dict],
+            retries: int = 1) -> Iterator[tuple[dict, object]]:
+        """Yield ``(task, fn(task))`` for every task as it finishes, or ``(task, Lost(reason))``
+        for a task whose worker died ``retries + 1`` times. An exception raised by ``fn``
+        propagates; closing the generator stops every task still running."""
+        raise NotImplementedError
+
+
+class InProcessExecutor(Executor):
+    """The tasks in this process, one after the other (a worker death is this process's)."""
+
+    def __init__(self, threads: int = 1):
+        self.threads = threads
+
+    def run(self, fn, tasks, retries=1):
+        init_worker(self.threads)
+        for task in tasks:
+            yield task, fn(task)
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker process (its ``__cause__``)."""
+
+    def __str__(self) -> str:
+        return "\n" + self.args[0]
+
+
+def _serve(conn, threads: int) -> None:
+    """A worker's main loop: ``(fn, task)`` in, ``("ok", result)`` or ``("error", exception,
+    traceback)`` out, until ``None`` or the parent's end of the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; it stops the workers
+    init_worker(threads)
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            return
+        if message is None:
+            return
+        fn, task = message
+        try:
+            reply = ("ok", fn(task))
+        except Exception as err:
+            reply = ("error", err, traceback.format_exc())
+        try:
+            conn.send(reply)
+        except Exception as err:  # a result or an exception that does not pickle
+            conn.send(("error", RuntimeError(f"the worker could not send its reply back: "
+                                             f"{type(err).__name__}: {err}"),
+                       traceback.format_exc()))
+
+
+def _death(exitcode: int | None) -> str:
+    """How a worker process ended, in words."""
+    if exitcode is None:
+        return "it stopped answering"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        if -exitcode == getattr(signal, "SIGKILL", None):
+            return f"killed by {name}, e.g. out of memory"
+        return f"killed by {name}"
+    return f"exit code {exitcode}"
+
+
+def describe_task(task, width: int = 300) -> str:
+    """A task for a message: its ``run_id`` when it has one, else its repr (shortened)."""
+    if isinstance(task, dict) and isinstance(task.get("run_id"), str):
+        return task["run_id"]
+    text = repr(task)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+class _Worker:
+    """One spawned worker process, the pipe its tasks and replies go through, and the index of
+    the task it runs (None while idle)."""
+
+    def __init__(self, ctx, threads: int):
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(child, threads), daemon=True,
+                                   name="spmlkit-worker")
+        self.process.start()
+        child.close()
+        self.task: int | None = None
+
+    def reply(self):
+        """The worker's reply, or None if it died (its exit code is then known)."""
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError):  # closed pipe, or a reply cut short by the death
+            self.process.join(STOP_TIMEOUT)
+            if self.process.exitcode is None:  # closed its pipe yet runs: no use to anyone
+                self.process.kill()
+                self.process.join()
+            return None
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class LocalExecutor(Executor):
+    """``jobs`` worker processes on this machine (spawn context, daemonic, ``init_worker``), one
+    task in flight each; a dead worker is replaced and its task retried alone (module docstring).
+    """
+
+    def __init__(self, jobs: int, threads: int = 1):
+        if jobs < 1:
+            raise ValueError(f"jobs (worker processes) must be >= 1, got {jobs}")
+        self.jobs = jobs
+        self.threads = threads
+        self._workers: list[_Worker] = []
+        self._tasks: list = []
+
+    def running(self) -> dict[int, dict]:
+        """``{pid: task}`` of the workers that have a task in flight now."""
+        running = {}
+        for w in list(self._workers):  # may be read from another thread while run() goes on
+            i = w.task
+            if i is not None:
+                running[w.process.pid] = self._tasks[i]
+        return running
+
+    def run(self, fn, tasks, retries=1):
+        ctx = mp.get_context("spawn")
+        tasks = self._tasks = list(tasks)
+        todo = deque(range(len(tasks)))
+        again: deque[int] = deque()  # tasks whose worker died: each runs alone
+        deaths: dict[int, list[str]] = {}
+        workers = self._workers = []
+        jobs = min(self.jobs, len(tasks))
+
+        def idle():
+            for w in workers:
+                if w.task is None:
+                    return w
+            if len(workers) < jobs:
+                workers.append(_Worker(ctx, self.threads))
+                return workers[-1]
+            return None
+
+        def send(w: _Worker, i: int) -> bool:
+            try:
+                w.conn.send((fn, tasks[i]))
+            except OSError:  # it died while idle: no task to charge, the next worker takes it
+                w.process.join(STOP_TIMEOUT)
+                w.close()
+                workers.remove(w)
+                return False
+            w.task = i
+            return True
+
+        def dispatch() -> None:
+            if again:  # the retry waits until nothing else runs, and runs alone
+                while again and not any(w.task is not None for w in workers):
+                    send(idle(), again[0]) and again.popleft()
+                return
+            while todo and (w := idle()) is not None:
+                send(w, todo[0]) and todo.popleft()
+
+        try:
+            dispatch()
+            while any(w.task is not None for w in workers):
+                busy = [w for w in workers if w.task is not None]
+                ready = set(mp.connection.wait([w.conn for w in busy]
+                                               + [w.process.sentinel for w in busy]))
+                finished = []
+                for w in busy:
+                    if w.conn not in ready and w.process.sentinel not in ready:
+                        continue
+                    i, reply = w.task, w.reply()
+                    w.task = None
+                    if reply is not None:
+                        finished.append((i, reply))
+                        continue
+                    how = _death(w.process.exitcode)
+                    w.close()
+                    workers.remove(w)
+                    deaths.setdefault(i, []).append(how)
+                    tries = len(deaths[i])
+                    if tries > retries:
+                        finished.append((i, ("lost", self._reason(deaths[i]))))
+                    else:
+                        again.append(i)
+                    log.warning("worker process %s died while running task %s (%s)%s",
+                                w.process.pid, describe_task(tasks[i]), how,
+                                "; running it again alone" if tries <= retries else
+                                f"; lost after {tries} tries")
+                dispatch()  # the workers go on while the caller takes the results
+                for i, reply in finished:
+                    if reply[0] == "ok":
+                        yield tasks[i], reply[1]
+                    elif reply[0] == "lost":
+                        yield tasks[i], Lost(reply[1])
+                    else:
+                        raise reply[1] from RemoteTraceback(reply[2])
+            self._stop(gently=True)
+        finally:
+            self._stop(gently=False)
+            self._tasks = []
+
+    @staticmethod
+    def _reason(deaths: list[str]) -> str:
+        hows = list(dict.fromkeys(deaths))
+        tries = len(deaths)
+        return (f"the worker process died while running this task ({'; '.join(hows)}); "
+                f"tried {tries} time{'s' if tries > 1 else ''}"
+                + (", alone after the first" if tries > 1 else ""))
+
+    def _stop(self, gently: bool) -> None:
+        """End every worker: asked to exit (``gently``), else terminated; killed if it lingers."""
+        workers, self._workers = self._workers, []
+        for w in workers:
+            if w.process.is_alive():
+                if gently:
+                    try:
+                        w.conn.send(None)
+                    except OSError:
+                        pass
+                else:
+                    w.process.terminate()
+        for w in workers:
+            w.process.join(STOP_TIMEOUT)
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join()
+            w.close()
+
+
 def run_tasks(fn: Callable[[dict], dict], tasks: Iterable[dict], jobs: int = 1,
-              threads: int = 1) -> Iterator[dict]:
+              threads: int = 1, *, retries: int = 1,
+              on_lost: Callable[[dict, str], dict] | None = None,
+              executor: Executor | None = None) -> Iterator[dict]:
     """Yield ``fn(task)`` for every task, as each completes.
 
     Args:
@@ -63,19 +337,27 @@ def run_tasks(fn: Callable[[dict], dict], tasks: Iterable[dict], jobs: int = 1,
         tasks: picklable task dicts, dispatched in order (put the longest first).
         jobs: worker processes; 1 runs the tasks here, one after the other.
         threads: torch threads per worker (see :func:`init_worker`).
+        retries: how many more times a task whose worker process died is run (alone) before
+            it is lost.
+        on_lost: ``on_lost(task, reason)`` gives what to yield for a lost task (``reason``
+            says that its worker died, how, and how many times it was tried).
+        executor: where to run (default: :class:`InProcessExecutor` for ``jobs=1``, else
+            :class:`LocalExecutor`); ``jobs`` and ``threads`` are then its business.
+
+    Raises:
+        RuntimeError: a task was lost and there is no ``on_lost``.
     """
+    if retries < 0:
+        raise ValueError(f"retries (runs of a task whose worker died) must be >= 0, got "
+                         f"{retries}")
     tasks = list(tasks)
     if not tasks:
         return
-    if jobs <= 1:
-        init_worker(threads)
-        for task in tasks:
-            yield fn(task)
-        return
-    pool = mp.get_context("spawn").Pool(jobs, initializer=init_worker, initargs=(threads,))
-    try:
-        yield from pool.imap_unordered(fn, tasks)
-        pool.close()
-        pool.join()
-    finally:
-        pool.terminate()
+    if executor is None:
+        executor = InProcessExecutor(threads) if jobs <= 1 else LocalExecutor(jobs, threads)
+    for task, result in executor.run(fn, tasks, retries):
+        if isinstance(result, Lost):
+            if on_lost is None:
+                raise RuntimeError(f"task {describe_task(task)}: {result.reason}")
+            result = on_lost(task, result.reason)
+        yield result

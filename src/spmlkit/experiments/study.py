@@ -716,14 +716,8 @@ def expand(spec: StudySpec) -> list[RunTask]:
 
 
 # ---- one run (in a worker process) -------------------------------------------------------------
-def execute(task: dict) -> dict:
-    """Run one task dict (``RunTask`` fields plus ``runs_root``, the folder the run folder is
-    made in) and return its store row; an exception becomes a ``failed`` row with the traceback.
-    """
-    from ..engine import TrainConfig
-    from ..methods import get_method, resolve_k, train_run
-
-    t0 = time.perf_counter()
+def _row_header(task: dict) -> dict:
+    """The store columns a task dict fixes before it runs (identity, grid point, config)."""
     row = {c: task[c] for c in ("run_id", "study", "method", "loss", "dataset", "regime", "seed",
                                 "mode")}
     row.update(variant=json.dumps(task["variant"], sort_keys=True),
@@ -732,6 +726,28 @@ def execute(task: dict) -> dict:
                                                        "dataset_options", "regime", "hparams",
                                                        "k", "mode", "train", "mode_options",
                                                        "variant")}, default=str))
+    return row
+
+
+def lost_row(task: dict, reason: str) -> dict:
+    """The ``failed`` store row of a task whose worker process died on every try (``reason``,
+    from :func:`spmlkit.experiments.pool.run_tasks`, says how and how often)."""
+    return {**_row_header(task), "status": "failed", "error": reason, "seconds": None,
+            "metrics": "{}"}
+
+
+def execute(task: dict) -> dict:
+    """Run one task dict (``RunTask`` fields plus ``runs_root``, the folder the run folder is
+    made in) and return its store row; an exception becomes a ``failed`` row with the traceback.
+    """
+    from ..engine import TrainConfig
+    from ..methods import get_method, resolve_k, train_run
+
+    t0 = time.perf_counter()
+    row = _row_header(task)
+    folder = Path(task["runs_root"]) / task["run_id"]
+    if folder.exists():  # left by a try of this launch whose worker died: the retry replaces it
+        _safe_remove(folder, folder.parent / ".stale")
     try:
         splits = cached_splits(task["dataset"], task["regime"], task["dataset_options"])
         k = resolve_k(task["k"], splits, task["seed"])
@@ -876,7 +892,7 @@ def _log_mlflow(mlflow, task: RunTask, row: dict) -> None:
 
 def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
               mlflow: bool = False, *, argv=None, retry_failed: bool = False,
-              threads: int | None = None) -> dict:
+              threads: int | None = None, retries: int = 1) -> dict:
     """Run a study's missing runs in parallel; every finished run's row goes to the store at once.
 
     Args:
@@ -890,6 +906,9 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
         argv: the command line recorded in ``launches.jsonl`` (the CLI passes ``sys.argv``).
         retry_failed: run the runs recorded as failed again.
         threads: torch threads per worker (default 1 in linear mode, else cores / jobs).
+        retries: how many more times a run whose worker process died (killed by the
+            out-of-memory killer, say) is run, alone, before it is recorded as ``failed`` with
+            the reason (:func:`spmlkit.experiments.pool.run_tasks`).
 
     Returns:
         ``{"out", "runs_total", "runs_done_before", "runs_run", "failures", "seconds",
@@ -949,7 +968,8 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
         start = time.perf_counter()
         try:
             with _sigterm_as_exit():
-                for row in run_tasks(execute, payloads, jobs, threads):
+                for row in run_tasks(execute, payloads, jobs, threads, retries=retries,
+                                     on_lost=lost_row):
                     store.put(row)
                     launch["runs_run"] += 1
                     launch["failures"] += row["status"] == "failed"

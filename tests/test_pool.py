@@ -1,0 +1,135 @@
+"""The parallel runner: results of every task, a worker killed by SIGKILL (its task retried
+alone, then lost: ``on_lost`` or a RuntimeError), no worker left behind however it stops."""
+import multiprocessing as mp
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+from _pool_tasks import work
+
+from spmlkit.experiments.pool import run_tasks
+
+TIMEOUT = 60  # seconds; the runs take a few: a regression that hangs fails here instead
+
+
+def collect(iterator, timeout=TIMEOUT):
+    """Everything ``iterator`` yields, or its exception, run in a thread; fails after
+    ``timeout`` seconds instead of hanging the suite."""
+    out = {"items": [], "error": None}
+
+    def drain():
+        try:
+            out["items"].extend(iterator)
+        except BaseException as err:  # handed to the test
+            out["error"] = err
+
+    thread = threading.Thread(target=drain, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        for child in mp.active_children():  # do not leave the hung pool's workers running
+            child.kill()
+        pytest.fail(f"the iteration did not finish in {timeout} s")
+    if out["error"] is not None:
+        raise out["error"]
+    return out["items"]
+
+
+def make_tasks(tmp_path, n, changes=None, sleep=0.2):
+    """``n`` tasks ``x = 0..n-1``, each with its own try log; ``changes[x]`` updates task x."""
+    return [{"x": x, "sleep": sleep, "log": str(tmp_path / f"task{x}.log"),
+             **(changes or {}).get(x, {})} for x in range(n)]
+
+
+def tries(task) -> list[tuple[float, float | None]]:
+    """(start, end) of each try of a task, end None for a try whose process died."""
+    out = []
+    for line in Path(task["log"]).read_text().splitlines():
+        what, t = line.split()
+        if what == "start":
+            out.append((float(t), None))
+        else:
+            out[-1] = (out[-1][0], float(t))
+    return out
+
+
+def lost(task, reason):
+    return {"lost": task["x"], "reason": reason}
+
+
+def test_jobs_1_runs_in_this_process(tmp_path):
+    results = collect(run_tasks(work, make_tasks(tmp_path, 3, sleep=0), jobs=1))
+    assert [r["square"] for r in results] == [0, 1, 4]
+    assert {r["pid"] for r in results} == {os.getpid()}
+
+
+def test_a_task_that_kills_its_worker_is_lost_and_the_others_finish(tmp_path):
+    tasks = make_tasks(tmp_path, 6, {2: {"die": 99}})
+    results = collect(run_tasks(work, tasks, jobs=2, on_lost=lost))
+    assert len(results) == 6
+    (gone,) = [r for r in results if "lost" in r]
+    assert gone["lost"] == 2
+    assert gone["reason"] == ("the worker process died while running this task (killed by "
+                              "SIGKILL, e.g. out of memory); tried 2 times, alone after the "
+                              "first")
+    done = sorted((r for r in results if "lost" not in r), key=lambda r: r["x"])
+    assert [(r["x"], r["square"]) for r in done] == [(0, 0), (1, 1), (3, 9), (4, 16), (5, 25)]
+    assert len(tries(tasks[2])) == 2  # retries=1: once more, then lost
+    for t in tasks[:2] + tasks[3:]:  # the other workers were never disturbed: one try each
+        assert len(tries(t)) == 1 and tries(t)[0][1] is not None
+    assert mp.active_children() == []
+
+
+def test_without_on_lost_a_lost_task_raises_naming_it(tmp_path):
+    tasks = make_tasks(tmp_path, 4, {1: {"die": 99, "run_id": "yeast-an-s1"}})
+    with pytest.raises(RuntimeError, match=r"task yeast-an-s1: the worker process died while "
+                                           r"running this task \(killed by SIGKILL"):
+        collect(run_tasks(work, tasks, jobs=2))
+    assert mp.active_children() == []
+
+
+def test_a_task_that_dies_once_is_retried_alone_and_succeeds(tmp_path):
+    tasks = make_tasks(tmp_path, 5, {1: {"die": 1}})
+    seen = []
+    results = collect(run_tasks(work, tasks, jobs=2,
+                                on_lost=lambda t, r: seen.append(t) or lost(t, r)))
+    assert seen == []
+    assert sorted((r["x"], r["square"]) for r in results) == [(x, x * x) for x in range(5)]
+    first, second = tries(tasks[1])
+    assert first[1] is None and second[1] is not None  # died, then finished
+    for t in tasks[:1] + tasks[2:]:  # nothing else ran while the retry did
+        ((start, end),) = tries(t)
+        assert end <= second[0] or start >= second[1]
+
+
+def test_retries_0_loses_a_dead_task_at_once(tmp_path):
+    tasks = make_tasks(tmp_path, 1, {0: {"die": 1}})  # alone in flight: it did kill its worker
+    (result,) = collect(run_tasks(work, tasks, jobs=2, retries=0, on_lost=lost))
+    assert result["lost"] == 0 and result["reason"].endswith("tried 1 time")
+    assert len(tries(tasks[0])) == 1  # it would have succeeded on a second try
+
+
+def test_retries_must_not_be_negative(tmp_path):
+    with pytest.raises(ValueError, match="retries .* must be >= 0, got -1"):
+        collect(run_tasks(work, make_tasks(tmp_path, 2), jobs=2, retries=-1))
+
+
+def test_an_exception_in_a_task_propagates_with_its_traceback_and_stops_the_workers(tmp_path):
+    tasks = make_tasks(tmp_path, 4, {0: {"fail": True, "sleep": 0}})
+    with pytest.raises(ValueError, match="task 0 fails as asked") as info:
+        collect(run_tasks(work, tasks, jobs=2))
+    assert "_pool_tasks.py" in str(info.value.__cause__)  # the worker's traceback
+    assert mp.active_children() == []
+
+
+def test_closing_the_iteration_early_terminates_the_workers(tmp_path):
+    it = run_tasks(work, make_tasks(tmp_path, 6, sleep=0.5), jobs=2)
+    first = next(it)
+    assert first["square"] == first["x"] ** 2
+    busy = mp.active_children()
+    assert len(busy) == 2
+    it.close()
+    assert mp.active_children() == []
+    assert all(p.exitcode == -signal.SIGTERM for p in busy)
