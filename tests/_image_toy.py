@@ -51,3 +51,19 @@ def state_close(a: dict, b: dict) -> float:
 
 def torch_threads(n: int = 1) -> None:
     torch.set_num_threads(n)
+
+
+def toy_splits(root, sizes=(24, 12, 12)):
+    """Train / val / test splits of toy images written under ``root`` (classes red, green,
+    blue), single positives drawn with the official seed: the image methods' tiny runs."""
+    from spmlkit.data import LabelledSet, Splits
+    from spmlkit.labels import make_observed
+
+    names = ["red", "green", "blue"]
+    parts = []
+    for seed, (split, n) in enumerate(zip(("train", "val", "test"), sizes)):
+        paths, y = make_images(root / split, n, seed=seed)
+        parts.append(LabelledSet(paths, y, names, None, f"toy {split}"))
+    tr, va, te = parts
+    return Splits("toy", tr, va, te, make_observed(tr.y, "1p"), make_observed(va.y, "1p"), "1p",
+                  float(tr.y.sum(1).mean()))

@@ -9,11 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _image_toy import make_images
+from _image_toy import toy_splits
 
 from spmlkit.data import LabelledSet, Splits
 from spmlkit.engine import TrainConfig
-from spmlkit.labels import make_observed
 from spmlkit.methods import lac as lac_mod
 from spmlkit.methods.lac import (ABLATIONS, CHECKPOINT_FILE, LACConfig, ablation_config,
                                  load_lac_model, resolve_train_config, train_lac)
@@ -28,16 +27,7 @@ SMALL = {"dim": 8, "heads": 2, "ffn": 16, "proj_dim": 8, "queue_size": 16, "weak
 def toy(tmp_path_factory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("lac")
-    names = ["red", "green", "blue"]
-
-    def part(split, n, seed):
-        paths, y = make_images(root / split, n, seed=seed)
-        return LabelledSet(paths, y, names, None, f"toy {split}")
-
-    tr, va, te = part("train", 24, 0), part("val", 12, 1), part("test", 12, 2)
-    splits = Splits("toy", tr, va, te, make_observed(tr.y, "1p"), make_observed(va.y, "1p"),
-                    "1p", float(tr.y.sum(1).mean()))
-    return {"splits": splits, "cache": root / "cache", "root": root}
+    return {"splits": toy_splits(root), "cache": root / "cache", "root": root}
 
 
 def run(toy, lac=None, out=None, epochs=4, on_epoch=None, resume=None, **kw):

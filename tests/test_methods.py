@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from _image_toy import make_images
+from _image_toy import toy_splits
 from spmlkit.cli import main
 from spmlkit.data import load_dataset, load_splits
 from spmlkit.engine import TrainConfig
-from spmlkit.labels import make_observed
 from spmlkit.methods import list_methods, load_run_model, resume_run, train_run
 from spmlkit.runs import read_run
 
@@ -25,19 +24,9 @@ CONFIG = dict(epochs=3, batch_size=8, lr=1e-2, seed=0)
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """Feature splits (yeast, a fifth of its train rows) and 16-px toy image splits."""
-    from spmlkit.data import LabelledSet, Splits
-
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("methods")
-    names = ["red", "green", "blue"]
-
-    def part(split, n, seed):
-        paths, y = make_images(root / split, n, seed=seed)
-        return LabelledSet(paths, y, names, None, f"toy {split}")
-
-    tr, va, te = part("train", 24, 0), part("val", 12, 1), part("test", 12, 2)
-    images = Splits("toy", tr, va, te, make_observed(tr.y, "1p"), make_observed(va.y, "1p"),
-                    "1p", float(tr.y.sum(1).mean()))
+    images = toy_splits(root)
     return {"features": load_splits("yeast", subsample=0.2), "images": images, "root": root,
             "options": {"features": {"subsample": 0.2}, "images": {}}}
 

@@ -333,7 +333,10 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
         parts = [splits.name, loss, *([] if method.name == "linear" else [method.name]),
                  splits.regime, f"s{config.seed}"]
         run = RunDir.create(out, run_name or "-".join(parts).replace(":", "_"))
-    pseudo: dict = {}
+    pseudo: dict = {}  # epoch -> pl_count / pl_precision (the epochs before a resume too)
+    for record in (state or {}).get("history") or []:
+        pseudo[record["epoch"]] = {key: record[key] for key in ("pl_count", "pl_precision")
+                                   if key in record}
 
     def log_epoch(record, model, loss_module):
         record.update(pseudo_label_record(loss_module, splits.train.y))
