@@ -75,7 +75,7 @@ def validate_full_labels(y, where: str | None = None) -> np.ndarray:
     if arr.dtype == bool:
         return arr.astype(np.uint8)
     _check_numeric(arr, "full labels", where)
-    bad = ~np.isin(arr, (0, 1))
+    bad = (arr != 0) & (arr != 1)  # NaN included
     if bad.any():
         row = int(np.argwhere(bad)[0][0])
         values = sorted({float(v) for v in np.unique(arr[bad])})[:5]
@@ -105,7 +105,7 @@ def validate_observed(z, where: str | None = None, require_positive: bool = Fals
         raise ValueError(f"observed labels{_where(where)} must be a 2-D matrix (examples x "
                          f"classes), got shape {arr.shape}")
     _check_numeric(arr, "observed labels", where)
-    bad = ~np.isin(arr, (POSITIVE, UNOBSERVED, NEGATIVE))
+    bad = (arr != POSITIVE) & (arr != UNOBSERVED) & (arr != NEGATIVE)  # NaN included
     if bad.any():
         row = int(np.argwhere(bad)[0][0])
         values = sorted({float(v) for v in np.unique(arr[bad])}, key=str)[:5]

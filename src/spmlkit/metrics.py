@@ -54,9 +54,25 @@ def average_precision(scores, targets) -> float:
 
 
 def per_class_ap(scores, y) -> np.ndarray:
-    """AP (x100) of every class; NaN where a class has no positive."""
+    """AP (x100) of every class; NaN where a class has no positive: :func:`average_precision`
+    of every column at once (one sort of all columns; equal to it up to summation order)."""
     s, y = _as_scores(scores, y)
-    return np.array([average_precision(s[:, j], y[:, j]) for j in range(y.shape[1])]) * 100.0
+    n, classes = s.shape
+    if n == 0:
+        return np.full(classes, np.nan)
+    order = np.argsort(-s, axis=0, kind="stable")
+    s = np.take_along_axis(s, order, axis=0)
+    tp = np.cumsum(np.take_along_axis(y > 0, order, axis=0), axis=0, dtype=np.float64)
+    end = np.ones_like(s, dtype=bool)  # the last row of every group of tied scores
+    end[:-1] = s[1:] != s[:-1]
+    # at each group's end: the recall gained since the previous end times the precision there
+    tp_end = np.where(end, tp, 0.0)
+    before = np.zeros_like(tp)
+    before[1:] = np.maximum.accumulate(tp_end, axis=0)[:-1]
+    rank = np.arange(1, n + 1, dtype=np.float64)[:, None]
+    gain = np.where(end, (tp - before) * (tp / rank), 0.0).sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(tp[-1] > 0, gain / tp[-1], np.nan) * 100.0
 
 
 @dataclass
@@ -175,14 +191,25 @@ def higher_is_better(name: str) -> bool:
     return METRICS[check_metric(name)][0]
 
 
+def _count_at_least(s: np.ndarray) -> np.ndarray:
+    """Per entry (i, j): ``|{k: s_ik >= s_ij}|`` (``scipy.stats.rankdata(-s, "max", axis=1)``),
+    from one sort of every row."""
+    order = np.argsort(-s, axis=1, kind="stable")
+    ss = np.take_along_axis(s, order, axis=1)
+    width = s.shape[1]
+    ends = np.ones_like(ss, dtype=bool)  # the last position of every group of tied scores
+    ends[:, :-1] = ss[:, 1:] != ss[:, :-1]
+    at = np.where(ends, np.arange(width), width)  # a position's group ends at the next end
+    last = np.minimum.accumulate(at[:, ::-1], axis=1)[:, ::-1]
+    out = np.empty(s.shape, dtype=np.int64)
+    np.put_along_axis(out, order, last + 1, axis=1)
+    return out
+
+
 def _ranks(s: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per entry (i, j): ``|{k: s_ik >= s_ij}|`` (rank among all labels, ties counted against
     the entry) and ``|{k positive: s_ik >= s_ij}|`` (meaningful on the positives only)."""
-    from scipy.stats import rankdata
-
-    rank_all = rankdata(-s, method="max", axis=1)
-    rank_pos = rankdata(np.where(y > 0, -s, np.inf), method="max", axis=1)
-    return rank_all, rank_pos
+    return _count_at_least(s), _count_at_least(np.where(y > 0, s, -np.inf))
 
 
 def _row_mean(values: np.ndarray, defined: np.ndarray, fill: float, no_positive: str) -> float:
@@ -193,6 +220,29 @@ def _row_mean(values: np.ndarray, defined: np.ndarray, fill: float, no_positive:
     if no_positive == "sklearn":
         return float(np.where(defined, values, fill).mean()) if values.size else float("nan")
     return float(values[defined].mean()) if defined.any() else float("nan")
+
+
+def _ranking_metrics(s: np.ndarray, y: np.ndarray, no_positive: str) -> dict:
+    """LRAP, ranking loss, coverage error and normalised coverage of validated scores and labels
+    (:func:`_as_scores`), from one computation of the ranks (the definitions, ties and rows
+    without a positive are those of the public functions below)."""
+    num_labels = y.shape[1] if y.ndim == 2 else 1
+    if s.size == 0:
+        nan = float("nan")
+        return {"lrap": nan, "ranking_loss": nan, "coverage": nan, "coverage_norm": nan}
+    n_pos = y.sum(axis=1, dtype=np.int64)
+    n_neg = y.shape[1] - n_pos
+    rank_all, rank_pos = _ranks(s, y)
+    positive = y > 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        lrap = np.where(positive, rank_pos / rank_all, 0.0).sum(axis=1) / n_pos
+        # negatives scored >= a positive j: all labels >= s_j minus the positives >= s_j
+        wrong = np.where(positive, rank_all - rank_pos, 0).sum(axis=1) / (n_pos * n_neg)
+    cover = np.where(positive, rank_all, 0).max(axis=1).astype(np.float64)
+    coverage = _row_mean(cover, n_pos > 0, 0.0, no_positive)
+    return {"lrap": _row_mean(lrap, n_pos > 0, 1.0, no_positive),  # all positive: 1 by itself
+            "ranking_loss": _row_mean(wrong, (n_pos > 0) & (n_neg > 0), 0.0, no_positive),
+            "coverage": coverage, "coverage_norm": (coverage - 1.0) / num_labels}
 
 
 def label_ranking_average_precision(scores, y, no_positive: str = "sklearn") -> float:
@@ -208,14 +258,7 @@ def label_ranking_average_precision(scores, y, no_positive: str = "sklearn") -> 
     >>> label_ranking_average_precision([[0.9, 0.5, 0.1]], [[1, 0, 1]])
     0.8333333333333333
     """
-    s, y = _as_scores(scores, y)
-    n_pos = y.sum(axis=1)
-    if s.size == 0:
-        return float("nan")
-    rank_all, rank_pos = _ranks(s, y)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        per_row = np.where(y > 0, rank_pos / rank_all, 0.0).sum(axis=1) / n_pos
-    return _row_mean(per_row, n_pos > 0, 1.0, no_positive)  # all positive: 1 by itself
+    return _ranking_metrics(*_as_scores(scores, y), no_positive)["lrap"]
 
 
 def ranking_loss(scores, y, no_positive: str = "sklearn") -> float:
@@ -229,17 +272,7 @@ def ranking_loss(scores, y, no_positive: str = "sklearn") -> float:
     >>> ranking_loss([[0.9, 0.5, 0.1]], [[1, 0, 1]])
     0.5
     """
-    s, y = _as_scores(scores, y)
-    if s.size == 0:
-        return float("nan")
-    n_pos = y.sum(axis=1)
-    n_neg = y.shape[1] - n_pos
-    rank_all, rank_pos = _ranks(s, y)
-    # negatives scored >= a positive j: all labels >= s_j minus the positives >= s_j
-    wrong = np.where(y > 0, rank_all - rank_pos, 0).sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        per_row = wrong / (n_pos * n_neg)
-    return _row_mean(per_row, (n_pos > 0) & (n_neg > 0), 0.0, no_positive)
+    return _ranking_metrics(*_as_scores(scores, y), no_positive)["ranking_loss"]
 
 
 def coverage_error(scores, y, no_positive: str = "sklearn") -> float:
@@ -254,12 +287,7 @@ def coverage_error(scores, y, no_positive: str = "sklearn") -> float:
     >>> coverage_error([[0.9, 0.5, 0.1]], [[1, 0, 1]])
     3.0
     """
-    s, y = _as_scores(scores, y)
-    if s.size == 0:
-        return float("nan")
-    rank_all, _ = _ranks(s, y)
-    per_row = np.where(y > 0, rank_all, 0).max(axis=1).astype(np.float64)
-    return _row_mean(per_row, y.sum(axis=1) > 0, 0.0, no_positive)
+    return _ranking_metrics(*_as_scores(scores, y), no_positive)["coverage"]
 
 
 def normalised_coverage(scores, y, no_positive: str = "sklearn") -> float:
@@ -362,8 +390,12 @@ def classic_metrics(probs, y, *, convention: str = "present", threshold: float =
     (100.0, 1.0, 0.0, 0.0, 0.0)
     """
     p, y = _as_scores(probs, y)
-    out = {name: metric_score(name, p, y, convention=convention, threshold=threshold,
-                              no_positive=no_positive) for name in METRICS}
+    out = {"map": map_score(p, y, convention),
+           **_ranking_metrics(p, y, no_positive),
+           "one_error": one_error(p, y, no_positive),
+           "hamming_loss": hamming_loss(p, y, threshold)}
+    out["micro_f1"], out["macro_f1"] = f1_micro_macro(p, y, threshold)
+    out = {name: out[name] for name in METRICS}
     out["threshold"] = float(threshold)
     out["rows_without_positives"] = int((y.sum(axis=1) == 0).sum())
     return out
