@@ -14,6 +14,7 @@ from spmlkit.engine.vectorised import (
     CPU_LARGE_STACK,
     CPU_STACK_WORK,
     can_stack,
+    closed_form,
     fit_linear_stacked,
     stack_limit,
     stacked_map,
@@ -70,6 +71,71 @@ def test_stacked_runs_equal_single_runs(name):
             assert list(h1) == list(h2) and h1["best"] == h2["best"]
             assert h2["train_loss"] == pytest.approx(h1["train_loss"], rel=1e-5, abs=1e-6)
         assert [h["epoch"] for h in rec] == [h["epoch"] for h in r1.history]
+
+
+CLOSED = [n for n in STACKABLE if closed_form(create_loss(n, **HPARAMS.get(n, {})))]
+
+
+def test_closed_form_losses_are_the_bce_family():
+    assert {"an", "an_ls", "wan", "bce", "epr", "dw", "an_ls_asym"} <= set(CLOSED)
+    # a penalty on the head, an entropy term, state or the official log(p + eps): autograd
+    assert {"l1r", "l2r", "entmin", "role", "em", "pr"}.isdisjoint(CLOSED)
+    assert not closed_form(create_loss("an", eps=1e-5))
+
+
+@pytest.mark.parametrize("name", CLOSED)
+def test_the_closed_form_step_is_the_autograd_step(name):
+    """The engine's gradient without autograd equals autograd's through the loss's own
+    ``entries`` (a subclass that changes ``entries`` without clearing ``closed_form`` fails
+    here)."""
+    from spmlkit.engine.vectorised import _closed_form_step, _closed_form_tables
+    from spmlkit.losses import TrainInfo
+
+    g = torch.Generator().manual_seed(3)
+    z = torch.as_tensor(Z[:8]).repeat(2, 1)
+    z[:4, 0] = -1  # some observed negatives
+    losses = [create_loss(name, **HPARAMS.get(name, {})) for _ in range(2)]
+    for loss in losses:
+        loss.on_train_start(z, TrainInfo(len(z), z.shape[1], 1.5, 0, 1))
+    logits = torch.randn(2, 16, z.shape[1], generator=g)
+    tables, offsets, count = _closed_form_tables(losses, [z, z], torch.float32)
+    assert offsets is None
+    values, grad = _closed_form_step(logits, tables[0].expand(2, -1, -1),
+                                     tables[1].expand(2, -1, -1) if len(tables) > 1 else None,
+                                     count, losses[0].reduction)
+    want = torch.stack([losses[0](s.clone().requires_grad_(True), z) for s in logits])
+    leaf = logits.clone().requires_grad_(True)
+    torch.stack([losses[0](leaf[r], z) for r in range(2)]).sum().backward()
+    torch.testing.assert_close(values, want.detach(), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(grad, leaf.grad, atol=1e-7, rtol=1e-5)
+
+
+def test_closed_form_runs_of_different_losses_and_labels_stack_and_equal_single_runs():
+    """AN, AN-LS, WAN and EPR on one positive, BCE on full labels and on one positive plus all
+    negatives (Cole's IUN) in one stack: each run equals its single run."""
+    full = Y.astype(np.int8) * 2 - 1
+    alln = np.where(Z == 1, 1, -1).astype(np.int8)
+    specs = [("an", Z, {}), ("an_ls", Z, {}), ("wan", Z, {}), ("epr", Z, {"k": 1.5}),
+             ("bce", full, {}), ("bce", alln, {}), ("an_ls", Z, {"smoothing": 0.2})]
+    configs = [TrainConfig(epochs=4, batch_size=8, lr=lr, seed=s)
+               for lr, s in ((1e-2, 0), (1e-3, 1))]
+    runs = [(name, z, hp, c) for name, z, hp in specs for c in configs]
+    stacked = fit_linear_stacked(X, [z for _, z, _, _ in runs],
+                                 [create_loss(name, **hp) for name, _, hp, _ in runs],
+                                 [c for *_, c in runs], x_val=XV, y_val=YV, k=1.5)
+    for (name, z, hp, c), out in zip(runs, stacked):
+        m1, r1 = fit_linear(X, z, create_loss(name, **hp), c, x_val=XV, y_val=YV, k=1.5)
+        assert not isinstance(out, BaseException), out
+        m2, r2 = out
+        assert r2.best_epoch == r1.best_epoch, name
+        torch.testing.assert_close(m2.weight, m1.weight, atol=2e-6, rtol=0)
+        torch.testing.assert_close(m2.bias, m1.bias, atol=2e-6, rtol=0)
+        for h1, h2 in zip(r1.history, r2.history):
+            assert h2["train_loss"] == pytest.approx(h1["train_loss"], rel=1e-5, abs=1e-6)
+    with pytest.raises(ValueError, match="closed-form"):
+        fit_linear_stacked(X, Z, [create_loss("an"), create_loss("role", k=1.5)], configs)
+    with pytest.raises(ValueError, match="closed-form"):
+        fit_linear_stacked(X, [Z, full], [create_loss("pr"), create_loss("pr")], configs)
 
 
 def test_a_diverging_run_fails_alone():

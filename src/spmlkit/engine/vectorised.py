@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..losses import SPMLLoss, TrainInfo
@@ -89,6 +90,16 @@ def _fused_adam_available(device: torch.device) -> bool:
         return True
     except (AttributeError, RuntimeError, NotImplementedError):
         return False
+
+
+def closed_form(loss: SPMLLoss) -> bool:
+    """Whether the engine takes ``loss``'s gradient in closed form: a
+    :attr:`spmlkit.losses.SPMLLoss.closed_form` loss with exact logs (``eps`` 0), no state and no
+    penalty on the head. Runs of such losses stack even when their losses, hyperparameters and
+    observed labels differ (AN, WAN, EPR, BCE on full labels, ... in one stack)."""
+    return bool(getattr(loss, "closed_form", False)) and loss.eps == 0 \
+        and type(loss).penalty is SPMLLoss.penalty \
+        and not any(True for _ in loss.parameters()) and not any(True for _ in loss.buffers())
 
 
 def can_stack(loss: SPMLLoss, config: TrainConfig) -> str | None:
@@ -299,6 +310,92 @@ class _RunBook:
     epochs_run: int = 0
 
 
+def _closed_form_tables(losses, observed, dtype):
+    """The closed-form runs' BCE targets and weights of every train row (``bce_form``), each
+    distinct table once: ``([targets, weights (if any)], offsets, count)`` with the tables
+    stacked to G*N x L, ``offsets`` R x 1 (run r's rows start at its offset; None with one
+    table) and ``count`` None or the per-run ``(lam, k)`` tensors of the count term (lam 0:
+    none)."""
+    n = observed[0].shape[0]
+    index: dict = {}
+    targets, weights, offsets, lams, ks = [], [], [], [], []
+    with torch.no_grad():
+        for loss, z in zip(losses, observed):
+            key = (type(loss), loss.extra_repr(), id(z))
+            if key not in index:
+                t, w = loss.bce_form(z)
+                index[key] = len(targets)
+                targets.append(t.to(dtype))
+                weights.append(None if w is None else w.to(dtype))
+            offsets.append(index[key] * n)
+            count = loss.count_penalty()
+            lams.append(0.0 if count is None else float(count[0]))
+            ks.append(0.0 if count is None else float(count[1]))
+        device = targets[0].device
+        tables = [torch.cat(targets) if len(targets) > 1 else targets[0]]
+        if any(w is not None for w in weights):
+            ones = torch.ones_like(targets[0])
+            tables.append(torch.cat([ones if w is None else w for w in weights]))
+        offsets = torch.tensor(offsets, device=device).view(-1, 1) if len(targets) > 1 else None
+    count = None
+    if any(lams):
+        count = (torch.tensor(lams, dtype=dtype, device=device).view(-1),
+                 torch.tensor(ks, dtype=dtype, device=device).view(-1))
+    return tables, offsets, count
+
+
+def _closed_form_step(logits, target, weight, count, reduction):
+    """Each run's loss and the gradient of their sum for the logits (R x B x L) of a
+    closed-form BCE loss (:attr:`spmlkit.losses.SPMLLoss.closed_form`): the values of its
+    ``entries`` reduced as the autograd step reduces them, and ``weight * (sigmoid(s) - target)
+    / (B L)`` plus the count term's ``2 lam (m - k) / (L^2 B) * p (1 - p)`` (``m``: the run's
+    mean predicted count), what autograd computes."""
+    runs, batch, classes = logits.shape
+    # BCE(s, t) = softplus(s) - t s (what binary_cross_entropy_with_logits computes, in fewer
+    # operations: the step time here is per-operation overhead)
+    entries = torch.addcmul(F.softplus(logits), target, logits, value=-1.0)
+    p = torch.sigmoid(logits)
+    g = p - target
+    if weight is not None:
+        entries.mul_(weight)
+        g.mul_(weight)
+    values = entries.mean(dim=(1, 2))
+    g.mul_(1.0 / (batch * classes))
+    if count is not None:
+        lam, k = count
+        excess = p.sum(dim=-1).mean(dim=-1) - k  # R
+        values = values + lam * (excess / classes) ** 2
+        coef = excess * (2.0 * lam / (classes * classes * batch))
+        g.add_(p * (1.0 - p) * coef.view(runs, 1, 1))
+    if reduction == "sum":
+        values = values * (batch * classes)
+        g.mul_(batch * classes)
+    return values, g
+
+
+def _autograd_step(model, stacked, xb, zb, idx, loss_params, seed):
+    """Each run's loss and the gradient of their sum for the logits, through autograd (the
+    loss's own parameters get theirs in ``.grad``; a penalty on the head's in the head's)."""
+    with torch.no_grad():
+        logits = model(xb)
+    logits.requires_grad_(True)
+    mat, pen = stacked.entries(logits, zb, idx)
+    values = mat.mean(dim=(1, 2))
+    if pen is not None:
+        values = values + pen
+    extra = stacked.penalty(model)
+    if torch.is_tensor(extra):
+        values = values + extra
+    if stacked.reduction == "sum":
+        values = values * mat[0].numel()
+    for p in loss_params:
+        p.grad = None
+    # d(sum of the runs' losses)/d(each run's loss) = 1: seeded directly (what the sum's
+    # backward would pass on), one node less per step
+    values.backward(seed if seed.dtype == values.dtype else torch.ones_like(values))
+    return values, logits.grad
+
+
 def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
                        configs: Sequence[TrainConfig], *, x_val=None, y_val=None,
                        k: float | None = None,
@@ -308,9 +405,12 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
     end it alone (up to floating-point summation order).
 
     Args:
-        x_train, observed, x_val, y_val, k: as :func:`spmlkit.engine.fit_linear`, shared.
-        losses: one fresh loss module per run, all of one class and hyperparameters, stackable
-            (:func:`can_stack`).
+        x_train, x_val, y_val: as :func:`spmlkit.engine.fit_linear`, shared.
+        observed, k: as :func:`spmlkit.engine.fit_linear`, shared, or a list with one per run
+            (closed-form losses only).
+        losses: one fresh loss module per run, stackable (:func:`can_stack`): all of one class
+            and hyperparameters, or all closed-form (:func:`closed_form`: then of any classes
+            and hyperparameters, with observed labels and ``k`` of their own).
         configs: one :class:`TrainConfig` per run; they may differ in ``seed`` and ``lr`` only.
         on_epoch, checkpoint: per run (None entries allowed), called as ``fit_linear`` calls
             them; a run's checkpoint state is the single-run format (``fit_linear(...,
@@ -323,8 +423,9 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
         finite val mAP, or what its ``on_epoch`` raised); the other runs go on.
 
     Raises:
-        ValueError: configs that differ in more than seed and lr, losses of different classes or
-            not stackable, bad inputs (as ``fit_linear``).
+        ValueError: configs that differ in more than seed and lr, losses of different classes,
+            hyperparameters or labels that are not all closed-form, losses not stackable, bad
+            inputs (as ``fit_linear``).
     """
     start = time.perf_counter()
     runs = len(configs)
@@ -335,16 +436,34 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
     if any(s != shared[0] for s in shared):
         raise ValueError("stacked runs may differ in seed and lr only; got configs "
                          f"{shared[0]} and {next(s for s in shared if s != shared[0])}")
-    if len({type(loss) for loss in losses}) > 1:
-        raise ValueError("stacked runs need losses of one class")
-    why = can_stack(losses[0], configs[0])
-    if why is not None:
-        raise ValueError(f"these runs cannot be stacked: {why}")
+    observed = list(observed) if isinstance(observed, (list, tuple)) else [observed] * runs
+    ks = list(k) if isinstance(k, (list, tuple)) else [k] * runs
+    if len(observed) != runs or len(ks) != runs:
+        raise ValueError(f"fit_linear_stacked needs one observed matrix and k per run, or one "
+                         f"for all; got {len(observed)} and {len(ks)} for {runs} runs")
+    mixed = len({(type(loss), loss.extra_repr()) for loss in losses}) > 1 or \
+        len({id(z_) for z_ in observed}) > 1
+    if mixed and not all(closed_form(loss) for loss in losses):
+        raise ValueError("stacked runs need losses of one class and hyperparameters and one "
+                         "observed label matrix, unless every loss is closed-form (closed_form)")
+    if len({loss.reduction for loss in losses}) > 1:
+        raise ValueError("stacked runs need losses of one reduction")
+    for loss in losses:
+        why = can_stack(loss, configs[0])
+        if why is not None:
+            raise ValueError(f"these runs cannot be stacked: {why}")
     on_epoch = list(on_epoch or [None] * runs)
     checkpoint = list(checkpoint or [None] * runs)
     config = configs[0]
     device = torch.device(config.device)
-    x, z, xv, yv = linear_inputs(x_train, observed, x_val, y_val, config)
+    x, z, xv, yv = linear_inputs(x_train, observed[0], x_val, y_val, config)
+    z_of = {id(observed[0]): z}  # each distinct observed matrix, checked once
+    for z_ in observed:
+        if id(z_) not in z_of:
+            z_of[id(z_)] = linear_inputs(x_train, z_, None, None, config)[1]
+            if z_of[id(z_)].shape != z.shape:
+                raise ValueError(f"stacked runs' observed labels differ in shape: "
+                                 f"{tuple(z.shape)} and {tuple(z_of[id(z_)].shape)}")
     has_val = xv is not None
     if has_val:
         yv_t = torch.as_tensor(yv, device=device)
@@ -353,8 +472,9 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
     order = sorted(range(runs), key=lambda r: configs[r].lr)
     cfgs = [configs[r] for r in order]
     loss_list = [losses[r].to(device) for r in order]
-    for loss, c in zip(loss_list, cfgs):
-        loss.on_train_start(z, TrainInfo(n, num_classes, k, c.seed, c.epochs))
+    z_list = [z_of[id(observed[r])] for r in order]
+    for loss, c, z_, k_ in zip(loss_list, cfgs, z_list, [ks[r] for r in order]):
+        loss.on_train_start(z_, TrainInfo(n, num_classes, k_, c.seed, c.epochs))
     heads = [make_linear_head(x.shape[1], num_classes, c.seed).to(device) for c in cfgs]
     model = StackedLinear(heads)
     # the loss's state stacked along a leading run dimension, in a copy of the first module
@@ -386,6 +506,15 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
 
     restack(first=True)
     stateful = bool(slots)
+    # a closed-form BCE loss (SPMLLoss.closed_form): the step's gradient without autograd, from
+    # the targets and weights of every train row, gathered with the features
+    closed = all(closed_form(loss) for loss in loss_list)
+    offsets = None  # per run, the first row of its targets in the stacked tables
+    if closed:
+        tables, offsets, count = _closed_form_tables(loss_list, z_list, x.dtype)
+        tables = [x, *tables]
+    else:
+        tables = [x, z]
     lrs = [c.lr for c in cfgs]
     loss_params = [p for p in stacked.parameters() if p.requires_grad]
     # the head's gradient is computed here from the logits' (one batched product), into these
@@ -441,33 +570,27 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
             for i in range(0, n, bs):
                 idx = perms[:, i:i + bs]
                 if i + bs > n:  # the last, shorter batch
-                    xb, zb = gather(x, idx), gather(z, idx)
+                    parts = [gather(t, idx if j == 0 or offsets is None else idx + offsets)
+                             for j, t in enumerate(tables)]
                 else:
                     if i % chunk == 0:  # the coming full steps' rows of every run, at once
                         steps = min(chunk, n - i) // bs
-                        rows = perms[:, i:i + steps * bs].reshape(runs, steps, bs)
-                        xc, zc = gather(x, rows.transpose(0, 1)), gather(z, rows.transpose(0, 1))
-                    xb, zb = xc[(i % chunk) // bs], zc[(i % chunk) // bs]
-                with torch.no_grad():
-                    logits = model(xb)
-                logits.requires_grad_(True)
-                mat, pen = stacked.entries(logits, zb, idx)
-                values = mat.mean(dim=(1, 2))
-                if pen is not None:
-                    values = values + pen
-                extra = stacked.penalty(model)
-                if torch.is_tensor(extra):
-                    values = values + extra
-                if stacked.reduction == "sum":
-                    values = values * mat[0].numel()
-                for p in loss_params:
-                    p.grad = None
-                # d(sum of the runs' losses)/d(each run's loss) = 1: seeded directly (what the
-                # sum's backward would pass on), one node less per step
-                if seed.dtype != values.dtype:
-                    seed = torch.ones_like(values)
-                values.backward(seed)
-                g = logits.grad  # R x B x L: the head's gradient is x^T g, summed over rows
+                        rows = perms[:, i:i + steps * bs].reshape(runs, steps, bs).transpose(0, 1)
+                        coming = [gather(t, rows if j == 0 or offsets is None else rows + offsets)
+                                  for j, t in enumerate(tables)]
+                    parts = [c[(i % chunk) // bs] for c in coming]
+                xb = parts[0]
+                if closed:
+                    with torch.no_grad():
+                        values, g = _closed_form_step(model(xb), parts[1],
+                                                      parts[2] if len(parts) > 2 else None,
+                                                      count, stacked.reduction)
+                else:
+                    values, g = _autograd_step(model, stacked, xb, parts[1], idx, loss_params,
+                                               seed)
+                    if seed.dtype != values.dtype:
+                        seed = torch.ones_like(values)
+                # the head's gradient is x^T g, summed over rows
                 torch.bmm(g.transpose(1, 2), xb, out=grad_w)
                 torch.sum(g, dim=1, out=grad_b)
                 if model.weight.grad is not None:  # a penalty on the head's weights

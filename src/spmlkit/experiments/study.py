@@ -829,9 +829,10 @@ def lost_rows(task: dict, reason: str) -> list[dict]:
 
 
 def execute_group(task: dict) -> list[dict]:
-    """Run a group of task dicts that differ only in seed and learning rate at once (the
-    linear mode's stacked runs, :func:`spmlkit.methods.train_runs`); one store row per run,
-    each as :func:`execute` would have made it (a run that diverged fails alone)."""
+    """Run a group of task dicts at once (the linear mode's stacked runs,
+    :func:`spmlkit.methods.train_runs`; :func:`group_tasks` says which runs group); one store
+    row per run, each as :func:`execute` would have made it (a run that diverged fails
+    alone)."""
     from ..engine import TrainConfig
     from ..methods import train_runs
 
@@ -843,16 +844,19 @@ def execute_group(task: dict) -> list[dict]:
         if folder.exists():  # left by a try whose worker died: the retry replaces it
             _safe_remove(folder, folder.parent / ".stale")
     try:
-        splits, k, method, options = _task_setup(first)
-        results = train_runs(method, splits, first["loss"], dict(first["hparams"]),
-                             [TrainConfig(**m["train"]) for m in members], k=k,
+        setups = [_task_setup(m) for m in members]  # splits cached: one load per regime
+        method, options = setups[0][2], setups[0][3]
+        ks = [setup[1] for setup in setups]
+        results = train_runs(method, [setup[0] for setup in setups],
+                             [m["loss"] for m in members], [dict(m["hparams"]) for m in members],
+                             [TrainConfig(**m["train"]) for m in members], k=ks,
                              out=first["runs_root"], run_names=[m["run_id"] for m in members],
                              dataset_options=first["dataset_options"], **options)
     except Exception as err:  # every run of the group failed with it
         text = traceback.format_exc()
         return [_failed_row(m, err, text, time.perf_counter() - t0) for m in members]
     rows = []
-    for m, res in zip(members, results):
+    for m, res, k in zip(members, results, ks):
         if isinstance(res, BaseException):
             text = "".join(traceback.format_exception(type(res), res, res.__traceback__))
             rows.append(_failed_row(m, res, text, None))
@@ -870,7 +874,10 @@ def group_tasks(tasks: list[RunTask], jobs: int = 1) -> list:
     regime, method, loss and hyperparameters, numeric or default ``k``, batch size and the rest
     of the train config, mode options), their mode can train several at once
     (``TrainingMethod.fit_many``, no ``save_train_probs``) and their loss can be stacked
-    (:func:`spmlkit.engine.vectorised.can_stack`). A group is cut into chunks of at most
+    (:func:`spmlkit.engine.vectorised.can_stack`). Runs of closed-form losses
+    (:func:`spmlkit.engine.vectorised.closed_form`: AN, AN-LS, WAN, EPR, BCE, ...) group across
+    losses, hyperparameters, regimes and ``k`` too (one stack for the BCE family of a batch
+    size). A group is cut into chunks of at most
     :func:`spmlkit.engine.vectorised.stack_limit` runs (memory, and on a CPU whether the
     per-step work is small enough to gain: 1 means the runs stay single), and the largest
     groups are halved until there are at least ``jobs`` tasks, so every worker has work.
@@ -879,11 +886,12 @@ def group_tasks(tasks: list[RunTask], jobs: int = 1) -> list:
 
     from ..data import load_splits
     from ..engine import TrainConfig
-    from ..engine.vectorised import can_stack, stack_limit
+    from ..engine.vectorised import can_stack, closed_form, stack_limit
     from ..losses import create_loss
     from ..methods import get_method
 
     groups: dict = {}
+    closed: dict = {}  # (loss, hparams) -> closed_form
     out: list = []
     for t in tasks:
         method = get_method(t.mode)
@@ -892,8 +900,17 @@ def group_tasks(tasks: list[RunTask], jobs: int = 1) -> list:
             out.append(t)
             continue
         rest = {k: v for k, v in t.train.items() if k not in ("seed", "lr")}
-        key = json.dumps([t.dataset, t.dataset_options, t.regime, t.method, t.loss, t.hparams,
-                          t.k, t.mode, rest, t.mode_options], sort_keys=True, default=str)
+        own = [t.regime, t.method, t.loss, t.hparams, t.k]
+        spec = json.dumps([t.loss, t.hparams], sort_keys=True, default=str)
+        if spec not in closed:
+            try:
+                closed[spec] = closed_form(create_loss(t.loss, **t.hparams))
+            except (TypeError, ValueError):  # the run itself will say what is wrong
+                closed[spec] = False
+        if closed[spec]:
+            own = ["closed-form"]
+        key = json.dumps([t.dataset, t.dataset_options, *own, t.mode, rest, t.mode_options],
+                         sort_keys=True, default=str)
         groups.setdefault(key, []).append(t)
     shapes: dict = {}
     for members in groups.values():

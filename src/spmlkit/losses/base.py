@@ -239,6 +239,13 @@ class SPMLLoss(nn.Module):
     #: parameters/buffers sized by the train split, resized to a loaded state dict's shapes
     #: (see :func:`resize_state_on_load`)
     resizable_state: tuple[str, ...] = ()
+    #: ``entries`` is exactly ``soft_bce(logits, target, eps, weight)`` with ``(target,
+    #: weight) = bce_form(observed)``, plus, when ``count_penalty()`` gives ``(lam, k)``, EPR's
+    #: ``lam * ((mean over rows of sum_l p - k) / L) ** 2``; the loss has no state and no
+    #: ``penalty``. The vectorised engine then takes the step's gradient in closed form
+    #: (``weight * (sigmoid(s) - target)``, and the count term's) instead of through autograd.
+    #: A subclass that changes ``entries`` sets it back to False.
+    closed_form = False
 
     def __init__(self, reduction: str = "mean", eps: float = 0.0):
         super().__init__()
@@ -253,6 +260,15 @@ class SPMLLoss(nn.Module):
     def entries(self, logits, observed, index):
         """Return ``(l, penalty)``: the B x L per-entry loss and a scalar (or None)."""
         raise NotImplementedError
+
+    def bce_form(self, observed):
+        """``(target, weight)`` of a :attr:`closed_form` loss for the observed labels (any
+        shape): the soft BCE target in [0, 1] and the per-entry weight (None: 1)."""
+        raise NotImplementedError(f"{type(self).__name__} is not a closed-form BCE loss")
+
+    def count_penalty(self):
+        """``(lam, k)`` of a :attr:`closed_form` loss's expected-positive term, or None."""
+        return None
 
     # --- engine hooks (no-ops by default) ---------------------------------------------------
     def on_train_start(self, observed: torch.Tensor, info: TrainInfo) -> None:

@@ -17,10 +17,27 @@ from .registry import register
 COLE = "Cole et al. 2021"
 
 
+class _BCEForm(SPMLLoss):
+    """A loss that is one weighted soft BCE (``bce_form``) plus, optionally, EPR's count term
+    (``count_penalty``): :attr:`SPMLLoss.closed_form`."""
+
+    stackable = True
+    closed_form = True
+
+    def entries(self, logits, observed, index):
+        target, weight = self.bce_form(observed)
+        mat = soft_bce(logits, target, self.eps, weight)
+        count = self.count_penalty()
+        if count is None:
+            return mat, None
+        lam, k = count
+        return mat, lam * expected_positive_penalty(torch.sigmoid(logits), k)
+
+
 @register("bce", "binary cross-entropy on observed entries: -log p on O+, -log(1-p) on O-, "
           "0 on U (BCE with regime full, IUN with 1p_alln, IU with 1p_1n)", paper=COLE,
           aliases=("iu",))
-class BCELoss(SPMLLoss):
+class BCELoss(_BCEForm):
     """Ignore unobserved entries: ``l = -log p`` on O+, ``-log(1-p)`` on O-, 0 on U.
 
     >>> import torch
@@ -29,33 +46,27 @@ class BCELoss(SPMLLoss):
     0.6931
     """
 
-    stackable = True
-
-    def entries(self, logits, observed, index):
-        return soft_bce(logits, observed == POSITIVE, self.eps, observed != UNOBSERVED), None
+    def bce_form(self, observed):
+        return observed == POSITIVE, observed != UNOBSERVED
 
 
 @register("an", "assume negative: every unobserved label is a negative", paper=COLE)
-class AssumeNegativeLoss(SPMLLoss):
+class AssumeNegativeLoss(_BCEForm):
     """AN: ``-log p`` on O+, ``-log(1-p)`` on U and O-."""
 
-    stackable = True
-
-    def entries(self, logits, observed, index):
-        return soft_bce(logits, observed == POSITIVE, self.eps), None
+    def bce_form(self, observed):
+        return observed == POSITIVE, None
 
 
 @register("an_ls", "assume negative with label smoothing (official: targets 1-e and e)",
           paper=COLE)
-class AssumeNegativeLSLoss(SPMLLoss):
+class AssumeNegativeLSLoss(_BCEForm):
     """AN-LS: BCE against smoothed AN targets.
 
     Args:
         smoothing: epsilon. ``convention="official"`` uses targets ``1 - e`` / ``e`` (the
             official code, e = 0.1 gives 0.9 / 0.1); ``"paper"`` uses ``1 - e/2`` / ``e/2``.
     """
-
-    stackable = True
 
     def __init__(self, smoothing: float = 0.1, convention: str = "official", **kw):
         super().__init__(**kw)
@@ -66,18 +77,15 @@ class AssumeNegativeLSLoss(SPMLLoss):
         self.smoothing = float(smoothing)
         self.convention = convention
 
-    def entries(self, logits, observed, index):
+    def bce_form(self, observed):
         e = self.smoothing if self.convention == "official" else self.smoothing / 2
-        target = torch.where(observed == POSITIVE, 1.0 - e, e)
-        return soft_bce(logits, target, self.eps), None
+        return torch.where(observed == POSITIVE, 1.0 - e, e), None
 
 
 @register("an_ls_asym", "assume negative with asymmetric label smoothing: targets 1-ep/2 on "
           "O+, en/2 elsewhere ((0, 0.1) is Zhou's N-LS)", paper=COLE + ", App. A")
-class AsymmetricLSLoss(SPMLLoss):
+class AsymmetricLSLoss(_BCEForm):
     """AN with separate smoothing of positives (``eps_pos``) and negatives (``eps_neg``)."""
-
-    stackable = True
 
     def __init__(self, eps_pos: float = 0.0, eps_neg: float = 0.1, **kw):
         super().__init__(**kw)
@@ -86,17 +94,14 @@ class AsymmetricLSLoss(SPMLLoss):
                 raise ValueError(f"{name} must be in [0, 1], got {v}")
         self.eps_pos, self.eps_neg = float(eps_pos), float(eps_neg)
 
-    def entries(self, logits, observed, index):
-        target = torch.where(observed == POSITIVE, 1.0 - self.eps_pos / 2, self.eps_neg / 2)
-        return soft_bce(logits, target, self.eps), None
+    def bce_form(self, observed):
+        return torch.where(observed == POSITIVE, 1.0 - self.eps_pos / 2, self.eps_neg / 2), None
 
 
 @register("wan", "weak assume negative: unobserved negatives down-weighted by gamma "
           "(default 1/(L-1))", paper=COLE)
-class WeakAssumeNegativeLoss(SPMLLoss):
+class WeakAssumeNegativeLoss(_BCEForm):
     """WAN: ``-log p`` on O+, ``gamma * -log(1-p)`` on U and O-; ``gamma=None`` -> 1/(L-1)."""
-
-    stackable = True
 
     def __init__(self, gamma: float | None = None, **kw):
         super().__init__(**kw)
@@ -104,12 +109,11 @@ class WeakAssumeNegativeLoss(SPMLLoss):
             raise ValueError(f"gamma must be >= 0, got {gamma}")
         self.gamma = gamma
 
-    def entries(self, logits, observed, index):
-        num_classes = logits.shape[-1]
+    def bce_form(self, observed):
+        num_classes = observed.shape[-1]
         gamma = self.gamma if self.gamma is not None else 1.0 / max(num_classes - 1, 1)
         pos = observed == POSITIVE
-        weight = torch.where(pos, 1.0, gamma)
-        return soft_bce(logits, pos, self.eps, weight), None
+        return pos, torch.where(pos, 1.0, gamma)
 
 
 def expected_positive_penalty(probs: torch.Tensor, k: float) -> torch.Tensor:
@@ -149,14 +153,14 @@ class _NeedsK(SPMLLoss):
 
 @register("epr", "expected positive regularisation: observed entries only, plus "
           "lam*((mean positives predicted - k)/L)^2", paper=COLE)
-class EPRLoss(_NeedsK):
+class EPRLoss(_NeedsK, _BCEForm):
     """EPR: ``-log p`` on O+, ``-log(1-p)`` on O-, 0 on U; penalty on the predicted count."""
 
-    stackable = True
+    def bce_form(self, observed):
+        return observed == POSITIVE, observed != UNOBSERVED
 
-    def entries(self, logits, observed, index):
-        mat = soft_bce(logits, observed == POSITIVE, self.eps, observed != UNOBSERVED)
-        return mat, self.lam * expected_positive_penalty(torch.sigmoid(logits), self._k())
+    def count_penalty(self):
+        return self.lam, self._k()
 
 
 def _logit(p: float) -> float:

@@ -376,6 +376,7 @@ class _WeightPenaltyLoss(AssumeNegativeLoss):
     """AN plus ``lam`` times a norm of the head's weight matrices (the ``penalty`` hook)."""
 
     stackable = True
+    closed_form = False  # the penalty on the head's weights
 
     def __init__(self, lam: float = 1e-4, **kw):
         super().__init__(**kw)
@@ -449,6 +450,8 @@ class EntropyMinimizationLoss(AssumeNegativeLoss):
     The entropy term is per entry, so it is reduced over B * L like the rest. The default
     ``lam = 0.1`` is ours (EM's usual alpha, with the opposite sign).
     """
+
+    closed_form = False  # its entropy term
 
     def __init__(self, lam: float = 0.1, **kw):
         super().__init__(**kw)

@@ -571,13 +571,12 @@ def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
     return result
 
 
-def train_runs(method: str | TrainingMethod, splits, loss: str, hparams: dict | None,
-               configs, *, k: float | None = None, out=None, run_names=None,
-               dataset_options: dict | None = None, **options) -> list:
-    """Train several fresh runs of one method, loss and data that differ in their
-    :class:`TrainConfig` (seed, learning rate) at once, when the method can
-    (``TrainingMethod.fit_many``: the linear mode's stacked runs,
-    :mod:`spmlkit.engine.vectorised`), else one after the other.
+def train_runs(method: str | TrainingMethod, splits, loss, hparams, configs, *,
+               k=None, out=None, run_names=None, dataset_options: dict | None = None,
+               **options) -> list:
+    """Train several fresh runs of one method that differ in their :class:`TrainConfig` (seed,
+    learning rate) at once, when the method can (``TrainingMethod.fit_many``: the linear mode's
+    stacked runs, :mod:`spmlkit.engine.vectorised`), else one after the other.
 
     Each run gets the folder, records and result :func:`train_run` gives it alone
     (``config.json``, ``metrics.jsonl``, ``best.pt``, ``predictions.npz``, ``final.json``), but
@@ -587,6 +586,10 @@ def train_runs(method: str | TrainingMethod, splits, loss: str, hparams: dict | 
     ``"vectorised"``: how many runs trained together.
 
     Args:
+        splits, loss, hparams, k: as :func:`train_run`, one for all runs or a list with one per
+            run (the linear mode stacks runs of different losses, hyperparameters and regimes
+            of one dataset when every loss is closed-form,
+            :func:`spmlkit.engine.vectorised.closed_form`).
         configs: one :class:`TrainConfig` per run.
         run_names: one folder name per run (with ``out``).
         Others: as :func:`train_run`.
@@ -597,39 +600,51 @@ def train_runs(method: str | TrainingMethod, splits, loss: str, hparams: dict | 
     """
     method = method if isinstance(method, TrainingMethod) else get_method(method)
     configs = list(configs)
-    names = list(run_names) if run_names is not None else [None] * len(configs)
-    if method.fit_many is None or len(configs) < 2:
+    count = len(configs)
+
+    def per_run(value, what):
+        if isinstance(value, list):
+            if len(value) != count:
+                raise ValueError(f"train_runs: {len(value)} {what} for {count} configs")
+            return value
+        return [value] * count
+
+    splits_l, loss_l = per_run(splits, "splits"), per_run(loss, "losses")
+    hparams_l, k_l = per_run(hparams, "hparams"), per_run(k, "k values")
+    names = list(run_names) if run_names is not None else [None] * count
+    if method.fit_many is None or count < 2:
         out_list = []
-        for config, name in zip(configs, names):
+        for sp, ls, hp, k_, config, name in zip(splits_l, loss_l, hparams_l, k_l, configs,
+                                                names):
             try:
-                out_list.append(train_run(method, splits, loss, hparams, config, k=k, out=out,
+                out_list.append(train_run(method, sp, ls, hp, config, k=k_, out=out,
                                           run_name=name, dataset_options=dataset_options,
                                           **options))
             except Exception as err:
                 out_list.append(err)
         return out_list
     options = method.check_options(options)
-    check_inputs(method, splits)
-    hparams = resolve_hparams(loss, splits.name, hparams)
+    for sp in {id(sp): sp for sp in splits_l}.values():
+        check_inputs(method, sp)
     ctxs, runs, pseudos = [], [], []
-    for config, name in zip(configs, names):
+    for sp, ls, hp, k_, config, name in zip(splits_l, loss_l, hparams_l, k_l, configs, names):
+        hp = resolve_hparams(ls, sp.name, hp)
         if method.resolve_config is not None:
             config = method.resolve_config(config, options)
-        run_k = splits.k if k is None else resolve_k(k, splits, config.seed)
+        run_k = sp.k if k_ is None else resolve_k(k_, sp, config.seed)
         run = None
         if out is not None:
-            parts = [splits.name, loss, *([] if method.name == "linear" else [method.name]),
-                     splits.regime, f"s{config.seed}"]
+            parts = [sp.name, ls, *([] if method.name == "linear" else [method.name]),
+                     sp.regime, f"s{config.seed}"]
             run = RunDir.create(out, name or "-".join(parts).replace(":", "_"))
         pseudo: dict = {}
-        log_epoch = _epoch_logger(splits, run, pseudo)
+        log_epoch = _epoch_logger(sp, run, pseudo)
         # no checkpoint.pt: a group that stopped is trained again as a whole (a study replaces
         # its folders), and a folder without one restarts when resumed alone (resume_run)
-        ctx = RunContext(method, splits, loss, hparams, create_loss(loss, **hparams), run_k,
-                         config, options, log_epoch, None, None, True,
-                         run.path if run is not None else None)
+        ctx = RunContext(method, sp, ls, hp, create_loss(ls, **hp), run_k, config, options,
+                         log_epoch, None, None, True, run.path if run is not None else None)
         if run is not None:
-            run.start(_fresh_config(method, ctx, dataset_options), splits.observed)
+            run.start(_fresh_config(method, ctx, dataset_options), sp.observed)
         ctxs.append(ctx)
         runs.append(run)
         pseudos.append(pseudo)

@@ -75,31 +75,56 @@ def _fitted(ctx: RunContext, model, result, x_train) -> Fitted:
 
 
 def fit_many(contexts: list[RunContext]) -> list:
-    """Several runs on the same splits and loss at once (:func:`spmlkit.engine.vectorised.
-    fit_linear_stacked`): per context its ``Fitted`` or the exception that ended it. Runs with
-    ``save_train_probs``, an MLP head or a resume are refused (train them one by one)."""
+    """Several runs at once (:func:`spmlkit.engine.vectorised.fit_linear_stacked`): per context
+    its ``Fitted`` or the exception that ended it. The runs share their features (runs whose
+    train or val data differ are stacked apart); they share one loss and observed labels, or
+    their losses are all closed-form (then their losses, hyperparameters, regimes and k may
+    differ). Runs with ``save_train_probs``, an MLP head or a resume are refused (train these
+    one by one)."""
     for ctx in contexts:
         if ctx.options["save_train_probs"] or ctx.resume is not None or \
                 ctx.options["head"] != "linear":
             raise ValueError("stacked linear runs take neither save_train_probs, an MLP head "
                              "nor resume; train these runs one by one (train_run)")
-    first = contexts[0]
-    splits = first.splits
-    x_train = torch.as_tensor(np.asarray(splits.train.x, np.float32))
-    out = fit_linear_stacked(x_train, splits.observed, [c.loss for c in contexts],
-                             [c.config for c in contexts], x_val=splits.val.x, y_val=splits.val.y,
-                             k=first.k, on_epoch=[c.on_epoch for c in contexts],
-                             checkpoint=[c.checkpoint for c in contexts])
-    fitted = []
-    for ctx, item in zip(contexts, out):
-        if isinstance(item, BaseException):
-            fitted.append(item)
-            continue
+    stacks: list[list[int]] = []  # runs on the same features
+    for i, ctx in enumerate(contexts):
+        for stack in stacks:
+            if _same_features(contexts[stack[0]].splits, ctx.splits):
+                stack.append(i)
+                break
+        else:
+            stacks.append([i])
+    fitted: list = [None] * len(contexts)
+    for stack in stacks:
+        ctxs = [contexts[i] for i in stack]
+        splits = ctxs[0].splits
+        x_train = torch.as_tensor(np.asarray(splits.train.x, np.float32))
         try:
-            fitted.append(_fitted(ctx, item[0], item[1], x_train))
-        except Exception as err:
-            fitted.append(err)
+            out = fit_linear_stacked(
+                x_train, [c.splits.observed for c in ctxs], [c.loss for c in ctxs],
+                [c.config for c in ctxs], x_val=splits.val.x, y_val=splits.val.y,
+                k=[c.k for c in ctxs], on_epoch=[c.on_epoch for c in ctxs],
+                checkpoint=[c.checkpoint for c in ctxs])
+        except Exception as err:  # every run of this stack failed with it
+            out = [err] * len(ctxs)
+        for i, ctx, item in zip(stack, ctxs, out):
+            if isinstance(item, BaseException):
+                fitted[i] = item
+                continue
+            try:
+                fitted[i] = _fitted(ctx, item[0], item[1], x_train)
+            except Exception as err:
+                fitted[i] = err
     return fitted
+
+
+def _same_features(a, b) -> bool:
+    """Whether two splits have the same train and val features and val labels (the runs of
+    one dataset under different regimes do)."""
+    if a is b:
+        return True
+    pairs = ((a.train.x, b.train.x), (a.val.x, b.val.x), (a.val.y, b.val.y))
+    return all(p is q or (np.shape(p) == np.shape(q) and np.array_equal(p, q)) for p, q in pairs)
 
 
 def load_model(best: dict, config: dict):
