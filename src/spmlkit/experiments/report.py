@@ -86,9 +86,11 @@ def _fmt_value(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def _row_label(row, regimes_of: dict) -> str:
-    """Method name, ``@regime`` when the method appears with several regimes, and the variant."""
+def _row_label(row, regimes_of: dict, shown: dict | None = None) -> str:
+    """Method name (as ``shown`` renames it: :meth:`StudySpec.row_labels`), ``@regime`` when
+    the method appears with several regimes, and the variant."""
     label = str(row.get("method"))
+    label = str((shown or {}).get(label, label))
     if len(regimes_of.get(row.get("method"), ())) > 1 and "@" not in label:
         label += f"@{row.get('regime')}"
     variant = _variant_text(row)
@@ -118,16 +120,24 @@ def _esc(v) -> str:
     return html.escape("" if v is None else str(v), quote=True)
 
 
+def _modes_text(spec) -> str:
+    """``mode linear`` and, for methods trained in another mode, ``(SMILE: smile)``."""
+    own = [f"{m.label}: {spec.method_mode(m)}" for m in spec.methods
+           if spec.method_mode(m) != spec.mode]
+    return f"mode {spec.mode}" + (f" ({'; '.join(own)})" if own else "")
+
+
 # --- tables ------------------------------------------------------------------------------------
 def _method_order(study: StudyFolder) -> list:
     """The spec's method labels in its order (the table's row order, as in the papers)."""
     return [m.label for m in study.spec.methods]
 
 
-def _main_table(selected, metric: str, title: str, order=None) -> str:
+def _main_table(selected, metric: str, title: str, order=None, labels=None) -> str:
     from .tables import study_table
 
-    return str(study_table(selected, fmt="html", metric=metric, title=title, order=order))
+    return str(study_table(selected, fmt="html", metric=metric, title=title, order=order,
+                           labels=labels))
 
 
 def _runs_table(study: StudyFolder) -> str:
@@ -175,7 +185,7 @@ def _curves(study: StudyFolder, rows) -> dict:
         regimes_of.setdefault(r.get("method"), set()).add(r.get("regime"))
     groups: dict = {}
     for r in rows:
-        groups.setdefault(_row_label(r, regimes_of), []).append(r)
+        groups.setdefault(_row_label(r, regimes_of, study.spec.row_labels()), []).append(r)
     curves = {}
     for label, members in groups.items():
         records = _mean_records(study, members)
@@ -315,7 +325,7 @@ def render_html(study: StudyFolder, figures=()) -> str:
     datasets = [d.name for d in study.spec.datasets]
     add(f"<h1>{_esc(study.title)}</h1>")
     add(f'<p class="meta">study <code>{_esc(study.name)}</code> · folder '
-        f"<code>{_esc(study.path)}</code> · mode {_esc(study.spec.mode)} · "
+        f"<code>{_esc(study.path)}</code> · {_esc(_modes_text(study.spec))} · "
         f"{counts['total']} runs ({counts['done']} done, {counts['failed']} failed, "
         f"{counts['missing']} not run) · datasets: {_esc(', '.join(datasets))}</p>")
     if study.stale:
@@ -333,7 +343,8 @@ def render_html(study: StudyFolder, figures=()) -> str:
     for metric, title in TABLE_METRICS:
         if study.selected and any(_good(r.get(metric)) for r in study.selected):
             add(f'<h3 id="table-{metric}">{_esc(title)}</h3>')
-            add(_main_table(study.selected, metric, title, _method_order(study)))
+            add(_main_table(study.selected, metric, title, _method_order(study),
+                            study.spec.row_labels()))
     add("</section>")
 
     add('<section id="figures"><h2>Figures</h2>')
