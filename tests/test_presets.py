@@ -168,3 +168,12 @@ def test_lac_preset_runs_shrunk_in_pool_workers(tmp_path):
                                        "mode_options.cache_dir=" + str(tmp_path / "cache")])
     res = run_study(spec, out=tmp_path / "study", jobs=2, progress=False)
     assert (res["runs_run"], res["failures"]) == (3, 0)
+
+
+def test_tabular_spml_holds_smile_as_a_method_in_its_own_mode():
+    spec = load_study("tabular-spml")
+    modes = {m.label: spec.method_mode(m) for m in spec.methods}
+    assert modes.pop("SMILE") == "smile" and set(modes.values()) == {"linear"}
+    smile = [t for t in expand(spec) if t.method == "SMILE"]
+    assert smile and all(t.mode == "smile" and t.mode_options == {} for t in smile)
+    assert "second study" not in _text("tabular-spml")

@@ -238,3 +238,44 @@ def test_chromium_check_reports_a_broken_figure(tmp_path):
     page.write_text(render_html(open_study(study), [("a broken figure", broken)]))
     dom = _browse(page, "--dump-dom", tmp=tmp_path)
     assert 'data-rendered="error: image not rendered: a broken figure"' in dom
+
+
+def test_report_shows_the_classic_metrics_of_a_real_study(tmp_path, capsys):
+    """A study selected on val LRAP (AN beside SMILE, in its own mode): the page has the
+    study's metric, mAP and the classic metrics, each cell the selected run's test value (one
+    seed), as `spml study table --metric ...` shows it; a hand-made folder whose runs recorded
+    no classic metric has no such table."""
+    from spmlkit.experiments.study import run_study
+    from spmlkit.metrics import METRICS
+
+    out = tmp_path / "classic"
+    run_study({"name": "classic", "datasets": ["yeast"], "seeds": 1, "epochs": 1,
+               "methods": ["an", {"label": "SMILE", "spec": "an", "mode": "smile"}],
+               "grid": {"batch_size": [16], "lr": [1e-2, 1e-3]}, "metric": "lrap"},
+              out=out, jobs=1, progress=False)
+    text = write_report(out).read_text()
+    study = open_study(out)
+    assert len(study.selected) == 2
+    for anchor in ("table-test_lrap", "table-test_map", "table-classic"):
+        assert f'id="{anchor}"' in text
+    assert "best validation lrap is selected" in text and "selected on val lrap" in text
+    classic = text[text.index('id="table-classic"'):text.index('id="figures"')]
+    heads = re.findall(r"<th>([a-z_0-9]+)</th>", classic)
+    assert heads[:5] == ["lrap", "ranking_loss", "coverage_norm", "hamming_loss", "one_error"]
+    assert set(heads) == set(METRICS) - {"map"}
+    for r in study.selected:
+        values = json.loads(r["metrics"])["test_metrics"]
+        row = re.search(rf'<th scope="row">{r["method"]}</th>(.*?)</tr>', classic).group(1)
+        cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        assert cells == [f"{values[h]:.{METRICS[h][1]}f}" for h in heads]
+    # the CLI's table of the same metrics shows the same numbers
+    assert main(["study", "table", str(out), "--metric", ",".join(heads), "--format",
+                 "html"]) == 0
+    cli = capsys.readouterr().out
+    assert re.findall(r"<td[^>]*>(.*?)</td>", cli) == re.findall(r"<td[^>]*>(.*?)</td>",
+                                                                 classic)
+
+
+def test_report_without_classic_metrics_has_no_such_table(report):
+    _, _, text = report
+    assert 'id="table-classic"' not in text and "best validation mAP is selected" in text

@@ -716,3 +716,120 @@ def test_store_put_many_writes_a_group_in_one_transaction(tmp_path):
     assert "x1" not in {r["run_id"] for r in store.rows()}
     store.put_many([])
     assert len(store.rows()) == 4
+
+
+# ---- per-method training modes ------------------------------------------------------------------
+#: run ids of a spec with no per-method mode, as expanded before methods could name one: they
+#: must not change (a finished study is found again)
+OLD_SPEC = {"name": "t",
+            "datasets": ["yeast", {"name": "yeast", "options": {"protocol": "tabular"}}],
+            "methods": ["an", "epr", "bce@full",
+                        {"label": "AN-mlp", "spec": "an", "mode_options": {"head": "mlp"}}],
+            "seeds": 2, "epochs": 2, "vary": {"k": [1, 2]},
+            "grid": {"batch_size": [16], "lr": [1e-2]}, "mode_options": {"head": "linear"},
+            "metric": "lrap"}
+OLD_IDS = """yeast-an-1p-s0-b16-lr0.01-adb23406 yeast-an-1p-s1-b16-lr0.01-5977a372
+yeast-epr-1p-s0-b16-lr0.01-k1-507e4a9f yeast-epr-1p-s0-b16-lr0.01-k2-5394d8de
+yeast-epr-1p-s1-b16-lr0.01-k1-102b8339 yeast-epr-1p-s1-b16-lr0.01-k2-025e45ee
+yeast-bce_full-full-s0-b16-lr0.01-7a89c374 yeast-bce_full-full-s1-b16-lr0.01-970894fc
+yeast-AN-mlp-1p-s0-b16-lr0.01-efbef4ee yeast-AN-mlp-1p-s1-b16-lr0.01-2dbe2b70
+yeast-an-1p-s0-b16-lr0.01-f5845702 yeast-an-1p-s1-b16-lr0.01-a084c07e
+yeast-epr-1p-s0-b16-lr0.01-k1-4506eb17 yeast-epr-1p-s0-b16-lr0.01-k2-8d97f0ca
+yeast-epr-1p-s1-b16-lr0.01-k1-70733acc yeast-epr-1p-s1-b16-lr0.01-k2-c5c42f22
+yeast-bce_full-full-s0-b16-lr0.01-1f60e6c0 yeast-bce_full-full-s1-b16-lr0.01-a20190b6
+yeast-AN-mlp-1p-s0-b16-lr0.01-61bf99df yeast-AN-mlp-1p-s1-b16-lr0.01-8e3468b0""".split()
+
+
+def test_a_spec_without_method_modes_keeps_its_run_ids():
+    s = load_study(OLD_SPEC)
+    assert [t.run_id for t in expand(s)] == OLD_IDS
+    assert all(m.mode is None for m in s.methods) and "mode:" not in \
+        s.to_yaml().split("methods:")[1].split("mode: linear")[0]
+    # naming the study's own mode is the same row (same options merged, same ids)
+    named = load_study({**OLD_SPEC, "methods": [{"spec": "an", "mode": "linear"}, "epr",
+                                                "bce@full", OLD_SPEC["methods"][3]]})
+    assert [t.run_id for t in expand(named)] == OLD_IDS
+    assert named.row_labels()["an"] == "an"
+
+
+@pytest.mark.parametrize("method, message", [
+    ({"label": "x", "spec": "an", "mode": "smilee"},
+     r"methods\[1\]\.mode: expected one of .*smile"),
+    ({"spec": "epr", "mode": "smile"},
+     r"methods\[1\]: mode 'smile' trains with the loss\(es\) \['an'\], got 'epr'"),
+    ({"label": "x", "spec": "an", "mode": "smile", "mode_options": {"head": "mlp"}},
+     r"methods\[1\]\.mode_options: .*method 'smile' has no option\(s\) \['head'\]"),
+    ({"label": "x", "mode": "smile"}, r"methods\[1\]: expected a method spec or .*spec "
+                                      r"required"),
+    ({"label": "x", "spec": "an", "modes": "smile"}, r"methods\[1\]: expected a method spec or"),
+    ({"spec": "an", "mode": "smile"}, r"methods: labels must be unique, got \['an', 'an'\]"),
+])
+def test_method_mode_errors_name_the_method(method, message):
+    with pytest.raises(ValueError, match=message):
+        load_study(spec(methods=["an", method], mode_options={"head": "linear"}))
+
+
+def test_a_method_in_its_own_mode_runs_resumes_and_tables_beside_the_linear_ones(tmp_path,
+                                                                                  capsys):
+    """SMILE (mode smile) and AN (the study's linear mode) in one study: the SMILE rows train
+    with their own trainer and options (not the study's linear-mode ones), a SMILE run stopped
+    mid-way resumes from its checkpoint to the numbers of an uninterrupted one, and the tables
+    show every row, the one in another mode with its mode."""
+    from _pool_tasks import Pausing, epochs_by_try
+
+    from spmlkit.experiments.pool import InProcessExecutor
+
+    smile = {"label": "SMILE", "spec": "an", "mode": "smile"}
+    s = load_study(spec(methods=["an", smile, {"label": "an-k2", "spec": "an", "mode": "smile",
+                                               "mode_options": {"neighbours": 2}}],
+                        mode_options={"head": "linear"}, epochs=3))
+    assert load_study(s.to_dict()).methods == s.methods  # study.yaml round trip
+    tasks = {t.method: t for t in expand(s)}
+    assert (tasks["an"].mode, tasks["an"].mode_options) == ("linear", {"head": "linear"})
+    assert (tasks["SMILE"].mode, tasks["SMILE"].mode_options) == ("smile", {})
+    assert tasks["an-k2"].mode_options == {"neighbours": 2}
+    alone = expand(load_study(spec(methods=["an"], mode_options={"head": "linear"}, epochs=3)))
+    assert tasks["an"].run_id == alone[0].run_id  # the linear row is the one it always was
+    assert s.row_labels() == {"an": "an", "SMILE": "SMILE", "an-k2": "an-k2 [smile]"}
+
+    # a first launch of the SMILE row alone, stopped (Ctrl-C) in its epoch-2 record
+    out, paused = tmp_path / "mixed", tmp_path / "paused"
+    paused.mkdir()
+    only_smile = load_study(s.to_dict(), {"methods": [smile]})
+    plan = {"dir": str(paused), "epoch": 2, "interrupt": True}
+    with pytest.raises(KeyboardInterrupt):
+        run_study(only_smile, out=out, progress=False, checkpoint_seconds=0,
+                  executor=Pausing(InProcessExecutor(), plan))
+    folder = out / "runs" / tasks["SMILE"].run_id
+    assert (folder / "checkpoint.pt").is_file() and not (folder / "final.json").exists()
+    # the whole study: the linear and the other SMILE row run, the stopped one resumes
+    plan["epoch"] = None
+    res = run_study(s, out=out, progress=False, executor=Pausing(InProcessExecutor(), plan))
+    assert (res["runs_done_before"], res["runs_run"], res["failures"]) == (0, 3, 0)
+    assert epochs_by_try(paused / "epochs.log", folder.name) == {os.getpid(): [1, 2, 3]}
+    logged = [json.loads(x)["epoch"] for x in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [1, 2, 3]
+    store = StudyStore(out / "results.sqlite")
+    rows = {r["method"]: r for r in store.rows()}
+    assert {m: r["mode"] for m, r in rows.items()} == {"an": "linear", "SMILE": "smile",
+                                                       "an-k2": "smile"}
+    assert all(r["status"] == "done" and 0 < r["test_map"] < 100 for r in rows.values())
+    configs = {m: json.loads((out / r["run_dir"] / "config.json").read_text())
+               for m, r in rows.items()}
+    assert configs["SMILE"]["mode"] == "smile" and "head" not in configs["SMILE"]["options"]
+    assert (configs["SMILE"]["options"]["neighbours"],
+            configs["an-k2"]["options"]["neighbours"]) == (3, 2)
+    assert (folder / "enhanced_labels.npy").is_file()
+    run_study(only_smile, out=tmp_path / "one", jobs=1, progress=False)
+    (one,) = StudyStore(tmp_path / "one" / "results.sqlite").rows()
+    assert [rows["SMILE"][c] for c in NUMBERS] == [one[c] for c in NUMBERS]
+    again = run_study(s, out=out, jobs=1, progress=False)
+    assert (again["runs_done_before"], again["runs_run"]) == (3, 0)
+    # tables: every row, the one in another mode marked with it
+    assert main(["study", "table", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| an |" in text and "| SMILE |" in text and "| an-k2 [smile] |" in text
+    assert main(["study", "table", str(out), "--metric", "lrap,one_error"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" | ")[0] for line in lines[-3:]] == ["| an", "| SMILE",
+                                                             "| an-k2 [smile]"]

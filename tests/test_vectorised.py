@@ -20,6 +20,7 @@ from spmlkit.engine.vectorised import (
     stacked_map,
 )
 from spmlkit.losses import LOSSES, create_loss
+from spmlkit.losses.scorer import simulated_scores
 from spmlkit.metrics import map_score
 
 
@@ -36,17 +37,24 @@ def _data(n=60, d=7, classes=5, seed=0):
 
 X, Y, Z = _data()
 XV, YV, _ = _data(30, seed=1)
-#: hyperparameters that make a loss's state matter within a few epochs
+#: an external scorer's N x L matrix (em_pl, gpr): a noisy one, so pseudo-labels are wrong too
+SCORES = simulated_scores(Y, flip=0.1, margin=2.0, noise=1.0, seed=0)
+#: hyperparameters that make a loss's state matter within a few epochs (SPLC corrects from the
+#: second epoch at a threshold it reaches; EM_PL's pseudo-labels follow a warm-up epoch)
 HPARAMS = {"em_apl": {"warmup": 1}, "soft_opml": {"correction_ratio": 0.2, "warmup": 0},
-           "opml_sp": {"warmup": 0}, "epr": {"k": 1.5}, "role": {"k": 1.5}}
+           "opml_sp": {"warmup": 0}, "epr": {"k": 1.5}, "role": {"k": 1.5},
+           "splc": {"tau": 0.3}, "em_pl": {"scores": SCORES, "warmup": 1, "beta_neg": 0.5,
+                                           "neg_ratio": 0.2},
+           "gpr": {"scores": SCORES}}
 STACKABLE = [n for n in LOSSES.names() if create_loss(n, **HPARAMS.get(n, {})).stackable]
 CONFIGS = [TrainConfig(epochs=4, batch_size=8, lr=lr, seed=s, early_stop="patience:2")
            for lr, s in ((1e-2, 0), (1e-3, 1), (1e-2, 2))]
 
 
 def test_the_registry_is_mostly_stackable():
-    assert {"an", "role", "epr", "pr", "em_apl", "soft_opml", "l2r"} <= set(STACKABLE)
-    assert {"ll_r", "ll_ct", "ll_cp"}.isdisjoint(STACKABLE)
+    assert {"an", "role", "epr", "pr", "em_apl", "soft_opml", "l2r", "gr", "hill", "splc",
+            "em_pl", "gpr"} <= set(STACKABLE)
+    assert set(LOSSES.names()) - set(STACKABLE) == {"ll_r", "ll_ct", "ll_cp"}
 
 
 @pytest.mark.parametrize("name", STACKABLE)

@@ -575,6 +575,7 @@ def _study_table(out, fmt: str = "markdown", metric: str = "test_map",
         raise ValueError(f"{out}: no finished run to tabulate yet (spml study status {out})")
     names = [m.strip() for m in metric.split(",") if m.strip()]
     order = [m.label for m in study.spec.methods]
+    labels = study.spec.row_labels()  # a method trained in another mode: "an [smile]"
     if len(names) > 1 or (names and names[0] in METRICS):
         by = check_metric(select) if select else \
             (names[0] if len(names) == 1 else study.spec.metric)
@@ -585,16 +586,17 @@ def _study_table(out, fmt: str = "markdown", metric: str = "test_map",
         title = f"{study.title} (test; grid point selected on val {by}, best epoch on val " \
                 f"{study.spec.metric})"
         if len(names) > 1:
-            return metrics_table(selected, names, fmt, title=title, order=order)
+            return metrics_table(selected, names, fmt, title=title, order=order,
+                                 labels=labels)
         name = names[0]
         return study_table(selected, fmt, metric_column(name), columns=columns, title=title,
                            order=order, decimals=METRICS[name][1],
-                           higher_is_better=higher_is_better(name))
+                           higher_is_better=higher_is_better(name), labels=labels)
     if select:
         raise ValueError("--select needs --metric to name metrics of spml list metrics "
                          f"({', '.join(METRICS)}), not {metric!r}")
     return study_table(study.selected, fmt, metric, columns=columns, title=study.title,
-                       order=order)
+                       order=order, labels=labels)
 
 
 def _study_source(args) -> tuple:

@@ -4,8 +4,12 @@
 (``study.yaml``, ``results.sqlite`` restricted to the current spec's runs, ``launches.jsonl``),
 and the run folders' ``metrics.jsonl``, and writes ``<study>/report.html`` (``report-2.html``
 when that exists, unless ``force``): the
-study's title and description, the paper-style tables (one per metric: test mAP and, when the
-runs have it, the train-label recovery mAP of Cole et al. Table 2), every run in a collapsible
+study's title and description, the paper-style tables (one per metric: the study's own
+``metric`` when it is not mAP, test mAP and, when the runs have it, the train-label recovery mAP
+of Cole et al. Table 2; then, when the runs recorded them, the classic metrics of
+:data:`spmlkit.metrics.METRICS` as one table, a column each: LRAP, ranking loss, normalised
+coverage, Hamming loss, one-error, ..., as ``spml study table --metric a,b`` shows them), every
+run in a collapsible
 table, the training curves of the selected runs per dataset, a sweep figure per reported
 (``vary``) axis, the exact commands of every launch and the command that re-runs the study,
 versions, wall times and the failed runs with their errors.
@@ -19,7 +23,8 @@ JavaScript mark the page once it is rendered: after ``load`` every ``<img>`` mus
 headless-browser test reads it).
 
 Selection follows the study contract: per (method, dataset, regime, seed, variant) the grid point
-with the best val mAP among the current spec's runs (:attr:`StudyFolder.selected`); a table cell
+with the best val value of the spec's ``metric`` (mAP by default) among the current spec's runs
+(:attr:`StudyFolder.selected`), for every table; a table cell
 is the mean ± standard deviation over seeds of the selected runs. Rows of an earlier spec's runs
 (the folder was re-run with a changed spec) are counted on the page, not shown.
 """
@@ -41,6 +46,10 @@ from .tables import row_variant
 REPORT_FILE = "report.html"
 #: metrics that get a main table, in this order, when at least one selected run has a value
 TABLE_METRICS = (("test_map", "Test mAP"), ("train_recovery_map", "Train-label recovery mAP"))
+#: the classic example-based metrics of the tabular SPML papers (SMILE, CRISP), one column each
+#: of the "classic metrics" table, then the other metrics of :data:`spmlkit.metrics.METRICS`
+#: the runs recorded (all but mAP, which has its own table)
+CLASSIC_METRICS = ("lrap", "ranking_loss", "coverage_norm", "hamming_loss", "one_error")
 #: the per-run details table's columns
 RUN_COLUMNS = ("run_id", "method", "dataset", "regime", "seed", "variant", "batch_size", "lr",
                "status", "val_map", "test_map", "train_recovery_map", "best_epoch", "seconds")
@@ -86,9 +95,11 @@ def _fmt_value(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def _row_label(row, regimes_of: dict) -> str:
-    """Method name, ``@regime`` when the method appears with several regimes, and the variant."""
+def _row_label(row, regimes_of: dict, shown: dict | None = None) -> str:
+    """Method name (as ``shown`` renames it: :meth:`StudySpec.row_labels`), ``@regime`` when
+    the method appears with several regimes, and the variant."""
     label = str(row.get("method"))
+    label = str((shown or {}).get(label, label))
     if len(regimes_of.get(row.get("method"), ())) > 1 and "@" not in label:
         label += f"@{row.get('regime')}"
     variant = _variant_text(row)
@@ -118,16 +129,66 @@ def _esc(v) -> str:
     return html.escape("" if v is None else str(v), quote=True)
 
 
+def _modes_text(spec) -> str:
+    """``mode linear`` and, for methods trained in another mode, ``(SMILE: smile)``."""
+    own = [f"{m.label}: {spec.method_mode(m)}" for m in spec.methods
+           if spec.method_mode(m) != spec.mode]
+    return f"mode {spec.mode}" + (f" ({'; '.join(own)})" if own else "")
+
+
 # --- tables ------------------------------------------------------------------------------------
 def _method_order(study: StudyFolder) -> list:
     """The spec's method labels in its order (the table's row order, as in the papers)."""
     return [m.label for m in study.spec.methods]
 
 
-def _main_table(selected, metric: str, title: str, order=None) -> str:
+def _main_table(selected, metric: str, title: str, order=None, labels=None) -> str:
     from .tables import study_table
 
-    return str(study_table(selected, fmt="html", metric=metric, title=title, order=order))
+    return str(study_table(selected, fmt="html", metric=metric, title=title, order=order,
+                           labels=labels))
+
+
+def _metric_name(name: str) -> str:
+    return "mAP" if name == "map" else name
+
+
+def _recorded(selected, name: str) -> bool:
+    """Whether a selected run has a test value of metric ``name`` (runs from before the classic
+    metrics were recorded have none)."""
+    from .tables import metric_column, metric_value
+
+    column = metric_column(name)
+    return any(metric_value(r, column) is not None for r in selected)
+
+
+def classic_columns(study: StudyFolder) -> list:
+    """The metrics of the report's classic-metrics table: :data:`CLASSIC_METRICS` and then the
+    rest of :data:`spmlkit.metrics.METRICS` but mAP (the study's own metric first when it is
+    one of them), those the selected runs recorded."""
+    from ..metrics import METRICS
+
+    names = [n for n in dict.fromkeys([study.spec.metric, *CLASSIC_METRICS, *METRICS])
+             if n != "map"]
+    return [n for n in names if _recorded(study.selected, n)]
+
+
+def _metric_table(study: StudyFolder, name: str, title: str) -> str:
+    """The html table of one metric of :data:`spmlkit.metrics.METRICS` (test values of the
+    selected runs, marked in the metric's direction)."""
+    from ..metrics import METRICS
+    from .tables import metric_column, study_table
+
+    return str(study_table(study.selected, fmt="html", metric=metric_column(name), title=title,
+                           order=_method_order(study), labels=study.spec.row_labels(),
+                           decimals=METRICS[name][1], higher_is_better=METRICS[name][0]))
+
+
+def _classic_table(study: StudyFolder, names, title: str) -> str:
+    from .tables import metrics_table
+
+    return str(metrics_table(study.selected, names, "html", title=title,
+                             order=_method_order(study), labels=study.spec.row_labels()))
 
 
 def _runs_table(study: StudyFolder) -> str:
@@ -175,7 +236,7 @@ def _curves(study: StudyFolder, rows) -> dict:
         regimes_of.setdefault(r.get("method"), set()).add(r.get("regime"))
     groups: dict = {}
     for r in rows:
-        groups.setdefault(_row_label(r, regimes_of), []).append(r)
+        groups.setdefault(_row_label(r, regimes_of, study.spec.row_labels()), []).append(r)
     curves = {}
     for label, members in groups.items():
         records = _mean_records(study, members)
@@ -315,7 +376,7 @@ def render_html(study: StudyFolder, figures=()) -> str:
     datasets = [d.name for d in study.spec.datasets]
     add(f"<h1>{_esc(study.title)}</h1>")
     add(f'<p class="meta">study <code>{_esc(study.name)}</code> · folder '
-        f"<code>{_esc(study.path)}</code> · mode {_esc(study.spec.mode)} · "
+        f"<code>{_esc(study.path)}</code> · {_esc(_modes_text(study.spec))} · "
         f"{counts['total']} runs ({counts['done']} done, {counts['failed']} failed, "
         f"{counts['missing']} not run) · datasets: {_esc(', '.join(datasets))}</p>")
     if study.stale:
@@ -328,12 +389,29 @@ def render_html(study: StudyFolder, figures=()) -> str:
     add('<section id="tables"><h2>Results</h2>')
     if not study.selected:
         add("<p>No finished run yet.</p>")
-    add("<p>Per method, dataset, regime, seed and variant the grid point with the best "
-        "validation mAP is selected; cells are mean ± standard deviation over seeds.</p>")
+    chosen = _metric_name(study.spec.metric)
+    add(f"<p>Per method, dataset, regime, seed and variant the grid point with the best "
+        f"validation {_esc(chosen)} is selected; cells are mean ± standard deviation over "
+        f"seeds of the selected runs' test values.</p>")
+    own = study.spec.metric
+    if study.selected and own != "map" and _recorded(study.selected, own):
+        title = f"Test {own} (the study's metric)"
+        add(f'<h3 id="table-test_{_esc(own)}">{_esc(title)}</h3>')
+        add(_metric_table(study, own, title))
     for metric, title in TABLE_METRICS:
         if study.selected and any(_good(r.get(metric)) for r in study.selected):
             add(f'<h3 id="table-{metric}">{_esc(title)}</h3>')
-            add(_main_table(study.selected, metric, title, _method_order(study)))
+            add(_main_table(study.selected, metric, title, _method_order(study),
+                            study.spec.row_labels()))
+    classic = classic_columns(study) if study.selected else []
+    if classic:
+        title = f"Classic metrics (test; selected on val {chosen})"
+        add(f'<h3 id="table-classic">{_esc(title)}</h3>')
+        add("<p>Example-based ranking metrics (label-ranking average precision, ranking loss, "
+            "normalised coverage, one-error) and the threshold metrics at 0.5 (Hamming loss, "
+            "F1); the best value of each column is marked in its own direction (lower is "
+            "better for the losses, coverage and one-error).</p>")
+        add(_classic_table(study, classic, title))
     add("</section>")
 
     add('<section id="figures"><h2>Figures</h2>')
@@ -368,7 +446,8 @@ def render_html(study: StudyFolder, figures=()) -> str:
     add("</section>")
 
     add('<section id="runs"><h2>Runs</h2>')
-    add(f"<details><summary>All {len(study.rows)} runs (✓: selected on val mAP)</summary>")
+    add(f"<details><summary>All {len(study.rows)} runs (✓: selected on val "
+        f"{_esc(_metric_name(study.spec.metric))})</summary>")
     add(_runs_table(study))
     add("</details></section>")
 

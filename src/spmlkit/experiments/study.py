@@ -11,8 +11,8 @@ value)::
     title: "Cole et al. 2021, Table 1 (linear)"
     description: free text
     datasets: [yeast]                  # or {name: fmnist_mosaic, options: {backbone: ...}}
-    methods: [an, role, bce@full]      # or {label: IUN, spec: bce@1p_alln}
-    mode: linear                       # linear | finetune | linear_init | lac
+    methods: [an, role, bce@full]      # or {label: IUN, spec: bce@1p_alln, mode: ...}
+    mode: linear                       # linear | finetune | linear_init | lac | smile
     seeds: 3                           # or a list [0, 1, 2]
     epochs: 25
     early_stop: none
@@ -24,9 +24,16 @@ value)::
     mode_options: {}                   # the trainer's own keywords (backbone, linear_epochs, ...)
     mlflow: false
 
-A method is a spec string (``an``, ``an+reg``, ``bce@full``) or ``{label, spec, mode_options}``:
-its ``mode_options`` are merged over the study's for that row (the rows of LAC's Table 3 are
-settings of one trainer, not losses).
+A method is a spec string (``an``, ``an+reg``, ``bce@full``) or a mapping
+``{spec, label, mode, mode_options}`` (``spec`` required; ``label`` defaults to it): its
+``mode_options`` are merged over the study's for that row (the rows of LAC's Table 3 are
+settings of one trainer, not losses). A method with a ``mode`` of its own trains in that mode
+(SMILE beside the linear losses: ``{label: SMILE, spec: an, mode: smile}``); the study's
+``mode_options`` are the study mode's, so such a row takes its own ``mode_options`` alone.
+Its runs differ from the study mode's in their configuration (``mode``), hence in their run
+ids; a method without one keeps the ids it always had. Tables show such a row with its mode
+in brackets (``an [smile]``) unless the label names the mode already
+(:meth:`StudySpec.row_labels`).
 
 A vary axis applies to the methods it concerns: ``hparams.<name>`` to losses with that
 hyperparameter, ``k`` to losses with a ``k`` (EPR, ROLE), ``regime`` to methods that do not fix
@@ -75,6 +82,8 @@ SPEC_KEYS = ("name", "title", "description", "datasets", "methods", "mode", "see
              "early_stop", "grid", "hparams", "vary", "train", "mode_options", "mlflow",
              "metric")
 REQUIRED_KEYS = ("datasets", "methods")
+#: the keys of a method given as a mapping (``spec`` required)
+METHOD_KEYS = ("label", "spec", "mode", "mode_options")
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 STUDIES_ROOT = Path("runs") / "studies"
 DEFAULT_GRID = {"batch_size": [8, 16], "lr": [1e-2, 1e-3, 1e-4, 1e-5]}
@@ -174,6 +183,7 @@ class MethodSpec:
     reg: tuple = ()
     fixed_regime: bool = False   # the spec names its regime (a vary regime axis skips it)
     mode_options: dict = field(default_factory=dict)  # merged over the study's, for this row
+    mode: str | None = None      # this row's training mode (None: the study's)
 
 
 @dataclass
@@ -216,13 +226,41 @@ class StudySpec:
             out["metric"] = self.metric
         return out
 
+    def method_mode(self, m: MethodSpec) -> str:
+        """The training mode of method ``m``: its own, or the study's."""
+        return m.mode or self.mode
+
+    def method_options(self, m: MethodSpec) -> dict:
+        """The mode options of method ``m``'s runs: its own merged over the study's when it
+        trains in the study's mode; its own alone when it names another mode (the study's
+        ``mode_options`` are that mode's)."""
+        if self.method_mode(m) != self.mode:
+            return dict(m.mode_options)
+        return merged(self.mode_options, m.mode_options)
+
+    def row_labels(self) -> dict:
+        """``{method label: the label a table shows}``: a method trained in a mode other than
+        the study's is shown with its mode in brackets (``an [smile]``), unless its label
+        names the mode already (``SMILE``); the other labels are shown as they are."""
+        out = {}
+        for m in self.methods:
+            mode = self.method_mode(m)
+            named = mode == self.mode or mode.lower() in m.label.lower()
+            out[m.label] = m.label if named else f"{m.label} [{mode}]"
+        return out
+
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
 
 
 def _method_dict(m: MethodSpec):
-    if m.mode_options:
-        return {"label": m.label, "spec": m.spec, "mode_options": m.mode_options}
+    if m.mode or m.mode_options:
+        out = {"label": m.label, "spec": m.spec}
+        if m.mode:
+            out["mode"] = m.mode
+        if m.mode_options:
+            out["mode_options"] = m.mode_options
+        return out
     return m.spec if m.label == m.spec else {"label": m.label, "spec": m.spec}
 
 
@@ -437,12 +475,17 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
     methods = []
     for i, item in enumerate(_list(raw["methods"], source, "methods")):
         key = f"methods[{i}]"
+        own_mode = None
         if isinstance(item, dict):
-            if not {"label", "spec"} <= set(item) <= {"label", "spec", "mode_options"}:
+            if "spec" not in item or set(item) - set(METHOD_KEYS) or \
+                    ("mode" in item and not isinstance(item["mode"], str)):
                 _fail(source, key, f"expected a method spec or {{label: ..., spec: ..., "
-                                   f"mode_options: {{...}}}}, got {item!r}")
-            label, spec = str(item["label"]), str(item["spec"])
+                                   f"mode: ..., mode_options: {{...}}}} (spec required), got "
+                                   f"{item!r}")
+            spec = str(item["spec"])
+            label = str(item.get("label") or spec)
             options = _mapping(item.get("mode_options"), source, f"{key}.mode_options")
+            own_mode = item.get("mode")
         elif isinstance(item, str):
             label = spec = item
             options = {}
@@ -454,7 +497,8 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
         except ValueError as err:
             _fail(source, key, str(err))
         fixed = "@" in spec or spec in REFERENCES
-        methods.append(MethodSpec(label, spec, m.loss, m.regime, tuple(m.reg), fixed, options))
+        methods.append(MethodSpec(label, spec, m.loss, m.regime, tuple(m.reg), fixed, options,
+                                  own_mode))
     labels = [m.label for m in methods]
     if len(set(labels)) < len(labels):
         _fail(source, "methods", f"labels must be unique, got {labels}")
@@ -462,18 +506,31 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
     from ..methods import get_method, list_methods
 
     mode = raw.get("mode", "linear")
+    known_modes = ", ".join(m.name for m in list_methods())
     try:
         method = get_method(str(mode))
     except ValueError:
-        _fail(source, "mode", f"expected one of {', '.join(m.name for m in list_methods())}, "
-                              f"got {mode!r}")
+        _fail(source, "mode", f"expected one of {known_modes}, got {mode!r}")
+    modes = {}  # method label -> its TrainingMethod
+    for i, m in enumerate(methods):
+        try:
+            modes[m.label] = get_method(m.mode) if m.mode else method
+        except ValueError:
+            _fail(source, f"methods[{i}].mode", f"expected one of {known_modes}, got "
+                                                f"{m.mode!r}")
+        trainer = modes[m.label]
+        if m.mode and trainer.losses is not None and m.loss not in trainer.losses:
+            _fail(source, f"methods[{i}]", f"mode {trainer.name!r} trains with the loss(es) "
+                                           f"{list(trainer.losses)}, got {m.loss!r}")
 
     backbone_varies = "data.backbone" in (raw.get("vary") or {})
-    if method.inputs == "features" and not backbone_varies:
+    for trainer in {t.name: t for t in modes.values()}.values():  # the modes the rows use
+        if trainer.inputs != "features" or backbone_varies:
+            continue
         for i, ds in enumerate(datasets):  # an image source needs a backbone's features
             if "images" in DATASETS.get(ds.name).tags and not ds.options.get("backbone"):
                 _fail(source, f"datasets[{i}]", f"dataset {ds.name!r} holds images and mode "
-                      f"{method.name!r} trains on feature vectors: give the dataset a backbone "
+                      f"{trainer.name!r} trains on feature vectors: give the dataset a backbone "
                       f"({{name: {ds.name}, options: {{backbone: NAME}}}}, or spml benchmark "
                       f"--backbone NAME; spml list backbones), or use an image mode (mode: "
                       f"finetune / lac with mode_options: {{backbone: NAME}})")
@@ -576,10 +633,11 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
         vary[key] = values
 
     mode_options = _mapping(raw.get("mode_options"), source, "mode_options")
-    for where, opts in [("mode_options", mode_options)] + [
-            (f"methods[{i}].mode_options", m.mode_options) for i, m in enumerate(methods)]:
+    for where, trainer, opts in [("mode_options", method, mode_options)] + [
+            (f"methods[{i}].mode_options", modes[m.label], m.mode_options)
+            for i, m in enumerate(methods)]:
         try:
-            method.check_options(opts)
+            trainer.check_options(opts)
         except ValueError as err:
             _fail(source, where, str(err))
     mlflow = raw.get("mlflow", False)
@@ -734,9 +792,9 @@ def expand(spec: StudySpec) -> list[RunTask]:
                         config = {"method": m.label, "loss": m.loss, "dataset": ds.name,
                                   "dataset_options": options,
                                   "regime": variant.get("regime", m.regime), "hparams": hp,
-                                  "k": variant.get("k"), "mode": spec.mode,
+                                  "k": variant.get("k"), "mode": spec.method_mode(m),
                                   "train": dict(sorted(train.items())),
-                                  "mode_options": merged(spec.mode_options, m.mode_options)}
+                                  "mode_options": spec.method_options(m)}
                         run_id = run_id_for(config, seed, variant)
                         if run_id in seen:
                             continue
@@ -1221,8 +1279,10 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
         todo.sort(key=lambda t: (t.batch_size, t.loss != "role"))
         jobs = default_jobs(jobs, len(todo))
         threads_given = threads is not None
+        # feature-vector runs only (every method's mode): one thread each
+        on_features = all(get_method(t.mode).inputs == "features" for t in todo or tasks)
         if threads is None:
-            threads = 1 if get_method(spec.mode).inputs == "features" else \
+            threads = 1 if on_features else \
                 max(1, (os.cpu_count() or 1) // jobs)
         from ..methods import versions
 
@@ -1231,7 +1291,7 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
 
             local = dask == "local"
             if not (local or threads_given):  # the worker machines' cores are theirs to count
-                threads = 1 if get_method(spec.mode).inputs == "features" else None
+                threads = 1 if on_features else None
             executor = DaskExecutor(None if local else dask, scheduler_file=scheduler_file,
                                     n_workers=jobs if local else None, threads=threads)
             if not local:
@@ -1248,8 +1308,9 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
         runs_root = out / RUNS_DIR
         with contextlib.suppress(OSError):
             (runs_root / ".stale").rmdir()  # when empty
-        if todo and get_method(spec.mode).inputs == "features":
-            _prepare_features(spec, todo, progress)
+        on_vectors = [t for t in todo if get_method(t.mode).inputs == "features"]
+        if on_vectors:
+            _prepare_features(spec, on_vectors, progress)
         if mlflow_module is not None and todo:
             mlflow_module.set_experiment(spec.name)
         by_id = {t.run_id: t for t in todo}

@@ -95,8 +95,9 @@ def _short(key: str) -> str:
     return key.split(".", 1)[1] if key.startswith(("hparams.", "data.")) else key
 
 
-def _label(row: dict, rows: str, skip: set) -> str:
+def _label(row: dict, rows: str, skip: set, shown: dict | None = None) -> str:
     label = str(axis_value(row, rows))
+    label = str((shown or {}).get(label, label))
     extra = {k: v for k, v in row_variant(row).items() if k not in skip}
     if extra:
         label += " (" + ", ".join(f"{_short(k)}={v}" for k, v in sorted(extra.items())) + ")"
@@ -146,11 +147,13 @@ def metric_column(name: str, split: str = "test") -> str:
 
 
 def metrics_table(selected_rows, metrics, fmt: str = "markdown", split: str = "test", *,
-                  title: str | None = None, order=None, group: str | None = "regime") -> str:
+                  title: str | None = None, order=None, group: str | None = "regime",
+                  labels: dict | None = None) -> str:
     """Methods as rows, metrics of :data:`spmlkit.metrics.METRICS` as columns (one column per
     dataset x metric when the rows span several datasets): mean ± std over seeds of the
     selected runs' ``split`` values, each column with its own decimals and direction (the
-    best of a lower-is-better metric is its smallest value).
+    best of a lower-is-better metric is its smallest value). ``order``, ``group`` and
+    ``labels`` as in :func:`study_table`.
 
     Raises:
         ValueError: an unknown metric, or no row has any of them.
@@ -172,13 +175,14 @@ def metrics_table(selected_rows, metrics, fmt: str = "markdown", split: str = "t
         raise ValueError(f"no selected run has {split} values of {', '.join(metrics)} (runs "
                          f"from before these metrics were recorded: train them again)")
     return study_table(flat, fmt, "value", columns="metric", group=group, title=title,
-                       order=order, decimals=decimals, higher_is_better=higher)
+                       order=order, decimals=decimals, higher_is_better=higher, labels=labels)
 
 
 def study_table(selected_rows, fmt: str = "markdown", metric: str = "test_map",
                 rows: str = "method", columns: str = "dataset", group: str | None = "regime", *,
                 title: str | None = None, order=None, decimals: int | dict = 2,
-                rank_group: str | None = "1p", higher_is_better: bool | dict = True) -> str:
+                rank_group: str | None = "1p", higher_is_better: bool | dict = True,
+                labels: dict | None = None) -> str:
     """Render selected study rows as the papers' table.
 
     Args:
@@ -193,6 +197,9 @@ def study_table(selected_rows, fmt: str = "markdown", metric: str = "test_map",
             is none of them is appended to the row label (``em (alpha=0.1)``).
         title: a caption (Markdown: a first line; LaTeX: a comment; HTML: ``<caption>``).
         order: row labels in the wanted order (the rest follow in order of appearance).
+        labels: ``{row value: text shown}`` for rows shown under another name (a study's
+            methods trained in another mode: :meth:`spmlkit.experiments.study.StudySpec.
+            row_labels`); ``order`` names the row values, not the texts.
         decimals: digits after the point; a dict gives them per column value (others: 2).
         rank_group: the group within which best / second best are marked (``None``: all rows;
             all rows too when no row is in that group).
@@ -223,7 +230,7 @@ def study_table(selected_rows, fmt: str = "markdown", metric: str = "test_map",
             continue
         try:
             grp = axis_value(r, group) if group else None
-            label = _label(r, rows, skip)
+            label = _label(r, rows, skip, labels)
             try:
                 col = axis_value(r, columns)
             except KeyError:
@@ -233,7 +240,7 @@ def study_table(selected_rows, fmt: str = "markdown", metric: str = "test_map",
                 group_values.append(grp)
                 row_groups.setdefault(grp, []).append(label)
                 continue
-            label = _label(r, rows, skip)
+            label = _label(r, rows, skip, labels)
         except KeyError as err:
             raise ValueError(f"a row has no {err.args[0]!r} (neither a column nor a vary key): "
                              f"{ {k: r.get(k) for k in ('run_id', 'method', 'variant')} }") \
@@ -257,7 +264,7 @@ def study_table(selected_rows, fmt: str = "markdown", metric: str = "test_map",
         for col in cols:
             cells.setdefault((grp, label), {}).setdefault(col, []).append(value)
     groups = _group_order(group_values) if group else [None]
-    wanted = list(order or [])
+    wanted = [str((labels or {}).get(str(o), o)) for o in order or []]
     layout = []  # (group, [labels])
     for g in groups:
         labels = list(dict.fromkeys(row_groups[g]))

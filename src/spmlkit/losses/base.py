@@ -34,8 +34,11 @@ Stacked runs (``stackable = True``): the linear engine may train R runs of one l
 logits and observed labels R x B x L, ``index`` R x B, and every parameter and buffer of the loss
 stacked to R x (its shape); ``entries`` must return the R x B x L matrix and a penalty of shape
 (R,) (or None), each run's exactly what it would be alone. A loss written with ``dim=-1`` /
-``shape[-1]`` and :func:`take_rows` for its per-example state does this for free; one that
-draws data-dependent sizes per batch or changes its state inside ``forward`` (the large-loss
+``shape[-1]`` and :func:`take_rows` for its per-example state does this for free. Scalar
+state the runs share (an epoch counter) is read from a Python number the hooks set, not from
+its stacked buffer: the engine calls ``on_epoch_start`` on the stacked module too, while the
+buffer's slice of a run that stopped early keeps that run's last value. One that draws
+data-dependent sizes per batch or changes its state inside ``forward`` (the large-loss
 methods) keeps ``stackable = False`` and its runs are trained one by one.
 """
 from __future__ import annotations

@@ -155,6 +155,11 @@ class GRLoss(SPMLLoss):
     when > 0). Both are buffers (``current_epoch``, ``total_epochs``), so a checkpoint resumes
     the schedule where it was.
 
+    Stackable (the vectorised linear engine): the terms are elementwise, and stacked runs
+    share their epochs, so one schedule serves them all; it is computed from the epoch and
+    ``T`` as Python numbers the hooks set (on the stacked module too), not from the stacked
+    buffers, whose slice of a run that stopped early lags behind.
+
     Defaults: the official ``config.py`` values, ``beta = [w0, wT, b0, bT] = [0, 2, -2, -2]``,
     ``alpha = [mu0, sigma0, muT, sigmaT] = [0.5, 2, 0.8, 0.5]``, ``q2q3 = [0.01, 1]``, the
     example of the official README. The repository publishes no other set (no per-dataset
@@ -198,6 +203,8 @@ class GRLoss(SPMLLoss):
     (0.5, -2.0, 0.6125, 1.4375)
     """
 
+    stackable = True
+
     def __init__(self, w0: float = 0.0, wT: float = 2.0, b0: float = -2.0, bT: float = -2.0,
                  mu0: float = 0.5, sigma0: float = 2.0, muT: float = 0.8, sigmaT: float = 0.5,
                  q2: float = 0.01, q3: float = 1.0, linear_init: int = 0, num_epochs: int = 0,
@@ -215,8 +222,9 @@ class GRLoss(SPMLLoss):
                              f"({self.linear_init})")
         self.register_buffer("current_epoch", torch.zeros((), dtype=torch.long))
         self.register_buffer("total_epochs", torch.tensor(self.num_epochs, dtype=torch.long))
-        #: the current (w, b, mu, sigma) as Python floats, recomputed when the buffers change
-        #: (so a step reads no device tensor: no host sync on CUDA)
+        #: the two buffers as Python ints, and the current (w, b, mu, sigma) as Python floats,
+        #: recomputed when they change (so a step reads no device tensor: no host sync on CUDA)
+        self._epoch, self._total = 0, self.num_epochs
         self._schedule = None
 
     def on_train_start(self, observed, info: TrainInfo) -> None:
@@ -225,16 +233,19 @@ class GRLoss(SPMLLoss):
             raise ValueError(f"gr: the run has {total} epoch(s) but linear_init is "
                              f"{self.linear_init}: the schedule needs more epochs than that")
         self.total_epochs.fill_(total)
+        self._total = total
         self._schedule = None
 
     def on_epoch_start(self, epoch: int) -> None:
         if epoch < 0:
             raise ValueError(f"epoch counts from 0, got {epoch}")
         self.current_epoch.fill_(int(epoch))
+        self._epoch = int(epoch)
         self._schedule = None
 
     def _load_from_state_dict(self, *args, **kwargs):
         super()._load_from_state_dict(*args, **kwargs)
+        self._epoch, self._total = int(self.current_epoch), int(self.total_epochs)
         self._schedule = None
 
     def schedule(self) -> tuple[float, float, float, float]:
@@ -245,12 +256,12 @@ class GRLoss(SPMLLoss):
                 ``num_epochs=``).
         """
         if self._schedule is None:
-            total = int(self.total_epochs)
+            total = self._total
             if total == 0:
                 raise RuntimeError("gr: the schedule needs the run's number of epochs: call "
                                    "on_train_start(observed, TrainInfo(...)) first, or pass "
                                    "num_epochs=")
-            self._schedule = gr_schedule(int(self.current_epoch), total, (self.w0, self.wT),
+            self._schedule = gr_schedule(self._epoch, total, (self.w0, self.wT),
                                          (self.b0, self.bT), (self.mu0, self.muT),
                                          (self.sigma0, self.sigmaT), self.linear_init)
         return self._schedule
@@ -316,10 +327,14 @@ class HillLoss(SPMLLoss):
         gamma: focusing exponent of the positives (>= 0).
         reduction, eps: see :class:`SPMLLoss`.
 
+    Stackable (the vectorised linear engine): elementwise, no state.
+
     >>> loss = HillLoss(reduction="none")
     >>> loss(torch.tensor([[1.0, 0.0]]), torch.tensor([[1, 0]])).tolist()  # log(2)/4; (1.5-1/2)/4
     [[0.1732867956161499, 0.25]]
     """
+
+    stackable = True
 
     def __init__(self, lamb: float = 1.5, margin: float = 1.0, gamma: float = 2.0, **kw):
         super().__init__(**kw)
@@ -374,7 +389,13 @@ class SPLCLoss(SPMLLoss):
         margin: logit margin of the observed positives (>= 0).
         gamma: focusing exponent (>= 0).
         reduction, eps: see :class:`SPMLLoss`.
+
+    Stackable (the vectorised linear engine): the correction is decided per entry and the
+    epoch is a Python number the hooks set (on the stacked module too: stacked runs share
+    it); ``last_corrected`` is then R x B x L.
     """
+
+    stackable = True
 
     def __init__(self, tau: float = 0.6, change_epoch: int = 1, margin: float = 1.0,
                  gamma: float = 2.0, **kw):

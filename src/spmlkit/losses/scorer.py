@@ -70,7 +70,7 @@ import numpy as np
 import torch
 
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
-from .base import SPMLLoss, TrainInfo, as_compute, log_1mp, log_p, masks
+from .base import SPMLLoss, TrainInfo, as_compute, log_1mp, log_p, masks, take_rows
 from .cole import expected_positive_penalty
 from .registry import register
 from .zhou import _OFFICIAL_ALPHA, binary_entropy
@@ -301,6 +301,11 @@ class ScorerPseudoLabelLoss(SPMLLoss):
     pseudo-label buffer ``pseudo`` (unobserved entries only). Built without ``scores``, the loss
     keeps the pseudo-labels it already holds (loaded from a checkpoint); with neither,
     :meth:`on_train_start` raises ``ValueError``.
+
+    Stackable (the vectorised linear engine): the stacked ``pseudo`` is R x N x L and a batch's
+    rows are taken per run (:func:`~spmlkit.losses.base.take_rows`, ``index`` R x B); the
+    epoch and the run's epochs are Python numbers the hooks keep (on the stacked module too:
+    stacked runs share them), so a step reads no buffer.
     """
 
     needs_index = True
@@ -308,6 +313,7 @@ class ScorerPseudoLabelLoss(SPMLLoss):
     needs_scores = True
     resizable_state = ("pseudo",)
     name = "scorer"
+    stackable = True
 
     def __init__(self, scores=None, score_type: str = "auto", threshold: float = 0.5,
                  neg_ratio: float = 0.0, temp: float = 0.01, **kw):
@@ -332,6 +338,7 @@ class ScorerPseudoLabelLoss(SPMLLoss):
         self.register_buffer("pseudo", torch.zeros(0, 0, dtype=torch.int8))
         self.register_buffer("epoch", torch.zeros((), dtype=torch.long))
         self.register_buffer("total_epochs", torch.zeros((), dtype=torch.long))
+        self._epoch = self._total = 0  # the two buffers as Python ints (no read per step)
 
     def _pseudo_from_scores(self, probs: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -344,6 +351,7 @@ class ScorerPseudoLabelLoss(SPMLLoss):
             raise ValueError(f"{self.name}: observed labels {tuple(obs.shape)} do not match "
                              f"TrainInfo ({shape[0]} examples x {shape[1]} classes)")
         self.total_epochs.fill_(int(info.num_epochs))
+        self._total = int(info.num_epochs)
         if self._labels is None:
             if tuple(self.pseudo.shape) == shape:
                 return  # carried over from a checkpoint
@@ -360,6 +368,11 @@ class ScorerPseudoLabelLoss(SPMLLoss):
 
     def on_epoch_start(self, epoch: int) -> None:
         self.epoch.fill_(int(epoch))
+        self._epoch = int(epoch)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self._epoch, self._total = int(self.epoch), int(self.total_epochs)
 
     def hard_pseudo_labels(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mask, value)``: the pseudo-labelled train entries and their 0/1 labels."""
@@ -373,7 +386,7 @@ class ScorerPseudoLabelLoss(SPMLLoss):
             raise RuntimeError(f"{self.name}'s pseudo-labels are not initialised: the engine "
                                f"calls on_train_start(observed, info) before training")
         dtype, device = logits.dtype, logits.device
-        pl = self.pseudo[torch.as_tensor(index, device=self.pseudo.device).long()].to(device)
+        pl = take_rows(self.pseudo, index).to(device)
         pos, unobs, neg = (m.to(device, dtype) for m in masks(observed))
         return pos, neg, unobs, unobs * (pl == POSITIVE), unobs * (pl == NEGATIVE)
 
@@ -446,7 +459,7 @@ class EMPseudoLabelLoss(ScorerPseudoLabelLoss):
         pos, neg, unobs, ppos, pneg = self._batch_masks(observed, index, logits)
         lp, l1p = log_p(logits, self.eps), log_1mp(logits, self.eps)
         mat = -(pos * lp + neg * l1p)
-        if int(self.epoch) < self.warmup:
+        if self._epoch < self.warmup:
             return mat - self.alpha * unobs * binary_entropy(logits, self.eps), None
         rest = unobs - ppos - pneg
         mat = mat - self.alpha * rest * binary_entropy(logits, self.eps)
@@ -561,8 +574,8 @@ class GPRLoss(ScorerPseudoLabelLoss):
 
     def schedule(self, epoch: int | None = None) -> dict:
         """``{"w", "b", "mu", "sigma"}`` at 0-based ``epoch`` (default: the current one)."""
-        e = int(self.epoch) if epoch is None else int(epoch)
-        t = int(self.total_epochs)
+        e = self._epoch if epoch is None else int(epoch)
+        t = self._total
         if t <= 0:
             raise RuntimeError("gpr's schedule needs the run's epochs: the engine calls "
                                "on_train_start(observed, info) before training")
