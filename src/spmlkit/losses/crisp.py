@@ -15,18 +15,24 @@ What the paper states (Sec. 4.1, Theorem 4.1, Appendix A.2, A.4, A.6), with
 
        q_j(z)  = (1/n)   #{i : f_j(x_i) >= z}          (all training rows)
        qp_j(z) = (1/n_j) #{x in S_j : f_j(x) >= z}     (the observed positives of j)
-       z_hat   = argmin_z  q_j(z)/qp_j(z)
-                          + (1 + tau)/qp_j(z) * (sqrt(log(4/delta)/(2n)) + sqrt(log(4/delta)/(2 n_j)))
+       z_hat   = argmin_z  q_j(z)/qp_j(z) + (1 + tau)/qp_j(z) * b_j,
+       b_j     = sqrt(log(4/delta)/(2n)) + sqrt(log(4/delta)/(2 n_j))
        pi_j    = q_j(z_hat) / qp_j(z_hat)
 
    with ``delta = tau = 0.01`` in all the paper's experiments (A.6).
 2. The risk with the absolute loss ``|f_j(x) - y_j|`` rewritten with the priors (Eq. 5, from
    the terms of Theorem 4.2 / Lemma A.1), and an absolute value on its second term (Eq. 6)::
 
-       R_sp(f) = sum_j  2 pi_j E_{x ~ p(x | y_j = 1)}[1 - f_j(x)]  +  | E_{x ~ p(x)}[f_j(x)] - pi_j |
+       R_sp(f) = sum_j  2 pi_j E_{x ~ p(x|y_j=1)}[1 - f_j(x)]  +  | E_{x ~ p(x)}[f_j(x)] - pi_j |
 
    The first expectation is taken over the observed positives ``S_j`` (Eq. 7, the empirical
-   estimator that the algorithm minimises), the second over all training rows.
+   estimator that the algorithm minimises), the second over all training rows. The copy of
+   the text we could retrieve lost the typeset equations (Eq. 2 survives in Theorem 4.1's
+   statement); this form of Eq. 5-7 is the one the paper states term by term in Theorem 4.2
+   and Lemma A.1 (``L^L_sp = sum_j 2 pi_j l_j (1 - f_j(x))``, ``L^U_sp = sum_j (f_j(x) -
+   pi_j)``, ``R^L_sp = sum_j 2 pi_j E_{p(x|y_j=1)}[1 - f_j(x)]``), with the absolute value that
+   the text says is added to the second term; it is also what rewriting the absolute loss
+   with ``p(x) = pi_j p(x|y_j=1) + (1 - pi_j) p(x|y_j=0)`` gives.
 3. Warm-up with AN (every unobserved label a negative) before the first estimate, and the
    priors re-estimated after each epoch from the trained model (A.6).
 
@@ -58,11 +64,13 @@ What is our reading (the paper leaves it open, or its formula could not be retri
 - ``update_every``: re-estimate every that many epochs (the paper's CRISP-3EP variant, Table 5,
   is ``update_every=3``; default 1 = the paper's method).
 
-The estimator's guarantee (Theorem 4.1): ``pi_j`` is within ``O(sqrt(log(4/delta)/n_j))`` of
-``pi*_j = min_z q_j(z)/qp_j(z) >= pi_j``, which equals the true prior when the classifier has a
-"top bin" holding positives only. It assumes the observed positive of a row is drawn from the
-class-conditional ``p(x | y_j = 1)``; under SPML's one-positive-per-row draw that holds only
-approximately (rows with many labels are less likely to show any given one).
+The estimator's guarantee (Theorem 4.1, whose bound's formula is among the lost equations; its
+proof shows the shape): with probability ``1 - delta`` the estimate is within terms of order
+``sqrt(log(4/delta)/n) + sqrt(log(4/delta)/n_j)`` of ``pi*_j = min_z q_j(z)/qp_j(z) >= pi_j``,
+which equals the true prior when the classifier has a "top bin" holding positives only. It
+assumes the observed positive of a row is drawn from the class-conditional ``p(x | y_j = 1)``;
+under SPML's one-positive-per-row draw that holds only approximately (rows with many labels
+are less likely to show any given one).
 """
 from __future__ import annotations
 
