@@ -15,8 +15,13 @@ Two measurements, each printing every pair and the median ratio (today / new):
   ``--coco-forced`` also times the engine alone, the 12 runs stacked (``fit_linear_stacked``)
   vs 12 ``fit_linear`` one after the other in one process.
 
+- ``--against SRC``: the yeast benchmark as a user runs it (``python -m spmlkit benchmark``,
+  a fresh interpreter each time, so worker start and imports count) with the source tree
+  ``SRC`` (an older checkout's ``src``, e.g. the commit the speed issue was written against)
+  against this checkout's, interleaved; the tables must be identical.
+
     python benchmarks/bench_vectorised.py [--repeats 2] [--skip-yeast] [--skip-coco]
-        [--coco-rows 20000] [--coco-forced] [--jobs N] [--device cuda]
+        [--coco-rows 20000] [--coco-forced] [--jobs N] [--device cuda] [--against SRC]
 
 On a GPU (``--device cuda``) the coco measurement stacks (the rule has no compute limit there):
 ``--coco-runs 96`` for the issue's 96-run grid.
@@ -57,6 +62,34 @@ def yeast(repeats: int, jobs):
     print(f"yeast: median ratio {statistics.median(ratios):.2f}x over {repeats} pair(s); "
           f"tables identical: {len(tables) == 1}")
     print(next(iter(tables)))
+    return ratios
+
+
+def yeast_against(src: str, repeats: int, jobs):
+    """``spml benchmark`` on yeast with the source tree ``src`` vs this checkout's, each in a
+    fresh interpreter and folder, interleaved (old, new, old, new ...)."""
+    import subprocess
+
+    here = str(Path(__file__).resolve().parents[1] / "src")
+    root = Path(tempfile.mkdtemp(prefix="bench-vec-against-"))
+    ratios, tables = [], set()
+    for i in range(repeats):
+        times = {}
+        for name, tree in (("old", src), ("new", here)):
+            out = root / f"{name}-{i}"
+            cmd = [sys.executable, "-m", "spmlkit", "benchmark", "--out", str(out), "--quiet"]
+            if jobs:
+                cmd += ["--jobs", str(jobs)]
+            env = {**os.environ, "PYTHONPATH": tree}
+            t = time.perf_counter()
+            subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+            times[name] = time.perf_counter() - t
+            tables.add(_table((out / "table.md").read_text()))
+        ratios.append(times["old"] / times["new"])
+        print(f"yeast pair {i + 1}: {src} {times['old']:.1f} s, this checkout "
+              f"{times['new']:.1f} s, ratio {ratios[-1]:.2f}x", flush=True)
+    print(f"yeast against {src}: median ratio {statistics.median(ratios):.2f}x over {repeats} "
+          f"pair(s); tables identical: {len(tables) == 1}")
     return ratios
 
 
@@ -141,8 +174,13 @@ def main(argv=None):
     p.add_argument("--coco-runs", type=int, default=12)
     p.add_argument("--coco-forced", action="store_true")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--against", metavar="SRC", help="an older source tree (its src folder) to "
+                   "time the yeast benchmark against, as a user runs it")
     args = p.parse_args(argv)
     print(f"python {' '.join(sys.argv)}  (cores: {os.cpu_count()})", flush=True)
+    if args.against:
+        yeast_against(args.against, args.repeats, args.jobs)
+        return
     if not args.skip_yeast:
         yeast(args.repeats, args.jobs)
     if not args.skip_coco:
