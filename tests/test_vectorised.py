@@ -146,6 +146,23 @@ def test_closed_form_runs_of_different_losses_and_labels_stack_and_equal_single_
         fit_linear_stacked(X, [Z, full], [create_loss("pr"), create_loss("pr")], configs)
 
 
+@pytest.mark.parametrize("metric", ["lrap", "ranking_loss"])
+def test_stacked_runs_select_on_another_metric_as_single_runs(metric):
+    """A non-mAP selection metric (higher or lower is better): the same best epochs, scores and
+    history keys as single runs, and val_map NaN as there."""
+    configs = [TrainConfig(epochs=5, batch_size=8, lr=lr, seed=s, metric=metric)
+               for lr, s in ((1e-2, 0), (3e-3, 1))]
+    stacked = fit_linear_stacked(X, Z, [create_loss("role", k=1.5) for _ in configs], configs,
+                                 x_val=XV, y_val=YV, k=1.5)
+    for c, out in zip(configs, stacked):
+        m1, r1 = fit_linear(X, Z, create_loss("role", k=1.5), c, x_val=XV, y_val=YV, k=1.5)
+        m2, r2 = out
+        assert (r2.best_epoch, r2.metric) == (r1.best_epoch, metric)
+        assert r2.val_score == pytest.approx(r1.val_score, abs=1e-6) and np.isnan(r2.val_map)
+        assert [list(h) for h in r2.history] == [list(h) for h in r1.history]
+        torch.testing.assert_close(m2.weight, m1.weight, atol=2e-6, rtol=0)
+
+
 def test_a_diverging_run_fails_alone():
     configs = [TrainConfig(epochs=3, batch_size=8, lr=1e-3, seed=0),
                TrainConfig(epochs=3, batch_size=8, lr=1e38, seed=1)]

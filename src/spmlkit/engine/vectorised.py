@@ -15,13 +15,19 @@ their own seeds (initialisation, batch order) and learning rates, as one model:
 - the loss's ``entries`` on R x B x L (``SPMLLoss.stackable``; its parameters and buffers
   stacked to R x ...), each run's value its own ``"mean"`` (over its B * L) plus its penalty;
   the step minimises the sum over runs, whose gradient for a run's weights is that run's own;
+- a closed-form loss (:func:`closed_form`: the BCE family, AN, AN-LS, WAN, EPR, BCE, ...)
+  skips autograd: the logits' gradient is ``weight * (sigmoid(s) - target)`` (plus EPR's count
+  term), with each row's targets and weights (``SPMLLoss.bce_form``) gathered with its
+  features; runs of such losses stack even when their losses, hyperparameters, observed labels
+  (regimes) and k differ, each run reading its own table of targets;
 - Adam: torch's fused kernel on the slices of runs that share a learning rate (the kernel is
   elementwise, so each run's update is bit for bit the single run's given the same gradient);
 - per run after every epoch: the loss's hooks (on the run's own loss module, whose state is
-  copied out of and back into the stack), val mAP, the best epoch, early stopping, the
-  ``on_epoch`` and ``checkpoint`` callbacks (the state in the single-run format, so
-  :func:`spmlkit.methods.resume_run` resumes such a run alone). A run that stopped early or
-  diverged is left out of the records (its slice still computes, unread, until the others end).
+  copied out of and back into the stack), val mAP (or the run's selection metric), the best
+  epoch, early stopping, the ``on_epoch`` and ``checkpoint`` callbacks (the state in the
+  single-run format, so :func:`spmlkit.methods.resume_run` resumes such a run alone). A run
+  that stopped early or diverged is left out of the records (its slice still computes, unread,
+  until the others end).
 
 The results equal single runs up to floating-point summation order (batched vs single matrix
 products): weights within ~1e-6, the same best epochs (``tests/test_vectorised.py`` checks every
@@ -46,8 +52,9 @@ from torch import nn
 
 from ..losses import SPMLLoss, TrainInfo
 from ..losses.base import observed_validated
+from ..metrics import higher_is_better
 from .config import TrainConfig, parse_early_stop
-from .linear import linear_inputs, make_linear_head
+from .linear import linear_inputs, make_linear_head, val_map
 from .loop import STATE_FORMAT, FitResult, no_finite_val_map, snapshot
 
 __all__ = [
@@ -109,8 +116,6 @@ def can_stack(loss: SPMLLoss, config: TrainConfig) -> str | None:
         return f"loss {type(loss).__name__} is not stackable (its entries are not per run)"
     if loss.reduction not in ("mean", "sum"):
         return f"reduction {loss.reduction!r} (a training loss is a scalar)"
-    if config.metric != "map":
-        return f"selection on val {config.metric} (the stacked runs select their epoch on val mAP)"
     if not _fused_adam_available(torch.device(config.device)):
         return f"no fused Adam kernel on {config.device} (the stacked update would not be " \
                f"the single run's)"
@@ -529,6 +534,8 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
     gens = [torch.Generator().manual_seed(c.seed) for c in cfgs]
     bs = config.batch_size
     stop_kind, stop_arg = parse_early_stop(config.early_stop)
+    metric = config.metric
+    sign = 1.0 if higher_is_better(metric) else -1.0
     # rows gathered at once for the coming steps (every run's, a multiple of the batch size):
     # one indexing of the features and labels per chunk instead of two per step, within
     # GATHER_BYTES of features (yeast: a whole epoch)
@@ -627,15 +634,19 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
             live = [r for r in live if books[r].error is None]
             scores = {}
             if has_val and live:
-                vals = stacked_map(model.predict(xv)[live], yv_t, config.map_convention)
+                logits_v = model.predict(xv)[live]
+                if metric == "map":
+                    vals = stacked_map(logits_v, yv_t, config.map_convention)
+                else:  # another metric: each run's own (the single run's val_map)
+                    vals = [val_map(s_, yv, config.map_convention, metric) for s_ in logits_v]
                 scores = dict(zip(live, vals))
             for r in live:
                 book = books[r]
                 record = {"epoch": epoch + 1, "train_loss": train_loss[r]}
                 score = float(epoch)
                 if has_val:
-                    score = scores[r]
-                    record["val_map"] = score
+                    record["val_map" if metric == "map" else f"val_{metric}"] = scores[r]
+                    score = sign * scores[r]  # higher is better from here on
                 improved = score > book.best["score"]
                 if improved:
                     book.best = {"score": score, "epoch": epoch + 1, "model": {
@@ -673,9 +684,10 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
         head = nn.Linear(x.shape[1], num_classes).to(device)
         head.load_state_dict(book.best["model"])
         loss_list[r].load_state_dict(book.best["loss"])
+        value = sign * float(book.best["score"]) if has_val else float("nan")
         out[order[r]] = (head, FitResult(
             best_epoch=int(book.best["epoch"]),
-            val_map=float(book.best["score"]) if has_val else float("nan"),
+            val_map=value if metric == "map" else float("nan"), metric=metric, val_score=value,
             history=book.history, seconds=seconds, stopped_early=book.stopped_early,
             best_stage=None, best_source="model" if has_val else None))
     return out
