@@ -15,8 +15,8 @@ Two measurements, each printing every pair and the median ratio (today / new):
   ``--coco-forced`` also times the engine alone, the 12 runs stacked (``fit_linear_stacked``)
   vs 12 ``fit_linear`` one after the other in one process.
 
-- ``--against SRC``: the yeast benchmark as a user runs it (``python -m spmlkit benchmark``,
-  a fresh interpreter each time, so worker start and imports count) with the source tree
+- ``--against SRC``: the yeast benchmark as a user runs it (``spml benchmark``, a fresh
+  interpreter each time, so worker start and imports count) with the source tree
   ``SRC`` (an older checkout's ``src``, e.g. the commit the speed issue was written against)
   against this checkout's, interleaved; the tables must be identical.
 
@@ -77,7 +77,9 @@ def yeast_against(src: str, repeats: int, jobs):
         times = {}
         for name, tree in (("old", src), ("new", here)):
             out = root / f"{name}-{i}"
-            cmd = [sys.executable, "-m", "spmlkit", "benchmark", "--out", str(out), "--quiet"]
+            # the CLI's entry point (older trees have no ``python -m spmlkit``)
+            cmd = [sys.executable, "-c", "import sys; from spmlkit.cli import main; "
+                   "sys.exit(main())", "benchmark", "--out", str(out), "--quiet"]
             if jobs:
                 cmd += ["--jobs", str(jobs)]
             env = {**os.environ, "PYTHONPATH": tree}

@@ -41,7 +41,7 @@ from ..metrics import (classic_metrics, evaluate, map_score, pseudo_label_stats,
                        select_thresholds)
 from ..registry import Registry
 from ..data.base import describe_labels
-from ..runs import RunDir, read_run
+from ..runs import RunDir, read_run, sync_files
 
 #: runs of a method whose epochs take longer than this write a resumable checkpoint
 CHECKPOINT_SECONDS = 10.0
@@ -517,8 +517,9 @@ def _epoch_logger(splits, run, pseudo: dict, on_epoch=None, is_main: bool = True
 
 
 def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
-                  extra: dict | None = None) -> dict:
-    """Score a fitted run and finish its folder (the end of :func:`train_run`)."""
+                  extra: dict | None = None, durable: bool = True) -> dict:
+    """Score a fitted run and finish its folder (the end of :func:`train_run`; ``durable``: as
+    :meth:`spmlkit.runs.RunDir.finish`)."""
     method, splits, config, loss, loss_fn = ctx.method, ctx.splits, ctx.config, \
         ctx.loss_name, ctx.loss
     is_main, hparams = ctx.is_main, ctx.hparams
@@ -566,7 +567,7 @@ def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
             "best_epoch": fit.best_epoch, "observed": splits.observed,
             **{f"probs_{s}": np.asarray(p, np.float32) for s, p in probs.items()},
             **{f"y_{s}": getattr(splits, s).y for s in probs}},
-            select_thresholds(probs["val"], splits.val.y, splits.class_names))
+            select_thresholds(probs["val"], splits.val.y, splits.class_names), durable=durable)
         result["run_dir"] = str(run.path)
     return result
 
@@ -660,9 +661,11 @@ def train_runs(method: str | TrainingMethod, splits, loss, hparams, configs, *,
             # seconds: the run's share of the stacked training, then its own scoring
             results.append(_complete_run(ctx, run, fit, pseudo,
                                          time.perf_counter() - fit.fit.seconds,
-                                         {"vectorised": len(ctxs)}))
+                                         {"vectorised": len(ctxs)}, durable=False))
         except Exception as err:
             results.append(err)
+    if out is not None:
+        sync_files()  # the finished folders on disk at once (not two fsyncs a run)
     return results
 
 
