@@ -96,7 +96,7 @@ def test_pseudo_labels_equal_the_official_rule():
                                 0.95).any()
 
 
-# ---- hand-computed values and gradcheck -------------------------------------------------------------
+# ---- hand-computed values and gradcheck ----------------------------------------------------------
 def test_hand_computed_values():
     eps = 1e-5
     logits = torch.tensor([[0.0, math.log(3.0)]], dtype=torch.float64)   # p = 0.5, 0.75
@@ -136,7 +136,7 @@ def test_gradcheck_float64():
         (logits, stats.detach()[..., :4].reshape(4, 20).clone().requires_grad_()))
 
 
-# ---- the model ---------------------------------------------------------------------------------------
+# ---- the model -----------------------------------------------------------------------------------
 def test_model_draws_in_training_and_uses_mu_in_eval():
     model = MIMEModel(None, 3, in_channels=6, dim=8, heads=2, ffn=16, z_dim=4, samples=5,
                       dropout=0.0, seed=1)
@@ -176,7 +176,7 @@ def test_config_validation_and_ablations():
         MIMEConfig.from_dict({"thta": 0.9})
 
 
-# ---- runs on feature vectors ----------------------------------------------------------------------
+# ---- runs on feature vectors ---------------------------------------------------------------------
 OPTIONS = {"dim": 8, "heads": 2, "ffn": 16, "z_dim": 4, "samples": 2, "theta": 0.6,
            "warmup_epoch": 1}
 CONFIG = dict(epochs=3, batch_size=32, lr=1e-3, seed=0)

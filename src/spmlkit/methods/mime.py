@@ -103,7 +103,7 @@ from torch import nn
 
 from ..engine import (Stage, StageParts, StepHook, TrainConfig, check_val_labels, mix_seed,
                       train_loop, val_map)
-from ..labels import NEGATIVE, POSITIVE, validate_observed
+from ..labels import POSITIVE, validate_observed
 from ..losses import SPMLLoss
 from ..models.label_embedding import LabelEmbeddingModel
 from .base import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
@@ -111,7 +111,8 @@ from .lac import CachedMapViews, ImageViews, _backbone, _device, _geometry
 from .smile import LOG_EPSILON, neg_log
 
 __all__ = ["ABLATIONS", "MIMEConfig", "MIMEModel", "MIMEObjective", "VectorViews",
-           "EvalMapViews", "config_of", "mime_an_loss", "vib_kl", "vib_statistics", "pseudo_positives"]
+           "EvalMapViews", "config_of", "mime_an_loss", "vib_kl", "vib_statistics",
+           "pseudo_positives"]
 
 #: the official schedule (train_mime.py at 06e15de; see the module docstring)
 OFFICIAL_EPOCHS, OFFICIAL_BATCH_SIZE, OFFICIAL_LR = 10, 32, 1e-4
@@ -707,8 +708,9 @@ MIME = register_method(TrainingMethod(
     "maps; --loss an)",
     paper="Liu et al. 2023", inputs="images", fit=fit, load_model=load_model,
     run_config=run_config,
-    options={**{k: None for k in CONFIG_KEYS}, "ablation": None, "backbone": "efficientnet_lite0", "image_size": None,
-             "cache_dir": None, "progress": True, "pretrained": True, "backbone_options": None,
+    options={**{k: None for k in CONFIG_KEYS}, "ablation": None,
+             "backbone": "efficientnet_lite0", "image_size": None, "cache_dir": None,
+             "progress": True, "pretrained": True, "backbone_options": None,
              "features": None, "image_reader": None},
     default_batch_size=OFFICIAL_BATCH_SIZE, default_epochs=OFFICIAL_EPOCHS,
     default_lr=OFFICIAL_LR, losses=("an",), vector_maps=True,
