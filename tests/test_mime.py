@@ -242,3 +242,26 @@ def test_spml_train_mode_mime_on_yeast(tmp_path, capsys):
     assert main(["train", "--mode", "mime", "--dataset", "yeast", "--epochs", "1", "--out",
                  str(tmp_path), "--option", "theta=2"]) == 2
     assert "theta" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("views", ["eval", "images"])
+def test_image_views_train_and_predict(views, tmp_path):
+    from _image_toy import toy_splits
+    from spmlkit.predict import predict_run
+
+    torch.set_num_threads(1)
+    splits = toy_splits(tmp_path / "toy")
+    extra = {"train_backbone": True} if views == "images" else {}
+    res = train_run("mime", splits, "an", {}, TrainConfig(epochs=2, batch_size=8, lr=1e-2,
+                                                          seed=0, num_workers=0),
+                    out=tmp_path / "runs", backbone="tiny_cnn", pretrained=False,
+                    progress=False, cache_dir=str(tmp_path / "cache"),
+                    backbone_options={"width": 4, "num_features": 8, "input_size": 16},
+                    features={"num_workers": 0}, views=views, **OPTIONS, **extra)
+    assert res["views"] == views and 0 < res["test_map"] <= 100
+    best = torch.load(os.path.join(res["run_dir"], "best.pt"), weights_only=True)["model"]
+    # fine-tuned end to end: the backbone's weights are part of the model; else the head only
+    assert any(k.startswith("net.backbone.") for k in best) == (views == "images")
+    pred = predict_run(res["run_dir"], list(splits.test.x))
+    saved = np.load(os.path.join(res["run_dir"], "predictions.npz"))
+    np.testing.assert_allclose(pred.probs, saved["probs_test"], rtol=1e-4, atol=5e-4)
