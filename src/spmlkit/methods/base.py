@@ -85,6 +85,8 @@ class TrainingMethod:
     #: a ``Fitted`` or the exception that ended it, per context (:func:`train_runs`); None:
     #: the method trains one run at a time
     fit_many: Callable | None = None
+    #: an image method that also trains on feature vectors, read as D x 1 x 1 maps (mime)
+    vector_maps: bool = False
 
     def total_epochs(self, config, options: dict) -> int:
         """How many epoch records a run with ``config`` and ``options`` writes."""
@@ -277,7 +279,7 @@ def check_inputs(method: "TrainingMethod", splits) -> None:
                          f"a backbone (--backbone NAME, or backbone=NAME in the dataset options; "
                          f"spml list backbones) to train on its cached features, or an image "
                          f"mode (--mode {' / '.join(image_modes)} --backbone NAME)")
-    if method.inputs == "images" and vectors:
+    if method.inputs == "images" and vectors and not method.vector_maps:
         raise ValueError(f"dataset {splits.name!r} holds feature vectors, and --mode "
                          f"{method.name} trains on images (with --backbone NAME): use --mode "
                          f"linear for feature vectors, or an image source")

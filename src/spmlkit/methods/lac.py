@@ -309,7 +309,7 @@ def _view_choice(seed: int, epoch: int, rows, n_weak: int, n_strong: int):
     row))."""
     draws = [mix_seed(seed, epoch, int(r)) for r in rows]
     return (np.array([d % n_weak for d in draws]),
-            np.array([(d // n_weak) % n_strong for d in draws]))
+            np.array([(d // n_weak) % max(n_strong, 1) for d in draws]))  # 0: no strong views
 
 
 class CachedMapViews:
