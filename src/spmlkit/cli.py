@@ -315,7 +315,7 @@ def _method_options(args, method) -> dict:
              if v is not None and k in method.options}
     given.update(_pairs(getattr(args, "option", None), "--option"))  # unknown keys: refused
     if method.inputs == "images" and "backbone" in method.options and not args.backbone and \
-            method.options.get("backbone") is None:
+            method.options.get("backbone") is None and not method.accepts_vectors:
         raise ValueError(f"--mode {method.name} needs --backbone NAME (spml list backbones)")
     return given
 
@@ -723,7 +723,8 @@ def cmd_list(args) -> int:
     elif args.what == "methods":
         from .methods import list_methods
 
-        rows = [(m.name, f"{m.description} (inputs: {m.inputs}; options: "
+        rows = [(m.name, f"{m.description} (inputs: {m.inputs}"
+                 f"{' or feature vectors' if m.accepts_vectors else ''}; options: "
                  f"{', '.join(sorted(m.options)) or 'none'})", m.paper) for m in list_methods()]
     elif args.what == "backbones":
         from .models.backbones import BACKBONES, list_backbones
