@@ -313,3 +313,27 @@ def test_vector_run_predicts_raw_features_as_it_scored_them(yeast, tmp_path):
     model, info = load_run_model(res["run_dir"])
     assert isinstance(model, BoostLUHead) and model.alpha == 5.0
     assert info["inputs"] == "features" and info["in_features"] == 103
+
+
+def test_eval_alpha_boosts_only_in_eval_mode():
+    head = BoostLUHead(2, 1, alpha=1.0, eval_alpha=4.0)
+    with torch.no_grad():
+        head.weight.copy_(torch.tensor([[1.0, 0.0]]))
+        head.bias.zero_()
+    x = torch.tensor([[[[2.0, -1.0]], [[0.0, 0.0]]]])    # CAM cells 2 and -1
+    assert head.train()(x).item() == 0.5                 # (2 - 1) / 2: no boost in training
+    assert head.eval()(x).item() == 3.5                  # (8 - 1) / 2
+    assert BoostLUHead(2, 1, alpha=3.0).eval().current_alpha == 3.0   # default: alpha
+
+
+def test_eval_alpha_option_is_kept_by_the_run_and_its_model(yeast, tmp_path):
+    from spmlkit.methods import load_run_model
+
+    res = train_run("boostlu", yeast, "an", {}, TrainConfig(**CONFIG), out=tmp_path,
+                    alpha=1.0, eval_alpha=5.0, dataset_options={"subsample": 0.2})
+    assert res["eval_alpha"] == 5.0 and read_run(res["run_dir"]).config["eval_alpha"] == 5.0
+    model, _ = load_run_model(res["run_dir"])
+    assert model.alpha == 1.0 and model.eval_alpha == 5.0
+    plain = train_run("linear", yeast, "an", {}, TrainConfig(**CONFIG))
+    # 1 x 1 maps: the boost at inference is increasing, so no ranking (and no AP) changes
+    assert res["test_map"] == pytest.approx(plain["test_map"], abs=1e-9)

@@ -406,7 +406,9 @@ def _add_finetune(p: argparse.ArgumentParser) -> None:
                         "al.). finetune / linear_init run under torchrun --nproc_per_node=N; "
                         "lac: LAC (Xie et al. 2022), a label-wise embedding model on the "
                         "--backbone's cached feature maps (default efficientnet_lite0), "
-                        "options via --lac (spml list methods)")
+                        "options via --lac; boostlu: BoostLU (Kim et al. 2023), a CAM head on "
+                        "the --backbone's cached feature maps, or on feature vectors as 1x1 "
+                        "maps, e.g. --loss ll_r --option alpha=5 (spml list methods)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE",
                    help="any option of the --mode's method (spml list methods), e.g. --mode "
                         "smile --option p=0.1 --option bias=true (repeatable)")

@@ -12,10 +12,12 @@ activation map, CAM, ``B x L x h x w``), **BoostLU** on the CAM, then global ave
 
 (:class:`spmlkit.models.heads.BoostLUHead`; ``alpha`` official default 5). The official code
 applies BoostLU inside the model's ``forward``, so in **training and at inference** (val
-selection, test, ``spml predict``), and so do we. The paper trains it with the large-loss
-methods of Kim et al. 2022, LL-R / LL-Ct / LL-Cp, on the pooled logits: here the ``--loss``
-(any registered loss; the paper's ``ll_r``, ``ll_ct``, ``ll_cp``,
-:mod:`spmlkit.losses.large_loss`) takes the head's logits, exactly as the official
+selection, test, ``spml predict``), and so do we. The option ``eval_alpha`` (default: ``alpha``)
+sets another factor for eval mode, to separate the two (not in the official code: an
+ablation; ``alpha=1, eval_alpha=5`` trains a plain CAM head and boosts only at inference).
+The paper trains it with the large-loss methods of Kim et al. 2022, LL-R / LL-Ct / LL-Cp, on
+the pooled logits: here the ``--loss`` (any registered loss; the paper's ``ll_r``, ``ll_ct``,
+``ll_cp``, :mod:`spmlkit.losses.large_loss`) takes the head's logits, exactly as the official
 ``compute_batch_loss(model(image), ...)``; BoostLU + LL-R is ``--mode boostlu --loss ll_r``.
 
 Official settings (``config.py``): ``alpha`` 5, ``delta_rel`` 0.5 % per epoch for LL-R, 0.2 for
@@ -123,9 +125,9 @@ class MapRows:
 
 
 def fit_boostlu(train: MapRows, observed, loss, config: TrainConfig, *, val: MapRows | None,
-                y_val=None, alpha: float = OFFICIAL_ALPHA, k: float | None = None,
-                on_epoch=None, checkpoint=None, resume: dict | None = None
-                ) -> tuple[BoostLUHead, object]:
+                y_val=None, alpha: float = OFFICIAL_ALPHA, eval_alpha: float | None = None,
+                k: float | None = None, on_epoch=None, checkpoint=None,
+                resume: dict | None = None) -> tuple[BoostLUHead, object]:
     """Train a :class:`BoostLUHead` on stored feature maps (or vectors) with ``loss``; keep the
     epoch with the best val score.
 
@@ -140,7 +142,8 @@ def fit_boostlu(train: MapRows, observed, loss, config: TrainConfig, *, val: Map
         loss: the SPML loss (its ``on_train_start`` is called here).
         config: the run's :class:`TrainConfig`.
         val, y_val: the val rows and their full labels (None: the last epoch is kept).
-        alpha: BoostLU's factor.
+        alpha: BoostLU's factor; eval_alpha: its factor in eval mode (default ``alpha``;
+            :class:`spmlkit.models.heads.BoostLUHead`).
         k: expected positives per example, for the loss.
         on_epoch, checkpoint, resume: as :func:`spmlkit.engine.fit_linear`.
 
@@ -161,7 +164,8 @@ def fit_boostlu(train: MapRows, observed, loss, config: TrainConfig, *, val: Map
     if has_val:
         y_val = validate_full_labels(y_val, "validation labels")
         check_val_labels(y_val, config.map_convention)
-    head = BoostLUHead(train.shape[0], num_classes, alpha, seed=config.seed).to(device)
+    head = BoostLUHead(train.shape[0], num_classes, alpha, seed=config.seed,
+                       eval_alpha=eval_alpha).to(device)
     loss = loss.to(device)
     loss.on_train_start(z, TrainInfo(n, num_classes, k, config.seed, config.epochs))
     gen = torch.Generator().manual_seed(config.seed)
@@ -205,10 +209,18 @@ def _check(ctx) -> bool:
                          f"a backbone's feature maps, give --backbone NAME (spml list "
                          f"backbones), e.g. efficientnet_lite0")
     check_alpha(ctx.options["alpha"])
+    if ctx.options["eval_alpha"] is not None:
+        check_alpha(ctx.options["eval_alpha"])
     if ctx.options["map_dtype"] not in ("float16", "float32"):
         raise ValueError(f"map_dtype must be 'float16' or 'float32', got "
                          f"{ctx.options['map_dtype']!r}")
     return vectors
+
+
+def _eval_alpha(options) -> dict:
+    """``{"eval_alpha": value}`` when the option is set (results and config), else ``{}``."""
+    value = options["eval_alpha"]
+    return {} if value is None else {"eval_alpha": float(value)}
 
 
 def run_config(ctx) -> dict:
@@ -216,7 +228,7 @@ def run_config(ctx) -> dict:
     from .lac import _backbone, _geometry
 
     o = ctx.options
-    out = {"alpha": float(o["alpha"])}
+    out = {"alpha": float(o["alpha"]), **_eval_alpha(o)}
     if _check(ctx):
         return {**out, "inputs": "vectors as 1 x 1 maps"}
     _, name = _backbone(ctx)
@@ -260,12 +272,13 @@ def fit(ctx: RunContext) -> Fitted:
     rows, info = _inputs(ctx, device)
     head, result = fit_boostlu(rows["train"], splits.observed, ctx.loss, config,
                                val=rows["val"], y_val=splits.val.y, alpha=float(o["alpha"]),
-                               k=ctx.k, on_epoch=ctx.on_epoch, checkpoint=ctx.checkpoint,
+                               eval_alpha=_eval_alpha(o).get("eval_alpha"), k=ctx.k,
+                               on_epoch=ctx.on_epoch, checkpoint=ctx.checkpoint,
                                resume=ctx.resume)
     probs = {s: torch.sigmoid(r.logits(head)).cpu().numpy() for s, r in rows.items()}
     shape = list(rows["train"].shape)
     best = {"model": {k: v.detach().cpu() for k, v in head.state_dict().items()},
-            "alpha": float(o["alpha"]), "map_shape": shape, **info}
+            "alpha": float(o["alpha"]), **_eval_alpha(o), "map_shape": shape, **info}
     if info["inputs"] == "vectors":
         best["preprocess"] = feature_preprocess(splits)
     else:
@@ -274,7 +287,7 @@ def fit(ctx: RunContext) -> Fitted:
         size, mean, std = _geometry(ctx)
         best.update(pretrained=o["pretrained"], backbone_options=o["backbone_options"] or {},
                     image_size=size, mean=mean, std=std)
-    extra = {"alpha": float(o["alpha"]), "map_shape": shape, **info}
+    extra = {"alpha": float(o["alpha"]), **_eval_alpha(o), "map_shape": shape, **info}
     return Fitted(result, probs, best, extra)
 
 
@@ -283,7 +296,8 @@ def load_model(best: dict, config: dict):
     rebuilt by name with the head on its feature map (inputs: images)."""
     state = best["model"]
     num_classes, channels = state["weight"].shape
-    head = BoostLUHead(int(channels), int(num_classes), float(best["alpha"]))
+    head = BoostLUHead(int(channels), int(num_classes), float(best["alpha"]),
+                       eval_alpha=best.get("eval_alpha"))
     head.load_state_dict(state)
     if best.get("inputs") == "vectors":
         return head, {"inputs": "features", "in_features": int(channels)}
@@ -303,7 +317,7 @@ BOOSTLU = register_method(TrainingMethod(
     "--loss ll_r",
     paper="Kim et al. 2023 (BoostLU)", inputs="images", accepts_vectors=True, fit=fit,
     load_model=load_model, run_config=run_config,
-    options={"alpha": OFFICIAL_ALPHA, "backbone": None, "pretrained": True,
+    options={"alpha": OFFICIAL_ALPHA, "eval_alpha": None, "backbone": None, "pretrained": True,
              "backbone_options": None, "image_size": None, "map_dtype": "float16",
              "cache_dir": None, "progress": True, "features": None},
     default_lr=1e-3,

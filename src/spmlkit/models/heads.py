@@ -181,18 +181,24 @@ class BoostLUHead(nn.Module):
         in_channels: ``C``; num_classes: ``L``.
         alpha: BoostLU's factor on the positive part (official default 5; 1 switches it off).
         seed: the initialisation's seed (the global RNG is left as it was).
+        eval_alpha: the factor in eval mode (validation, test, prediction); default ``alpha``,
+            as the official model, whose ``forward`` boosts in both modes. Another value
+            separates the boost in training from the boost at inference (an ablation: e.g.
+            ``alpha=1, eval_alpha=5`` trains a plain CAM head and boosts only its predictions).
 
     >>> head = BoostLUHead(4, 3, alpha=5.0)
     >>> head(torch.zeros(2, 4, 7, 7)).shape, head(torch.zeros(2, 4)).shape
     (torch.Size([2, 3]), torch.Size([2, 3]))
     """
 
-    def __init__(self, in_channels: int, num_classes: int, alpha: float = 5.0, seed: int = 0):
+    def __init__(self, in_channels: int, num_classes: int, alpha: float = 5.0, seed: int = 0,
+                 eval_alpha: float | None = None):
         super().__init__()
         if min(in_channels, num_classes) < 1:
             raise ValueError(f"BoostLUHead needs in_channels and num_classes >= 1, got "
                              f"{in_channels}, {num_classes}")
         self.alpha = check_alpha(alpha)
+        self.eval_alpha = None if eval_alpha is None else check_alpha(eval_alpha)
         linear = seeded_linear(in_channels, num_classes, seed)
         self.weight = nn.Parameter(linear.weight.detach().clone())
         self.bias = nn.Parameter(linear.bias.detach().clone())
@@ -212,14 +218,22 @@ class BoostLUHead(nn.Module):
                              f"feature map, got shape {tuple(x.shape)}")
         return nn.functional.conv2d(x, self.weight[:, :, None, None], self.bias)
 
+    @property
+    def current_alpha(self) -> float:
+        """The factor ``forward`` applies now: ``alpha`` in training mode, ``eval_alpha`` (if
+        set) in eval mode."""
+        return self.alpha if self.training or self.eval_alpha is None else self.eval_alpha
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha = self.current_alpha
         if x.ndim == 2:  # feature vectors: 1 x 1 maps (pooling one cell is the identity)
-            return boostlu(nn.functional.linear(x, self.weight, self.bias), self.alpha)
-        return boosted_logits(self.cam(x), self.alpha)
+            return boostlu(nn.functional.linear(x, self.weight, self.bias), alpha)
+        return boosted_logits(self.cam(x), alpha)
 
     def extra_repr(self) -> str:
+        extra = "" if self.eval_alpha is None else f", eval_alpha={self.eval_alpha}"
         return f"in_channels={self.in_channels}, num_classes={self.num_classes}, " \
-               f"alpha={self.alpha}"
+               f"alpha={self.alpha}{extra}"
 
 
 def check_alpha(alpha) -> float:
