@@ -315,7 +315,7 @@ def _method_options(args, method) -> dict:
              if v is not None and k in method.options}
     given.update(_pairs(getattr(args, "option", None), "--option"))  # unknown keys: refused
     if method.inputs == "images" and "backbone" in method.options and not args.backbone and \
-            method.options.get("backbone") is None:
+            method.options.get("backbone") is None and not method.accepts_vectors:
         raise ValueError(f"--mode {method.name} needs --backbone NAME (spml list backbones)")
     return given
 
@@ -406,7 +406,9 @@ def _add_finetune(p: argparse.ArgumentParser) -> None:
                         "al.). finetune / linear_init run under torchrun --nproc_per_node=N; "
                         "lac: LAC (Xie et al. 2022), a label-wise embedding model on the "
                         "--backbone's cached feature maps (default efficientnet_lite0), "
-                        "options via --lac (spml list methods)")
+                        "options via --lac; boostlu: BoostLU (Kim et al. 2023), a CAM head on "
+                        "the --backbone's cached feature maps, or on feature vectors as 1x1 "
+                        "maps, e.g. --loss ll_r --option alpha=5 (spml list methods)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE",
                    help="any option of the --mode's method (spml list methods), e.g. --mode "
                         "smile --option p=0.1 --option bias=true (repeatable)")
@@ -725,7 +727,8 @@ def cmd_list(args) -> int:
     elif args.what == "methods":
         from .methods import list_methods
 
-        rows = [(m.name, f"{m.description} (inputs: {m.inputs}; options: "
+        rows = [(m.name, f"{m.description} (inputs: {m.inputs}"
+                 f"{' or feature vectors' if m.accepts_vectors else ''}; options: "
                  f"{', '.join(sorted(m.options)) or 'none'})", m.paper) for m in list_methods()]
     elif args.what == "backbones":
         from .models.backbones import BACKBONES, list_backbones

@@ -4,7 +4,7 @@ One registry (:data:`METHODS`), one driver (:func:`train_run`), one way back to 
 (:func:`load_run_model`); see :mod:`spmlkit.methods.base`. Registered here: ``linear``
 (:mod:`.linear`), ``finetune`` and ``linear_init`` (:mod:`.finetune`), ``lac``
 (:mod:`.lac`, Xie et al. 2022), ``smile`` (:mod:`.smile`, Xu et al. 2022), ``mime``
-(:mod:`.mime`, Liu et al. 2023).
+(:mod:`.mime`, Liu et al. 2023), ``boostlu`` (:mod:`.boostlu`, Kim et al. 2023).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from . import finetune  # noqa: E402,F401
 from . import lac  # noqa: E402,F401
 from . import smile  # noqa: E402,F401
 from . import mime  # noqa: E402,F401
+from . import boostlu  # noqa: E402,F401
 
 __all__ = ["METHODS", "SELECTED_LR", "Fitted", "ResumeError", "RunContext", "TrainingMethod",
            "check_inputs", "default_lr", "get_method", "list_methods", "load_run_model",

@@ -3,7 +3,8 @@
 A *training method* says how a model is trained on a dataset's splits with a loss: ``linear``
 (a linear head on feature vectors, Cole et al.'s linear protocol), ``finetune`` and
 ``linear_init`` (a backbone end to end on images), ``lac`` (Xie et al.'s label-wise embedding
-model). Each is one :class:`TrainingMethod` in :data:`METHODS`, registered by the module that
+model), ``smile`` (Xu et al.), ``boostlu`` (Kim et al. 2023's CAM head). Each is one
+:class:`TrainingMethod` in :data:`METHODS`, registered by the module that
 implements it, with:
 
 - ``fit(ctx) -> Fitted``: trains and predicts (the engine's loop does the epochs);
@@ -85,8 +86,9 @@ class TrainingMethod:
     #: a ``Fitted`` or the exception that ended it, per context (:func:`train_runs`); None:
     #: the method trains one run at a time
     fit_many: Callable | None = None
-    #: an image method that also trains on feature vectors, read as D x 1 x 1 maps (mime)
-    vector_maps: bool = False
+    #: an image method that also trains on feature vectors, read as D x 1 x 1 maps (mime,
+    #: boostlu)
+    accepts_vectors: bool = False
 
     def total_epochs(self, config, options: dict) -> int:
         """How many epoch records a run with ``config`` and ``options`` writes."""
@@ -279,7 +281,7 @@ def check_inputs(method: "TrainingMethod", splits) -> None:
                          f"a backbone (--backbone NAME, or backbone=NAME in the dataset options; "
                          f"spml list backbones) to train on its cached features, or an image "
                          f"mode (--mode {' / '.join(image_modes)} --backbone NAME)")
-    if method.inputs == "images" and vectors and not method.vector_maps:
+    if method.inputs == "images" and vectors and not method.accepts_vectors:
         raise ValueError(f"dataset {splits.name!r} holds feature vectors, and --mode "
                          f"{method.name} trains on images (with --backbone NAME): use --mode "
                          f"linear for feature vectors, or an image source")

@@ -715,7 +715,7 @@ MIME = register_method(TrainingMethod(
              "progress": True, "pretrained": True, "backbone_options": None,
              "features": None, "image_reader": None},
     default_batch_size=OFFICIAL_BATCH_SIZE, default_epochs=OFFICIAL_EPOCHS,
-    default_lr=OFFICIAL_LR, losses=("an",), vector_maps=True,
+    default_lr=OFFICIAL_LR, losses=("an",), accepts_vectors=True,
     default_lr_source="the official Adamax rate of the backbone (palm-biaoliu/mime "
                       "train_mime.py); the head trains at 10 x",
     checkpoint_seconds=0.0, resolve_config=_check_options,
