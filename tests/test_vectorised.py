@@ -118,6 +118,42 @@ def test_the_closed_form_step_is_the_autograd_step(name):
     torch.testing.assert_close(grad, leaf.grad, atol=1e-7, rtol=1e-5)
 
 
+MANUAL = [n for n in STACKABLE if create_loss(n, **HPARAMS.get(n, {})).manual_gradient]
+
+
+@pytest.mark.parametrize("name", MANUAL)
+def test_a_hand_written_stacked_step_is_the_autograd_step(name):
+    """``stacked_step`` (ROLE, PR) equals autograd through the loss's own stacked ``entries``:
+    each run's value, the logits' gradient and the loss parameters' gradients."""
+    import copy
+
+    from spmlkit.losses import TrainInfo
+
+    g = torch.Generator().manual_seed(5)
+    z = torch.as_tensor(Z[:12])
+    z[:3, -1] = -1  # some observed negatives
+    loss = create_loss(name, **HPARAMS.get(name, {}))
+    loss.on_train_start(z, TrainInfo(len(z), z.shape[1], 1.5, 0, 1))
+    runs = 3
+    for p_ in loss.parameters():  # stacked state as the engine keeps it, runs apart
+        p_.data = torch.stack([p_.data + 0.3 * r for r in range(runs)])
+    index = torch.stack([torch.randperm(len(z), generator=g)[:8] for _ in range(runs)])
+    observed = torch.stack([z[i] for i in index])
+    logits = torch.randn(runs, 8, z.shape[1], generator=g)
+    manual = copy.deepcopy(loss)
+    with torch.no_grad():
+        values, grad = manual.stacked_step(logits, observed, index)
+    leaf = logits.clone().requires_grad_(True)
+    mat, pen = loss.entries(leaf, observed, index)
+    want = mat.mean(dim=(1, 2)) + (0 if pen is None else pen)
+    want.sum().backward()
+    torch.testing.assert_close(values, want.detach(), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(grad, leaf.grad, atol=1e-7, rtol=1e-5)
+    for p1, p2 in zip(loss.parameters(), manual.parameters()):
+        torch.testing.assert_close(p2.grad, p1.grad, atol=1e-7, rtol=1e-5)
+    assert {"role", "pr"} <= set(MANUAL)
+
+
 def test_closed_form_runs_of_different_losses_and_labels_stack_and_equal_single_runs():
     """AN, AN-LS, WAN and EPR on one positive, BCE on full labels and on one positive plus all
     negatives (Cole's IUN) in one stack: each run equals its single run."""

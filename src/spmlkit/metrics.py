@@ -60,7 +60,7 @@ def per_class_ap(scores, y) -> np.ndarray:
     n, classes = s.shape
     if n == 0:
         return np.full(classes, np.nan)
-    order = np.argsort(-s, axis=0, kind="stable")
+    order = np.argsort(-s, axis=0)  # tied scores are grouped: their order does not matter
     s = np.take_along_axis(s, order, axis=0)
     tp = np.cumsum(np.take_along_axis(y > 0, order, axis=0), axis=0, dtype=np.float64)
     end = np.ones_like(s, dtype=bool)  # the last row of every group of tied scores
@@ -194,7 +194,7 @@ def higher_is_better(name: str) -> bool:
 def _count_at_least(s: np.ndarray) -> np.ndarray:
     """Per entry (i, j): ``|{k: s_ik >= s_ij}|`` (``scipy.stats.rankdata(-s, "max", axis=1)``),
     from one sort of every row."""
-    order = np.argsort(-s, axis=1, kind="stable")
+    order = np.argsort(-s, axis=1)  # tied scores are grouped: their order does not matter
     ss = np.take_along_axis(s, order, axis=1)
     width = s.shape[1]
     ends = np.ones_like(ss, dtype=bool)  # the last position of every group of tied scores
@@ -436,7 +436,7 @@ def _f1_sweep(scores: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.n
     first, and the F1 of each over all the given entries: ``2 TP / (2 TP + FP + FN)``."""
     s = np.asarray(scores, dtype=np.float64).ravel()
     t = np.asarray(targets).ravel().astype(bool)
-    order = np.argsort(-s, kind="mergesort")
+    order = np.argsort(-s)  # tied scores are grouped: their order does not matter
     s, t = s[order], t[order]
     ends = np.r_[np.flatnonzero(np.diff(s)), s.size - 1]  # last index of each tied group
     tp = np.cumsum(t)[ends]

@@ -19,7 +19,8 @@ their own seeds (initialisation, batch order) and learning rates, as one model:
   skips autograd: the logits' gradient is ``weight * (sigmoid(s) - target)`` (plus EPR's count
   term), with each row's targets and weights (``SPMLLoss.bce_form``) gathered with its
   features; runs of such losses stack even when their losses, hyperparameters, observed labels
-  (regimes) and k differ, each run reading its own table of targets;
+  (regimes) and k differ, each run reading its own table of targets; a loss with a hand-written
+  stacked gradient (``SPMLLoss.stacked_step``: ROLE, PR) skips autograd too;
 - Adam: torch's fused kernel on the slices of runs that share a learning rate (the kernel is
   elementwise, so each run's update is bit for bit the single run's given the same gradient);
 - per run after every epoch: the loss's hooks (on the run's own loss module, whose state is
@@ -205,7 +206,13 @@ def stacked_map(scores: torch.Tensor, y: torch.Tensor, convention: str) -> list[
     finite = torch.isfinite(s).flatten(1).all(dim=1)
     s = torch.nan_to_num(s, nan=0.0).transpose(1, 2).reshape(runs * classes, n)
     t = y.to(s.device).double().T.repeat(runs, 1)
-    s, order = torch.sort(s, dim=1, descending=True, stable=True)
+    # the order within a group of tied scores does not matter (groups are scored at their ends):
+    # numpy's introsort on a CPU (~6x torch.sort's time here), torch's sort on a device
+    if s.device.type == "cpu":
+        order = torch.from_numpy(np.argsort(-s.numpy(), axis=1))
+        s = torch.gather(s, 1, order)
+    else:
+        s, order = torch.sort(s, dim=1, descending=True)
     t = torch.gather(t, 1, order)
     tp = torch.cumsum(t, dim=1)
     n_pos = tp[:, -1]
@@ -514,6 +521,10 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
     # a closed-form BCE loss (SPMLLoss.closed_form): the step's gradient without autograd, from
     # the targets and weights of every train row, gathered with the features
     closed = all(closed_form(loss) for loss in loss_list)
+    # a loss whose stacked gradient is written by hand (ROLE, PR): no autograd either
+    manual = not closed and getattr(stacked, "manual_gradient", False) and \
+        stacked.reduction == "mean" and stacked.eps == 0 and \
+        type(stacked).penalty is SPMLLoss.penalty
     offsets = None  # per run, the first row of its targets in the stacked tables
     if closed:
         tables, offsets, count = _closed_form_tables(loss_list, z_list, x.dtype)
@@ -592,6 +603,9 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
                         values, g = _closed_form_step(model(xb), parts[1],
                                                       parts[2] if len(parts) > 2 else None,
                                                       count, stacked.reduction)
+                elif manual:
+                    with torch.no_grad():
+                        values, g = stacked.stacked_step(model(xb), parts[1], idx)
                 else:
                     values, g = _autograd_step(model, stacked, xb, parts[1], idx, loss_params,
                                                seed)

@@ -273,6 +273,16 @@ class SPMLLoss(nn.Module):
         """``(lam, k)`` of a :attr:`closed_form` loss's expected-positive term, or None."""
         return None
 
+    #: the loss has :meth:`stacked_step`: its stacked runs' gradient written out by hand
+    manual_gradient = False
+
+    def stacked_step(self, logits, observed, index):
+        """For the vectorised engine (stacked runs, R x B x L; ``"mean"`` reduction, exact logs):
+        each run's loss (R,) and the gradient of their sum for ``logits``, computed without
+        autograd; the gradients of the loss's own parameters are left in their ``.grad``. Equal
+        to autograd through :meth:`entries` (``tests/test_vectorised.py`` checks it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no hand-written stacked step")
+
     # --- engine hooks (no-ops by default) ---------------------------------------------------
     def on_train_start(self, observed: torch.Tensor, info: TrainInfo) -> None:
         pass

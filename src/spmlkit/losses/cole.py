@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
 from .base import SPMLLoss, TrainInfo, masks, soft_bce, take_rows
@@ -123,6 +124,15 @@ def expected_positive_penalty(probs: torch.Tensor, k: float) -> torch.Tensor:
     return ((probs.sum(dim=-1).mean(dim=-1) - k) / probs.shape[-1]) ** 2
 
 
+def _penalty_and_logit_grad(probs: torch.Tensor, k, lam):
+    """EPR's penalty of R x B x L probabilities (R,) times ``lam``, and its gradient for the
+    logits: ``2 lam (m - k) / (L^2 B) * p (1 - p)`` (``m``: the run's mean predicted count)."""
+    runs, batch, classes = probs.shape
+    excess = probs.sum(dim=-1).mean(dim=-1) - k
+    coef = excess * (2.0 * lam / (classes * classes * batch))
+    return lam * (excess / classes) ** 2, probs * (1.0 - probs) * coef.view(runs, 1, 1)
+
+
 class _NeedsK(SPMLLoss):
     """A loss with an expected-positive count ``k``, taken from the data when not given."""
 
@@ -214,6 +224,38 @@ class ROLELoss(_NeedsK):
         mat = soft_bce(a_logits, (pos + b_probs) / weight, self.eps, weight)
         return mat, self.lam * expected_positive_penalty(a_probs, k)
 
+    manual_gradient = True
+
+    def stacked_step(self, logits, observed, index):
+        """Both sides' soft BCE and EPR terms by hand (:meth:`SPMLLoss.stacked_step`): the
+        classifier's logits get ``(w p - pos - q) / (2 B L)`` plus half EPR's term of ``p``, the
+        estimator's rows ``(w q - pos - p) / (2 B L)`` plus half EPR's term of ``q`` (``w``:
+        ``1 + [observed]``, ``pos``: the observed positives), written into
+        ``label_logits.grad`` (zeros elsewhere)."""
+        runs, batch, classes = logits.shape
+        rows = torch.arange(runs, device=logits.device).unsqueeze(1)
+        est = self.label_logits.detach()[rows, index]
+        pos = (observed == POSITIVE).to(logits.dtype)
+        weight = 1.0 + (observed != UNOBSERVED).to(logits.dtype)
+        p, q = torch.sigmoid(logits), torch.sigmoid(est)
+        scale = 0.5 / (batch * classes)
+        # w BCE(s, (pos + q) / w) = w softplus(s) - (pos + q) s; its gradient w p - pos - q
+        value_f = (weight * F.softplus(logits) - (pos + q) * logits).sum(dim=(1, 2))
+        value_g = (weight * F.softplus(est) - (pos + p) * est).sum(dim=(1, 2))
+        pen_f, dpen_f = _penalty_and_logit_grad(p, self._k(), self.lam)
+        pen_g, dpen_g = _penalty_and_logit_grad(q, self._k(), self.lam)
+        values = scale * (value_f + value_g) + 0.5 * (pen_f + pen_g)
+        grad = (weight * p - pos - q).mul_(scale).add_(dpen_f, alpha=0.5)
+        grad_est = (weight * q - pos - p).mul_(scale).add_(dpen_g, alpha=0.5)
+        full = self.label_logits.grad
+        if full is None or full.shape != self.label_logits.shape:
+            full = torch.zeros_like(self.label_logits)
+        else:
+            full.zero_()
+        full[rows, index] = grad_est
+        self.label_logits.grad = full
+        return values, grad
+
     def entries(self, logits, observed, index):
         if self.label_logits.numel() == 0:
             raise RuntimeError("ROLE's label estimator is not initialised: the engine calls "
@@ -239,9 +281,26 @@ class PairwiseRankingLoss(SPMLLoss):
 
     stackable = True
 
+    manual_gradient = True
+
     def entries(self, logits, observed, index):
         p = torch.sigmoid(logits)
         pos, unobs, _ = masks(observed)
         hinge = torch.relu(1.0 - p.unsqueeze(-1) + p.unsqueeze(-2))  # B x L(i) x L(j)
         pairs = pos.unsqueeze(-1) * unobs.unsqueeze(-2)
         return (hinge * pairs).sum(dim=-1), None
+
+    def stacked_step(self, logits, observed, index):
+        """The hinges and their gradient by hand (:meth:`SPMLLoss.stacked_step`): an active pair
+        (i, j) (``1 - p_i + p_j > 0``) adds ``-1`` to ``dL/dp_i`` and ``+1`` to ``dL/dp_j``,
+        over ``B L``, times ``p (1 - p)`` for the logits (relu's gradient at 0 is 0, as
+        autograd's)."""
+        runs, batch, classes = logits.shape
+        p = torch.sigmoid(logits)
+        pos, unobs, _ = masks(observed)
+        hinge = (1.0 - p.unsqueeze(-1) + p.unsqueeze(-2)).mul_(
+            pos.unsqueeze(-1) * unobs.unsqueeze(-2))  # R x B x L(i) x L(j); 0 off the pairs
+        active = (hinge > 0).to(p.dtype)
+        values = hinge.clamp_(min=0.0).sum(dim=(1, 2, 3)) / (batch * classes)
+        grad_p = active.sum(dim=-2) - active.sum(dim=-1)
+        return values, grad_p.mul_(p * (1.0 - p)).div_(batch * classes)
