@@ -1082,6 +1082,12 @@ def main(argv=None) -> int:
         argv.insert(1, "run")  # `spml study <preset or spec>` is `spml study run ...`
     args = build_parser().parse_args(argv)
     prog = _prog(args)
+    if (args.func is cmd_benchmark or (args.func is cmd_study and args.action == "run")) and \
+            getattr(args, "jobs", None) != 1 and not getattr(args, "dask", None) and \
+            not getattr(args, "scheduler", None) and not getattr(args, "scheduler_file", None):
+        from .experiments.pool import start_worker_server
+
+        start_worker_server()  # its imports run while this process imports and plans
     if getattr(args, "threads", None):
         import torch
 
