@@ -199,6 +199,25 @@ def test_stacked_runs_select_on_another_metric_as_single_runs(metric):
         torch.testing.assert_close(m2.weight, m1.weight, atol=2e-6, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["role", "pr", "em", "an"])
+def test_runs_of_one_seed_share_their_rows_and_equal_single_runs(name):
+    """Eight runs per seed (SHARE_ROWS): one product per seed on shared rows (StackedLinear's
+    shared), each run still its single run (autograd, hand-written and closed-form steps)."""
+    from spmlkit.engine.vectorised import SHARE_ROWS
+
+    lrs = [1e-2 * 0.7 ** i for i in range(SHARE_ROWS)]
+    configs = [TrainConfig(epochs=3, batch_size=8, lr=lr, seed=s) for s in (0, 1) for lr in lrs]
+    hp = HPARAMS.get(name, {})
+    stacked = fit_linear_stacked(X, Z, [create_loss(name, **hp) for _ in configs], configs,
+                                 x_val=XV, y_val=YV, k=1.5)
+    for c, out in zip(configs, stacked):
+        m1, r1 = fit_linear(X, Z, create_loss(name, **hp), c, x_val=XV, y_val=YV, k=1.5)
+        m2, r2 = out
+        assert r2.best_epoch == r1.best_epoch
+        torch.testing.assert_close(m2.weight, m1.weight, atol=2e-6, rtol=0)
+        torch.testing.assert_close(m2.bias, m1.bias, atol=2e-6, rtol=0)
+
+
 def test_a_diverging_run_fails_alone():
     configs = [TrainConfig(epochs=3, batch_size=8, lr=1e-3, seed=0),
                TrainConfig(epochs=3, batch_size=8, lr=1e38, seed=1)]
