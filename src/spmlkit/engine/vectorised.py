@@ -54,6 +54,7 @@ from torch import nn
 
 from ..losses import SPMLLoss, TrainInfo
 from ..losses.base import observed_validated
+from ..losses.cole import expected_positive_penalty_grad
 from ..metrics import higher_is_better
 from .config import TrainConfig, parse_early_stop
 from .linear import linear_inputs, make_linear_head, val_map
@@ -408,7 +409,7 @@ def _closed_form_step(logits, target, weight, count, reduction):
     ``entries`` reduced as the autograd step reduces them, and ``weight * (sigmoid(s) - target)
     / (B L)`` plus the count term's ``2 lam (m - k) / (L^2 B) * p (1 - p)`` (``m``: the run's
     mean predicted count), what autograd computes."""
-    runs, batch, classes = logits.shape
+    _, batch, classes = logits.shape
     # BCE(s, t) = softplus(s) - t s (what binary_cross_entropy_with_logits computes, in fewer
     # operations: the step time here is per-operation overhead)
     entries = torch.addcmul(F.softplus(logits), target, logits, value=-1.0)
@@ -421,10 +422,9 @@ def _closed_form_step(logits, target, weight, count, reduction):
     g.mul_(1.0 / (batch * classes))
     if count is not None:
         lam, k = count
-        excess = p.sum(dim=-1).mean(dim=-1) - k  # R
-        values = values + lam * (excess / classes) ** 2
-        coef = excess * (2.0 * lam / (classes * classes * batch))
-        g.add_(p * (1.0 - p) * coef.view(runs, 1, 1))
+        penalty, grad = expected_positive_penalty_grad(p, k, lam)
+        values = values + penalty
+        g.add_(grad)
     if reduction == "sum":
         values = values * (batch * classes)
         g.mul_(batch * classes)

@@ -124,9 +124,10 @@ def expected_positive_penalty(probs: torch.Tensor, k: float) -> torch.Tensor:
     return ((probs.sum(dim=-1).mean(dim=-1) - k) / probs.shape[-1]) ** 2
 
 
-def _penalty_and_logit_grad(probs: torch.Tensor, k, lam):
-    """EPR's penalty of R x B x L probabilities (R,) times ``lam``, and its gradient for the
-    logits: ``2 lam (m - k) / (L^2 B) * p (1 - p)`` (``m``: the run's mean predicted count)."""
+def expected_positive_penalty_grad(probs: torch.Tensor, k, lam):
+    """EPR's penalty of R x B x L probabilities (R,) times ``lam`` (``k`` and ``lam`` numbers or
+    per-run tensors), and its gradient for the logits: ``2 lam (m - k) / (L^2 B) * p (1 - p)``
+    (``m``: the run's mean predicted count); for hand-written stacked gradients."""
     runs, batch, classes = probs.shape
     excess = probs.sum(dim=-1).mean(dim=-1) - k
     coef = excess * (2.0 * lam / (classes * classes * batch))
@@ -242,8 +243,8 @@ class ROLELoss(_NeedsK):
         # w BCE(s, (pos + q) / w) = w softplus(s) - (pos + q) s; its gradient w p - pos - q
         value_f = (weight * F.softplus(logits) - (pos + q) * logits).sum(dim=(1, 2))
         value_g = (weight * F.softplus(est) - (pos + p) * est).sum(dim=(1, 2))
-        pen_f, dpen_f = _penalty_and_logit_grad(p, self._k(), self.lam)
-        pen_g, dpen_g = _penalty_and_logit_grad(q, self._k(), self.lam)
+        pen_f, dpen_f = expected_positive_penalty_grad(p, self._k(), self.lam)
+        pen_g, dpen_g = expected_positive_penalty_grad(q, self._k(), self.lam)
         values = scale * (value_f + value_g) + 0.5 * (pen_f + pen_g)
         grad = (weight * p - pos - q).mul_(scale).add_(dpen_f, alpha=0.5)
         grad_est = (weight * q - pos - p).mul_(scale).add_(dpen_g, alpha=0.5)
