@@ -565,7 +565,7 @@ class _LACStep(StepHook):
             self.sums[key] += float(value.detach()) * b
 
     def epoch_record(self) -> dict:
-        n, lac = self.recipe.n, self.lac
+        n, lac = self.recipe.sampler.rows_per_epoch, self.lac
         record = {"base_loss": self.sums["base_loss"] / n}
         if lac.plc:
             record["plc_loss"] = self.sums["plc_loss"] / n
@@ -600,7 +600,8 @@ class _LACRecipe:
         self.lac, self.config, self.stages, self.device = lac, config, stages, device
         self.n = int(z.shape[0])
         self.amp = amp_dtype(config.amp, device)
-        self.sampler = GlobalBatchSampler(self.n, config.batch_size, config.seed)
+        self.sampler = GlobalBatchSampler(self.n, config.batch_size, config.seed,
+                                          drop_last=config.drop_last)
         self.steps_per_epoch = len(self.sampler)
         self.queue = LACQueue(lac.queue_size, lac.proj_dim).to(device) \
             if lac.queue_size > 0 else None
@@ -737,7 +738,7 @@ def fit_lac(model: LabelEmbeddingModel, loss, views, observed, y_train, y_val, l
     stages = lac.stages(config.epochs)
     loss.on_train_start(z, TrainInfo(len(z), z.shape[1], k, config.seed, config.epochs))
     recipe = _LACRecipe(model, loss, views, z, y_train, y_val, lac, config, stages, device)
-    return train_loop(model, loss, recipe.loop_stages(), num_examples=recipe.n,
+    return train_loop(model, loss, recipe.loop_stages(), num_examples=recipe.sampler.rows_per_epoch,
                       evaluators=recipe.evaluators(), weights=recipe.weights,
                       early_stop=config.early_stop, train_logits=recipe.train_logits,
                       on_epoch=on_epoch, checkpoint=checkpoint, resume=resume,
