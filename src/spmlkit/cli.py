@@ -909,7 +909,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "study's vary axis (LAC Figs. 3-5, Zhou Fig. 3a, Cole Fig. 1)")
     f.add_argument("study", metavar="STUDY_DIR", help="a study folder (runs/studies/<name>)")
     f.add_argument("--axis", required=True,
-                   help="vary key: hparams.<name>, data.<option>, k, regime")
+                   help="vary key: hparams.<name>, data.<option>, k, regime, lac.<field> "
+                        "(lac.queue_size: Xie et al. Fig. 5, lac.temperature: Fig. 4)")
     f.add_argument("--metric", default="test_map", help="results column (default test_map)")
     f = fsub.add_parser("histograms", help="train probabilities of observed positives, "
                         "unobserved positives and negatives (Cole Fig. 2, Zhou Fig. 4b)")
