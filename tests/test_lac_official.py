@@ -146,3 +146,19 @@ def test_queue_state_round_trip_and_errors():
     out = lac_term(w, w, torch.zeros(1, 2, dtype=torch.bool), LACQueue(4, 3))
     out.backward()
     assert out.item() == 0.0
+
+
+def test_lac_defaults_are_the_official_second_stage_defaults():
+    """``LACConfig``'s defaults "are the paper's / the authors' code's": the argparse defaults of
+    ``second_stage.py`` (xiemk/SPML-LAC b4af68e, lines 44-52, 59-69, 90, 99) and its OneCycle
+    ``pct_start`` (line 222). (``dim`` is not: the official 2048 is ResNet-50's width, too big
+    for a CPU; ``delta1`` = 0.6 is ``first_stage.py``'s threshold, not pinned here.)"""
+    from spmlkit.methods.lac import (OFFICIAL_BATCH_SIZE, OFFICIAL_EPOCHS, OFFICIAL_LR,
+                                     LACConfig)
+
+    official = {"lambda_plc": 1.0, "lambda_lac": 1.0, "delta2": 0.9, "temperature": 0.5,
+                "queue_size": 512, "weight_decay": 1e-2, "proj_dim": 128, "ema_decay": 0.9997,
+                "pct_start": 0.2}
+    ours = LACConfig()
+    assert {k: getattr(ours, k) for k in official} == official
+    assert (OFFICIAL_BATCH_SIZE, OFFICIAL_LR, OFFICIAL_EPOCHS) == (32, 1e-4, 40)
