@@ -84,8 +84,10 @@ def _pil():
     try:
         from PIL import Image
     except ModuleNotFoundError:
-        raise ModuleNotFoundError("image transforms need Pillow: pip install 'spmlkit[images]' "
-                                  "(or: pip install Pillow)") from None
+        from ..extras import install_hint
+
+        raise ModuleNotFoundError("image transforms need Pillow: " +
+                                  install_hint("images", "Pillow")) from None
     return Image
 
 
