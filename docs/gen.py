@@ -308,7 +308,7 @@ def gen_presets() -> str:
         if header:
             out.append("From the file's header (how to run it, what it needs, how to point it at "
                        "the papers' data):\n")
-            out.append("```yaml\n" + "\n".join(header) + "\n```\n")
+            out.append("```text\n" + "\n".join(header) + "\n```\n")
     return "\n".join(out)
 
 
