@@ -345,7 +345,8 @@ SCHEMA = {  # key -> (type, meaning); a new spec key fails the generator until i
                 "refused with the loss's list."),
     "vary": ("mapping of lists", "what is *reported* (one column or figure point per value): "
              "`hparams.<name>`, `data.<option>`, `k` (a number or `estimate:M:lower|point|"
-             "upper`) or `regime`."),
+             "upper`), `regime` or `lac.<field>` (a LACConfig field of the methods in mode "
+             "`lac`, e.g. `lac.queue_size`)."),
     "train": ("mapping", "more `TrainConfig` fields (table below); `epochs`, `batch_size`, "
               "`lr`, `seed`, `early_stop` and `metric` have their own keys."),
     "mode_options": ("mapping", "the study mode's own options (table below), e.g. "
