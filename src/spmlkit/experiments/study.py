@@ -38,8 +38,12 @@ in brackets (``an [smile]``) unless the label names the mode already
 A vary axis applies to the methods it concerns: ``hparams.<name>`` to losses with that
 hyperparameter, ``k`` to losses with a ``k`` (EPR, ROLE), ``regime`` to methods that do not fix
 their regime with ``@``; ``data.<option>`` (passed to :func:`spmlkit.data.load_splits`) to all.
-``k`` is a number or ``estimate:M:lower|point|upper`` (Cole et al. App. B: the estimate, or an
-end of its 95% interval, from M fully labelled train rows drawn with the run's seed).
+``k`` is a number, ``true`` (the train split's mean, Cole et al.'s k*),
+``estimate:M:lower|point|upper`` (the estimate, or an end of its normal 95%
+interval, from M fully labelled train rows drawn with the run's seed) or
+``interval:M:lower|upper|I/N`` (Cole et al. App. B's interval I_M: the 5th / 95th percentiles of
+the estimate over 10^5 draws of M rows, the same for every seed; ``I/N`` a point between them,
+:func:`spmlkit.methods.resolve_k`).
 
 Grid points and seeds differ in training only (initialisation, batch order): the observed labels
 are drawn with the official seed 1200, as in the papers' code; ``vary: {data.seed: [...]}``
@@ -421,13 +425,19 @@ def _loss_hparams(loss: str) -> set:
 
 
 def _check_k(value, source: str, key: str):
+    if value == "true":
+        return value
     if isinstance(value, str):
+        from ..methods.base import interval_position
+
         parts = value.split(":")
-        ok = (len(parts) == 3 and parts[0] == "estimate" and parts[1].isdigit()
-              and int(parts[1]) > 0 and parts[2] in K_BOUNDS)
+        ok = (len(parts) == 3 and parts[1].isdigit() and int(parts[1]) > 0
+              and ((parts[0] == "estimate" and parts[2] in K_BOUNDS)
+                   or (parts[0] == "interval" and interval_position(parts[2]) is not None)))
         if not ok:
-            _fail(source, key, f"expected a number or 'estimate:M:lower|point|upper' (M fully "
-                               f"labelled rows), got {value!r}")
+            _fail(source, key, f"expected a number, 'true' (the train split's mean), "
+                               f"'estimate:M:lower|point|upper' or 'interval:M:lower|upper|I/N' "
+                               f"(M fully labelled rows), got {value!r}")
         return value
     _number(value, source, key)
     return value
@@ -673,7 +683,8 @@ class RunTask:
     seed: int
     variant: dict        # the vary assignment ({} if none)
     hparams: dict
-    k: object            # None (the train split's mean), a number, or "estimate:M:bound"
+    k: object            # None (the train split's mean), a number, "estimate:M:bound" or
+    #                      "interval:M:position" (resolve_k)
     mode: str
     train: dict          # TrainConfig fields
     mode_options: dict
@@ -929,8 +940,9 @@ def group_tasks(tasks: list[RunTask], jobs: int = 1) -> list:
     :mod:`spmlkit.engine.vectorised`).
 
     Runs group when they differ only in seed and learning rate (same dataset and options,
-    regime, method, loss and hyperparameters, numeric or default ``k``, batch size and the rest
-    of the train config, mode options), their mode can train several at once
+    regime, method, loss and hyperparameters, ``k`` as resolved for the run (an
+    ``estimate:`` / ``interval:`` k is resolved here, with the run's seed), batch size and the
+    rest of the train config, mode options), their mode can train several at once
     (``TrainingMethod.fit_many``, no ``save_train_probs``) and their loss can be stacked
     (:func:`spmlkit.engine.vectorised.can_stack`). Runs of closed-form losses
     (:func:`spmlkit.engine.vectorised.closed_form`: AN, AN-LS, WAN, EPR, BCE, ...) group across
@@ -946,7 +958,8 @@ def group_tasks(tasks: list[RunTask], jobs: int = 1) -> list:
     from ..engine import TrainConfig
     from ..engine.vectorised import can_stack, closed_form, stack_limit
     from ..losses import create_loss
-    from ..methods import get_method
+    from ..methods import get_method, resolve_k
+    from .pool import cached_splits
 
     groups: dict = {}
     closed: dict = {}  # (loss, hparams) -> closed_form
@@ -954,11 +967,18 @@ def group_tasks(tasks: list[RunTask], jobs: int = 1) -> list:
     for t in tasks:
         method = get_method(t.mode)
         if method.fit_many is None or t.mode_options.get("save_train_probs") or \
-                t.mode_options.get("head", "linear") != "linear" or isinstance(t.k, str):
+                t.mode_options.get("head", "linear") != "linear":
             out.append(t)
             continue
-        rest = {k: v for k, v in t.train.items() if k not in ("seed", "lr")}
-        own = [t.regime, t.method, t.loss, t.hparams, t.k]
+        k = t.k
+        if isinstance(k, str):  # the value the run will train with (a stack shares one k)
+            try:
+                k = resolve_k(k, cached_splits(t.dataset, t.regime, t.dataset_options), t.seed)
+            except Exception:  # noqa: BLE001 (the run itself will say what is wrong)
+                out.append(t)
+                continue
+        rest = {k_: v for k_, v in t.train.items() if k_ not in ("seed", "lr")}
+        own = [t.regime, t.method, t.loss, t.hparams, k]
         spec = json.dumps([t.loss, t.hparams], sort_keys=True, default=str)
         if spec not in closed:
             try:
