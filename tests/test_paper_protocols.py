@@ -99,3 +99,76 @@ def test_cole_appb_stacked_equals_single_runs(tmp_path):
     for key, value in maps[True].items():
         assert value == pytest.approx(maps[False][key], abs=1e-3)
 
+
+
+@pytest.fixture(scope="module")
+def fig1_study(tmp_path_factory):
+    """cole-fig1 shrunk: AN and BCE on full labels at 10% and 100% of the train images."""
+    spec = load_study("cole-fig1", {"seeds": 1, "epochs": 2, "grid.batch_size": [16],
+                                    "grid.lr": [1e-2], "vary.data.subsample": [0.1, 1.0],
+                                    "methods": ["an", {"label": "BCE", "spec": "bce@full"}]})
+    out = tmp_path_factory.mktemp("fig1") / "study"
+    assert run_study(spec, out=out, jobs=1, progress=False)["failures"] == 0
+    return out
+
+
+def test_cole_fig1_is_drawn_against_training_labels_on_a_log_axis(fig1_study):
+    from spmlkit.experiments import figures as fg
+
+    assert fg.default_x("data.subsample") == fg.TRAIN_LABELS
+    lines, _ = fg.sweep_from_study(fig1_study, "data.subsample", x=fg.TRAIN_LABELS)
+    xs = {ln.method: ln.x for ln in lines}
+    assert xs == {"an": [135.0, 1354.0], "BCE": [135.0 * 14, 1354.0 * 14]}  # 1 vs L labels
+    fig = fg.draw_sweep(lines, "data.subsample", logx=True, xlabel=fg.TRAIN_LABELS_XLABEL)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log"
+    assert "training labels" in ax.get_xlabel() and ax.get_ylabel().startswith("test mAP")
+
+
+def test_report_pivots_the_vary_axis_and_draws_small_multiples(fig1_study, monkeypatch):
+    from spmlkit.experiments import report
+    from spmlkit.experiments.study import open_study
+
+    monkeypatch.setattr(report, "CURVES_IN_ONE_PANEL", 2)   # 4 curves: small multiples
+    study = open_study(fig1_study)
+    with __import__("tempfile").TemporaryDirectory() as tmp:
+        figures = report.build_figures(study, tmp)
+        page = report.render_html(study, figures)
+    captions = [c for c, _ in figures]
+    assert captions[0].startswith("Validation mAP per epoch") and "one panel per method" \
+        in captions[0]
+    assert "number of observed training labels (log axis)" in captions[1]
+    start = page.index('id="table-test_map"')
+    main = page[start:page.index("</table>", start)]
+    assert "data.subsample=" not in main            # no row per (method, value)
+    assert main.count("<tr") <= 1 + 2 + 1            # header, an, BCE (and a caption row)
+
+
+def test_curve_axes_say_map(tmp_path):
+    from spmlkit.experiments import figures as fg
+
+    assert fg.metric_label("val_map") == "val mAP" and fg.metric_label("test_map") == "test mAP"
+    records = [{"epoch": e, "val_map": 40.0 + e} for e in (1, 2, 3)]
+    path = fg.plot_small_curves({"AN": {"AN": records}, "EM": {"EM": records}},
+                                tmp_path / "c.png")
+    assert path.is_file()
+
+
+def test_yeast_papers_zhou_rows_use_zhous_early_stopping():
+    spec = load_study("yeast-papers")
+    stops = {t.method: t.train["early_stop"] for t in expand(spec)}
+    zhou = {"DW (ES)", "L1R (ES)", "L2R (ES)", "N-LS (ES)", "EntMin (ES)", "Focal (ES)",
+            "ASL (ES)", "EM (ES)", "EM+APL (ES)"}
+    assert {m for m, s in stops.items() if s == "patience:1"} == zhou
+    assert all(stops[m] == "none" for m in stops if m not in zhou)      # Cole's, OPML's rows
+    assert "(ES)" in spec.description and "early stopping" in spec.description
+    zt = load_study("zhou-table1")
+    assert zt.early_stop == "patience:1" and zt.hparams["em"] == {"alpha": 0.1}
+
+
+def test_method_early_stop_is_checked():
+    with pytest.raises(ValueError, match=r"methods\[0\]\.early_stop"):
+        load_study("smoke", {"methods": [{"spec": "an", "early_stop": "sometimes"}]})
+    spec = load_study("smoke", {"methods": [{"spec": "an", "early_stop": "patience:2"}, "epr"]})
+    assert [t.train["early_stop"] for t in expand(spec)] == ["patience:2", "none"]
+    assert load_study(spec.to_dict()).methods[0].early_stop == "patience:2"   # round trip

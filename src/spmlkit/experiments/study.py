@@ -25,8 +25,10 @@ value)::
     mlflow: false
 
 A method is a spec string (``an``, ``an+reg``, ``bce@full``) or a mapping
-``{spec, label, mode, mode_options}`` (``spec`` required; ``label`` defaults to it): its
-``mode_options`` are merged over the study's for that row (the rows of LAC's Table 3 are
+``{spec, label, mode, mode_options, early_stop}`` (``spec`` required; ``label`` defaults to
+it): its ``early_stop`` replaces the study's for that row (a table that sets rows of two
+papers side by side, each with its paper's protocol: Zhou et al. stop early, Cole et al. do
+not), its ``mode_options`` are merged over the study's for that row (the rows of LAC's Table 3 are
 settings of one trainer, not losses). A method with a ``mode`` of its own trains in that mode
 (SMILE beside the linear losses: ``{label: SMILE, spec: an, mode: smile}``); the study's
 ``mode_options`` are the study mode's, so such a row takes its own ``mode_options`` alone.
@@ -87,7 +89,7 @@ SPEC_KEYS = ("name", "title", "description", "datasets", "methods", "mode", "see
              "metric")
 REQUIRED_KEYS = ("datasets", "methods")
 #: the keys of a method given as a mapping (``spec`` required)
-METHOD_KEYS = ("label", "spec", "mode", "mode_options")
+METHOD_KEYS = ("label", "spec", "mode", "mode_options", "early_stop")
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 STUDIES_ROOT = Path("runs") / "studies"
 DEFAULT_GRID = {"batch_size": [8, 16], "lr": [1e-2, 1e-3, 1e-4, 1e-5]}
@@ -188,6 +190,7 @@ class MethodSpec:
     fixed_regime: bool = False   # the spec names its regime (a vary regime axis skips it)
     mode_options: dict = field(default_factory=dict)  # merged over the study's, for this row
     mode: str | None = None      # this row's training mode (None: the study's)
+    early_stop: str | None = None  # this row's early stopping (None: the study's)
 
 
 @dataclass
@@ -258,12 +261,14 @@ class StudySpec:
 
 
 def _method_dict(m: MethodSpec):
-    if m.mode or m.mode_options:
+    if m.mode or m.mode_options or m.early_stop:
         out = {"label": m.label, "spec": m.spec}
         if m.mode:
             out["mode"] = m.mode
         if m.mode_options:
             out["mode_options"] = m.mode_options
+        if m.early_stop:
+            out["early_stop"] = m.early_stop
         return out
     return m.spec if m.label == m.spec else {"label": m.label, "spec": m.spec}
 
@@ -490,15 +495,24 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
             if "spec" not in item or set(item) - set(METHOD_KEYS) or \
                     ("mode" in item and not isinstance(item["mode"], str)):
                 _fail(source, key, f"expected a method spec or {{label: ..., spec: ..., "
-                                   f"mode: ..., mode_options: {{...}}}} (spec required), got "
-                                   f"{item!r}")
+                                   f"mode: ..., mode_options: {{...}}, early_stop: ...}} (spec "
+                                   f"required), got {item!r}")
             spec = str(item["spec"])
             label = str(item.get("label") or spec)
             options = _mapping(item.get("mode_options"), source, f"{key}.mode_options")
             own_mode = item.get("mode")
+            own_stop = None if item.get("early_stop") is None else str(item["early_stop"])
+            if own_stop is not None:
+                from ..engine import parse_early_stop as _parse_stop
+
+                try:
+                    _parse_stop(own_stop)
+                except ValueError as err:
+                    _fail(source, f"{key}.early_stop", str(err))
         elif isinstance(item, str):
             label = spec = item
             options = {}
+            own_stop = None
         else:
             _fail(source, key, f"expected a method spec such as 'an' or 'bce@full', got {item!r}")
         try:
@@ -508,7 +522,7 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
             _fail(source, key, str(err))
         fixed = "@" in spec or spec in REFERENCES
         methods.append(MethodSpec(label, spec, m.loss, m.regime, tuple(m.reg), fixed, options,
-                                  own_mode))
+                                  own_mode, own_stop))
     labels = [m.label for m in methods]
     if len(set(labels)) < len(labels):
         _fail(source, "methods", f"labels must be unique, got {labels}")
@@ -785,7 +799,7 @@ def expand(spec: StudySpec) -> list[RunTask]:
                     for point in _assignments(spec.grid, grid_keys):
                         hp = dict(fixed)
                         train = {"epochs": spec.epochs, "seed": seed,
-                                 "early_stop": spec.early_stop, **spec.train}
+                                 "early_stop": m.early_stop or spec.early_stop, **spec.train}
                         if spec.metric != "map":  # (map runs keep the ids they always had)
                             train["metric"] = spec.metric
                         options = dict(ds.options)
