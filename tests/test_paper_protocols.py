@@ -98,6 +98,15 @@ def test_cole_appb_stacked_equals_single_runs(tmp_path):
     assert maps[True].keys() == maps[False].keys()
     for key, value in maps[True].items():
         assert value == pytest.approx(maps[False][key], abs=1e-3)
+    # Fig. A1's x axis: the value of k the runs trained with (one per k for every seed)
+    from spmlkit.experiments import figures as fg
+
+    assert fg.default_x("k") == fg.K_VALUE
+    lines, _ = fg.sweep_from_study(tmp_path / "True", "k", x=fg.K_VALUE)
+    splits = load_splits("yeast", "1p")
+    low = resolve_k("interval:5:lower", splits, 0)
+    assert [ln.x for ln in lines] == [[round(low, 6), round(splits.k, 6)]] * 2
+    assert all(ln.n.tolist() == [2, 2] for ln in lines)
 
 
 

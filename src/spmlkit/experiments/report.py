@@ -322,11 +322,16 @@ def build_figures(study: StudyFolder, folder) -> list:
             lines = fg.sweep_points(study.selected, axis, x=x)
         except ValueError:  # no finished run varies this axis yet
             continue
-        if x:
+        if x == fg.TRAIN_LABELS:
             path = fg.plot_sweep(lines, axis, folder / f"sweep-{i}.png", title=study.title,
                                  logx=True, xlabel=fg.TRAIN_LABELS_XLABEL)
             caption = (f"Selected test mAP (mean ± std over seeds) against the number of "
                        f"observed training labels (log axis), each point one value of {axis}")
+        elif x:
+            logx, xlabel = fg.x_layout(x)
+            path = fg.plot_sweep(lines, axis, folder / f"sweep-{i}.png", title=study.title,
+                                 logx=logx, xlabel=xlabel)
+            caption = f"Selected test mAP (mean ± std over seeds) against {xlabel}"
         else:
             path = fg.plot_sweep(lines, axis, folder / f"sweep-{i}.png",
                                  title=f"{study.title}: sensitivity to {axis}")

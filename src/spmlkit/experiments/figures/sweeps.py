@@ -60,21 +60,56 @@ def _as_number(v):
 TRAIN_LABELS = "train_labels"
 
 
+#: ``sweep_points(..., x=K_VALUE)``: each point at the k its runs trained with (an
+#: ``interval:`` / ``estimate:`` / ``true`` k resolved, :func:`spmlkit.methods.resolve_k`; Cole
+#: et al. Fig. A1 plots mAP against k)
+K_VALUE = "k_value"
 #: the x axis label of a :data:`TRAIN_LABELS` sweep
 TRAIN_LABELS_XLABEL = "number of observed training labels (log scale)"
 
 
 def default_x(axis: str) -> str | None:
     """The x a sweep of ``axis`` is drawn against by default: :data:`TRAIN_LABELS` for
-    ``data.subsample`` (Cole et al. Fig. 1: mAP against the number of training labels), else
-    the axis value (None)."""
-    return TRAIN_LABELS if axis == "data.subsample" else None
+    ``data.subsample`` (Cole et al. Fig. 1: mAP against the number of training labels),
+    :data:`K_VALUE` for ``k`` (Fig. A1: mAP against the value of k), else the axis value
+    (None)."""
+    return {"data.subsample": TRAIN_LABELS, "k": K_VALUE}.get(axis)
+
+
+def x_layout(x: str | None) -> tuple:
+    """``(logx, xlabel)`` of a sweep drawn against ``x`` (:func:`sweep_points`): a log axis
+    of training labels, k's value, or the defaults (``None, None``)."""
+    if x == TRAIN_LABELS:
+        return True, TRAIN_LABELS_XLABEL
+    if x == K_VALUE:
+        return None, "k (expected positives per example)"
+    return None, None
 
 
 def metric_label(metric: str) -> str:
     """How an axis names a results column: ``test_map`` -> ``test mAP``."""
     words = metric.replace(".", " ").replace("_", " ").split()
     return " ".join("mAP" if w.lower() == "map" else w for w in words)
+
+
+def _row_splits(row):
+    from ..pool import cached_splits
+
+    config = row.get("config")
+    config = json.loads(config) if isinstance(config, str) else config
+    if not isinstance(config, dict) or "dataset" not in config:
+        raise ValueError(f"run {row.get('run_id')}: its row has no config naming its dataset")
+    return config, cached_splits(config["dataset"], config.get("regime") or row.get("regime"),
+                                 config.get("dataset_options") or {})
+
+
+def resolved_k(row) -> float:
+    """The k a study row's run trained with (its ``k`` resolved on its splits and seed)."""
+    from ...methods import resolve_k
+
+    config, splits = _row_splits(row)
+    k = resolve_k(config.get("k"), splits, int(row.get("seed") or 0))
+    return float(splits.k if k is None else k)
 
 
 def train_label_count(row) -> int:
@@ -85,16 +120,7 @@ def train_label_count(row) -> int:
     Raises:
         ValueError: the row has no ``config`` (a row of an older store).
     """
-    from ..pool import cached_splits
-
-    config = row.get("config")
-    config = json.loads(config) if isinstance(config, str) else config
-    if not isinstance(config, dict) or "dataset" not in config:
-        raise ValueError(f"run {row.get('run_id')}: its row has no config naming its dataset, "
-                         f"so its training labels cannot be counted")
-    splits = cached_splits(config["dataset"], config.get("regime") or row.get("regime"),
-                           config.get("dataset_options") or {})
-    return int(splits.meta["observed_labels"])
+    return int(_row_splits(row)[1].meta["observed_labels"])
 
 
 def sweep_points(rows, axis: str, metric: str = "test_map",
@@ -107,9 +133,10 @@ def sweep_points(rows, axis: str, metric: str = "test_map",
             ``StudyStore.selected()`` returns. Rows whose status is not ``done`` are skipped.
         axis: a vary key (``hparams.alpha``, ``data.subsample``, ``k``, ``regime``).
         metric: the row column on the y axis.
-        x: ``None`` (the axis value) or :data:`TRAIN_LABELS`: the point of each axis value is
+        x: ``None`` (the axis value), :data:`TRAIN_LABELS`: the point of each axis value is
             drawn at its runs' number of observed training labels (:func:`train_label_count`;
-            Cole et al. Fig. 1 plots mAP against it on a log axis).
+            Cole et al. Fig. 1 plots mAP against it on a log axis), or :data:`K_VALUE`: at the
+            k the runs trained with (:func:`resolved_k`).
 
     Returns:
         one :class:`SweepLine` per (dataset, method, other keys): x sorted (numerically when
@@ -148,8 +175,10 @@ def sweep_points(rows, axis: str, metric: str = "test_map",
         any_axis = True
         if x == TRAIN_LABELS:
             value_x = float(train_label_count(r))
+        elif x == K_VALUE:
+            value_x = round(resolved_k(r), 6)
         elif x is not None:
-            raise ValueError(f"x must be None or {TRAIN_LABELS!r}, got {x!r}")
+            raise ValueError(f"x must be None, {TRAIN_LABELS!r} or {K_VALUE!r}, got {x!r}")
         others = {k: v for k, v in variant.items() if k != axis}
         label = r["method"] + (" (" + ", ".join(f"{k}={v}" for k, v in sorted(others.items()))
                                + ")" if others else "")
@@ -257,6 +286,6 @@ def sweep_from_study(study_dir, axis: str, metric: str = "test_map",
     if not study.has_results:
         raise FileNotFoundError(f"{study.results_path} is missing: the study has not run yet "
                                 f"(`spml study run` writes it)")
-    if x == TRAIN_LABELS:
+    if x is not None:
         return sweep_points(study.selected, axis, metric, x), study.title
     return sweep_points(study.selected, axis, metric), f"{study.title}: sensitivity to {axis}"
