@@ -82,7 +82,7 @@ def plot_small_curves(panels: dict, out, metric: str = "val_map", title: str | N
     its own lines (``{line label: epoch records}``: the method's variants, or one line),
     on one shared y range; the other panels' lines are drawn faint grey behind, for context,
     when a panel has one line. Several lines in a panel take colours along a sequential map
-    in their order (a swept value) and are named in the first panel's legend.
+    in their order (a swept value) and are named in one legend beside the panels.
 
     Returns:
         the path written (see :func:`~spmlkit.experiments.figures.save_figure`).
@@ -129,8 +129,10 @@ def plot_small_curves(panels: dict, out, metric: str = "val_map", title: str | N
             ax.set_ylabel(metric_label(metric))
         if idx // ncols == nrows - 1:
             ax.set_xlabel("epoch")
-        if idx == 0 and not single:
-            ax.legend(fontsize="x-small")
+    if not single:  # one legend for every panel (the same variants), beside them
+        handles, labels = axes[0, 0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside right upper", fontsize="x-small",
+                   ncol=1 + len(labels) // 26)
     for idx in range(n, nrows * ncols):
         axes[idx // ncols, idx % ncols].set_visible(False)
     integer_epochs(*[axes[i // ncols, i % ncols] for i in range(n)])
