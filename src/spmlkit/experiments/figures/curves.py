@@ -127,7 +127,8 @@ def plot_small_curves(panels: dict, out, metric: str = "val_map", title: str | N
         ax.grid(alpha=0.3)
         if idx % ncols == 0:
             ax.set_ylabel(metric_label(metric))
-        if idx // ncols == nrows - 1:
+        if idx + ncols >= n:  # no panel below: this one shows the epochs
+            ax.xaxis.set_tick_params(labelbottom=True)
             ax.set_xlabel("epoch")
     if not single:  # one legend for every panel (the same variants), beside them
         handles, labels = axes[0, 0].get_legend_handles_labels()
