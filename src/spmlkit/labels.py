@@ -422,7 +422,7 @@ def k_interval(y_full, m: int, trials: int = 100_000, percentiles=(5.0, 95.0),
     >>> y = np.array([[1, 0, 0]] * 50 + [[1, 1, 1]] * 50)
     >>> iv = k_interval(y, 10, trials=20_000)
     >>> iv.k, iv.low < 2.0 < iv.high, round(iv.low, 1), round(iv.high, 1)
-    (2.0, True, 1.4, 2.6)
+    (2.0, True, 1.6, 2.4)
     """
     y = validate_full_labels(y_full, "k_interval")
     counts = y.sum(axis=1).astype(np.float64)
