@@ -112,11 +112,12 @@ class Method:
     reg: tuple = ()
 
 
-def parse_methods(losses, references=("bce", "iun")) -> list[Method]:
+def parse_methods(losses, references=("bce", "iun"), regime: str = "1p") -> list[Method]:
     """``["an", "bce@full"]`` -> methods; ``"all"`` stands for every registered loss (but bce,
     a reference row, and the losses that need an external scorer's file, ``em_pl`` and ``gpr``:
     name them, with their ``scores`` in the hyperparameters) and may be combined with more specs
-    (``"all,opml@full"``)."""
+    (``"all,opml@full"``). ``regime``: the regime of a spec without ``@regime`` (another than
+    ``1p`` is then written into its label: ``an@given``)."""
     from ..losses import LOSSES
     from ..losses.regularizers import parse_regularizers
 
@@ -125,6 +126,7 @@ def parse_methods(losses, references=("bce", "iun")) -> list[Method]:
     every = [n for n in LOSSES.names()
              if n != "bce" and not getattr(LOSSES.get(n).factory, "needs_scores", False)]
     losses = [name for spec in losses for name in (every if spec == "all" else [spec])]
+    default = regime
     out = []
     for spec in losses:
         name, _, regime = spec.partition("@")
@@ -136,6 +138,8 @@ def parse_methods(losses, references=("bce", "iun")) -> list[Method]:
         LOSSES.get(name)  # unknown names fail here, with suggestions
         if reg:
             parse_regularizers(reg)  # so does a bad regulariser spec
+        if not regime and default != "1p":
+            spec, regime = f"{spec}@{default}", default
         out.append(Method(spec, name, regime or "1p", tuple(reg)))
     for ref in references or ():
         if ref not in REFERENCES:

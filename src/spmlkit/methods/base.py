@@ -298,6 +298,23 @@ def feature_preprocess(splits) -> dict:
     return {key: torch.as_tensor(np.asarray(stats[key], dtype)) for key in ("mean", "std")}
 
 
+def feature_record(splits) -> dict:
+    """What ``config.json`` records of the features a run trains on (key ``features``): the
+    table columns used (the ``tabular`` source), and the standardisation: ``{"by": "train
+    rows", "mean", "std"}`` (what ``spml predict`` applies to new rows, from ``best.pt``) or
+    False."""
+    meta = splits.meta or {}
+    stats = meta.get("standardize")
+    shape = tuple(getattr(splits.train.x, "shape", ()))  # arrays only (never converts items)
+    out = {"standardized": {"by": "train rows", "mean": stats["mean"], "std": stats["std"]}
+           if stats else False}
+    if len(shape) == 2:  # feature vectors (image sources' inputs are files)
+        out["dim"] = int(shape[1])
+    if meta.get("feature_columns"):
+        out["columns"] = list(meta["feature_columns"])
+    return out
+
+
 @dataclass
 class RunContext:
     """What a method's ``fit`` gets from :func:`train_run`."""
@@ -387,7 +404,7 @@ def _fresh_config(method: TrainingMethod, ctx: RunContext, dataset_options) -> d
            "options": _plain_options(ctx.options), "sizes": {s: len(getattr(splits, s))
                                               for s in ("train", "val", "test")},
            "class_names": list(splits.class_names), "labels": describe_labels(splits),
-           "versions": versions()}
+           "features": feature_record(splits), "versions": versions()}
     if method.run_config is not None:
         out.update(method.run_config(ctx))
     return out
