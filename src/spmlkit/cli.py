@@ -41,13 +41,19 @@ def _data(args) -> dict:
 def _dataset(args) -> str:
     """``--dataset``: yeast when neither it nor ``--data`` is given; options for a source need
     the source named (else they would silently go to yeast, which takes none of them)."""
-    from .data import PROTOCOL_OPTIONS
+    from .data import PROTOCOL_OPTIONS, check_source_options
 
     if args.dataset is not None:
         return args.dataset
+    options = _pairs(args.data, "--data")
+    try:
+        check_source_options("yeast", options, PROTOCOL_OPTIONS, complete=False)
+    except ValueError as err:  # e.g. labels=...: not yeast's, so meant for another source
+        raise ValueError(f"{err} (no --dataset given, so the default yeast; --dataset names "
+                         f"your source, e.g. --dataset tabular)") from None
     own = [item for item in args.data or []
            if item.partition("=")[0].strip().replace("-", "_") not in PROTOCOL_OPTIONS]
-    if own:  # a source's option (the protocol's, e.g. protocol=tabular, suit yeast too)
+    if own:  # yeast's own path / seed: more likely your file (protocol options suit yeast)
         raise ValueError(f"--data {own[0]}: say which source the options are for with "
                          f"--dataset (e.g. --dataset tabular for a CSV / Parquet table, "
                          f"--dataset arrays for .npy files; spml list datasets); without "
@@ -240,10 +246,10 @@ def cmd_train(args) -> int:
             bar.close()
         return _print_result(args, res)
     method = get_method(args.mode)
-    args.dataset = _dataset(args)
     ctx = _processes(method, args)
     images = method.inputs == "images"  # else --backbone names the features to train on
     data = _data(args)
+    args.dataset = _dataset(args)
     options = {**data, **({} if images else _feature_data(args, data))}
     if options.get("protocol") == "tabular":  # a trial of the tabular protocol: its own split
         options.setdefault("seed", args.seed)
@@ -486,11 +492,11 @@ def cmd_benchmark(args) -> int:
 
     if args.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
-    args.dataset = _dataset(args)
     grid = {"batch_size": tuple(args.batch_sizes or DEFAULT_GRID["batch_size"]),
             "lr": tuple(args.lrs or DEFAULT_GRID["lr"])}
     refs = [] if args.no_references else ["bce", "iun"]
     options = {**_data(args), **_feature_data(args)}
+    args.dataset = _dataset(args)
     given = {"epochs": args.epochs} if args.epochs is not None else {}  # else the paper's 25
     if args.dataset == "tabular" and "path" in options:  # the columns, before any run
         from .data import load_dataset
