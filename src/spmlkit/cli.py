@@ -586,9 +586,13 @@ def cmd_figure(args) -> int:
         out = fg.plot_curves(fg.curves_from_runs(args.runs, labels), wanted, args.metric,
                              force=force)
     elif kind == "sweep":
-        lines, title = fg.sweep_from_study(args.study, args.axis, args.metric)
-        print(fg.sweep_table(lines, args.axis, args.metric))
-        out = fg.plot_sweep(lines, args.axis, wanted, args.metric, title, force=force)
+        x = fg.default_x(args.axis) if args.x == "auto" else \
+            {"train-labels": fg.TRAIN_LABELS, "k-value": fg.K_VALUE}.get(args.x)
+        lines, title = fg.sweep_from_study(args.study, args.axis, args.metric, x)
+        logx, xlabel = fg.x_layout(x)
+        print(fg.sweep_table(lines, xlabel or args.axis, args.metric))
+        out = fg.plot_sweep(lines, args.axis, wanted, args.metric, title, logx=logx,
+                            xlabel=xlabel, force=force)
     elif kind == "histograms":
         h = fg.histograms_from_run(args.run, args.bins)
         print(h.table())
@@ -984,6 +988,11 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--axis", required=True,
                    help="vary key: hparams.<name>, data.<option>, k, regime")
     f.add_argument("--metric", default="test_map", help="results column (default test_map)")
+    f.add_argument("--x", choices=("auto", "axis", "train-labels", "k-value"), default="auto",
+                   help="the x axis: the axis value, each point's number of observed training "
+                        "labels on a log axis (Cole et al. Fig. 1), or the value of k its runs "
+                        "trained with (Fig. A1); auto (default): train-labels for --axis "
+                        "data.subsample, k-value for --axis k, else the axis value")
     f = fsub.add_parser("histograms", help="train probabilities of observed positives, "
                         "unobserved positives and negatives (Cole Fig. 2, Zhou Fig. 4b)")
     f.add_argument("run", metavar="RUN")

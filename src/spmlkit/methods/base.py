@@ -219,18 +219,53 @@ def pseudo_label_record(loss_module, y_train) -> dict:
     return {"pl_count": count, "pl_precision": precision}
 
 
+def interval_position(text: str) -> float | None:
+    """Where ``lower``, ``upper`` or ``I/N`` (0 <= I <= N, N > 0) lies in an interval, 0 .. 1;
+    None for anything else."""
+    if text in ("lower", "upper"):
+        return 0.0 if text == "lower" else 1.0
+    num, _, den = text.partition("/")
+    if num.isdigit() and den.isdigit() and 0 <= int(num) <= int(den) and int(den) > 0:
+        return int(num) / int(den)
+    return None
+
+
+_INTERVALS: dict = {}
+
+
+def _k_interval(y, m: int):
+    """:func:`spmlkit.labels.k_interval` of ``y``, kept per (rows, M): a study's runs resolve
+    the same interval many times."""
+    from ..labels import k_interval
+
+    y = np.ascontiguousarray(y)
+    key = (y.shape, y.dtype.str, hash(y.tobytes()), m)
+    if key not in _INTERVALS:
+        if len(_INTERVALS) > 64:
+            _INTERVALS.clear()
+        _INTERVALS[key] = k_interval(y, m)
+    return _INTERVALS[key]
+
+
 def resolve_k(k, splits, seed: int, report: bool = False):
     """A run's ``k`` (expected positives per example): ``None`` and numbers as they are;
+    ``"true"`` the split's own mean (``splits.k``: the paper's k*, what ``None`` trains with);
     ``"estimate:M:lower|point|upper"`` estimated from M fully labelled rows drawn with ``seed``
-    (Cole et al. App. B, :func:`spmlkit.labels.estimate_k`): the estimate or an end of its 95%
-    interval. The rows are train rows, or val rows when the training labels are only observed
-    ones (regime ``given``: the train rows' full labels are unknown). ``report`` prints the
-    estimate to stderr.
+    (:func:`spmlkit.labels.estimate_k`): the estimate or an end of its normal 95% interval;
+    ``"interval:M:lower|upper|I/N"`` a value of Cole et al. App. B's interval ``I_M`` (Table A2:
+    the 5th and 95th percentiles of the estimate over 10^5 draws of M rows,
+    :func:`spmlkit.labels.k_interval`; the same for every seed): its low end, its high end, or
+    ``low + I/N (high - low)`` (Figure A1's linearly spaced values: ``0/9`` .. ``9/9``). The
+    rows are train rows, or val rows when the training labels are only observed ones (regime
+    ``given``: the train rows' full labels are unknown). ``report`` prints the estimate to
+    stderr.
 
     Raises:
         ValueError: a k that is not > 0, a malformed estimate, or M larger than the rows there
             are to draw from (naming the split).
     """
+    if k == "true":  # Cole et al.'s k*: the mean positives of the (fully labelled) train rows
+        return float(splits.k)
     if not isinstance(k, str):
         if k is not None and not k > 0:
             raise ValueError(f"k (expected positives per example) must be > 0, got {k}")
@@ -240,9 +275,13 @@ def resolve_k(k, splits, seed: int, report: bool = False):
     from ..labels import estimate_k
 
     parts = k.split(":")
-    if len(parts) != 3 or parts[0] != "estimate" or not parts[1].isdigit() or \
-            parts[2] not in ("lower", "point", "upper"):
-        raise ValueError(f"k {k!r}: expected a number or 'estimate:M:lower|point|upper'")
+    position = None if len(parts) != 3 or parts[0] != "interval" else \
+        interval_position(parts[2])
+    if len(parts) != 3 or not parts[1].isdigit() or not (
+            (parts[0] == "estimate" and parts[2] in ("lower", "point", "upper"))
+            or (parts[0] == "interval" and position is not None)):
+        raise ValueError(f"k {k!r}: expected a number, 'true', "
+                         f"'estimate:M:lower|point|upper' or 'interval:M:lower|upper|I/N'")
     m, bound = int(parts[1]), parts[2]
     complete = getattr(splits, "train_labels_complete", True)
     split = "train" if complete else "val"
@@ -253,6 +292,9 @@ def resolve_k(k, splits, seed: int, report: bool = False):
                                   "the fully labelled val rows; or give k directly: --k)"
         raise ValueError(f"k {k!r}: estimating k from {m} fully labelled rows needs that many, "
                          f"and the {split} split has only {n} rows{why}")
+    if position is not None:
+        iv = _k_interval(labelled.y, m)
+        return iv.low + position * (iv.high - iv.low)
     rows = np.random.RandomState(seed).choice(n, m, replace=False)
     est = estimate_k(labelled.y[rows])
     if report:
