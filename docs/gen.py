@@ -347,7 +347,8 @@ SCHEMA = {  # key -> (type, meaning); a new spec key fails the generator until i
     "vary": ("mapping of lists", "what is *reported* (one column or figure point per value): "
              "`hparams.<name>`, `data.<option>`, `k` (a number, `true`, "
              "`estimate:M:lower|point|upper` or `interval:M:lower|upper|I/N`: Cole et al. App. "
-             "B's interval I_M) or `regime`."),
+             "B's interval I_M), `regime` or `lac.<field>` (a LACConfig field of the methods in "
+             "mode `lac`, e.g. `lac.queue_size`)."),
     "train": ("mapping", "more `TrainConfig` fields (table below); `epochs`, `batch_size`, "
               "`lr`, `seed`, `early_stop` and `metric` have their own keys."),
     "mode_options": ("mapping", "the study mode's own options (table below), e.g. "

@@ -159,6 +159,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                         "(default), lrap, micro_f1, macro_f1 (higher is better) or "
                         "ranking_loss, coverage, coverage_norm, one_error, hamming_loss "
                         "(lower is better)")
+    p.add_argument("--drop-last", action="store_true",
+                   help="train without each epoch's last, shorter batch, as Cole et al.'s and "
+                        "Xie et al.'s loaders (drop_last=True); default: every row trains. "
+                        "Validation and test always score every row (a subset that depends on "
+                        "the batch size would make grid points incomparable)")
     p.add_argument("--threads", type=_whole(1), default=1,
                    help="torch threads per process (default 1: a linear head on small batches "
                         "is bound by per-operation overhead, extra threads only add contention)")
@@ -278,7 +283,7 @@ def cmd_train(args) -> int:
                          seed=args.seed, early_stop=args.early_stop, device=device,
                          head_lr_mult=args.head_lr_mult, amp=args.amp,
                          num_workers=args.workers, image_size=args.image_size,
-                         metric=args.metric)
+                         metric=args.metric, drop_last=args.drop_last)
     method_options = _method_options(args, method)
     bar, show = _epoch_bar(args, method.total_epochs(config, method_options) if ctx.is_main
                            else 0, f"{args.loss} {method.name} on {args.dataset}")
@@ -506,7 +511,7 @@ def cmd_benchmark(args) -> int:
         del ds
     res = run_benchmark(args.dataset, args.losses, refs, args.seeds, args.out, args.jobs,
                         grid=grid, early_stop=args.early_stop, dataset_options=options,
-                        metric=args.metric, regime=args.regime,
+                        metric=args.metric, regime=args.regime, drop_last=args.drop_last,
                         progress=not args.quiet, argv=sys.argv,
                         vectorise=not args.no_vectorise, **given)
     print(res["table"] if res["results"] else "no grid point finished: nothing to tabulate")
@@ -986,7 +991,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "study's vary axis (LAC Figs. 3-5, Zhou Fig. 3a, Cole Fig. 1)")
     f.add_argument("study", metavar="STUDY_DIR", help="a study folder (runs/studies/<name>)")
     f.add_argument("--axis", required=True,
-                   help="vary key: hparams.<name>, data.<option>, k, regime")
+                   help="vary key: hparams.<name>, data.<option>, k, regime, lac.<field> "
+                        "(lac.queue_size: Xie et al. Fig. 5, lac.temperature: Fig. 4)")
     f.add_argument("--metric", default="test_map", help="results column (default test_map)")
     f.add_argument("--x", choices=("auto", "axis", "train-labels", "k-value"), default="auto",
                    help="the x axis: the axis value, each point's number of observed training "

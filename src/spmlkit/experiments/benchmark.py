@@ -55,7 +55,7 @@ def benchmark_study(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("
                     seeds: int = 3, epochs: int = 25, grid: dict | None = None,
                     early_stop: str = "none", hparams: dict | None = None,
                     dataset_options: dict | None = None, metric: str = "map",
-                    regime: str | None = None) -> dict:
+                    regime: str | None = None, drop_last: bool = False) -> dict:
     """The study spec (a dict for :func:`spmlkit.experiments.study.load_study`) of a benchmark:
     the arguments mean what they mean in :func:`run_benchmark`.
 
@@ -90,6 +90,8 @@ def benchmark_study(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("
                              f"data's labels are those with --data train_labels=observed "
                              f"(1 / 0 / -1 or empty cells in the training rows)")
     extra = {} if metric == "map" else {"metric": metric}
+    if drop_last:  # (absent when off: the run ids stay those of every earlier benchmark)
+        extra["train"] = {"drop_last": True}
     return {**extra, "name": "benchmark-" + re.sub(r"[^A-Za-z0-9._-]+", "_", dataset),
             "title": f"spml benchmark on {dataset}",
             "datasets": [{"name": dataset, "options": dict(dataset_options or {})}],
@@ -103,7 +105,8 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
                   epochs: int = 25, grid: dict | None = None, early_stop: str = "none",
                   hparams: dict | None = None, dataset_options: dict | None = None,
                   progress: bool = True, *, argv=None, vectorise: bool = True,
-                  metric: str = "map", regime: str | None = None) -> dict:
+                  metric: str = "map", regime: str | None = None,
+                  drop_last: bool = False) -> dict:
     """Run the grid for every method and seed as a study in ``out``; write results.json and
     table.md there.
 
@@ -128,6 +131,8 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
         metric: the val metric the best epoch and grid point are selected on
             (:data:`spmlkit.metrics.METRICS`; lower is better for the losses); the table adds
             its test and val columns when it is not ``map``.
+        drop_last: train without each epoch's last, shorter batch (``TrainConfig.drop_last``,
+            Cole et al.'s loader); validation and test still score every row.
         argv: the command line recorded in ``launches.jsonl``.
         vectorise: train the grid points that differ only in seed and learning rate together
             (:func:`spmlkit.experiments.study.run_study`); False: one run at a time.
@@ -148,7 +153,8 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
     from .study import SPEC_FILE, load_study, run_study
 
     spec = load_study(benchmark_study(dataset, losses, references, seeds, epochs, grid,
-                                      early_stop, hparams, dataset_options, metric, regime))
+                                      early_stop, hparams, dataset_options, metric, regime,
+                                      drop_last))
     skipped = [r for r in kept_references(references, dataset_options)[1]
                if r not in [m.label for m in spec.methods]]
     if skipped:
@@ -165,7 +171,7 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
     have = {(r["loss"], r["seed"]) for r in selected}
     missing = [(m.label, s) for m in spec.methods for s in spec.seeds if (m.label, s) not in have]
     table = format_table(selected, spec.methods, dataset, seeds, spec.grid, spec.epochs,
-                         res["seconds"], metric)
+                         res["seconds"], metric, bool(spec.train.get("drop_last")))
     write_json(out / "results.json", selected)
     write_text(out / "table.md", table)
     return {"results": selected, "table": table, "seconds": res["seconds"], "study": res,
@@ -227,7 +233,7 @@ def _mean_std(values, decimals: int = 2) -> str:
 
 
 def format_table(selected, methods, dataset, seeds, grid, epochs, seconds,
-                 metric: str = "map") -> str:
+                 metric: str = "map", drop_last: bool = False) -> str:
     """Markdown: test mAP mean ± std per method, then the reference rows; with another
     selection ``metric`` also its test and val values (from the records' ``test_metrics`` /
     ``val_metrics``).
@@ -241,7 +247,9 @@ def format_table(selected, methods, dataset, seeds, grid, epochs, seconds,
     extra = "" if metric == "map" else f" test {metric} | val {metric} |"
     lines = [f"Test mAP on `{dataset}` (mean ± std over {seeds} seed(s); per seed the grid point "
              f"with the best val {on}; batch {list(grid['batch_size'])} x lr "
-             f"{list(grid['lr'])}, {epochs} epochs, linear head).", "",
+             f"{list(grid['lr'])}, {epochs} epochs, linear head"
+             + ("; training drops each epoch's last short batch" if drop_last else "") + ").",
+             "",
              "| method | regime | test mAP | val mAP | train recovery mAP | selected (batch, lr) |"
              + extra, "|---|---|---|---|---|---|" + ("---|---|" if extra else "")]
     refs = [m for m in methods if m.label in REFERENCES]

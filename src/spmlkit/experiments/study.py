@@ -19,7 +19,7 @@ value)::
     grid: {batch_size: [8, 16], lr: [1e-2, 1e-3, 1e-4, 1e-5]}
     metric: map                        # what epochs and grid points are selected on (val)
     hparams: {em: {alpha: 0.1}}        # per method label or loss name
-    vary: {hparams.alpha: [0.01, 0.1]} # hparams.<name> | data.<option> | k | regime
+    vary: {hparams.alpha: [0.01, 0.1]} # hparams.<name> | data.<option> | k | regime | lac.<field>
     train: {}                          # more TrainConfig fields (device, head_lr_mult, ...)
     mode_options: {}                   # the trainer's own keywords (backbone, linear_epochs, ...)
     mlflow: false
@@ -40,6 +40,9 @@ in brackets (``an [smile]``) unless the label names the mode already
 A vary axis applies to the methods it concerns: ``hparams.<name>`` to losses with that
 hyperparameter, ``k`` to losses with a ``k`` (EPR, ROLE), ``regime`` to methods that do not fix
 their regime with ``@``; ``data.<option>`` (passed to :func:`spmlkit.data.load_splits`) to all.
+``lac.<field>`` (a :class:`spmlkit.methods.lac.LACConfig` field: ``lac.queue_size``,
+``lac.temperature``, Xie et al. Figs. 4-5) to the methods that train in mode ``lac``, laid over
+their ``mode_options.lac``.
 ``k`` is a number, ``true`` (the train split's mean, Cole et al.'s k*),
 ``estimate:M:lower|point|upper`` (the estimate, or an end of its normal 95%
 interval, from M fully labelled train rows drawn with the run's seed) or
@@ -645,6 +648,22 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
                                              complete=False)
                     except ValueError as err:
                         _fail(source, f"vary.{key}", str(err))
+        elif key.startswith("lac.") and len(key) > 4:
+            lac_rows = [m for m in methods if modes[m.label].name == "lac"]
+            if not lac_rows:
+                _fail(source, f"vary.{key}", "no method trains in mode lac")
+            from ..methods.lac import LACConfig
+
+            study_options = _mapping(raw.get("mode_options"), source, "mode_options")
+            for m in lac_rows:
+                own = merged(study_options, m.mode_options) if modes[m.label] is method \
+                    else m.mode_options
+                base = own.get("lac") or {}
+                for v in values:
+                    try:
+                        LACConfig.from_dict({**base, key[4:]: v})
+                    except (TypeError, ValueError) as err:
+                        _fail(source, f"vary.{key}", f"{m.label}: {err}")
         elif key == "k":
             values = [_check_k(v, source, "vary.k") for v in values]
             if not any("k" in a for a in accepts.values()):
@@ -657,7 +676,8 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
                     _fail(source, "vary.regime", str(err))
             values = [str(v) for v in values]
         else:
-            _fail(source, f"vary.{key}", "expected hparams.<name>, data.<option>, k or regime")
+            _fail(source, f"vary.{key}", "expected hparams.<name>, data.<option>, k, regime "
+                                         "or lac.<field>")
         vary[key] = values
 
     mode_options = _mapping(raw.get("mode_options"), source, "mode_options")
@@ -778,6 +798,8 @@ def _axes(spec: StudySpec, m: MethodSpec, keys) -> list:
             use = "k" in accepts
         elif key == "regime":
             use = not m.fixed_regime
+        elif key.startswith("lac."):
+            use = spec.method_mode(m) == "lac"
         else:  # data.<option>, batch_size, lr, other TrainConfig fields
             use = True
         if use:
@@ -807,9 +829,13 @@ def expand(spec: StudySpec) -> list[RunTask]:
                         if spec.metric != "map":  # (map runs keep the ids they always had)
                             train["metric"] = spec.metric
                         options = dict(ds.options)
+                        mode_options = spec.method_options(m)
                         for key, value in {**variant, **point}.items():
                             if key.startswith("hparams."):
                                 hp[key[8:]] = value
+                            elif key.startswith("lac."):
+                                mode_options = {**mode_options, "lac": {
+                                    **(mode_options.get("lac") or {}), key[4:]: value}}
                             elif key.startswith("data."):
                                 options[key[5:]] = value
                             elif key not in ("k", "regime"):
@@ -823,7 +849,7 @@ def expand(spec: StudySpec) -> list[RunTask]:
                                   "regime": variant.get("regime", m.regime), "hparams": hp,
                                   "k": variant.get("k"), "mode": spec.method_mode(m),
                                   "train": dict(sorted(train.items())),
-                                  "mode_options": spec.method_options(m)}
+                                  "mode_options": mode_options}
                         run_id = run_id_for(config, seed, variant)
                         if run_id in seen:
                             continue
