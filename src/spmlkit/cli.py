@@ -168,9 +168,15 @@ def cmd_extract(args) -> int:
     from .features import feature_dataset, require_images
 
     ds = require_images(load_dataset(args.dataset, **_data(args)))
-    if args.limit is not None:
-        ds.pool, ds.test = (s.subset(np.arange(min(args.limit, len(s)))) for s in (ds.pool,
-                                                                                    ds.test))
+    if args.limit is not None:  # the first N of each set, with their observed labels
+        import dataclasses
+
+        first = {s: np.arange(min(args.limit, len(getattr(ds, s)))) for s in ("pool", "test")}
+        ds = dataclasses.replace(
+            ds, pool=ds.pool.subset(first["pool"]), test=ds.test.subset(first["test"]),
+            val=None if ds.val is None else ds.val.subset(np.arange(min(args.limit,
+                                                                         len(ds.val)))),
+            observed=None if ds.observed is None else ds.observed[first["pool"]])
     t0 = time.perf_counter()
     out = feature_dataset(ds, args.backbone, transform=args.transform, size=args.size,
                           batch_size=args.batch_size, num_workers=args.workers,
@@ -368,9 +374,12 @@ def _print_result(args, res: dict) -> int:
         on = res.get("metric", "map")
         if on != "map":
             print(f"selected on val {on}: {res['val_score']:.{METRICS[on][1]}f}")
+        at = "" if test.get("threshold") is None else \
+            f" (F1 and Hamming at threshold={test['threshold']:.4g}: chosen on val, max val " \
+            f"micro-F1, the one spml predict applies by default)"
         print("test: " + ", ".join(f"{name} {test[name]:.{METRICS[name][1]}f}"
                                    for name in METRICS if name != "map"
-                                   and test.get(name) is not None))
+                                   and test.get(name) is not None) + at)
     if res.get("run_dir"):
         print(f"run folder: {res['run_dir']}")
     for warning in res.get("warnings") or []:

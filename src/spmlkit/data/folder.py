@@ -102,7 +102,7 @@ def _one_hot(label: np.ndarray, num_classes: int) -> np.ndarray:
 def load_folder(root: str | os.PathLike, test_root: str | os.PathLike | None = None,
                 test_fraction: float = TEST_FRACTION,
                 seed: int = OFFICIAL_SEED, name: str = "folder", skip_missing: bool = False,
-                skip_corrupt: bool = False, train_labels: str = "full",
+                skip_corrupt: bool = False, train_labels: str | None = None,
                 test_csv: str | os.PathLike | None = None,
                 val_csv: str | os.PathLike | None = None) -> Dataset:
     """A one-folder-per-class tree (torchvision's ``ImageFolder`` layout) for SPML.
@@ -122,11 +122,16 @@ def load_folder(root: str | os.PathLike, test_root: str | os.PathLike | None = N
       lower bound on the mAP against complete labels (an unlisted positive ranked low would have
       lowered that mAP too). Only a fully labelled test set gives the true value: ``test_csv``.
 
-    ``train_labels="observed"`` says so explicitly: the folder class is each training image's
-    observed positive and every other label unobserved (``Dataset.observed``, regime
-    ``given``); a fully labelled ``test_csv`` is then required (and ``val_csv`` optional; default:
-    carved out of the test set), and ROLE / EPR's ``k`` comes from those full labels instead of
-    the folders' one per image.
+    ``train_labels="observed"`` treats the tree as what it is: the folder class is each
+    training image's observed positive and every other label unobserved (``Dataset.observed``,
+    regime ``given``, or ``1p``, which on a folder tree means the same); a fully labelled
+    ``test_csv`` is then required (and ``val_csv`` optional; default: carved out of the test
+    set), epochs are selected on fully labelled val images, and ROLE / EPR's ``k`` comes from
+    those full labels instead of the folders' one per image. **This is the default whenever a
+    ``test_csv`` is given**: selecting epochs on a val set carved out of the folders would score
+    them against one tag per image. ``train_labels="full"`` keeps the folder-class-only labels
+    everywhere (val from the training folders); the run's label summary then says that val
+    holds the folder class only, never that it is fully labelled.
 
     Args:
         root: the tree ``<root>/<class>/<image>`` (subfolders within a class are searched too).
@@ -137,8 +142,8 @@ def load_folder(root: str | os.PathLike, test_root: str | os.PathLike | None = N
         name: the dataset's name.
         skip_missing, skip_corrupt: drop and count unusable images (``skip_corrupt`` decodes every
             image once) instead of raising when they are opened.
-        train_labels: ``"full"`` (default: the one-hot folder classes, regime ``1p``) or
-            ``"observed"`` (see above).
+        train_labels: ``"observed"`` (the default with ``test_csv``; see above) or ``"full"``
+            (the default without it: the one-hot folder classes, regime ``1p``).
         test_csv, val_csv: fully labelled evaluation / validation images in the ``csv``
             source's form (:func:`~spmlkit.data.csv_images.read_image_csv`: path, then every
             class name of the image; paths relative to the CSV's folder or absolute), instead of
@@ -156,6 +161,8 @@ def load_folder(root: str | os.PathLike, test_root: str | os.PathLike | None = N
     from .csv_images import read_image_csv
 
     root = Path(root)
+    if train_labels is None:  # a tree of tagged images is observed labels when full ones exist
+        train_labels = "observed" if test_csv is not None else "full"
     observed = check_train_labels(train_labels, f"dataset {name!r}") == "observed"
     rel, label, classes, ignored = scan_class_folders(root)
     y = _one_hot(label, len(classes))

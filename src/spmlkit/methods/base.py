@@ -38,8 +38,8 @@ import torch
 
 from ..engine import TrainConfig
 from ..losses import LOSSES, create_loss
-from ..metrics import (classic_metrics, evaluate, map_score, pseudo_label_stats,
-                       select_thresholds)
+from ..metrics import (THRESHOLD_POLICY, classic_metrics, evaluate, map_score,
+                       pseudo_label_stats, select_thresholds)
 from ..registry import Registry
 from ..data.base import describe_labels
 from ..runs import RunDir, read_run, sync_files
@@ -427,7 +427,9 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
         :func:`spmlkit.data.base.describe_labels`), ``test`` (P@k ...), ``metric`` (what the
         best epoch was selected on, ``config.metric``) and ``val_score`` (its value there),
         ``val_metrics`` and ``test_metrics`` (every metric of :data:`spmlkit.metrics.METRICS`
-        of the selected epoch's predictions, :func:`spmlkit.metrics.classic_metrics`),
+        of the selected epoch's predictions, :func:`spmlkit.metrics.classic_metrics`; F1s and
+        Hamming loss at ``threshold["value"]``, the global threshold chosen on val that
+        ``spml predict`` applies by default: :data:`spmlkit.metrics.THRESHOLD_POLICY`),
         ``seconds``,
         ``loss``, ``mode``, ``regime``, ``seed``, ``batch_size``, ``lr``; ``pl_count`` /
         ``pl_precision`` at the selected epoch for a loss that pseudo-labels
@@ -532,7 +534,10 @@ def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
         fit, probs = fitted.fit, fitted.probs
         conv = config.map_convention
         test = evaluate(probs["test"], splits.test.y, conv)
-        val_metrics = classic_metrics(probs["val"], splits.val.y, convention=conv)
+        chosen = select_thresholds(probs["val"], splits.val.y, splits.class_names)
+        threshold = chosen["global"]  # THRESHOLD_POLICY: what spml predict applies by default
+        val_metrics = classic_metrics(probs["val"], splits.val.y, convention=conv,
+                                      threshold=threshold)
         metric = getattr(fit, "metric", "map")
         result = {"loss": loss, "mode": method.name, "regime": splits.regime,
                   "seed": config.seed, "batch_size": config.batch_size, "lr": config.lr,
@@ -545,7 +550,8 @@ def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
                   "metric": metric, "val_score": getattr(fit, "val_score", fit.val_map),
                   "val_metrics": val_metrics,
                   "test_metrics": classic_metrics(probs["test"], splits.test.y,
-                                                  convention=conv),
+                                                  convention=conv, threshold=threshold),
+                  "threshold": {"value": threshold, "policy": THRESHOLD_POLICY},
                   **fitted.result, "warnings": training_warnings(fit)}
         for key, value in pseudo.get(fit.best_epoch, {}).items():  # at the selected epoch
             result[key] = value if np.isfinite(value) else None
@@ -571,7 +577,7 @@ def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
             "best_epoch": fit.best_epoch, "observed": splits.observed,
             **{f"probs_{s}": np.asarray(p, np.float32) for s, p in probs.items()},
             **{f"y_{s}": getattr(splits, s).y for s in probs}},
-            select_thresholds(probs["val"], splits.val.y, splits.class_names), durable=durable)
+            chosen, durable=durable)
         result["run_dir"] = str(run.path)
     return result
 

@@ -1,0 +1,118 @@
+"""Images as a user has them (issue 24): PNGs on disk in the ``folder`` and ``csv`` layouts, one
+known tag per training image and a fully labelled test CSV; what the runs select on and report,
+``spml extract --limit``, corrupt and empty inputs."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spmlkit.cli import main
+from spmlkit.data import load_splits
+from spmlkit.data.base import describe_labels
+from spmlkit.metrics import f1_micro_macro, hamming_loss
+
+NAMES = ["red", "green", "blue"]
+
+
+@pytest.fixture
+def tagged(tmp_path):
+    """24 training PNGs with one known tag each (a random one of their positives), as a
+    ``train/<tag>/`` tree and as ``tags.csv``; 16 test PNGs listed with every positive in
+    ``test.csv``."""
+    from _image_toy import make_images
+
+    paths, y = make_images(tmp_path / "pool", 24, seed=1)
+    test_paths, y_test = make_images(tmp_path / "test", 16, seed=2)
+    rng = np.random.default_rng(0)
+    rows = []
+    for p, labels in zip(paths, y):
+        tag = NAMES[int(rng.choice(np.flatnonzero(labels)))]
+        (tmp_path / "train" / tag).mkdir(parents=True, exist_ok=True)
+        shutil.copy(p, tmp_path / "train" / tag / Path(p).name)
+        rows.append(f"train/{tag}/{Path(p).name},{tag}")
+    (tmp_path / "tags.csv").write_text("path,labels\n" + "\n".join(rows) + "\n")
+    (tmp_path / "test.csv").write_text("path,labels\n" + "".join(
+        f"test/{Path(p).name},{';'.join(NAMES[j] for j in np.flatnonzero(t))}\n"
+        for p, t in zip(test_paths, y_test)))
+    return tmp_path, y_test
+
+
+# ---- A1: a folder of tagged images is observed labels ------------------------------------------
+def test_folder_with_a_test_csv_selects_on_fully_labelled_val(tagged):
+    root, y_test = tagged
+    s = load_splits("folder", root=str(root / "train"), test_csv=str(root / "test.csv"))
+    assert s.meta["val_from"] == "test" and not s.train_labels_complete
+    assert len(s.train) == 24 and len(s.val) + len(s.test) == 16
+    assert (s.observed == 1).sum(1).tolist() == [1] * 24          # the folder tag, nothing more
+    assert s.val.y.sum(1).max() > 1                                # val: every positive
+    assert s.k == pytest.approx(s.val.y.sum(1).mean()) and s.k > 1
+    summary = describe_labels(s)["summary"]
+    assert summary.startswith("regime 1p: observed training labels from")
+    assert "carved out of the test set" in summary and "from the val labels" in summary
+    # the folder's one-tag labels everywhere, asked for: never called full
+    full = load_splits("folder", root=str(root / "train"), test_csv=str(root / "test.csv"),
+                       train_labels="full")
+    summary = describe_labels(full)["summary"]
+    assert "val (5 rows split from the training rows) labelled with the folder class only" in \
+        summary and "test (16 rows) fully labelled" in summary
+    alone = describe_labels(load_splits("folder", root=str(root / "train")))["summary"]
+    assert "fully labelled" not in alone and "labelled with the folder class only" in alone
+
+
+def test_cli_folder_run_prints_where_val_comes_from(tagged, capsys):
+    root, _ = tagged
+    assert main(["train", "--dataset", "folder", "--data", f"root={root / 'train'}", "--data",
+                 f"test_csv={root / 'test.csv'}", "--backbone", "tiny_cnn", "--cache-dir",
+                 str(root / "cache"), "--epochs", "2", "--quiet", "--lr", "1e-2"]) == 0
+    labels = next(line for line in capsys.readouterr().out.splitlines()
+                  if line.startswith("labels:"))
+    assert "val (3 rows carved out of the test set, fraction 0.2) and test (13 rows) fully " \
+           "labelled" in labels
+
+
+# ---- A2: one threshold policy ----------------------------------------------------------------
+def test_summary_f1_and_hamming_use_the_val_threshold_predict_uses(tagged, capsys):
+    root, _ = tagged
+    out = root / "runs"
+    assert main(["train", "--dataset", "csv", "--data", f"path={root / 'tags.csv'}", "--data",
+                 f"test_path={root / 'test.csv'}", "--data", "train_labels=observed",
+                 "--regime", "given", "--backbone", "tiny_cnn", "--cache-dir",
+                 str(root / "cache"), "--epochs", "3", "--lr", "1e-2", "--quiet", "--out",
+                 str(out)]) == 0
+    printed = capsys.readouterr().out
+    (run,) = out.iterdir()
+    final = json.loads((run / "final.json").read_text())
+    chosen = json.loads((run / "thresholds.json").read_text())["global"]
+    pred = np.load(run / "predictions.npz")
+    test = final["test_metrics"]
+    assert test["threshold"] == pytest.approx(chosen) and chosen != 0.5
+    micro, macro = f1_micro_macro(pred["probs_test"], pred["y_test"], chosen)
+    assert test["micro_f1"] == pytest.approx(micro) and test["macro_f1"] == pytest.approx(macro)
+    assert test["hamming_loss"] == pytest.approx(
+        hamming_loss(pred["probs_test"], pred["y_test"], chosen))
+    assert final["threshold"]["value"] == pytest.approx(chosen)
+    assert f"(F1 and Hamming at threshold={chosen:.4g}: chosen on val, max val micro-F1" in \
+        printed
+    # spml predict's default labels are the same decisions
+    assert main(["predict", str(run), str(root / "test" / "img000.png"), "--format",
+                 "json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["threshold"]["value"] == pytest.approx(chosen)
+
+
+# ---- A3: extract --limit with observed training labels ------------------------------------------
+@pytest.mark.parametrize("layout", ["csv", "folder"])
+def test_extract_limit_with_observed_training_labels(tagged, layout, capsys):
+    root, _ = tagged
+    data = [f"path={root / 'tags.csv'}", f"test_path={root / 'test.csv'}"] if layout == "csv" \
+        else [f"root={root / 'train'}", f"test_csv={root / 'test.csv'}"]
+    args = ["extract", "--dataset", layout, *[a for d in data for a in ("--data", d)],
+            "--data", "train_labels=observed", "--backbone", "tiny_cnn", "--cache-dir",
+            str(root / "cache"), "--workers", "0", "--quiet", "--limit", "5"]
+    assert main(args) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert f"{layout} pool: 5 x " in out and f"{layout} test: 5 x " in out
