@@ -116,3 +116,88 @@ def test_extract_limit_with_observed_training_labels(tagged, layout, capsys):
     assert main(args) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert f"{layout} pool: 5 x " in out and f"{layout} test: 5 x " in out
+
+
+# ---- B: corrupt files ------------------------------------------------------------------------
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _finetune(root, *extra):
+    return ["train", "--dataset", "folder", "--data", f"root={root / 'train'}", "--data",
+            f"test_csv={root / 'test.csv'}", *extra, "--mode", "finetune", "--backbone",
+            "tiny_cnn", "--random-init", "--image-size", "16", "--epochs", "1", "--lr", "1e-2",
+            "--workers", "0", "--quiet", "--out", str(root / "runs")]
+
+
+def test_finetune_names_a_truncated_png_before_training(tagged, capsys):
+    root, _ = tagged
+    bad = sorted((root / "train").rglob("*.png"))[7]
+    _truncate(bad)
+    assert main(_finetune(root)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("spml train: error: folder train: ")
+    assert f"{bad}: not a readable image (OSError: image file is truncated" in err[0]
+    assert "--data skip_corrupt=true" in err[0] and "Traceback" not in err[0]
+    assert not (root / "runs").exists()                        # nothing started
+
+
+def test_skip_corrupt_records_the_files_in_the_run_folder(tagged, capsys):
+    root, _ = tagged
+    bad = sorted((root / "train").rglob("*.png"))[7]
+    _truncate(bad)
+    with pytest.warns(UserWarning, match=r"folder pool: skipped 1 item\(s\): 1 with an "
+                                         r"unreadable image"):
+        assert main(_finetune(root, "--data", "skip_corrupt=true")) == 0
+    captured = capsys.readouterr()
+    (run,) = (root / "runs").iterdir()
+    record = json.loads((run / "skipped_images.json").read_text())
+    assert record == {"skipped": 1, "parts": {"pool": {"missing": [], "corrupt": [str(bad)]}}}
+    assert f"skipped 1 unreadable or missing image(s) (listed in {run}/skipped_images.json)" \
+        in captured.err
+    import warnings  # the CLI shows the library's warnings as one plain line
+
+    import spmlkit.data.images as where
+    assert warnings.formatwarning("folder pool: skipped 1 item(s)", UserWarning, where.__file__,
+                                  1) == "warning: folder pool: skipped 1 item(s)\n"
+    assert json.loads((run / "final.json").read_text())["skipped_images"] == 1
+    assert json.loads((run / "config.json").read_text())["sizes"]["train"] == 23
+
+
+def test_predict_names_or_skips_an_unreadable_image(tagged, capsys):
+    root, _ = tagged
+    assert main(_finetune(root)) == 0
+    (run,) = (root / "runs").iterdir()
+    new = root / "new"
+    new.mkdir()
+    for name in ("img000.png", "img001.png", "img002.png"):
+        shutil.copy(root / "test" / name, new / name)
+    _truncate(new / "img001.png")
+    capsys.readouterr()
+    assert main(["predict", str(run), str(new)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{new / 'img001.png'}: not a readable image" in err and "--skip-corrupt" in err
+    assert main(["predict", str(run), str(new), "--skip-corrupt", "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    got = json.loads(captured.out)
+    assert [r["item"] for r in got["predictions"]] == [str(new / "img000.png"),
+                                                      str(new / "img002.png")]
+    assert got["skipped"] == [str(new / "img001.png")]
+    assert f"skipped 1 unreadable image(s): {new / 'img001.png'}" in captured.err
+
+
+def test_extract_names_a_corrupt_file_and_leaves_no_partial_store(tagged, capsys):
+    root, _ = tagged
+    bad = sorted((root / "train").rglob("*.png"))[7]
+    _truncate(bad)
+    args = ["extract", "--dataset", "folder", "--data", f"root={root / 'train'}", "--backbone",
+            "tiny_cnn", "--cache-dir", str(root / "cache"), "--workers", "0", "--quiet"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("spml extract: error: feature extraction did not start (nothing was "
+                          "written to the cache): ") and f"{bad}: not a readable image" in err
+    masks = [np.load(m) for m in (root / "cache").rglob("done.npy")]
+    assert all(m.all() for m in masks)            # complete stores only (the clean set's)
+    with pytest.warns(UserWarning, match="1 with an unreadable image"):
+        assert main(args + ["--data", "skip_corrupt=true"]) == 0

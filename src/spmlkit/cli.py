@@ -119,9 +119,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                         "(default), lrap, micro_f1, macro_f1 (higher is better) or "
                         "ranking_loss, coverage, coverage_norm, one_error, hamming_loss "
                         "(lower is better)")
-    p.add_argument("--threads", type=_whole(1), default=1,
-                   help="torch threads per process (default 1: a linear head on small batches "
-                        "is bound by per-operation overhead, extra threads only add contention)")
+    p.add_argument("--threads", type=_whole(1), default=None,
+                   help="torch threads per process (default: 1 for the feature modes, where a "
+                        "linear head on small batches is bound by per-operation overhead and "
+                        "extra threads only add contention; the machine's cores for the image "
+                        "modes --mode finetune / lac / mime / ..., whose convolutions use them)")
 
 
 def _add_backbone(p: argparse.ArgumentParser, default: str | None = None) -> None:
@@ -380,6 +382,11 @@ def _print_result(args, res: dict) -> int:
         print("test: " + ", ".join(f"{name} {test[name]:.{METRICS[name][1]}f}"
                                    for name in METRICS if name != "map"
                                    and test.get(name) is not None) + at)
+    if res.get("skipped_images"):
+        where = f" (listed in {res['run_dir']}/skipped_images.json)" if res.get("run_dir") \
+            else ""
+        print(f"skipped {res['skipped_images']} unreadable or missing image(s){where}",
+              file=sys.stderr)
     if res.get("run_dir"):
         print(f"run folder: {res['run_dir']}")
     for warning in res.get("warnings") or []:
@@ -395,7 +402,11 @@ def cmd_predict(args) -> int:
     fmt = args.format or ("json" if args.out and Path(args.out).suffix.lower() == ".json"
                           else "csv")
     pred = predict_run(args.run, args.inputs, args.threshold, device=args.device,
-                       batch_size=args.batch_size, num_workers=args.workers)
+                       batch_size=args.batch_size, num_workers=args.workers,
+                       skip_corrupt=args.skip_corrupt)
+    if pred.skipped:
+        shown = ", ".join(pred.skipped[:5]) + (", ..." if len(pred.skipped) > 5 else "")
+        print(f"skipped {len(pred.skipped)} unreadable image(s): {shown}", file=sys.stderr)
     text = write_predictions(pred, fmt, args.out, args.run)
     if args.out:
         print(f"wrote {args.out} ({len(pred.items)} rows, {fmt}, threshold {pred.threshold_kind})",
@@ -829,6 +840,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=_device, default="cpu")
     p.add_argument("--batch-size", type=_whole(1), default=64)
     p.add_argument("--workers", type=_whole(0), default=0, help="image-loading processes")
+    p.add_argument("--skip-corrupt", action="store_true",
+                   help="leave out input images that cannot be decoded (listed on stderr and "
+                        "in JSON output) instead of stopping at the first one")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("benchmark", help="the paper's grid for several methods and seeds")
@@ -1080,6 +1094,47 @@ def _fail(prog: str, message: str) -> int:
     return 2
 
 
+def _plain_warnings() -> None:
+    """The library's warnings (a source's skipped images, a loss's settings) as one
+    ``warning: ...`` line on stderr, not Python's ``file:line: UserWarning`` and source line."""
+    import warnings
+
+    default = warnings.formatwarning
+    if getattr(default, "spmlkit_plain", False):
+        return
+
+    def plain(message, category, filename, lineno, line=None):
+        if issubclass(category, UserWarning) and "spmlkit" in str(filename):
+            return f"warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    plain.spmlkit_plain = True
+    warnings.formatwarning = plain
+
+
+def _threads(args) -> int | None:
+    """``--threads``, or its default: 1 for the feature modes (and every command but train),
+    None (torch's default, the machine's cores) for an image mode (``spml train --mode
+    finetune`` and the other methods that train on images, a resumed one too)."""
+    if getattr(args, "threads", None) or not hasattr(args, "threads"):
+        return getattr(args, "threads", None)
+    if args.func is cmd_train:
+        try:
+            if args.resume:
+                from .runs import read_run
+
+                mode = read_run(args.resume).config.get("mode", "linear")
+            else:
+                mode = args.mode
+            from .methods import get_method
+
+            if get_method(mode).inputs == "images":
+                return None
+        except (ValueError, OSError):  # the command itself reports it
+            pass
+    return 1
+
+
 def main(argv=None) -> int:
     """``spml``: parse ``argv``, run the command; a bad input ends in one line
     ``spml <command>: error: <what is wrong and where>`` on stderr and exit status 2."""
@@ -1097,10 +1152,12 @@ def main(argv=None) -> int:
         from .experiments.pool import start_worker_server
 
         start_worker_server()  # its imports run while this process imports and plans
-    if getattr(args, "threads", None):
+    _plain_warnings()
+    threads = _threads(args)
+    if threads:
         import torch
 
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(threads)
     try:
         return args.func(args)
     except (ValueError, ModuleNotFoundError, FloatingPointError) as err:

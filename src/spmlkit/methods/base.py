@@ -27,6 +27,7 @@ generated tests (tests/test_methods.py) pick it up.
 """
 from __future__ import annotations
 
+import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -43,6 +44,9 @@ from ..metrics import (THRESHOLD_POLICY, classic_metrics, evaluate, map_score,
 from ..registry import Registry
 from ..data.base import describe_labels
 from ..runs import RunDir, read_run, sync_files
+
+#: the run folder's record of the images the source dropped (skip_missing / skip_corrupt)
+SKIPPED_FILE = "skipped_images.json"
 
 #: runs of a method whose epochs take longer than this write a resumable checkpoint
 CHECKPOINT_SECONDS = 10.0
@@ -285,6 +289,44 @@ def check_inputs(method: "TrainingMethod", splits) -> None:
         raise ValueError(f"dataset {splits.name!r} holds feature vectors, and --mode "
                          f"{method.name} trains on images (with --backbone NAME): use --mode "
                          f"linear for feature vectors, or an image source")
+    if method.inputs == "images" and not vectors:
+        check_decodable(splits)
+
+
+def check_decodable(splits) -> None:
+    """Decode every image of train, val and test once before an image method trains (a few ms
+    an image, several threads), so an unreadable file is named before the first epoch, not
+    found by a DataLoader worker mid-epoch. Skipped when the source already decoded them
+    (``skip_corrupt=True``: ``meta["skip_corrupt"]``).
+
+    Raises:
+        ValueError: the first unreadable image, named, with the option that drops such files.
+    """
+    from ..data.images import check_images
+
+    if (splits.meta or {}).get("skip_corrupt"):
+        return
+    for part in ("train", "val", "test"):
+        items = getattr(splits, part).x
+        paths = [p for p in items if isinstance(p, (str, os.PathLike))]
+        if paths:
+            check_images(paths, skip_missing=True, decode=True, where=f"{splits.name} {part}")
+
+
+def skipped_images(splits) -> dict | None:
+    """The images a source dropped (``skip_missing`` / ``skip_corrupt``), per part, as the run
+    folder's ``skipped_images.json`` records them; None when it dropped none."""
+    skipped = (splits.meta or {}).get("skipped")
+    if not isinstance(skipped, dict):
+        return None
+    parts = {part: {"missing": info.get("missing_files", []),
+                    "corrupt": info.get("corrupt_files", [])}
+             for part, info in skipped.items() if isinstance(info, dict) and
+             (info.get("missing") or info.get("corrupt"))}
+    if not parts:
+        return None
+    return {"skipped": sum(len(v["missing"]) + len(v["corrupt"]) for v in parts.values()),
+            "parts": parts}
 
 
 def feature_preprocess(splits) -> dict:
@@ -486,6 +528,9 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
                      is_main, run.path if run is not None else None)
     if run is not None and resume is None:
         run.start(_fresh_config(method, ctx, dataset_options), splits.observed)
+        dropped = skipped_images(splits)
+        if dropped is not None:
+            run.write_json(SKIPPED_FILE, dropped)
     elif run is not None:
         _check_resume(run.path, done.config, _fresh_config(method, ctx, dataset_options))
         if done.final is not None:  # finished: its result
@@ -553,6 +598,9 @@ def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
                                                   convention=conv, threshold=threshold),
                   "threshold": {"value": threshold, "policy": THRESHOLD_POLICY},
                   **fitted.result, "warnings": training_warnings(fit)}
+        dropped = skipped_images(splits)
+        if dropped is not None:
+            result["skipped_images"] = dropped["skipped"]
         for key, value in pseudo.get(fit.best_epoch, {}).items():  # at the selected epoch
             result[key] = value if np.isfinite(value) else None
         if hasattr(loss_fn, "estimated_labels") and complete:
