@@ -201,3 +201,30 @@ def test_extract_names_a_corrupt_file_and_leaves_no_partial_store(tagged, capsys
     assert all(m.all() for m in masks)            # complete stores only (the clean set's)
     with pytest.warns(UserWarning, match="1 with an unreadable image"):
         assert main(args + ["--data", "skip_corrupt=true"]) == 0
+
+
+# ---- B: empty class folder, the advice the folder source gives -------------------------------
+def test_empty_class_folder_is_a_clear_error(tagged):
+    from spmlkit.data import load_dataset
+
+    root, _ = tagged
+    (root / "train" / "yellow").mkdir()
+    (root / "train" / "yellow" / "notes.txt").write_text("to do")
+    with pytest.raises(ValueError, match=r"train/yellow: class folder 'yellow' holds no image "
+                                         r"\(image files end in .jpg.*add its images or remove "
+                                         r"the folder"):
+        load_dataset("folder", root=str(root / "train"))
+
+
+def test_folder_unknown_test_csv_class_gives_advice_the_folder_source_takes(tagged):
+    from spmlkit.data import load_dataset
+
+    root, _ = tagged
+    (root / "bad.csv").write_text("path,labels\ntest/img000.png,red;yellow\n")
+    with pytest.raises(ValueError) as err:
+        load_dataset("folder", root=str(root / "train"), test_csv=str(root / "bad.csv"))
+    assert "unknown class name 'yellow'" in str(err.value)
+    assert "add a class folder of that name" in str(err.value)
+    assert "class_names=" not in str(err.value)
+    with pytest.raises(ValueError, match="class_names"):  # the option it advised: not taken
+        load_dataset("folder", root=str(root / "train"), class_names=["red"])

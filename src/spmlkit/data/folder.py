@@ -41,7 +41,8 @@ def scan_class_folders(root, classes: Sequence[str] | None = None):
     Raises:
         FileNotFoundError: ``root`` is not a folder.
         ValueError: no class subfolder, a tree that looks like ``train/``, ``test/`` split
-            folders, an unknown class folder, or no image at all.
+            folders, an unknown class folder, a class folder without an image (training tree:
+            ``classes`` not given), or no image at all.
     """
     root = Path(root)
     if not root.is_dir():
@@ -59,6 +60,7 @@ def scan_class_folders(root, classes: Sequence[str] | None = None):
         test = next((s for s in subdirs if s.lower() in ("test", "testing")), "<test folder>")
         raise ValueError(f"{root} holds split folders ({', '.join(subdirs)}), not class folders; "
                          f"pass root={root / train} and test_root={root / test}")
+    empty_ok = classes is not None  # an evaluation tree may lack images of a class
     if classes is None:
         classes = subdirs
     classes = list(classes)
@@ -68,7 +70,7 @@ def scan_class_folders(root, classes: Sequence[str] | None = None):
         raise ValueError(f"{root / unknown[0]}: class folder {unknown[0]!r} is not one of the "
                          f"training classes ({', '.join(classes[:10])}"
                          f"{', ...' if len(classes) > 10 else ''})")
-    rel, label, ignored = [], [], 0
+    rel, label, ignored, empty = [], [], 0, []
     for cls in subdirs:
         found = []
         for dirpath, dirnames, filenames in os.walk(root / cls):
@@ -79,11 +81,18 @@ def scan_class_folders(root, classes: Sequence[str] | None = None):
                 elif not f.startswith("."):
                     ignored += 1
         found.sort()
+        if not found:
+            empty.append(cls)
         rel.extend(p.replace(os.sep, "/") for p in found)
         label.extend([column[cls]] * len(found))
     if not rel:
         raise ValueError(f"{root}: no image in any class folder (image files end in "
                          f"{', '.join(IMAGE_SUFFIXES)})")
+    if empty and not empty_ok:
+        more = f" (and {len(empty) - 1} more: {', '.join(empty[1:4])})" if len(empty) > 1 else ""
+        raise ValueError(f"{root / empty[0]}: class folder {empty[0]!r} holds no image{more} "
+                         f"(image files end in {', '.join(IMAGE_SUFFIXES)}), so the class "
+                         f"would have no training image; add its images or remove the folder")
     if loose:
         warnings.warn(f"{root}: {len(loose)} image(s) lie directly in the folder, outside any "
                       f"class folder, and are ignored (first: {loose[0]})", stacklevel=3)
@@ -182,7 +191,10 @@ def load_folder(root: str | os.PathLike, test_root: str | os.PathLike | None = N
 
     def listed(csv_path):
         csv_path = Path(csv_path)
-        rel_c, y_c, _ = read_image_csv(csv_path, classes)
+        rel_c, y_c, _ = read_image_csv(
+            csv_path, classes, unknown_hint=f"Fix the name, or add a class folder of that name "
+            f"with its training images under {root} (the folder source's classes are its "
+            f"class folders)")
         return (join_paths(csv_path.parent.resolve(), rel_c), rel_c, y_c)
 
     val = None
