@@ -228,3 +228,44 @@ def test_folder_unknown_test_csv_class_gives_advice_the_folder_source_takes(tagg
     assert "class_names=" not in str(err.value)
     with pytest.raises(ValueError, match="class_names"):  # the option it advised: not taken
         load_dataset("folder", root=str(root / "train"), class_names=["red"])
+
+
+# ---- B: threads, progress --------------------------------------------------------------------
+def test_threads_default_to_the_cores_for_image_modes(tmp_path):
+    from spmlkit.cli import _threads, build_parser
+
+    def threads(*argv):
+        args = build_parser().parse_args(list(argv))
+        return _threads(args)
+
+    assert threads("train") == 1                                  # linear: 1
+    assert threads("train", "--mode", "finetune", "--backbone", "tiny_cnn") is None  # the cores
+    assert threads("train", "--mode", "lac") is None
+    assert threads("train", "--mode", "finetune", "--threads", "3") == 3
+    assert threads("benchmark") == 1
+    assert threads("extract", "--dataset", "folder") is None      # extraction: its own default
+
+
+def test_lac_bar_total_is_the_sum_of_its_stages():
+    from spmlkit.engine import TrainConfig
+    from spmlkit.methods import get_method
+
+    lac = get_method("lac")
+    config = TrainConfig(epochs=40)
+    assert lac.total_epochs(config, {"lac": {"stage1_epochs": 6, "stage2_epochs": 4}}) == 10
+    assert lac.total_epochs(config, {}) == 40
+
+
+def test_image_training_reports_every_batch(tagged):
+    from spmlkit.engine import TrainConfig
+    from spmlkit.engine.loop import batch_progress
+    from spmlkit.methods import train_run
+
+    root, _ = tagged
+    s = load_splits("folder", root=str(root / "train"), test_csv=str(root / "test.csv"))
+    seen = []
+    with batch_progress(lambda rows, per_epoch: seen.append((rows, per_epoch))):
+        train_run("finetune", s, "an", config=TrainConfig(epochs=2, batch_size=10, lr=1e-2,
+                                                          num_workers=0, image_size=16),
+                  backbone="tiny_cnn", pretrained=False, progress=False)
+    assert seen == [(10, 24), (10, 24), (4, 24)] * 2                # 3 batches an epoch

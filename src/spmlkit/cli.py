@@ -200,6 +200,7 @@ def cmd_train(args) -> int:
 
     from .data import load_splits
     from .engine import TrainConfig
+    from .engine.loop import batch_progress
     from .methods import default_lr, get_method, resolve_k, resume_run, train_run
 
     if args.resume:
@@ -244,10 +245,12 @@ def cmd_train(args) -> int:
                          metric=args.metric)
     method_options = _method_options(args, method)
     bar, show = _epoch_bar(args, method.total_epochs(config, method_options) if ctx.is_main
-                           else 0, f"{args.loss} {method.name} on {args.dataset}")
+                           else 0, f"{args.loss} {method.name} on {args.dataset}",
+                           batches=images)
     try:
-        res = train_run(method, splits, args.loss, hparams, config, k=k, out=args.out,
-                        on_epoch=show, dataset_options=options, **method_options)
+        with batch_progress(show.batch):
+            res = train_run(method, splits, args.loss, hparams, config, k=k, out=args.out,
+                            on_epoch=show, dataset_options=options, **method_options)
         if ctx.world_size > 1:  # every process done before any tears the group down (gloo
             torch.distributed.barrier()  # aborts on a destroy racing a peer's last collective)
     finally:
@@ -336,12 +339,23 @@ def _resume_overrides(args, method) -> dict:
             and flags[k] is not None}
 
 
-def _epoch_bar(args, total, desc: str):
+def _epoch_bar(args, total, desc: str, batches: bool = False):
+    """The run's progress bar and its ``on_epoch``. ``batches`` (the image modes): the bar
+    counts training images, advanced after every batch, so it shows an ETA within an epoch;
+    ``show.batch`` is the :func:`spmlkit.engine.loop.batch_progress` reporter to install."""
     from tqdm import tqdm
 
     from .metrics import METRICS
 
-    bar = tqdm(total=total, desc=desc, unit="epoch", disable=args.quiet or total == 0)
+    bar = tqdm(total=total, desc=desc, unit="img" if batches else "epoch",
+               disable=args.quiet or total == 0, unit_scale=False, smoothing=0.1)
+    epochs = [0]
+
+    def batch(rows, per_epoch):
+        if bar.total == total and total:  # first batch: the bar's total in images
+            bar.total = total * per_epoch
+            bar.refresh()
+        bar.update(rows)
 
     def show(rec, *_):
         shown = {key: rec[key] for key in ("phase", "stage") if key in rec}
@@ -352,8 +366,13 @@ def _epoch_bar(args, total, desc: str):
                       if name != "map" and rec.get(f"val_{name}") is not None})  # --metric
         if "val_source" in rec:
             shown["by"] = rec["val_source"]
+        epochs[0] += 1
+        if batches:
+            shown = {"epoch": f"{epochs[0]}/{total}", **shown}
         bar.set_postfix(shown)
-        bar.update()
+        if not batches:
+            bar.update()
+    show.batch = batch if batches else None
     return bar, show
 
 
@@ -1113,10 +1132,11 @@ def _plain_warnings() -> None:
 
 
 def _threads(args) -> int | None:
-    """``--threads``, or its default: 1 for the feature modes (and every command but train),
-    None (torch's default, the machine's cores) for an image mode (``spml train --mode
-    finetune`` and the other methods that train on images, a resumed one too)."""
-    if getattr(args, "threads", None) or not hasattr(args, "threads"):
+    """``--threads``, or its default: spml train / benchmark 1 for the feature modes, None
+    (torch's default, the machine's cores) for an image mode (``spml train --mode finetune``
+    and the other methods that train on images, a resumed one too); other commands: None
+    (extraction takes the cores itself, a study sets its workers')."""
+    if getattr(args, "threads", None) or args.func not in (cmd_train, cmd_benchmark):
         return getattr(args, "threads", None)
     if args.func is cmd_train:
         try:

@@ -95,7 +95,10 @@ class TrainingMethod:
     accepts_vectors: bool = False
 
     def total_epochs(self, config, options: dict) -> int:
-        """How many epoch records a run with ``config`` and ``options`` writes."""
+        """How many epoch records a run with ``config`` and ``options`` writes (after
+        ``resolve_config``: LAC's stage epochs fix its total)."""
+        if self.resolve_config is not None:
+            config = self.resolve_config(config, {**self.options, **options})
         if self.count_epochs is None:
             return int(config.epochs)
         return int(self.count_epochs(config, {**self.options, **options}))
