@@ -269,3 +269,37 @@ def test_image_training_reports_every_batch(tagged):
                                                           num_workers=0, image_size=16),
                   backbone="tiny_cnn", pretrained=False, progress=False)
     assert seen == [(10, 24), (10, 24), (4, 24)] * 2                # 3 batches an epoch
+
+
+# ---- B: spml figure cam on LAC and BoostLU runs ----------------------------------------------
+@pytest.mark.parametrize("name", ["lac", "boostlu"])
+def test_figure_cam_on_lac_and_boostlu_runs(name, tagged, capsys):
+    from spmlkit.engine import TrainConfig
+    from spmlkit.experiments.figures import images as fg
+    from spmlkit.methods import get_method, train_run
+
+    root, _ = tagged
+    source = {"path": str(root / "test.csv")}  # fully labelled: a 1p run on it
+    options = {**get_method(name).smoke_options, "cache_dir": str(root / "cache")}
+    if name == "lac":
+        options["lac"] = {**options["lac"], "stage1_epochs": 1, "stage2_epochs": 1}
+    run = train_run(name, load_splits("csv", **source), "an", {},
+                    TrainConfig(epochs=2, batch_size=8, lr=1e-2), out=root / "runs",
+                    dataset_options=source, **options)["run_dir"]
+    capsys.readouterr()
+    code = main(["figure", "cam", run, "--n", "2", "--out", str(root / "cam.png")])
+    captured = capsys.readouterr()
+    if name == "lac":
+        assert code == 2
+        assert "is a LAC run: its label-wise embedding head has no linear classifier" in \
+            captured.err and f"`spml figure attention {run}`" in captured.err
+        assert main(["figure", "attention", run, "--n", "2", "--out",
+                     str(root / "att.png")]) == 0
+        return
+    assert code == 0 and (root / "cam.png").is_file()
+    assert "check: each logit is its map's mean (the CAM, bias included, with positive cells " \
+           "x 5)" in captured.out
+    err = float(captured.out.split("largest difference ")[1].split()[0])
+    assert err < 1e-4                                      # the drawn maps are the logits'
+    ov = fg.cam_from_run(run, n=2)
+    assert ov.kind == "BoostLU CAM" and ov.maps.shape[:2] == (2, 3)
