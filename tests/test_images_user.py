@@ -303,3 +303,16 @@ def test_figure_cam_on_lac_and_boostlu_runs(name, tagged, capsys):
     assert err < 1e-4                                      # the drawn maps are the logits'
     ov = fg.cam_from_run(run, n=2)
     assert ov.kind == "BoostLU CAM" and ov.maps.shape[:2] == (2, 3)
+
+
+# ---- B: each backbone's normalisation is written down, and it is the one used ---------------
+def test_every_backbone_states_its_input_normalisation():
+    from spmlkit.models.backbones import backbone_spec, list_backbones
+
+    rows = dict(list_backbones())
+    assert all("normalised with" in desc for desc in rows.values()), rows
+    lite = backbone_spec("efficientnet_lite0")
+    assert lite["mean"] == lite["std"] == (0.5, 0.5, 0.5)
+    assert "mean = std = 0.5" in rows["efficientnet_lite0"]
+    assert "ImageNet's mean / std" in rows["tiny_cnn"]
+    assert backbone_spec("tiny_cnn")["mean"] == (0.485, 0.456, 0.406)
