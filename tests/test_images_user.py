@@ -316,3 +316,80 @@ def test_every_backbone_states_its_input_normalisation():
     assert "mean = std = 0.5" in rows["efficientnet_lite0"]
     assert "ImageNet's mean / std" in rows["tiny_cnn"]
     assert backbone_spec("tiny_cnn")["mean"] == (0.485, 0.456, 0.406)
+
+
+# ---- B: fine-tuning options a timm user expects ----------------------------------------------
+def test_lr_schedule_warmup_and_cosine():
+    from spmlkit.engine import FinetuneOptions
+
+    assert not FinetuneOptions().schedules                      # the default: constant lr
+    warm = FinetuneOptions(warmup_epochs=2)
+    assert [warm.lr_factor(s, 12, 3) for s in range(8)] == \
+        [1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6, 1.0, 1.0, 1.0]
+    cos = FinetuneOptions(schedule="cosine")
+    f = [cos.lr_factor(s, 5, 5) for s in range(5)]
+    assert f[0] == 1.0 and f[-1] == pytest.approx(0.0) and f == sorted(f, reverse=True)
+    with pytest.raises(ValueError, match="lr schedule must be one of"):
+        FinetuneOptions(schedule="step")
+    with pytest.raises(ValueError, match="weight_decay and warmup_epochs must be >= 0"):
+        FinetuneOptions(weight_decay=-1)
+
+
+def _tiny_finetune(s, out, **options):
+    import torch
+
+    from spmlkit.engine import TrainConfig
+    from spmlkit.methods import train_run
+
+    torch.manual_seed(0)
+    return train_run("finetune", s, "an", config=TrainConfig(epochs=2, batch_size=8, lr=1e-2,
+                                                             num_workers=0, image_size=16),
+                     backbone="tiny_cnn", pretrained=False, progress=False,
+                     backbone_options={"width": 4, "num_features": 8, "input_size": 16},
+                     out=out, run_name=f"r{len(list(out.glob('r*')))}", **options)
+
+
+def test_finetune_options_default_to_todays_run_and_each_changes_it(tagged):
+    root, _ = tagged
+    s = load_splits("folder", root=str(root / "train"), test_csv=str(root / "test.csv"))
+    out = root / "runs"
+    out.mkdir()
+
+    def probs(res):
+        return np.load(Path(res["run_dir"]) / "predictions.npz")["probs_test"]
+
+    base = probs(_tiny_finetune(s, out))
+    same = probs(_tiny_finetune(s, out, augment="weak", weight_decay=0.0, warmup_epochs=0.0,
+                                lr_schedule="constant", cpu_bf16=False))
+    np.testing.assert_array_equal(same, base)                   # the defaults: today's run
+    for change in ({"augment": "strong"}, {"augment": "none"}, {"weight_decay": 0.5},
+                   {"warmup_epochs": 1}, {"lr_schedule": "cosine"}, {"cpu_bf16": True}):
+        assert np.abs(probs(_tiny_finetune(s, out, **change)) - base).max() > 1e-4, change
+
+
+def test_weight_decay_shrinks_weights_not_biases():
+    import torch
+
+    from spmlkit.engine.finetune import WeightDecay
+    from spmlkit.engine.optim import make_optimizer
+    from spmlkit.losses import create_loss
+
+    net = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    w, b = net[0].weight.detach().clone(), net[0].bias.detach().clone()
+    opt = make_optimizer(net, create_loss("an"), 0.1)
+    WeightDecay(net, opt, 0.5).after_step(None)
+    torch.testing.assert_close(net[0].weight, w * (1 - 0.1 * 0.5))
+    torch.testing.assert_close(net[0].bias, b)
+
+
+def test_cli_fine_tuning_flags_reach_the_run(tagged, capsys):
+    root, _ = tagged
+    assert main(_finetune(root, "--augment", "strong", "--weight-decay", "0.05",
+                          "--warmup-epochs", "0.5", "--lr-schedule", "cosine")) == 0
+    (run,) = (root / "runs").iterdir()
+    options = json.loads((run / "config.json").read_text())["options"]
+    assert (options["augment"], options["weight_decay"], options["warmup_epochs"],
+            options["lr_schedule"], options["cpu_bf16"]) == ("strong", 0.05, 0.5, "cosine", False)
+    with pytest.raises(SystemExit):
+        main(_finetune(root, "--weight-decay", "-1"))
+    assert "argument --weight-decay: expected a finite number >= 0" in capsys.readouterr().err

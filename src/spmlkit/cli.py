@@ -76,6 +76,17 @@ def _positive(text: str) -> float:
     return value
 
 
+def _nonnegative(text: str) -> float:
+    """An argparse type: a finite number >= 0 (weight decay, warm-up epochs)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not np.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
 def _device(text: str) -> str:
     """An argparse type: a torch device this machine has (``cpu``, ``cuda``, ``cuda:1``)."""
     import torch
@@ -305,7 +316,12 @@ def _flag_options(args) -> dict:
             "feature_dtype": args.feature_dtype, "lac": _pairs(args.lac, "--lac") or None,
             "cache_dir": args.cache_dir,
             "backbone_options": _weights_option(args),
-            "progress": False if args.quiet else None}
+            "progress": False if args.quiet else None,
+            "augment": getattr(args, "augment", None),
+            "weight_decay": getattr(args, "weight_decay", None),
+            "warmup_epochs": getattr(args, "warmup_epochs", None),
+            "lr_schedule": getattr(args, "lr_schedule", None),
+            "cpu_bf16": getattr(args, "cpu_bf16", None)}
 
 
 def _weights_option(args) -> dict | None:
@@ -472,6 +488,21 @@ def _add_finetune(p: argparse.ArgumentParser) -> None:
                         "process takes cuda:LOCAL_RANK)")
     p.add_argument("--random-init", action="store_true",
                    help="fine-tuning: start the backbone from random weights")
+    p.add_argument("--augment", choices=["none", "weak", "strong"], default=None,
+                   help="fine-tuning: training-image augmentation: none (resize only), weak "
+                        "(default: resize + horizontal flip) or strong (flip, Cutout, "
+                        "RandAugment 2 ops at 9, colour jitter, grayscale)")
+    p.add_argument("--weight-decay", type=_nonnegative, default=None, metavar="WD",
+                   help="fine-tuning: decoupled (AdamW-style) weight decay on weights, not "
+                        "biases or norms (default 0)")
+    p.add_argument("--warmup-epochs", type=_nonnegative, default=None, metavar="E",
+                   help="fine-tuning: linear learning-rate warm-up over E epochs, moved every "
+                        "batch (default 0)")
+    p.add_argument("--lr-schedule", choices=["constant", "cosine"], default=None,
+                   help="fine-tuning: the learning rate after the warm-up (default constant)")
+    p.add_argument("--cpu-bf16", action="store_true", default=None,
+                   help="fine-tuning on a CPU: bfloat16 autocast of the training forward (faster "
+                        "only on CPUs with native bf16: AVX-512-BF16 / AMX)")
     p.add_argument("--linear-epochs", type=_whole(1), default=None,
                    help="linear_init: epochs of the linear phase (default 25)")
     p.add_argument("--linear-lr", type=_positive, default=None,
