@@ -393,3 +393,46 @@ def test_cli_fine_tuning_flags_reach_the_run(tagged, capsys):
     with pytest.raises(SystemExit):
         main(_finetune(root, "--weight-decay", "-1"))
     assert "argument --weight-decay: expected a finite number >= 0" in capsys.readouterr().err
+
+
+# ---- B: a run that ends near the trivial baseline says so ------------------------------------
+def test_lac_run_near_the_trivial_baseline_warns_with_the_cause(tagged, monkeypatch):
+    from spmlkit.engine import TrainConfig
+    from spmlkit.methods import base, get_method, train_run
+    from spmlkit.methods.base import trivial_map
+
+    root, _ = tagged
+    s = load_splits("csv", path=str(root / "test.csv"))
+    options = {**get_method("lac").smoke_options, "cache_dir": str(root / "cache")}
+    options["lac"] = {**options["lac"], "stage1_epochs": 1, "stage2_epochs": 1}
+    # 5 toy test images make any mAP noisy: the bar is raised so that this run counts as near
+    # the baseline (the rule itself: test_mime_collapse_names_the_head_learning_rate)
+    monkeypatch.setattr(base, "BASELINE_LIFT", 1.0)
+    res = train_run("lac", s, "an", config=TrainConfig(epochs=2, batch_size=8, lr=1e-5),
+                    **options)
+    monkeypatch.undo()
+    assert res["trivial_test_map"] == pytest.approx(trivial_map(s.test.y))
+    (note,) = [w for w in res["warnings"] if "trivial baseline" in w]
+    assert "LAC's lr 1e-05 is the paper's OneCycle peak for 40 epochs" in note
+    assert "try --lr 1e-3" in note
+    good = train_run("finetune", s, "an", config=TrainConfig(epochs=2, batch_size=8, lr=1e-2,
+                                                             image_size=16, num_workers=0),
+                     backbone="tiny_cnn", pretrained=False, progress=False)
+    assert good["test_map"] > good["trivial_test_map"] + 0.15 * (100 - good["trivial_test_map"])
+    assert not any("trivial baseline" in w for w in good["warnings"])
+
+
+def test_mime_collapse_names_the_head_learning_rate():
+    from spmlkit.engine import TrainConfig
+    from spmlkit.methods import get_method
+    from spmlkit.methods.base import baseline_warning, trivial_map
+
+    y = np.array([[1, 0], [0, 1], [1, 1], [0, 0]])
+    assert trivial_map(y) == pytest.approx(100 * (0.5 + 0.5) / 2)  # AP = prevalence
+    note = baseline_warning(get_method("mime"), TrainConfig(epochs=10, lr=1e-3), {}, 36.7, 34.4)
+    assert "MIME trains its head at lr x head_lr_mult = 0.001 x 10 = 0.01" in note
+    assert "try --lr 0.0001" in note
+    assert baseline_warning(get_method("finetune"), TrainConfig(lr=1e-3), {}, 75.5, 34.4) is None
+    lac = baseline_warning(get_method("lac"), TrainConfig(epochs=10, lr=1e-4), {}, 41.0, 34.4)
+    assert "LAC's lr 0.0001 is the paper's OneCycle peak" in lac and "10-epoch" in lac
+    assert baseline_warning(get_method("lac"), TrainConfig(lr=1e-3), {}, 66.0, 34.4) is None

@@ -187,6 +187,55 @@ def training_warnings(fit) -> list[str]:
     return []
 
 
+#: a run of an image method whose test mAP closes less than this share of the way from the
+#: trivial baseline (every image scored alike) to 100 is reported (:func:`baseline_warning`)
+BASELINE_LIFT = 0.15
+
+
+def trivial_map(y, convention: str = "present") -> float:
+    """The test mAP of scoring every image alike (each class's AP is then its prevalence): the
+    baseline a model that learned nothing reaches."""
+    y = np.asarray(y)
+    return map_score(np.zeros(y.shape, dtype=np.float32), y, convention)
+
+
+def baseline_warning(method: "TrainingMethod", config, options: dict, test_map: float,
+                     trivial: float) -> str | None:
+    """A warning when an image run's test mAP is near the trivial baseline (less than
+    :data:`BASELINE_LIFT` of the way from it to 100), naming the likely cause from the method
+    and its learning rates; None otherwise."""
+    if not np.isfinite(test_map) or trivial >= 100:
+        return None
+    lift = (test_map - trivial) / (100.0 - trivial)
+    if lift >= BASELINE_LIFT:
+        return None
+    lr, epochs = float(config.lr), int(config.epochs)
+    if method.name == "mime":
+        from .mime import config_of
+
+        mult = float(config_of(options).head_lr_mult)
+        head = lr * mult
+        cause = (f"MIME trains its head at lr x head_lr_mult = {lr:g} x {mult:g} = {head:g}, "
+                 f"large enough for the head to collapse: try --lr {lr / 10:g} (or "
+                 f"--option head_lr_mult=1)") if head >= 1e-3 else             (f"the head's lr {head:g} (lr x head_lr_mult {mult:g}) is small for {epochs} "
+             f"epoch(s): train longer or raise --lr")
+    elif method.name == "lac":
+        cause = (f"LAC's lr {lr:g} is the paper's OneCycle peak for 40 epochs on a GPU; on a "
+                 f"{epochs}-epoch schedule it barely moves the model: try --lr 1e-3")             if lr <= 1e-4 else (f"lr {lr:g} may be too large for LAC's label embeddings: try "
+                                f"1e-4 .. 1e-3")
+    elif lr <= 1e-4:
+        cause = f"lr {lr:g} is probably too small for {epochs} epoch(s): try --lr 1e-3"
+    elif lr * float(getattr(config, "head_lr_mult", 1.0)) >= 1e-2:
+        cause = (f"lr {lr:g} (head x {getattr(config, 'head_lr_mult', 1.0):g}) is probably too "
+                 f"large and the model collapsed: try --lr 1e-3 or 1e-4")
+    else:
+        cause = (f"too few epochs ({epochs}), too few observed positives, or an lr ({lr:g}) "
+                 f"that does not suit this backbone: check the curves (spml figure curves)")
+    return (f"test mAP {test_map:.2f} is near the trivial baseline {trivial:.2f} (every image "
+            f"scored alike; {max(lift, 0.0):.0%} of the way from it to 100): the model barely "
+            f"learned. Likely cause: {cause}")
+
+
 def resolve_hparams(loss: str, dataset: str | None, hparams: dict | None = None) -> dict:
     """The loss's official per-dataset defaults (if any) with the user's values on top."""
     return {**LOSSES.get(loss).hparams_for(dataset), **(hparams or {})}
@@ -604,6 +653,14 @@ def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
         dropped = skipped_images(splits)
         if dropped is not None:
             result["skipped_images"] = dropped["skipped"]
+        x = splits.train.x
+        if method.inputs == "images" and not (isinstance(x, np.ndarray) and x.dtype.kind in
+                                              "fiu"):  # image items, not feature vectors
+            trivial = trivial_map(splits.test.y, conv)
+            result["trivial_test_map"] = trivial
+            note = baseline_warning(method, config, ctx.options, test["map"], trivial)
+            if note is not None:
+                result["warnings"] = [*result["warnings"], note]
         for key, value in pseudo.get(fit.best_epoch, {}).items():  # at the selected epoch
             result[key] = value if np.isfinite(value) else None
         if hasattr(loss_fn, "estimated_labels") and complete:
