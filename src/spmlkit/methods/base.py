@@ -215,14 +215,19 @@ def baseline_warning(method: "TrainingMethod", config, options: dict, test_map: 
 
         mult = float(config_of(options).head_lr_mult)
         head = lr * mult
-        cause = (f"MIME trains its head at lr x head_lr_mult = {lr:g} x {mult:g} = {head:g}, "
-                 f"large enough for the head to collapse: try --lr {lr / 10:g} (or "
-                 f"--option head_lr_mult=1)") if head >= 1e-3 else             (f"the head's lr {head:g} (lr x head_lr_mult {mult:g}) is small for {epochs} "
-             f"epoch(s): train longer or raise --lr")
+        if head >= 1e-3:
+            cause = (f"MIME trains its head at lr x head_lr_mult = {lr:g} x {mult:g} = "
+                     f"{head:g}, large enough for the head to collapse: try --lr {lr / 10:g} "
+                     f"(or --option head_lr_mult=1)")
+        else:
+            cause = (f"the head's lr {head:g} (lr x head_lr_mult {mult:g}) is small for "
+                     f"{epochs} epoch(s): train longer or raise --lr")
     elif method.name == "lac":
-        cause = (f"LAC's lr {lr:g} is the paper's OneCycle peak for 40 epochs on a GPU; on a "
-                 f"{epochs}-epoch schedule it barely moves the model: try --lr 1e-3")             if lr <= 1e-4 else (f"lr {lr:g} may be too large for LAC's label embeddings: try "
-                                f"1e-4 .. 1e-3")
+        if lr <= 1e-4:
+            cause = (f"LAC's lr {lr:g} is the paper's OneCycle peak for 40 epochs on a GPU; on "
+                     f"a {epochs}-epoch schedule it barely moves the model: try --lr 1e-3")
+        else:
+            cause = f"lr {lr:g} may be too large for LAC's label embeddings: try 1e-4 .. 1e-3"
     elif lr <= 1e-4:
         cause = f"lr {lr:g} is probably too small for {epochs} epoch(s): try --lr 1e-3"
     elif lr * float(getattr(config, "head_lr_mult", 1.0)) >= 1e-2:
