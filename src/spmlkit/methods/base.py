@@ -93,6 +93,10 @@ class TrainingMethod:
     #: an image method that also trains on feature vectors, read as D x 1 x 1 maps (mime,
     #: boostlu)
     accepts_vectors: bool = False
+    #: ``baseline_cause(config, options) -> str | None``: the likely cause, in this method's
+    #: terms, of a run ending near the trivial baseline (:func:`baseline_warning`; None: the
+    #: generic learning-rate advice)
+    baseline_cause: Callable | None = None
 
     def total_epochs(self, config, options: dict) -> int:
         """How many epoch records a run with ``config`` and ``options`` writes (after
@@ -210,30 +214,13 @@ def baseline_warning(method: "TrainingMethod", config, options: dict, test_map: 
     if lift >= BASELINE_LIFT:
         return None
     lr, epochs = float(config.lr), int(config.epochs)
-    if method.name == "mime":
-        from .mime import config_of
-
-        mult = float(config_of(options).head_lr_mult)
-        head = lr * mult
-        if head >= 1e-3:
-            cause = (f"MIME trains its head at lr x head_lr_mult = {lr:g} x {mult:g} = "
-                     f"{head:g}, large enough for the head to collapse: try --lr {lr / 10:g} "
-                     f"(or --option head_lr_mult=1)")
-        else:
-            cause = (f"the head's lr {head:g} (lr x head_lr_mult {mult:g}) is small for "
-                     f"{epochs} epoch(s): train longer or raise --lr")
-    elif method.name == "lac":
-        if lr <= 1e-4:
-            cause = (f"LAC's lr {lr:g} is the paper's OneCycle peak for 40 epochs on a GPU; on "
-                     f"a {epochs}-epoch schedule it barely moves the model: try --lr 1e-3")
-        else:
-            cause = f"lr {lr:g} may be too large for LAC's label embeddings: try 1e-4 .. 1e-3"
-    elif lr <= 1e-4:
+    cause = method.baseline_cause(config, options) if method.baseline_cause else None
+    if cause is None and lr <= 1e-4:
         cause = f"lr {lr:g} is probably too small for {epochs} epoch(s): try --lr 1e-3"
-    elif lr * float(getattr(config, "head_lr_mult", 1.0)) >= 1e-2:
+    elif cause is None and lr * float(getattr(config, "head_lr_mult", 1.0)) >= 1e-2:
         cause = (f"lr {lr:g} (head x {getattr(config, 'head_lr_mult', 1.0):g}) is probably too "
                  f"large and the model collapsed: try --lr 1e-3 or 1e-4")
-    else:
+    elif cause is None:
         cause = (f"too few epochs ({epochs}), too few observed positives, or an lr ({lr:g}) "
                  f"that does not suit this backbone: check the curves (spml figure curves)")
     return (f"test mAP {test_map:.2f} is near the trivial baseline {trivial:.2f} (every image "
