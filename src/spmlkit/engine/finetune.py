@@ -222,7 +222,7 @@ class FinetuneOptions:
 
         >>> o = FinetuneOptions(warmup_epochs=1, schedule="cosine")
         >>> [round(o.lr_factor(s, 6, 2), 3) for s in range(6)]
-        [0.5, 1.0, 0.854, 0.5, 0.146, 0.0]
+        [0.5, 1.0, 1.0, 0.75, 0.25, 0.0]
         """
         warm = int(round(self.warmup_epochs * per_epoch))
         if step < warm:
