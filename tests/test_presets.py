@@ -78,8 +78,9 @@ def test_expand_data_k_and_regime_axes():
     assert sorted({t.dataset_options["subsample"] for t in fig1}) == \
         [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
     appb = expand(load_study("cole-appb"))
-    assert {t.k for t in appb} == {f"estimate:{m}:{b}" for m in (5, 10, 25)
-                                   for b in ("lower", "point", "upper")}
+    assert {t.k for t in appb} == {"true", *(f"interval:5:{i}/9" for i in range(10)),
+                                   *(f"interval:{m}:{b}" for m in (10, 25)
+                                     for b in ("lower", "upper"))}
     bias = expand(load_study("label-bias"))
     assert {t.regime for t in bias} == {"1p", "1p_biased:size", "1p_biased:loc",
                                         "1p_biased:semantic"}

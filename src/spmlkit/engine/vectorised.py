@@ -504,6 +504,11 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
     if mixed and not all(closed_form(loss) for loss in losses):
         raise ValueError("stacked runs need losses of one class and hyperparameters and one "
                          "observed label matrix, unless every loss is closed-form (closed_form)")
+    if len({None if k_ is None else float(k_) for k_ in ks}) > 1 and \
+            hasattr(losses[0], "_k") and not all(closed_form(loss) for loss in losses):
+        # the stack's one copy of such a loss (ROLE) holds one k
+        raise ValueError(f"stacked runs of {type(losses[0]).__name__} need one k, got "
+                         f"{sorted({k_ for k_ in ks if k_ is not None})}")
     if len({loss.reduction for loss in losses}) > 1:
         raise ValueError("stacked runs need losses of one reduction")
     for loss in losses:
