@@ -139,14 +139,36 @@ def test_key_changes_with_backbone_transform_size_items_dtype(items, tmp_path):
     assert "efficientnet_lite0-imagenet__eval224" in folder(backbone="efficientnet_lite0").name
 
 
-def test_unreadable_image_names_the_file_and_keeps_done_rows(items, tmp_path):
+def test_unreadable_image_is_named_before_a_store_exists(items, tmp_path):
     bad_items = list(items[:7])
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"not a jpeg at all")
     bad_items[5] = str(broken)
+    with pytest.raises(ValueError, match=r"did not start \(nothing was written to the cache\): "
+                                         r".*broken\.jpg: not a readable image"):
+        F.extract_features(bad_items, "tiny_cnn", cache_dir=tmp_path / "c", batch_size=2,
+                           num_workers=0, progress=False)
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").rglob("*.npy"))  # no orphan
+
+
+def test_an_image_broken_mid_extraction_keeps_done_rows(items, tmp_path, monkeypatch):
+    """A file that breaks after the check (or a store resumed after an interruption) stops at
+    its row; the rows before are kept and a repair in place resumes the store."""
+    bad_items = list(items[:7])
+    broken = tmp_path / "broken.jpg"
+    shutil.copyfile(items[0], broken)
+    bad_items[5] = str(broken)
+    real = F._Rows.__getitem__
+
+    def breaks(self, i):                                 # the file breaks once extraction runs
+        broken.write_bytes(b"not a jpeg at all")
+        return real(self, i)
+
+    monkeypatch.setattr(F._Rows, "__getitem__", breaks)
     with pytest.raises(ValueError, match=r"row 5: .*broken\.jpg.*run again"):
         F.extract_features(bad_items, "tiny_cnn", cache_dir=tmp_path / "c", batch_size=2,
                            num_workers=0, progress=False)
+    monkeypatch.undo()
     plan = F.plan_store(bad_items, "tiny_cnn", cache_dir=tmp_path / "c")
     assert np.load(plan.folder / "done.npy").tolist() == [1, 1, 1, 1, 0, 0, 0]
     shutil.copyfile(items[0], broken)                  # repaired in place
@@ -162,7 +184,7 @@ def test_items_must_be_paths(tmp_path):
         F.extract_features(np.zeros((3, 4)), "tiny_cnn", cache_dir=tmp_path)
     with pytest.raises(ValueError, match="item 1 is int"):
         F.extract_features(["a.png", 3], "tiny_cnn", cache_dir=tmp_path)
-    with pytest.raises(ValueError, match=r"row 0: image .*nowhere\.png does not exist"):
+    with pytest.raises(ValueError, match=r"did not start .*nowhere\.png does not exist"):
         F.extract_features([str(tmp_path / "nowhere.png")], "tiny_cnn", cache_dir=tmp_path,
                            num_workers=0, progress=False)
     with pytest.raises(ValueError, match="empty item list"):

@@ -272,7 +272,7 @@ def test_cli_image_run_figures(image_runs, tmp_path, capsys):
             assert is_png(tmp_path / f"{kind}-{name}.png")
         ov = fg.cam_from_run(run, n=2)
         assert ov.maps.shape[:2] == (2, 3) and "e-0" in ov.note  # GAP check: ~1e-7
-        err = float(ov.note.rsplit("=", 1)[1])
+        err = float(ov.note.rsplit(" ", 1)[1])
         assert err < 1e-4
         assert main(["figure", "attention", run]) == 2
         assert "LAC" in capsys.readouterr().err

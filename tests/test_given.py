@@ -349,9 +349,13 @@ def test_folder_given_with_a_test_csv(images):
     assert "regime given: observed training labels from" in describe_labels(s)["summary"]
     with pytest.raises(ValueError, match="need a fully labelled test set: test_csv=FILE"):
         load_dataset("folder", root=str(root / "tree"), train_labels="observed")
-    # the folder's full-label mode also takes a fully labelled test CSV
-    s1 = load_splits("folder", root=str(root / "tree"), test_csv=str(root / "test.csv"))
+    # the folder's full-label mode also takes a fully labelled test CSV, when asked for
+    s1 = load_splits("folder", root=str(root / "tree"), test_csv=str(root / "test.csv"),
+                     train_labels="full")
     assert len(s1.test) == 4 and s1.train_labels_complete
+    # by default a test CSV makes the folder tags observed labels (val from the test CSV)
+    s2 = load_splits("folder", root=str(root / "tree"), test_csv=str(root / "test.csv"))
+    assert not s2.train_labels_complete and s2.meta["val_from"] == "test"
 
 
 # ---- an image source without a backbone --------------------------------------------------------

@@ -514,8 +514,12 @@ def test_folder_one_hot_split_and_test_folder(tmp_path):
     write_image(root / "cat" / "more" / "c9.jpg", seed=20)
     (root / "cat" / "notes.txt").write_text("not an image")
     (root / "empty_class").mkdir()
+    with pytest.raises(ValueError, match=r"photos/empty_class: class folder 'empty_class' holds "
+                                         r"no image .*add its images or remove the folder"):
+        load_folder(root)                                       # no class without images
+    (root / "empty_class").rmdir()
     ds = load_folder(root)
-    assert ds.class_names == ["cat", "dog", "empty_class"]
+    assert ds.class_names == ["cat", "dog"]
     ids = ["cat/c0.png", "cat/c1.png", "cat/c2.png", "cat/more/c9.jpg",
            "dog/d0.jpg", "dog/d1.jpg", "dog/d2.jpg", "dog/d3.jpg"]
     pool_idx, test_idx = cole_split(8, 0.3)
@@ -524,13 +528,12 @@ def test_folder_one_hot_split_and_test_folder(tmp_path):
     for row, i in enumerate(pool_idx):
         assert ds.pool.y[row, 0 if ids[i].startswith("cat") else 1] == 1
     assert ds.meta["labels"] == "folder_class_only" and ds.meta["ignored_files"]["pool"] == 1
-    assert ds.meta["classes_without_pool_images"] == ["empty_class"]
     splits = load_splits("folder", root=str(root))
     np.testing.assert_array_equal(splits.observed == POSITIVE, splits.train.y == 1)
     test_root = tmp_path / "holdout"
     write_image(test_root / "dog" / "t.jpg")
     ds = load_folder(root, test_root=test_root)
-    assert (len(ds.pool), len(ds.test)) == (8, 1) and ds.test.y.tolist() == [[0, 1, 0]]
+    assert (len(ds.pool), len(ds.test)) == (8, 1) and ds.test.y.tolist() == [[0, 1]]
     write_image(test_root / "cow" / "u.jpg")
     with pytest.raises(ValueError, match=r"holdout/cow: class folder 'cow' is not one of the "
                                          r"training classes"):

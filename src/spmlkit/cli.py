@@ -113,6 +113,17 @@ def _positive(text: str) -> float:
     return value
 
 
+def _nonnegative(text: str) -> float:
+    """An argparse type: a finite number >= 0 (weight decay, warm-up epochs)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not np.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
 def _device(text: str) -> str:
     """An argparse type: a torch device this machine has (``cpu``, ``cuda``, ``cuda:1``)."""
     import torch
@@ -164,9 +175,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                         "Xie et al.'s loaders (drop_last=True); default: every row trains. "
                         "Validation and test always score every row (a subset that depends on "
                         "the batch size would make grid points incomparable)")
-    p.add_argument("--threads", type=_whole(1), default=1,
-                   help="torch threads per process (default 1: a linear head on small batches "
-                        "is bound by per-operation overhead, extra threads only add contention)")
+    p.add_argument("--threads", type=_whole(1), default=None,
+                   help="torch threads per process (default: 1 for the feature modes, where a "
+                        "linear head on small batches is bound by per-operation overhead and "
+                        "extra threads only add contention; the machine's cores for the image "
+                        "modes --mode finetune / lac / mime / ..., whose convolutions use them)")
 
 
 def _add_backbone(p: argparse.ArgumentParser, default: str | None = None) -> None:
@@ -213,9 +226,15 @@ def cmd_extract(args) -> int:
     from .features import feature_dataset, require_images
 
     ds = require_images(load_dataset(args.dataset, **_data(args)))
-    if args.limit is not None:
-        ds.pool, ds.test = (s.subset(np.arange(min(args.limit, len(s)))) for s in (ds.pool,
-                                                                                    ds.test))
+    if args.limit is not None:  # the first N of each set, with their observed labels
+        import dataclasses
+
+        first = {s: np.arange(min(args.limit, len(getattr(ds, s)))) for s in ("pool", "test")}
+        ds = dataclasses.replace(
+            ds, pool=ds.pool.subset(first["pool"]), test=ds.test.subset(first["test"]),
+            val=None if ds.val is None else ds.val.subset(np.arange(min(args.limit,
+                                                                         len(ds.val)))),
+            observed=None if ds.observed is None else ds.observed[first["pool"]])
     t0 = time.perf_counter()
     out = feature_dataset(ds, args.backbone, transform=args.transform, size=args.size,
                           batch_size=args.batch_size, num_workers=args.workers,
@@ -237,6 +256,7 @@ def cmd_train(args) -> int:
 
     from .data import load_splits
     from .engine import TrainConfig
+    from .engine.loop import batch_progress
     from .methods import default_lr, get_method, resolve_k, resume_run, train_run
 
     if args.resume:
@@ -286,10 +306,12 @@ def cmd_train(args) -> int:
                          metric=args.metric, drop_last=args.drop_last)
     method_options = _method_options(args, method)
     bar, show = _epoch_bar(args, method.total_epochs(config, method_options) if ctx.is_main
-                           else 0, f"{args.loss} {method.name} on {args.dataset}")
+                           else 0, f"{args.loss} {method.name} on {args.dataset}",
+                           batches=images)
     try:
-        res = train_run(method, splits, args.loss, hparams, config, k=k, out=args.out,
-                        on_epoch=show, dataset_options=options, **method_options)
+        with batch_progress(show.batch):
+            res = train_run(method, splits, args.loss, hparams, config, k=k, out=args.out,
+                            on_epoch=show, dataset_options=options, **method_options)
         if ctx.world_size > 1:  # every process done before any tears the group down (gloo
             torch.distributed.barrier()  # aborts on a destroy racing a peer's last collective)
     finally:
@@ -344,7 +366,12 @@ def _flag_options(args) -> dict:
             "feature_dtype": args.feature_dtype, "lac": _pairs(args.lac, "--lac") or None,
             "cache_dir": args.cache_dir,
             "backbone_options": _weights_option(args),
-            "progress": False if args.quiet else None}
+            "progress": False if args.quiet else None,
+            "augment": getattr(args, "augment", None),
+            "weight_decay": getattr(args, "weight_decay", None),
+            "warmup_epochs": getattr(args, "warmup_epochs", None),
+            "lr_schedule": getattr(args, "lr_schedule", None),
+            "cpu_bf16": getattr(args, "cpu_bf16", None)}
 
 
 def _weights_option(args) -> dict | None:
@@ -378,12 +405,23 @@ def _resume_overrides(args, method) -> dict:
             and flags[k] is not None}
 
 
-def _epoch_bar(args, total, desc: str):
+def _epoch_bar(args, total, desc: str, batches: bool = False):
+    """The run's progress bar and its ``on_epoch``. ``batches`` (the image modes): the bar
+    counts training images, advanced after every batch, so it shows an ETA within an epoch;
+    ``show.batch`` is the :func:`spmlkit.engine.loop.batch_progress` reporter to install."""
     from tqdm import tqdm
 
     from .metrics import METRICS
 
-    bar = tqdm(total=total, desc=desc, unit="epoch", disable=args.quiet or total == 0)
+    bar = tqdm(total=total, desc=desc, unit="img" if batches else "epoch",
+               disable=args.quiet or total == 0, unit_scale=False, smoothing=0.1)
+    epochs = [0]
+
+    def batch(rows, per_epoch):
+        if bar.total == total and total:  # first batch: the bar's total in images
+            bar.total = total * per_epoch
+            bar.refresh()
+        bar.update(rows)
 
     def show(rec, *_):
         shown = {key: rec[key] for key in ("phase", "stage") if key in rec}
@@ -394,8 +432,13 @@ def _epoch_bar(args, total, desc: str):
                       if name != "map" and rec.get(f"val_{name}") is not None})  # --metric
         if "val_source" in rec:
             shown["by"] = rec["val_source"]
+        epochs[0] += 1
+        if batches:
+            shown = {"epoch": f"{epochs[0]}/{total}", **shown}
         bar.set_postfix(shown)
-        bar.update()
+        if not batches:
+            bar.update()
+    show.batch = batch if batches else None
     return bar, show
 
 
@@ -418,9 +461,17 @@ def _print_result(args, res: dict) -> int:
         on = res.get("metric", "map")
         if on != "map":
             print(f"selected on val {on}: {res['val_score']:.{METRICS[on][1]}f}")
+        at = "" if test.get("threshold") is None else \
+            f" (F1 and Hamming at threshold={test['threshold']:.4g}: chosen on val, max val " \
+            f"micro-F1, the one spml predict applies by default)"
         print("test: " + ", ".join(f"{name} {test[name]:.{METRICS[name][1]}f}"
                                    for name in METRICS if name != "map"
-                                   and test.get(name) is not None))
+                                   and test.get(name) is not None) + at)
+    if res.get("skipped_images"):
+        where = f" (listed in {res['run_dir']}/skipped_images.json)" if res.get("run_dir") \
+            else ""
+        print(f"skipped {res['skipped_images']} unreadable or missing image(s){where}",
+              file=sys.stderr)
     if res.get("run_dir"):
         print(f"run folder: {res['run_dir']}")
     for warning in res.get("warnings") or []:
@@ -436,7 +487,11 @@ def cmd_predict(args) -> int:
     fmt = args.format or ("json" if args.out and Path(args.out).suffix.lower() == ".json"
                           else "csv")
     pred = predict_run(args.run, args.inputs, args.threshold, device=args.device,
-                       batch_size=args.batch_size, num_workers=args.workers)
+                       batch_size=args.batch_size, num_workers=args.workers,
+                       skip_corrupt=args.skip_corrupt)
+    if pred.skipped:
+        shown = ", ".join(pred.skipped[:5]) + (", ..." if len(pred.skipped) > 5 else "")
+        print(f"skipped {len(pred.skipped)} unreadable image(s): {shown}", file=sys.stderr)
     text = write_predictions(pred, fmt, args.out, args.run)
     if args.out:
         print(f"wrote {args.out} ({len(pred.items)} rows, {fmt}, threshold {pred.threshold_kind})",
@@ -483,6 +538,21 @@ def _add_finetune(p: argparse.ArgumentParser) -> None:
                         "process takes cuda:LOCAL_RANK)")
     p.add_argument("--random-init", action="store_true",
                    help="fine-tuning: start the backbone from random weights")
+    p.add_argument("--augment", choices=["none", "weak", "strong"], default=None,
+                   help="fine-tuning: training-image augmentation: none (resize only), weak "
+                        "(default: resize + horizontal flip) or strong (flip, Cutout, "
+                        "RandAugment 2 ops at 9, colour jitter, grayscale)")
+    p.add_argument("--weight-decay", type=_nonnegative, default=None, metavar="WD",
+                   help="fine-tuning: decoupled (AdamW-style) weight decay on weights, not "
+                        "biases or norms (default 0)")
+    p.add_argument("--warmup-epochs", type=_nonnegative, default=None, metavar="E",
+                   help="fine-tuning: linear learning-rate warm-up over E epochs, moved every "
+                        "batch (default 0)")
+    p.add_argument("--lr-schedule", choices=["constant", "cosine"], default=None,
+                   help="fine-tuning: the learning rate after the warm-up (default constant)")
+    p.add_argument("--cpu-bf16", action="store_true", default=None,
+                   help="fine-tuning on a CPU: bfloat16 autocast of the training forward (faster "
+                        "only on CPUs with native bf16: AVX-512-BF16 / AMX)")
     p.add_argument("--linear-epochs", type=_whole(1), default=None,
                    help="linear_init: epochs of the linear phase (default 25)")
     p.add_argument("--linear-lr", type=_positive, default=None,
@@ -895,6 +965,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=_device, default="cpu")
     p.add_argument("--batch-size", type=_whole(1), default=64)
     p.add_argument("--workers", type=_whole(0), default=0, help="image-loading processes")
+    p.add_argument("--skip-corrupt", action="store_true",
+                   help="leave out input images that cannot be decoded (listed on stderr and "
+                        "in JSON output) instead of stopping at the first one")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("benchmark", help="the paper's grid for several methods and seeds",
@@ -1164,6 +1237,48 @@ def _fail(prog: str, message: str) -> int:
     return 2
 
 
+def _plain_warnings() -> None:
+    """The library's warnings (a source's skipped images, a loss's settings) as one
+    ``warning: ...`` line on stderr, not Python's ``file:line: UserWarning`` and source line."""
+    import warnings
+
+    default = warnings.formatwarning
+    if getattr(default, "spmlkit_plain", False):
+        return
+
+    def plain(message, category, filename, lineno, line=None):
+        if issubclass(category, UserWarning) and "spmlkit" in str(filename):
+            return f"warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    plain.spmlkit_plain = True
+    warnings.formatwarning = plain
+
+
+def _threads(args) -> int | None:
+    """``--threads``, or its default: spml train / benchmark 1 for the feature modes, None
+    (torch's default, the machine's cores) for an image mode (``spml train --mode finetune``
+    and the other methods that train on images, a resumed one too); other commands: None
+    (extraction takes the cores itself, a study sets its workers')."""
+    if getattr(args, "threads", None) or args.func not in (cmd_train, cmd_benchmark):
+        return getattr(args, "threads", None)
+    if args.func is cmd_train:
+        try:
+            if args.resume:
+                from .runs import read_run
+
+                mode = read_run(args.resume).config.get("mode", "linear")
+            else:
+                mode = args.mode
+            from .methods import get_method
+
+            if get_method(mode).inputs == "images":
+                return None
+        except (ValueError, OSError):  # the command itself reports it
+            pass
+    return 1
+
+
 def main(argv=None) -> int:
     """``spml``: parse ``argv``, run the command; a bad input ends in one line
     ``spml <command>: error: <what is wrong and where>`` on stderr and exit status 2."""
@@ -1181,10 +1296,12 @@ def main(argv=None) -> int:
         from .experiments.pool import start_worker_server
 
         start_worker_server()  # its imports run while this process imports and plans
-    if getattr(args, "threads", None):
+    _plain_warnings()
+    threads = _threads(args)
+    if threads:
         import torch
 
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(threads)
     try:
         return args.func(args)
     except (ValueError, ModuleNotFoundError, FloatingPointError) as err:

@@ -385,6 +385,8 @@ def extract_features(items, backbone="efficientnet_lite0", transform: str = "eva
                 (plan.folder / name).unlink()
     if plan.complete():
         return plan.open("c")
+    if plan.read_meta() is None:  # a new store: every image decoded first (a few threads),
+        _check_decodable(items)      # so a bad file is named before a partial store exists
     plan.folder.mkdir(parents=True, exist_ok=True)
     with _locked(plan.folder):
         if plan.complete():          # another process finished it while we waited
@@ -392,6 +394,16 @@ def extract_features(items, backbone="efficientnet_lite0", transform: str = "eva
         _fill(plan, items, backbone, transform, batch_size, num_workers, pretrained, device,
               seed, progress, amp, channels_last, threads, desc)
     return plan.open("c")
+
+
+def _check_decodable(items) -> None:
+    from .data.images import check_images
+
+    try:
+        check_images(items, decode=True)
+    except (ValueError, FileNotFoundError) as err:
+        raise ValueError(f"feature extraction did not start (nothing was written to the "
+                         f"cache): {err}") from None
 
 
 def _fill(plan, items, backbone, transform, batch_size, num_workers, pretrained, device, seed,

@@ -166,6 +166,10 @@ METRICS = {
     "micro_f1": (True, 4, "F1 over all label entries at the threshold"),
     "macro_f1": (True, 4, "mean of the per-class F1 at the threshold"),
 }
+#: the one threshold policy of a run's thresholded numbers (F1s, Hamming loss): at every epoch
+#: and in the result, the global threshold that maximises micro-F1 on the val split
+#: (:func:`best_global_threshold`), the threshold ``spml predict`` applies by default
+THRESHOLD_POLICY = "the global threshold chosen on val (max val micro-F1), as spml predict uses"
 #: what rows without any positive do in the example-based ranking metrics
 NO_POSITIVE = ("sklearn", "exclude")
 
@@ -358,10 +362,14 @@ def f1_micro_macro(probs, y, threshold: float = 0.5) -> tuple[float, float]:
     return micro, macro
 
 
-def metric_score(name: str, probs, y, *, convention: str = "present", threshold: float = 0.5,
-                 no_positive: str = "sklearn") -> float:
+def metric_score(name: str, probs, y, *, convention: str = "present",
+                 threshold: float | str = 0.5, no_positive: str = "sklearn") -> float:
     """One metric of :data:`METRICS` of ``probs`` (N x L probabilities) against the full labels
     ``y``: what an epoch is selected on.
+
+    ``threshold`` (for the F1s and Hamming loss): a probability, or ``"chosen"``: the global
+    micro-F1 threshold of these same rows (:func:`best_global_threshold`), the policy a run
+    applies on its val split (:data:`THRESHOLD_POLICY`).
 
     Raises:
         ValueError: an unknown metric (listing them), bad shapes or non-finite scores.
@@ -369,6 +377,8 @@ def metric_score(name: str, probs, y, *, convention: str = "present", threshold:
     check_metric(name)
     if name == "map":
         return map_score(probs, y, convention)
+    if threshold == "chosen":
+        threshold = best_global_threshold(probs, y)[0]
     if name in ("micro_f1", "macro_f1"):
         micro, macro = f1_micro_macro(probs, y, threshold)
         return micro if name == "micro_f1" else macro

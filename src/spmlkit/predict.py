@@ -22,7 +22,7 @@ import csv
 import io
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +44,7 @@ class Predictions:
     class_names: list
     thresholds: np.ndarray       # L (the global threshold repeated, or per class)
     threshold_kind: str          # "global" | "per-class" | "value"
+    skipped: list = field(default_factory=list)  # unreadable images left out (skip_corrupt)
 
     @property
     def labels(self) -> np.ndarray:
@@ -76,7 +77,8 @@ class Predictions:
         else:
             thr = {"kind": self.threshold_kind, "value": float(self.thresholds[0])}
         return json.dumps({"run": None if run is None else str(run), "threshold": thr,
-                           "class_names": list(self.class_names), "predictions": self.rows()},
+                           "class_names": list(self.class_names), "predictions": self.rows(),
+                           **({"skipped": list(self.skipped)} if self.skipped else {})},
                           indent=2) + "\n"
 
 
@@ -158,8 +160,30 @@ def read_feature_table(path, columns, id_column: str | None = None) -> tuple[np.
     return x, [f"{path}#{r}" for r in range(len(df))]
 
 
+def _readable(items: list, skip_corrupt: bool) -> tuple[list, list]:
+    """``(readable items, unreadable ones)``: every image decoded once before any is predicted,
+    so one bad file neither aborts a batch late nor goes unnamed."""
+    from .data.images import decode_errors
+
+    good, bad = [], []
+    for item, reason in zip(items, decode_errors(items)):
+        if reason is None:
+            good.append(item)
+        elif not skip_corrupt:
+            raise ValueError(f"{item}: not a readable image ({reason}); replace or remove it, "
+                             f"or pass --skip-corrupt (skip_corrupt=True) to predict the other "
+                             f"images and list the unreadable ones")
+        else:
+            bad.append(item)
+    if not good:
+        raise ValueError(f"none of the {len(items)} input image(s) is readable (first: "
+                         f"{bad[0]})")
+    return good, bad
+
+
 def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
-                batch_size: int = 64, num_workers: int = 0) -> Predictions:
+                batch_size: int = 64, num_workers: int = 0,
+                skip_corrupt: bool = False) -> Predictions:
     """Probabilities and thresholded labels of ``inputs`` from the run folder ``run``.
 
     Args:
@@ -167,6 +191,9 @@ def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
         inputs: feature files (linear runs) or image files / folders.
         threshold: ``"global"``, ``"per-class"`` or a number in [0, 1].
         device, batch_size, num_workers: for image inputs.
+        skip_corrupt: image inputs are decoded once before any is predicted; an unreadable one
+            raises (named), or with ``skip_corrupt`` is left out and listed in
+            ``Predictions.skipped``.
 
     Raises:
         FileNotFoundError: the run folder, its checkpoint or an input is missing.
@@ -225,13 +252,14 @@ def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
                              f"or folders), not from feature files")
         from .data.transforms import eval_transform
 
-        items = _expand_images(inputs)
+        items, skipped = _readable(_expand_images(inputs), skip_corrupt)
         size, mean, std = info["image_size"], info["mean"], info["std"]
         cfg = TrainConfig(epochs=1, device=device, eval_batch_size=batch_size,
                           num_workers=num_workers, image_size=size)
         logits = predict_items(model, items, cfg, transform=eval_transform(size, mean, std))
         probs = torch.sigmoid(logits).cpu().numpy()
-    return Predictions(items, probs.astype(np.float32), names, thresholds, kind)
+    return Predictions(items, probs.astype(np.float32), names, thresholds, kind,
+                       skipped if info["inputs"] != "features" else [])
 
 
 def write_predictions(pred: Predictions, fmt: str = "csv", out=None, run=None) -> str:

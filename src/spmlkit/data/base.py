@@ -236,6 +236,9 @@ def _given_or_refused(ds: Dataset, name: str, regime: str) -> bool:
                          f"train_labels=observed (--data train_labels=observed: its training "
                          f"labels are then read as observed ones, with a fully labelled "
                          f"test set), or use a regime that draws from full labels, e.g. 1p")
+    if name == "1p" and ds.observed is not None and ds.meta.get("labels") == \
+            "folder_class_only":
+        return True  # a folder tree's one tag per image: what 1p would observe, nothing drawn
     if name != "given" and ds.observed is not None:
         raise ValueError(f"dataset {ds.name!r} holds observed (partial) training labels (from "
                          f"{source}); regime {regime!r} would draw from them as if they were "
@@ -448,15 +451,28 @@ def describe_labels(splits: Splits) -> dict:
                f"negatives, {counts['unobserved']} unobserved; {counts['rows_without_positive']} "
                f"row(s) without an observed positive")
     if given:
-        head = f"regime given: observed training labels from {source or 'the source'} ({numbers})"
+        head = f"regime {splits.regime}: observed training labels from {source or 'the source'} " \
+               f"({numbers})"
     else:
         head = f"regime {splits.regime}: observed training labels drawn from full labels " \
                f"({numbers})"
-    test_note = " (labels: the folder class only)" if meta.get("labels") == "folder_class_only" \
-        and not meta.get("test_labels_file") else ""
-    summary = (f"{head}; val ({len(splits.val)} rows {where.get(val_from, val_from)}) and test "
-               f"({len(splits.test)} rows) fully labelled{test_note}; default k {splits.k:.3f} "
-               f"from the {meta.get('k_from', 'train')} labels")
+    folder = meta.get("labels") == "folder_class_only"
+    partial_val = folder and val_from == "pool"  # carved out of the folders: one tag per image
+    partial_test = folder and not meta.get("test_labels_file")
+    val_part = f"val ({len(splits.val)} rows {where.get(val_from, val_from)})"
+    test_part = f"test ({len(splits.test)} rows)"
+    only = "labelled with the folder class only (one tag per image: partial labels, scores " \
+           "are estimates; give test_csv=FILE for full ones)"
+    if partial_val and partial_test:
+        scored = f"{val_part} and {test_part} {only}"
+    elif partial_val:
+        scored = f"{val_part} {only}; {test_part} fully labelled"
+    elif partial_test:
+        scored = f"{val_part} fully labelled; {test_part} {only}"
+    else:
+        scored = f"{val_part} and {test_part} fully labelled"
+    summary = (f"{head}; {scored}; default k {splits.k:.3f} from the "
+               f"{meta.get('k_from', 'train')} labels")
     return {"regime": splits.regime, "train_labels": "observed" if given else "full",
             "observed_from": source, **{k: counts[k] for k in (
                 "positives", "negatives", "unobserved", "rows_without_positive")},

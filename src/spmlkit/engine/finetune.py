@@ -2,9 +2,10 @@
 ``linear_init`` (:func:`fit_linear_init`: the linear phase, then fine-tuning from its head)."""
 from __future__ import annotations
 
+import math
 import time
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -19,7 +20,8 @@ from .config import TrainConfig
 from .images import (GlobalBatchSampler, ImageItems, ItemPredictor, check_items, make_loader,
                      _transforms, mix_seed)
 from .linear import fit_linear, val_map
-from .loop import FitResult, Stage, StageParts, check_val_labels, snapshot, train_loop
+from .loop import FitResult, Stage, StageParts, StepHook, check_val_labels, snapshot, \
+    train_loop
 from .optim import make_optimizer
 
 #: the ``format`` of a :func:`fit_linear_init` state (it holds the phase's own train-loop state)
@@ -35,7 +37,8 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
                  eval_transform: Callable | None = None,
                  image_reader: Callable | None = None,
                  checkpoint: Callable[[Callable[[], dict]], None] | None = None,
-                 resume: dict | None = None) -> tuple[nn.Module, FitResult]:
+                 resume: dict | None = None,
+                 tuning: "FinetuneOptions | None" = None) -> tuple[nn.Module, FitResult]:
     """Train ``model`` end to end on image items with ``loss``; select the best epoch on val.
 
     The loop is :func:`train_loop`'s; batches come from a ``DataLoader`` (``config.num_workers``
@@ -69,6 +72,8 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
         checkpoint: ``checkpoint(state_fn)`` after every epoch, in process 0 only, as in
             :func:`fit_linear`; the state holds the model, the loss's state, the optimiser's,
             the fp16 loss scaler's, the best epoch and weights, the history.
+        tuning: :class:`FinetuneOptions` (weight decay, warm-up and schedule of the learning
+            rate, CPU bfloat16 autocast); the default changes nothing.
         resume: such a state (loaded in every process): continue after its epoch. Batches,
             augmentations (seeded per ``(seed, epoch, row)``) and torch's global RNG during the
             training steps (dropout: seeded per ``(seed, epoch, rank)``, the caller's RNG left
@@ -97,8 +102,11 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
         check_val_labels(yv, config.map_convention)
     n, num_classes = z.shape
     train_t, eval_t, shape = _transforms(model, config, train_transform, eval_transform)
+    tuning = tuning or FinetuneOptions()
     amp = amp_dtype(config.amp, device)
-    if config.amp in ("bf16", "fp16") and device.type != "cuda":
+    if amp is None and tuning.cpu_bf16 and device.type == "cpu":
+        amp = torch.bfloat16  # the model's forward only; the loss stays float32
+    elif config.amp in ("bf16", "fp16") and device.type != "cuda":
         warnings.warn(f"amp={config.amp!r} applies on CUDA only; this {device.type} run is "
                       f"float32", stacklevel=2)
     channels_last = device.type == "cuda" and config.channels_last
@@ -120,9 +128,16 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
     predict_val = ItemPredictor(val_items, eval_t, config, shape, device, image_reader, ctx) \
         if has_val else None
 
+    per_epoch = len(sampler)
+    live = {}  # the stage's optimiser and its groups' base learning rates
+
     def batches(epoch):
         sampler.set_epoch(epoch)
-        for (inputs, _), rows in zip(loader, sampler.global_batches(epoch)):
+        for i, ((inputs, _), rows) in enumerate(zip(loader, sampler.global_batches(epoch))):
+            if tuning.schedules and "opt" in live:  # from (epoch, batch): the same on resume
+                set_lr(live["opt"], live["base"], tuning.lr_factor(epoch * per_epoch + i,
+                                                                   config.epochs * per_epoch,
+                                                                   per_epoch))
             rows = rows.to(device)
             yield inputs, z[rows], rows  # observed labels and index of the global batch
 
@@ -134,11 +149,13 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
 
     def setup():
         opt = make_optimizer(model, loss, config.lr, config.head_lr_mult)
+        live.update(opt=opt, base=group_lrs(opt))
+        hooks = [WeightDecay(model, opt, tuning.weight_decay)] if tuning.weight_decay else []
         if amp != torch.float16:
-            return StageParts(opt)
+            return StageParts(opt, hooks=hooks)
         scaler = LossScaler(list(model.parameters()) + list(loss.parameters()))
         return StageParts(opt, step=lambda value: scaler.step(value, opt),
-                          state={"scaler": scaler})
+                          state={"scaler": scaler}, hooks=hooks)
 
     def evaluate():
         return val_map(predict_val(model), yv, config.map_convention, config.metric)
@@ -165,6 +182,96 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
     return model, result
 
 
+@dataclass
+class FinetuneOptions:
+    """What a timm user expects of fine-tuning beyond :class:`TrainConfig`; every default
+    leaves a run exactly as before.
+
+    - ``weight_decay``: decoupled (AdamW-style) decay, ``w <- w * (1 - lr_group * weight_decay)``
+      after every optimiser step, on weights only (tensors of 2+ dimensions: convolutions and
+      linear layers; biases and normalisation parameters are not decayed, as timm's default);
+      0 = off (Cole et al.'s Adam has none);
+    - ``warmup_epochs``: the learning rate rises linearly from ``1 / warmup_steps`` of its value
+      to its value over this many epochs (counted in steps: every batch moves it);
+    - ``schedule``: after the warm-up, ``"constant"`` (default) or ``"cosine"`` (to 0 at the last
+      step); each parameter group keeps its ratio (the head's ``head_lr_mult``);
+    - ``cpu_bf16``: on a CPU, run the model's training forward under bfloat16 autocast (the
+      loss and the val / test predictions stay float32; results differ from float32 runs).
+      It pays only on CPUs with native bfloat16 (AVX-512-BF16 / AMX); on one without
+      (spmlkit's 2-core test machine) an EfficientNet-Lite0 step at batch 8 took 1.11x as long
+      as in float32, hence off by default. CUDA runs use ``TrainConfig.amp``.
+    """
+
+    weight_decay: float = 0.0
+    warmup_epochs: float = 0.0
+    schedule: str = "constant"
+    cpu_bf16: bool = False
+
+    def __post_init__(self):
+        if not (self.weight_decay >= 0 and self.warmup_epochs >= 0):
+            raise ValueError(f"weight_decay and warmup_epochs must be >= 0, got "
+                             f"{self.weight_decay} and {self.warmup_epochs}")
+        if self.schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr schedule must be one of {LR_SCHEDULES}, got "
+                             f"{self.schedule!r}")
+
+    @property
+    def schedules(self) -> bool:
+        return self.warmup_epochs > 0 or self.schedule != "constant"
+
+    def lr_factor(self, step: int, total: int, per_epoch: int) -> float:
+        """The learning rate's factor at 0-based ``step`` of ``total``.
+
+        >>> o = FinetuneOptions(warmup_epochs=1, schedule="cosine")
+        >>> [round(o.lr_factor(s, 6, 2), 3) for s in range(6)]
+        [0.5, 1.0, 1.0, 0.75, 0.25, 0.0]
+        """
+        warm = int(round(self.warmup_epochs * per_epoch))
+        if step < warm:
+            return (step + 1) / warm
+        if self.schedule == "constant":
+            return 1.0
+        rest = max(total - warm - 1, 1)
+        return 0.5 * (1.0 + math.cos(math.pi * min(step - warm, rest) / rest))
+
+
+#: the learning-rate schedules after the warm-up (:class:`FinetuneOptions`)
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def group_lrs(opt) -> list[float]:
+    """The learning rate of each parameter group (LeanAdam or a torch optimiser)."""
+    groups = getattr(opt, "groups", None)
+    if groups is None:
+        groups = opt.param_groups
+    return [float(g["lr"]) for g in groups]
+
+
+def set_lr(opt, base: Sequence[float], factor: float) -> None:
+    """Every group's learning rate to ``base * factor``."""
+    groups = getattr(opt, "groups", None)
+    if groups is None:
+        groups = opt.param_groups
+    for g, lr in zip(groups, base):
+        g["lr"] = lr * factor
+
+
+class WeightDecay(StepHook):
+    """Decoupled weight decay after each optimiser step (:class:`FinetuneOptions`)."""
+
+    def __init__(self, model: nn.Module, opt, weight_decay: float):
+        self.opt, self.weight_decay = opt, float(weight_decay)
+        decayed = {id(p) for p in model.parameters() if p.ndim >= 2}
+        groups = getattr(opt, "groups", None) or opt.param_groups
+        self.groups = [(g, [p for p in g["params"] if id(p) in decayed]) for g in groups]
+
+    @torch.no_grad()
+    def after_step(self, batch) -> None:
+        for g, params in self.groups:
+            if params:
+                torch._foreach_mul_(params, 1.0 - g["lr"] * self.weight_decay)
+
+
 def predict_items(model: nn.Module, items: Sequence, config: TrainConfig, *,
                   transform: Callable | None = None,
                   image_reader: Callable | None = None) -> torch.Tensor:
@@ -188,7 +295,8 @@ def fit_linear_init(model: nn.Module, train_items: Sequence, observed, loss: SPM
                     eval_transform: Callable | None = None,
                     image_reader: Callable | None = None,
                     checkpoint: Callable[[Callable[[], dict]], None] | None = None,
-                    resume: dict | None = None) -> tuple[nn.Module, FitResult]:
+                    resume: dict | None = None,
+                    tuning: FinetuneOptions | None = None) -> tuple[nn.Module, FitResult]:
     """Cole et al.'s ``linear_init``: a linear phase on cached features, then fine-tuning from
     that head, with the same loss object (ROLE's label estimator continues).
 
@@ -268,7 +376,8 @@ def fit_linear_init(model: nn.Module, train_items: Sequence, observed, loss: SPM
                                  image_reader=image_reader,
                                  checkpoint=saving("finetune",
                                                    linear_result=snapshot(lin_result.to_dict())),
-                                 resume=resume["state"] if phase == "finetune" else None)
+                                 resume=resume["state"] if phase == "finetune" else None,
+                                 tuning=tuning)
     result.linear = lin_result
     return model, result
 

@@ -53,14 +53,15 @@ def predict_logits(model: nn.Module, x: torch.Tensor, chunk: int = 8192) -> torc
 
 def val_map(scores: torch.Tensor, y, convention: str, metric: str = "map") -> float:
     """mAP of sigmoid(``scores``) against ``y`` (or another ``metric`` of
-    :data:`spmlkit.metrics.METRICS`, at the default threshold 0.5); NaN (no score for the epoch)
-    when the scores are not all finite."""
+    :data:`spmlkit.metrics.METRICS`; the thresholded ones at the global micro-F1 threshold of
+    these rows, :data:`spmlkit.metrics.THRESHOLD_POLICY`); NaN (no score for the epoch) when the
+    scores are not all finite."""
     probs = torch.sigmoid(scores.float()).cpu().numpy()
     if not np.isfinite(probs).all():
         return float("nan")
     if metric == "map":
         return map_score(probs, y, convention)
-    return metric_score(metric, probs, y, convention=convention)
+    return metric_score(metric, probs, y, convention=convention, threshold="chosen")
 
 
 def linear_inputs(x_train, observed, x_val, y_val, config: TrainConfig):

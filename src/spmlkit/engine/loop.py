@@ -38,6 +38,7 @@ draws random numbers is seeded per epoch (``epoch_seed``) or kept in the run's s
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import math
 import time
@@ -53,7 +54,23 @@ from ..losses import SPMLLoss
 from .config import parse_early_stop
 
 __all__ = ["Batch", "FitResult", "GeneratorState", "STATE_FORMAT", "Stage", "StageParts",
-           "StepBatch", "StepHook", "check_val_labels", "snapshot", "train_loop"]
+           "StepBatch", "StepHook", "batch_progress", "check_val_labels", "snapshot",
+           "train_loop"]
+
+_BATCH_PROGRESS: contextvars.ContextVar = contextvars.ContextVar("spmlkit_batch_progress",
+                                                                 default=None)
+
+
+@contextlib.contextmanager
+def batch_progress(report: Callable[[int, int], None] | None):
+    """Within the block, every training step of :func:`train_loop` calls ``report(rows,
+    rows_per_epoch)`` (the rows of the global batch just trained, the epoch's rows): what
+    ``spml train`` turns into a per-batch progress bar with an ETA for the image modes."""
+    token = _BATCH_PROGRESS.set(report)
+    try:
+        yield
+    finally:
+        _BATCH_PROGRESS.reset(token)
 
 #: the ``format`` of a training state (a state of another format is refused at resume)
 STATE_FORMAT = "spmlkit-train-state/1"
@@ -406,6 +423,7 @@ class _Run:
         opt = parts.optimizer
         model.train()
         total = 0.0
+        progress = _BATCH_PROGRESS.get()
         with self._rng(g):
             loss.on_epoch_start(g)
             for hook in hooks:
@@ -437,6 +455,8 @@ class _Run:
                 for hook in hooks:
                     hook.after_step(seen)
                 total += float(value.detach()) * len(idx)
+                if progress is not None:
+                    progress(len(idx), self.num_examples)
         train_loss = total / self.num_examples
         if not np.isfinite(train_loss):
             where = f" (stage {stage.name}, its epoch {e + 1})" if stage.name is not None else ""

@@ -27,6 +27,7 @@ generated tests (tests/test_methods.py) pick it up.
 """
 from __future__ import annotations
 
+import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -38,11 +39,14 @@ import torch
 
 from ..engine import TrainConfig
 from ..losses import LOSSES, create_loss
-from ..metrics import (classic_metrics, evaluate, map_score, pseudo_label_stats,
-                       select_thresholds)
+from ..metrics import (THRESHOLD_POLICY, classic_metrics, evaluate, map_score,
+                       pseudo_label_stats, select_thresholds)
 from ..registry import Registry
 from ..data.base import describe_labels
 from ..runs import RunDir, read_run, sync_files
+
+#: the run folder's record of the images the source dropped (skip_missing / skip_corrupt)
+SKIPPED_FILE = "skipped_images.json"
 
 #: runs of a method whose epochs take longer than this write a resumable checkpoint
 CHECKPOINT_SECONDS = 10.0
@@ -89,9 +93,16 @@ class TrainingMethod:
     #: an image method that also trains on feature vectors, read as D x 1 x 1 maps (mime,
     #: boostlu)
     accepts_vectors: bool = False
+    #: ``baseline_cause(config, options) -> str | None``: the likely cause, in this method's
+    #: terms, of a run ending near the trivial baseline (:func:`baseline_warning`; None: the
+    #: generic learning-rate advice)
+    baseline_cause: Callable | None = None
 
     def total_epochs(self, config, options: dict) -> int:
-        """How many epoch records a run with ``config`` and ``options`` writes."""
+        """How many epoch records a run with ``config`` and ``options`` writes (after
+        ``resolve_config``: LAC's stage epochs fix its total)."""
+        if self.resolve_config is not None:
+            config = self.resolve_config(config, {**self.options, **options})
         if self.count_epochs is None:
             return int(config.epochs)
         return int(self.count_epochs(config, {**self.options, **options}))
@@ -178,6 +189,43 @@ def training_warnings(fit) -> list[str]:
         return [f"best epoch is the last ({n}); the model may be under-trained: try more "
                 f"--epochs or a larger --lr"]
     return []
+
+
+#: a run of an image method whose test mAP closes less than this share of the way from the
+#: trivial baseline (every image scored alike) to 100 is reported (:func:`baseline_warning`)
+BASELINE_LIFT = 0.15
+
+
+def trivial_map(y, convention: str = "present") -> float:
+    """The test mAP of scoring every image alike (each class's AP is then its prevalence): the
+    baseline a model that learned nothing reaches."""
+    y = np.asarray(y)
+    return map_score(np.zeros(y.shape, dtype=np.float32), y, convention)
+
+
+def baseline_warning(method: "TrainingMethod", config, options: dict, test_map: float,
+                     trivial: float) -> str | None:
+    """A warning when an image run's test mAP is near the trivial baseline (less than
+    :data:`BASELINE_LIFT` of the way from it to 100), naming the likely cause from the method
+    and its learning rates; None otherwise."""
+    if not np.isfinite(test_map) or trivial >= 100:
+        return None
+    lift = (test_map - trivial) / (100.0 - trivial)
+    if lift >= BASELINE_LIFT:
+        return None
+    lr, epochs = float(config.lr), int(config.epochs)
+    cause = method.baseline_cause(config, options) if method.baseline_cause else None
+    if cause is None and lr <= 1e-4:
+        cause = f"lr {lr:g} is probably too small for {epochs} epoch(s): try --lr 1e-3"
+    elif cause is None and lr * float(getattr(config, "head_lr_mult", 1.0)) >= 1e-2:
+        cause = (f"lr {lr:g} (head x {getattr(config, 'head_lr_mult', 1.0):g}) is probably too "
+                 f"large and the model collapsed: try --lr 1e-3 or 1e-4")
+    elif cause is None:
+        cause = (f"too few epochs ({epochs}), too few observed positives, or an lr ({lr:g}) "
+                 f"that does not suit this backbone: check the curves (spml figure curves)")
+    return (f"test mAP {test_map:.2f} is near the trivial baseline {trivial:.2f} (every image "
+            f"scored alike; {max(lift, 0.0):.0%} of the way from it to 100): the model barely "
+            f"learned. Likely cause: {cause}")
 
 
 def resolve_hparams(loss: str, dataset: str | None, hparams: dict | None = None) -> dict:
@@ -327,6 +375,44 @@ def check_inputs(method: "TrainingMethod", splits) -> None:
         raise ValueError(f"dataset {splits.name!r} holds feature vectors, and --mode "
                          f"{method.name} trains on images (with --backbone NAME): use --mode "
                          f"linear for feature vectors, or an image source")
+    if method.inputs == "images" and not vectors:
+        check_decodable(splits)
+
+
+def check_decodable(splits) -> None:
+    """Decode every image of train, val and test once before an image method trains (a few ms
+    an image, several threads), so an unreadable file is named before the first epoch, not
+    found by a DataLoader worker mid-epoch. Skipped when the source already decoded them
+    (``skip_corrupt=True``: ``meta["skip_corrupt"]``).
+
+    Raises:
+        ValueError: the first unreadable image, named, with the option that drops such files.
+    """
+    from ..data.images import check_images
+
+    if (splits.meta or {}).get("skip_corrupt"):
+        return
+    for part in ("train", "val", "test"):
+        items = getattr(splits, part).x
+        paths = [p for p in items if isinstance(p, (str, os.PathLike))]
+        if paths:
+            check_images(paths, skip_missing=True, decode=True, where=f"{splits.name} {part}")
+
+
+def skipped_images(splits) -> dict | None:
+    """The images a source dropped (``skip_missing`` / ``skip_corrupt``), per part, as the run
+    folder's ``skipped_images.json`` records them; None when it dropped none."""
+    skipped = (splits.meta or {}).get("skipped")
+    if not isinstance(skipped, dict):
+        return None
+    parts = {part: {"missing": info.get("missing_files", []),
+                    "corrupt": info.get("corrupt_files", [])}
+             for part, info in skipped.items() if isinstance(info, dict) and
+             (info.get("missing") or info.get("corrupt"))}
+    if not parts:
+        return None
+    return {"skipped": sum(len(v["missing"]) + len(v["corrupt"]) for v in parts.values()),
+            "parts": parts}
 
 
 def feature_preprocess(splits) -> dict:
@@ -486,7 +572,9 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
         :func:`spmlkit.data.base.describe_labels`), ``test`` (P@k ...), ``metric`` (what the
         best epoch was selected on, ``config.metric``) and ``val_score`` (its value there),
         ``val_metrics`` and ``test_metrics`` (every metric of :data:`spmlkit.metrics.METRICS`
-        of the selected epoch's predictions, :func:`spmlkit.metrics.classic_metrics`),
+        of the selected epoch's predictions, :func:`spmlkit.metrics.classic_metrics`; F1s and
+        Hamming loss at ``threshold["value"]``, the global threshold chosen on val that
+        ``spml predict`` applies by default: :data:`spmlkit.metrics.THRESHOLD_POLICY`),
         ``seconds``,
         ``loss``, ``mode``, ``regime``, ``seed``, ``batch_size``, ``lr``; ``pl_count`` /
         ``pl_precision`` at the selected epoch for a loss that pseudo-labels
@@ -543,6 +631,9 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
                      is_main, run.path if run is not None else None)
     if run is not None and resume is None:
         run.start(_fresh_config(method, ctx, dataset_options), splits.observed)
+        dropped = skipped_images(splits)
+        if dropped is not None:
+            run.write_json(SKIPPED_FILE, dropped)
     elif run is not None:
         _check_resume(run.path, done.config, _fresh_config(method, ctx, dataset_options))
         if done.final is not None:  # finished: its result
@@ -591,7 +682,10 @@ def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
         fit, probs = fitted.fit, fitted.probs
         conv = config.map_convention
         test = evaluate(probs["test"], splits.test.y, conv)
-        val_metrics = classic_metrics(probs["val"], splits.val.y, convention=conv)
+        chosen = select_thresholds(probs["val"], splits.val.y, splits.class_names)
+        threshold = chosen["global"]  # THRESHOLD_POLICY: what spml predict applies by default
+        val_metrics = classic_metrics(probs["val"], splits.val.y, convention=conv,
+                                      threshold=threshold)
         metric = getattr(fit, "metric", "map")
         result = {"loss": loss, "mode": method.name, "regime": splits.regime,
                   "seed": config.seed, "batch_size": config.batch_size, "lr": config.lr,
@@ -604,8 +698,20 @@ def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
                   "metric": metric, "val_score": getattr(fit, "val_score", fit.val_map),
                   "val_metrics": val_metrics,
                   "test_metrics": classic_metrics(probs["test"], splits.test.y,
-                                                  convention=conv),
+                                                  convention=conv, threshold=threshold),
+                  "threshold": {"value": threshold, "policy": THRESHOLD_POLICY},
                   **fitted.result, "warnings": training_warnings(fit)}
+        dropped = skipped_images(splits)
+        if dropped is not None:
+            result["skipped_images"] = dropped["skipped"]
+        x = splits.train.x
+        if method.inputs == "images" and not (isinstance(x, np.ndarray) and x.dtype.kind in
+                                              "fiu"):  # image items, not feature vectors
+            trivial = trivial_map(splits.test.y, conv)
+            result["trivial_test_map"] = trivial
+            note = baseline_warning(method, config, ctx.options, test["map"], trivial)
+            if note is not None:
+                result["warnings"] = [*result["warnings"], note]
         for key, value in pseudo.get(fit.best_epoch, {}).items():  # at the selected epoch
             result[key] = value if np.isfinite(value) else None
         if hasattr(loss_fn, "estimated_labels") and complete:
@@ -630,7 +736,7 @@ def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
             "best_epoch": fit.best_epoch, "observed": splits.observed,
             **{f"probs_{s}": np.asarray(p, np.float32) for s, p in probs.items()},
             **{f"y_{s}": getattr(splits, s).y for s in probs}},
-            select_thresholds(probs["val"], splits.val.y, splits.class_names), durable=durable)
+            chosen, durable=durable)
         result["run_dir"] = str(run.path)
     return result
 

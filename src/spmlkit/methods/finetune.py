@@ -8,6 +8,11 @@ then fine-tunes from that head with the loss's state carried over
 (process 0 writes the run folder). ``best.pt`` names the backbone, the input size and the
 normalisation, so ``spml predict`` rebuilds the model from the run folder alone.
 
+Fine-tuning options (defaults: today's runs, unchanged): ``augment`` (``none`` / ``weak`` /
+``strong``, :func:`train_transform`), ``weight_decay`` (decoupled, on weights only),
+``warmup_epochs`` and ``lr_schedule`` (``constant`` / ``cosine``), ``cpu_bf16`` (bfloat16
+autocast of the training forward on a CPU): :class:`spmlkit.engine.FinetuneOptions`.
+
 Options: ``backbone`` (``spml list backbones``), ``pretrained``, ``backbone_options``
 (:func:`spmlkit.models.create_backbone`'s), ``linear_epochs`` and ``linear_lr`` (linear_init),
 and linear_init's feature store: ``feature_dtype``, ``cache_dir``, ``progress`` and more
@@ -26,7 +31,33 @@ from .base import Fitted, RunContext, TrainingMethod, register_method
 
 OPTIONS = {"backbone": "efficientnet_lite0", "pretrained": True, "backbone_options": {},
            "linear_epochs": 25, "linear_lr": None, "feature_dtype": "float32",
-           "cache_dir": None, "progress": True, "features": {}}
+           "cache_dir": None, "progress": True, "features": {},
+           "augment": "weak", "weight_decay": 0.0, "warmup_epochs": 0.0,
+           "lr_schedule": "constant", "cpu_bf16": False}
+
+#: the training images' augmentation (option ``augment``): :mod:`spmlkit.data.transforms`
+AUGMENTATIONS = {"none": "eval_transform", "weak": "weak_view", "strong": "strong_view"}
+
+
+def train_transform(augment: str, geometry: dict):
+    """The training transform of ``augment`` at the run's size, mean and std: ``none`` (resize
+    only, as evaluation), ``weak`` (default: resize + horizontal flip) or ``strong`` (LAC's
+    strong view: flip, Cutout, RandAugment 2 ops at 9, colour jitter, grayscale)."""
+    from ..data import transforms as T
+
+    if augment not in AUGMENTATIONS:
+        raise ValueError(f"augment must be one of {', '.join(AUGMENTATIONS)}, got {augment!r}")
+    make = getattr(T, AUGMENTATIONS[augment])
+    return make(geometry["image_size"], tuple(geometry["mean"]), tuple(geometry["std"]))
+
+
+def tuning_options(o: dict):
+    """The :class:`spmlkit.engine.FinetuneOptions` of a run's options."""
+    from ..engine import FinetuneOptions
+
+    return FinetuneOptions(weight_decay=float(o["weight_decay"]),
+                           warmup_epochs=float(o["warmup_epochs"]),
+                           schedule=str(o["lr_schedule"]), cpu_bf16=bool(o["cpu_bf16"]))
 
 
 #: a tiny run for the generated tests: a 4-channel CNN on 16-px images
@@ -105,7 +136,9 @@ def fit(ctx: RunContext) -> Fitted:
     model = _model(ctx)
     geometry = _geometry(model, config)
     common = dict(val_items=splits.val.x, y_val=splits.val.y, k=ctx.k, on_epoch=ctx.on_epoch,
-                  checkpoint=ctx.checkpoint, resume=ctx.resume)
+                  checkpoint=ctx.checkpoint, resume=ctx.resume,
+                  train_transform=train_transform(o["augment"], geometry),
+                  tuning=tuning_options(o))
     if ctx.method.name == "finetune":
         model, result = fit_finetune(model, splits.train.x, splits.observed, ctx.loss, config,
                                      **common)

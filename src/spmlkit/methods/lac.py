@@ -934,6 +934,16 @@ def _load_model(best: dict, config: dict):
 
 from .base import TrainingMethod, register_method  # noqa: E402
 
+def baseline_cause(config: TrainConfig, options: dict) -> str:
+    """Why a LAC run may end near the trivial baseline: the paper's learning rate on a short
+    schedule (:func:`spmlkit.methods.base.baseline_warning`)."""
+    lr = float(config.lr)
+    if lr <= 1e-4:
+        return (f"LAC's lr {lr:g} is the paper's OneCycle peak for 40 epochs on a GPU; on a "
+                f"{int(config.epochs)}-epoch schedule it barely moves the model: try --lr 1e-3")
+    return f"lr {lr:g} may be too large for LAC's label embeddings: try 1e-4 .. 1e-3"
+
+
 LAC = register_method(TrainingMethod(
     name="lac", description="LAC: a label-wise embedding model on the backbone's feature maps, "
     "pseudo-label consistency, label-aware global consistency with a memory queue, two stages "
@@ -946,7 +956,7 @@ LAC = register_method(TrainingMethod(
     default_batch_size=OFFICIAL_BATCH_SIZE, default_epochs=OFFICIAL_EPOCHS,
     default_lr=OFFICIAL_LR,
     default_lr_source="the OneCycle max lr of Xie et al. 2022",
-    checkpoint_seconds=0.0,
+    checkpoint_seconds=0.0, baseline_cause=baseline_cause,
     resolve_config=lambda config, o: resolve_train_config(config, LACConfig.coerce(o["lac"])),
     smoke_options={"backbone": "tiny_cnn", "pretrained": False, "progress": False,
                    "backbone_options": {"width": 4, "num_features": 8, "input_size": 16},

@@ -705,6 +705,19 @@ def _check_options(config: TrainConfig, options: dict) -> TrainConfig:
     return config
 
 
+def baseline_cause(config: TrainConfig, options: dict) -> str:
+    """Why a MIME run may end near the trivial baseline: its head's learning rate
+    (:func:`spmlkit.methods.base.baseline_warning`)."""
+    lr, mult = float(config.lr), float(config_of(options).head_lr_mult)
+    head = lr * mult
+    if head >= 1e-3:
+        return (f"MIME trains its head at lr x head_lr_mult = {lr:g} x {mult:g} = {head:g}, "
+                f"large enough for the head to collapse: try --lr {lr / 10:g} (or --option "
+                f"head_lr_mult=1)")
+    return (f"the head's lr {head:g} (lr x head_lr_mult {mult:g}) is small for "
+            f"{int(config.epochs)} epoch(s): train longer or raise --lr")
+
+
 MIME = register_method(TrainingMethod(
     name="mime", description="MIME: LAC's label-wise embedding head with a Gaussian "
     "bottleneck per label (KL to N(0, 1)) and pseudo-positives above a threshold that "
@@ -720,7 +733,7 @@ MIME = register_method(TrainingMethod(
     default_lr=OFFICIAL_LR, losses=("an",), accepts_vectors=True,
     default_lr_source="the official Adamax rate of the backbone (palm-biaoliu/mime "
                       "train_mime.py); the head trains at 10 x",
-    checkpoint_seconds=0.0, resolve_config=_check_options,
+    checkpoint_seconds=0.0, resolve_config=_check_options, baseline_cause=baseline_cause,
     smoke_options={"backbone": "tiny_cnn", "pretrained": False, "progress": False,
                    "backbone_options": {"width": 4, "num_features": 8, "input_size": 16},
                    "features": {"num_workers": 0},

@@ -276,7 +276,14 @@ def cam_from_run(run, split: str = "test", n: int = 4, seed: int = 0) -> MapOver
     import torch
 
     from ...methods import load_run_model
+    from ...models.heads import BoostLUHead, boostlu
 
+    mode = read_config(run).get("mode", "linear")
+    if mode == "lac":
+        raise ValueError(f"run {run_label(run)} is a LAC run: its label-wise embedding head has "
+                         f"no linear classifier to weight the feature map with, so it has no "
+                         f"class activation map; draw where each label's query looks with "
+                         f"`spml figure attention {run}`")
     model, info = load_run_model(run)
     if info["inputs"] != "images":
         raise ValueError(f"run {run_label(run)} is a linear run on feature vectors: class "
@@ -287,14 +294,26 @@ def cam_from_run(run, split: str = "test", n: int = 4, seed: int = 0) -> MapOver
     with torch.no_grad():
         fmap = model.backbone.forward_features(x)
         logits = model(x)
+    names = list(info["class_names"])
+    if isinstance(model.head, BoostLUHead):  # the map whose spatial mean is the logit
+        model.eval()
+        alpha = model.head.current_alpha
+        with torch.no_grad():
+            maps = boostlu(model.head.cam(fmap), alpha).double().numpy()
+        err = float(np.abs(maps.mean(axis=(2, 3)) - logits.numpy()).max())
+        return MapOverlays(shown, maps, torch.sigmoid(logits).numpy(), names, chosen,
+                           "BoostLU CAM", f"BoostLU class activation maps (alpha {alpha:g}), "
+                           f"{run_label(run)} ({split})",
+                           f"check: each logit is its map's mean (the CAM, bias included, with "
+                           f"positive cells x {alpha:g}); largest difference {err:.2g}")
     weight = model.head.weight.detach().numpy()
     maps = class_activation_maps(fmap.numpy(), weight)
     gap = maps.mean(axis=(2, 3)) + model.head.bias.detach().numpy()[None].astype(np.float64)
     err = float(np.abs(gap - logits.numpy()).max())
-    names = list(info["class_names"])
     return MapOverlays(shown, maps, torch.sigmoid(logits).numpy(), names, chosen, "CAM",
                        f"Class activation maps, {run_label(run)} ({split})",
-                       f"max |mean CAM + bias - logit| = {err:.2g}")
+                       f"check: each logit is its CAM's mean plus the bias (average-pooling "
+                       f"backbones); largest difference {err:.2g}")
 
 
 def attention_from_run(run, split: str = "test", n: int = 4, seed: int = 0) -> MapOverlays:
