@@ -216,19 +216,25 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         return full_labels(y, self.classes_, where)
 
 
-def full_labels(y, classes, where: str = "labels") -> np.ndarray:
-    """Full 0/1 labels (N x L, uint8) whose columns are ``classes``, from a 0/1 matrix with L
-    columns or 1-D class labels (each row's one true class).
+def full_labels(y, classes, where: str = "labels", columns=None) -> np.ndarray:
+    """Full 0/1 labels (N x L, uint8) whose columns are ``classes``, from a 0/1 matrix or 1-D
+    class labels (each row's one true class).
+
+    A matrix's columns are ``columns`` (default: a DataFrame's column names), put in
+    ``classes`` order; without names they must already be in ``classes`` order.
 
     Raises:
-        ValueError: -1 or NaN (the observed encoding), other values, a column count or a 1-D
-            label that does not fit ``classes`` (each named).
+        ValueError: -1 or NaN (the observed encoding), other values, columns that do not fit
+            ``classes`` (a class the estimator never saw, or one it has that ``y`` lacks), 1-D
+            labels outside ``classes`` (each named).
     """
+    if columns is None and getattr(y, "columns", None) is not None:
+        columns = list(y.columns)
     if sp.issparse(y):
         y = y.toarray()
     arr = np.asarray(y)
+    classes = np.asarray(classes)
     if arr.ndim == 1:
-        classes = np.asarray(classes)
         pos = {c: j for j, c in enumerate(classes.tolist())}
         unknown = [v for v in dict.fromkeys(arr.tolist()) if v not in pos]
         if unknown:
@@ -243,9 +249,23 @@ def full_labels(y, classes, where: str = "labels") -> np.ndarray:
                          f"NaN, the observed encoding: partial labels cannot score a model "
                          f"(score on fully labelled rows: spmlkit.estimator.validation_scorer)")
     out = validate_full_labels(arr, where)
+    if columns is not None:
+        names = list(columns)
+        if len(names) != out.shape[1] or len(set(names)) != len(names):
+            raise ValueError(f"{where}: {len(names)} column names (duplicates: "
+                             f"{sorted({str(c) for c in names if names.count(c) > 1})}) for "
+                             f"{out.shape[1]} columns")
+        have, want = set(names), set(classes.tolist())
+        if have != want:
+            raise ValueError(f"{where}: its classes and the estimator's differ: not fitted "
+                             f"{sorted(map(str, have - want))[:5]}, missing "
+                             f"{sorted(map(str, want - have))[:5]} (a training fold without a "
+                             f"class knows fewer classes: stratify the folds or pass a 2-D y)")
+        out = out[:, [names.index(c) for c in classes.tolist()]]
     if out.shape[1] != len(classes):
         raise ValueError(f"{where} has {out.shape[1]} columns; the estimator has "
-                         f"{len(classes)} classes (the columns are classes_, in that order)")
+                         f"{len(classes)} classes (the columns are classes_, in that order, or "
+                         f"name them: a DataFrame or columns=)")
     return out
 
 
@@ -287,6 +307,11 @@ def _observed_from_y(y, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"X has {n_rows} rows but y has {len(arr)}: each row of X needs its "
                          f"labels")
     if arr.ndim == 1:
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            row = int(np.flatnonzero(~np.isfinite(arr))[0])
+            raise ValueError(f"Input y contains NaN or infinity (first at row {row}): a 1-D y "
+                             f"holds each row's observed positive class; rows with nothing "
+                             f"observed belong in a 2-D observed matrix (rows of 0 / NaN)")
         check_classification_targets(arr)   # continuous -> "Unknown label type", NaN refused
         classes, index = np.unique(arr, return_inverse=True)
         if len(classes) < 2:
@@ -317,24 +342,24 @@ class ValidationScorer:
     ``cross_validate`` or ``GridSearchCV``.
     """
 
-    def __init__(self, X_val, Y_val, metric: str = "map"):
+    def __init__(self, X_val, Y_val, metric: str = "map", classes=None):
         self.X_val = X_val
         self.Y_val = Y_val
         self.metric = check_metric(metric)
+        self.classes = None if classes is None else list(classes)
 
     def __call__(self, estimator, X=None, y=None, **_) -> float:
         classes = getattr(estimator, "classes_", None)
         if classes is None:
             raise ValueError("validation_scorer: the estimator has no classes_ (is it fitted?)")
-        y_full = full_labels(self.Y_val, classes, "validation_scorer's Y_val")
+        y_full = full_labels(self.Y_val, classes, "validation_scorer's Y_val", self.classes)
         if self.metric in _THRESHOLD_METRICS:  # the estimator's own cut (its threshold)
             scores = np.asarray(estimator.predict(self.X_val), dtype=np.float64)
         else:
             scores = np.asarray(estimator.predict_proba(self.X_val), dtype=np.float64)
         if scores.shape != y_full.shape:
             raise ValueError(f"validation_scorer: the estimator predicts {scores.shape} for "
-                             f"X_val but Y_val is {y_full.shape} (a training fold without "
-                             f"some class gives fewer classes_: pass a 2-D y)")
+                             f"X_val but Y_val is {y_full.shape}")
         value = metric_score(self.metric, scores, y_full)
         return float(value if higher_is_better(self.metric) else -value)
 
@@ -343,14 +368,17 @@ class ValidationScorer:
                 f"{np.shape(self.Y_val)}, metric={self.metric!r})")
 
 
-def validation_scorer(X_val, Y_val, metric: str = "map") -> ValidationScorer:
+def validation_scorer(X_val, Y_val, metric: str = "map", classes=None) -> ValidationScorer:
     """A scorer that evaluates on fully labelled validation rows, whatever fold was trained.
 
     ``X_val``: raw features (what the Pipeline or estimator takes; its ``predict_proba``
-    transforms them). ``Y_val``: full 0/1 labels (N_val x L, columns in ``classes_`` order) or
-    1-D class labels. ``metric``: one of :data:`spmlkit.metrics.METRICS` (mAP x100 by default);
-    lower-is-better metrics come back negated, as scikit-learn's ``neg_*`` scorers, and the
-    threshold metrics (F1, Hamming) use the estimator's ``predict``.
+    transforms them). ``Y_val``: full 0/1 labels, N_val x L, or 1-D class labels (one true
+    class per row). ``classes``: the names of ``Y_val``'s columns (default: a DataFrame's
+    column names), matched to the fitted ``classes_`` (a 1-D ``y`` gives them sorted, as
+    ``np.unique``); without names the columns must be in ``classes_`` order. ``metric``: one
+    of :data:`spmlkit.metrics.METRICS` (mAP x100 by default); lower-is-better metrics come
+    back negated, as scikit-learn's ``neg_*`` scorers, and the threshold metrics (F1,
+    Hamming) use the estimator's ``predict`` (its ``threshold``).
 
     Example:
         >>> import numpy as np
@@ -364,7 +392,7 @@ def validation_scorer(X_val, Y_val, metric: str = "map") -> ValidationScorer:
         >>> s.shape, bool(np.isfinite(s).all())
         ((3,), True)
     """
-    return ValidationScorer(X_val, Y_val, metric)
+    return ValidationScorer(X_val, Y_val, metric, classes)
 
 
 # ---- scikit-learn's estimator checks ----------------------------------------------------------
