@@ -215,6 +215,12 @@ def test_score_is_map_against_full_labels_and_refuses_observed_ones():
     assert clf.score(x, index) == pytest.approx(map_score(clf.predict_proba(x), one_hot))
     with pytest.raises(ValueError, match="observed encoding.*validation_scorer"):
         clf.score(x, make_observed(y, "1p_1n", seed=0))
+    # a DataFrame's columns are matched to classes_ by name (a 1-D y sorts classes_)
+    pd = pytest.importorskip("pandas")
+    named = SPMLClassifier(**FAST).fit(x, np.array(["c", "a", "b"])[index])
+    frame = pd.DataFrame(y, columns=["c", "a", "b"])
+    assert named.score(x, frame) == pytest.approx(
+        map_score(named.predict_proba(x), y[:, [1, 2, 0]]))
 
 
 def test_validation_scorer_scores_on_the_validation_rows_whatever_the_fold():
