@@ -140,6 +140,16 @@ def test_bad_y_is_refused_with_a_message_naming_it(y, match):
         SPMLClassifier(**FAST).fit(x, y)
 
 
+def test_a_failed_refit_leaves_the_estimator_unfitted_not_half_updated():
+    x, y = _toy()
+    clf = SPMLClassifier(**FAST).fit(x, _single_positive(y)[1])
+    with pytest.raises(ValueError, match="1 class"):
+        clf.fit(x[:, :2], np.zeros(len(x), int))
+    assert not [n for n in vars(clf) if n.endswith("_")]
+    with pytest.raises(NotFittedError):
+        clf.predict(x)
+
+
 def test_sample_weight_and_unknown_arguments_are_refused():
     x, y = _toy()
     z = _single_positive(y)[1]

@@ -124,6 +124,15 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
                 weights; repeat rows to weight them) or another unknown argument.
         """
         _refuse_fit_params(fit_params)
+        try:
+            return self._fit(X, y, X_val, Y_val)
+        except BaseException:
+            # a failed (re)fit leaves no mix of old and new fitted attributes: unfitted
+            for name in [n for n in vars(self) if n.endswith("_") and not n.startswith("_")]:
+                delattr(self, name)
+            raise
+
+    def _fit(self, X, y, X_val, Y_val) -> "SPMLClassifier":
         if y is None:
             raise ValueError("SPMLClassifier requires y to be passed, but the target y is None "
                              "(the observed labels: 1-D single positives or the N x L matrix)")
