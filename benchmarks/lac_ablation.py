@@ -8,7 +8,7 @@ and differ only in the LAC switches (``spmlkit.methods.lac.ABLATIONS``):
 - ``an_plc``: + PLC (delta1), one stage of ``--epochs``;
 - ``an_plc_lac``: stage 1 = exactly the ``an_plc`` row (``--epochs``, "until convergence"),
   then stage 2 (``--stage2-epochs``) from its best weights, + the projection head and LAC
-  (delta2, ring queue).
+  (delta2, the memory queue of the authors' code, spmlkit.losses.lac.LACQueue).
 
 Selection as everywhere: the best epoch on val mAP (model or EMA, whichever is better that
 epoch); its test mAP is reported. The feature maps are extracted on the first run (minutes on a

@@ -324,11 +324,12 @@ SCHEMA = {  # key -> (type, meaning); a new spec key fails the generator until i
                  "registered datasets (`spml list datasets`); `options` are the source's "
                  "`--data` options (`spml list datasets NAME --details`), e.g. "
                  "`{name: fmnist_mosaic, options: {backbone: efficientnet_lite0}}`."),
-    "methods": ("list of specs or `{label, spec, mode, mode_options}` (required)",
+    "methods": ("list of specs or `{label, spec, mode, mode_options, early_stop}` (required)",
                 "a spec is `loss[+reg:weight...][@regime]` (`an`, `bce@full`, "
                 "`an+highrank:1e-3`); `bce` and `iun` are the reference rows. A mapping gives "
                 "the row a `label`, and may train it in its own `mode` with its own "
-                "`mode_options`."),
+                "`mode_options`, and with its own `early_stop` (a table of two papers' rows, "
+                "each with its paper's protocol)."),
     "mode": ("training method", "how every row trains unless it names its own mode "
              "(`spml list methods`)."),
     "seeds": ("integer or list of integers", "a count (seeds 0..n-1) or the seeds themselves; "
@@ -344,8 +345,10 @@ SCHEMA = {  # key -> (type, meaning); a new spec key fails the generator until i
                 "fixed loss hyperparameters, e.g. `{em: {alpha: 0.1}}`; unknown names are "
                 "refused with the loss's list."),
     "vary": ("mapping of lists", "what is *reported* (one column or figure point per value): "
-             "`hparams.<name>`, `data.<option>`, `k` (a number or `estimate:M:lower|point|"
-             "upper`) or `regime`."),
+             "`hparams.<name>`, `data.<option>`, `k` (a number, `true`, "
+             "`estimate:M:lower|point|upper` or `interval:M:lower|upper|I/N`: Cole et al. App. "
+             "B's interval I_M), `regime` or `lac.<field>` (a LACConfig field of the methods in "
+             "mode `lac`, e.g. `lac.queue_size`)."),
     "train": ("mapping", "more `TrainConfig` fields (table below); `epochs`, `batch_size`, "
               "`lr`, `seed`, `early_stop` and `metric` have their own keys."),
     "mode_options": ("mapping", "the study mode's own options (table below), e.g. "

@@ -113,7 +113,7 @@ def test_ablation_switches(toy, tmp_path):
     assert [r["delta"] for r in r_full] == [0.6, 0.6, 0.9, 0.9]
     assert all("lac_loss" not in r for r in r_full[:2])
     for r in r_full[2:]:
-        assert r["lac_loss"] > 0 and r["queue"] == 16  # the 16-slot ring queue is full
+        assert r["lac_loss"] > 0 and 0 < r["queue"] <= 16  # valid items of the 16-slot queue
         assert r["train_loss"] == pytest.approx(r["base_loss"] + r["plc_loss"] + r["lac_loss"])
     # the same stage-1 training with or without a later stage 2: identical first epochs
     assert r_full[0]["val_map_model"] == r_plc[0]["val_map_model"]
@@ -226,7 +226,8 @@ def test_checkpoint_round_trip_of_the_whole_state(toy, tmp_path, monkeypatch):
     parts = ckpt["parts"]
     assert (ckpt["stage"], ckpt["stage_epoch"], ckpt["stage_done"]) == (1, 1, False)
     assert parts["ema"]["updates"] == captured["updates"] == 3
-    assert int(parts["queue"]["count"]) == 16 and parts["queue"]["labels"].min() >= 0
+    valid = (parts["queue"]["labels"] >= 0).tolist()   # the filled slots are a prefix
+    assert 0 < int(parts["queue"]["ptr"]) <= sum(valid) and valid == sorted(valid, reverse=True)
     for key, value in captured["model"].items():
         assert torch.equal(ckpt["model"][key], value), key
     for key, value in captured["queue"].items():

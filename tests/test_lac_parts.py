@@ -1,4 +1,5 @@
-"""LAC building blocks: label-wise embedding head/model, EMA, ring queue, LAC and PLC losses."""
+"""LAC building blocks: label-wise embedding head/model, EMA, LAC and PLC losses (the memory
+queue and the official step: tests/test_lac_official.py)."""
 from __future__ import annotations
 
 import math
@@ -7,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from spmlkit.losses.lac import RingQueue, lac_entries, lac_loss, plc_loss, plc_targets
+from spmlkit.losses.lac import lac_entries, lac_loss, plc_loss, plc_targets
 from spmlkit.models import (LabelEmbeddingHead, LabelEmbeddingModel, ModelEMA,
                             create_backbone, sine_position_encoding)
 
@@ -189,50 +190,6 @@ def test_ema_warmup_decay():
     ema.update(model)            # n = 0: d = min(.9, 1/10) = .1 -> .1*1 + .9*11 = 10
     assert ema.module.a.item() == pytest.approx(10.0)
     assert ema.current_decay() == pytest.approx(2 / 11)
-
-
-# ---- queue ---------------------------------------------------------------------------------
-def _feats(labels):
-    return torch.tensor([[float(v), -float(v)] for v in labels])
-
-
-def test_queue_wraps_around():
-    q = RingQueue(4, 2)
-    assert len(q) == 0 and q.contents()[0].shape == (0, 2)
-    q.push(_feats([0, 1, 2]), torch.tensor([0, 1, 2]))
-    assert len(q) == 3 and q.contents()[1].tolist() == [0, 1, 2]
-    q.push(_feats([3, 4, 5]), torch.tensor([3, 4, 5]))
-    feats, labels = q.contents()
-    assert len(q) == 4 and int(q.ptr) == 2
-    assert labels.tolist() == [4, 5, 2, 3] and feats[:, 0].tolist() == [4, 5, 2, 3]
-
-
-def test_queue_overflow_keeps_last_k():
-    k = 5
-    q = RingQueue(k, 2)
-    q.push(_feats([9]), torch.tensor([9]))                  # ptr 1
-    ids = list(range(10, 10 + 2 * k + 3))
-    q.push(_feats(ids), torch.tensor(ids))
-    slots = [None] * k                                      # one-by-one reference
-    for n, v in enumerate([9] + ids):
-        slots[n % k] = v
-    assert q.labels.tolist() == slots and int(q.ptr) == (1 + len(ids)) % k
-    assert sorted(q.labels.tolist()) == ids[-k:] and len(q) == k
-    assert q.feats[:, 0].tolist() == [float(v) for v in slots]
-
-
-def test_queue_detaches_and_state_round_trip():
-    q = RingQueue(3, 2)
-    x = _feats([1, 2]).requires_grad_()
-    q.push(x * 2, torch.tensor([1, 2]))
-    feats, _ = q.contents()
-    assert not feats.requires_grad and feats.grad_fn is None and q.feats.grad_fn is None
-    r = RingQueue(3, 2)
-    r.load_state_dict(q.state_dict())
-    assert len(r) == 2 and int(r.ptr) == 2 and torch.equal(r.feats, q.feats)
-    assert r.labels.tolist() == [1, 2, -1]
-    with pytest.raises(ValueError, match=">= 0"):
-        q.push(_feats([1]), torch.tensor([-1]))
 
 
 # ---- LAC loss ------------------------------------------------------------------------------

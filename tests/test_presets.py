@@ -78,8 +78,9 @@ def test_expand_data_k_and_regime_axes():
     assert sorted({t.dataset_options["subsample"] for t in fig1}) == \
         [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
     appb = expand(load_study("cole-appb"))
-    assert {t.k for t in appb} == {f"estimate:{m}:{b}" for m in (5, 10, 25)
-                                   for b in ("lower", "point", "upper")}
+    assert {t.k for t in appb} == {"true", *(f"interval:5:{i}/9" for i in range(10)),
+                                   *(f"interval:{m}:{b}" for m in (10, 25)
+                                     for b in ("lower", "upper"))}
     bias = expand(load_study("label-bias"))
     assert {t.regime for t in bias} == {"1p", "1p_biased:size", "1p_biased:loc",
                                         "1p_biased:semantic"}
@@ -177,3 +178,23 @@ def test_tabular_spml_holds_smile_as_a_method_in_its_own_mode():
     smile = [t for t in expand(spec) if t.method == "SMILE"]
     assert smile and all(t.mode == "smile" and t.mode_options == {} for t in smile)
     assert "second study" not in _text("tabular-spml")
+
+
+def test_lac_preset_varies_queue_size_and_temperature():
+    """Xie et al. Figs. 4-5 as vary axes: ``lac.<field>`` lays the value over each lac-mode
+    method's LACConfig (and into its run id); unknown fields and invalid values are refused
+    where the spec is read."""
+    pytest.importorskip("spmlkit.methods.lac")
+    spec = load_study("lac-ablation", ["vary={lac.queue_size: [64, 1024], "
+                                       "lac.temperature: [0.1, 0.5]}",
+                                       "methods=[{label: LAC, spec: an}]"])
+    tasks = expand(spec)
+    got = sorted((t.mode_options["lac"]["queue_size"], t.mode_options["lac"]["temperature"])
+                 for t in tasks)
+    assert got == [(64, 0.1), (64, 0.5), (1024, 0.1), (1024, 0.5)]
+    assert all(t.mode_options["lac"]["dim"] == 128 for t in tasks)   # the rest kept
+    assert len({t.run_id for t in tasks}) == 4
+    for bad, why in (("lac.bogus: [1]", "unknown LAC option"),
+                     ("lac.temperature: [0]", "temperature must be > 0")):
+        with pytest.raises(ValueError, match=why):
+            load_study("lac-ablation", ["vary={" + bad + "}"])

@@ -38,10 +38,10 @@ def spec(**changes):
     ({"hparams": {"epr": {"lamb": 2}}}, r"hparams.epr: loss 'epr' has no hyperparameter\(s\) "
                                         r"\['lamb'\]"),
     ({"hparams": {"role": {"lam": 2}}}, r"hparams.role: no method labelled 'role'"),
-    ({"vary": {"k": ["estimate:ten:point"]}}, r"vary.k: expected a number or 'estimate:M"),
+    ({"vary": {"k": ["estimate:ten:point"]}}, r"vary.k: expected a number, 'true'"),
     ({"vary": {"hparams.alpha": [0.1]}}, r"vary.hparams.alpha: no method's loss has"),
-    ({"vary": {"seed": [1]}}, r"vary.seed: expected hparams.<name>, data.<option>, k or "
-                              r"regime"),
+    ({"vary": {"seed": [1]}}, r"vary.seed: expected hparams.<name>, data.<option>, k, "
+                              r"regime or lac.<field>"),
     ({"mode": "lineare"}, r"mode: expected one of linear, finetune"),
     ({"train": {"lr": 1e-3}}, r"train.lr: set lr with the spec key 'grid'"),
     ({"methods": ["an", {"label": "an", "spec": "an@full"}]}, r"labels must be unique"),

@@ -374,3 +374,66 @@ def estimate_k(y_labelled, confidence: float = 0.95) -> KEstimate:
         zval = NormalDist().inv_cdf(0.5 + confidence / 2)
         half = zval * float(counts.std(ddof=1)) / math.sqrt(m)
     return KEstimate(k=k, low=max(0.0, k - half), high=k + half, m=m, confidence=confidence)
+
+
+@dataclass(frozen=True)
+class KInterval:
+    """Cole et al. 2021 App. B's interval ``I_M`` of the estimate ``k_M`` (Table A2)."""
+
+    low: float          # the ``percentiles[0]`` percentile of the T estimates
+    high: float         # the ``percentiles[1]`` percentile
+    k: float            # the mean positives of all the rows (the paper's true k*)
+    m: int
+    trials: int
+    percentiles: tuple
+
+
+def sample_subsets(n: int, m: int, trials: int, rng: np.random.Generator) -> np.ndarray:
+    """``trials`` x ``m`` row indices: each row a uniform draw of ``m`` of ``range(n)`` without
+    replacement (R. Floyd's algorithm, vectorised over the trials: ``m`` steps of ``trials``
+    draws, never a ``trials`` x ``n`` array).
+
+    >>> idx = sample_subsets(10, 4, 1000, np.random.default_rng(0))
+    >>> idx.shape, all(len(set(r)) == 4 for r in idx.tolist()), int(idx.max()) < 10
+    ((1000, 4), True, True)
+    """
+    if not 0 < m <= n:
+        raise ValueError(f"cannot draw {m} rows without replacement from {n}")
+    out = np.empty((trials, m), dtype=np.int64)
+    for step, j in enumerate(range(n - m, n)):
+        t = rng.integers(0, j + 1, size=trials)
+        taken = (out[:, :step] == t[:, None]).any(axis=1)
+        out[:, step] = np.where(taken, j, t)
+    return out
+
+
+def k_interval(y_full, m: int, trials: int = 100_000, percentiles=(5.0, 95.0),
+               seed: int = 0) -> KInterval:
+    """Cole et al. 2021, App. B: the interval ``I_M`` of "reasonable" values of k.
+
+    As the paper computes Table A2: ``trials`` (T = 10^5) draws of ``m`` rows of the fully
+    labelled set ``y_full`` (uniform, without replacement), the estimate of each draw (Eq. A1:
+    the mean positives per row), and the 5th and 95th percentiles of the T estimates (the
+    paper's "approximate 95% confidence interval"). The interval describes the data set (it
+    needs all its full labels), not one labelled sample; :func:`estimate_k` is the estimate
+    from the M rows one has. ``seed`` seeds the draws (default 0: the same interval for every
+    run).
+
+    >>> y = np.array([[1, 0, 0]] * 50 + [[1, 1, 1]] * 50)
+    >>> iv = k_interval(y, 10, trials=20_000)
+    >>> iv.k, iv.low < 2.0 < iv.high, round(iv.low, 1), round(iv.high, 1)
+    (2.0, True, 1.6, 2.4)
+    """
+    y = validate_full_labels(y_full, "k_interval")
+    counts = y.sum(axis=1).astype(np.float64)
+    lo, hi = (float(p) for p in percentiles)
+    if not 0 <= lo < hi <= 100:
+        raise ValueError(f"percentiles must be two increasing values in [0, 100], got "
+                         f"{percentiles}")
+    if trials < 1:
+        raise ValueError(f"trials must be >= 1, got {trials}")
+    idx = sample_subsets(counts.size, int(m), int(trials), np.random.default_rng(seed))
+    estimates = counts[idx].mean(axis=1)
+    low, high = np.percentile(estimates, [lo, hi])
+    return KInterval(float(low), float(high), float(counts.mean()), int(m), int(trials),
+                     (lo, hi))

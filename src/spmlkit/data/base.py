@@ -118,6 +118,14 @@ class Dataset:
             if z.shape != self.pool.y.shape:
                 raise ValueError(f"{where}: observed labels have shape {z.shape}, the training "
                                  f"rows and classes are {self.pool.y.shape}")
+            if not (z == POSITIVE).any():  # all 0 / -1: nothing for an SPML loss to learn from
+                kinds = sorted({int(v) for v in np.unique(z)})
+                said = {0: "0 (unobserved)", -1: "-1 (negative)"}
+                raise ValueError(f"{where}: the observed training labels hold no positive "
+                                 f"(every cell is {' or '.join(said[v] for v in kinds)}); "
+                                 f"observed labels mark each row's known positives with 1 "
+                                 f"(-1 a known negative, 0 or an empty cell unknown), and "
+                                 f"the losses of regime given learn from those positives")
             self.observed = z
             self.pool.y = (z == POSITIVE).astype(np.uint8)  # all that is known of them
         if self.val is not None and self.val.num_classes != self.pool.num_classes:

@@ -35,7 +35,8 @@ the resumable state; the caller decides whether and when to write it) and ``resu
 state): a resumed run ends with the uninterrupted run's weights, history and best epoch.
 """
 from .amp import LossScaler, amp_dtype
-from .config import AMP_MODES, TrainConfig, config_dict, parse_early_stop, torch_threads
+from .config import (AMP_MODES, TrainConfig, batch_starts, config_dict, epoch_rows,
+                     parse_early_stop, torch_threads)
 from .finetune import LINEAR_INIT_FORMAT, fit_finetune, fit_linear_init, predict_items
 from .images import (GlobalBatchSampler, ImageItems, ItemPredictor, default_image_reader,
                      loader_workers, mix_seed, shares)
@@ -49,7 +50,8 @@ from .vectorised import fit_linear_stacked
 __all__ = ["AMP_MODES", "Batch", "amp_dtype", "FitResult", "GeneratorState", "GlobalBatchSampler",
            "ImageItems", "ItemPredictor", "LINEAR_INIT_FORMAT", "LeanAdam", "LossScaler",
            "STATE_FORMAT", "Stage", "StageParts", "StepBatch", "StepHook", "TrainConfig",
-           "check_val_labels", "config_dict", "default_image_reader", "fit_finetune",
+           "batch_starts", "check_val_labels", "config_dict", "default_image_reader",
+           "epoch_rows", "fit_finetune",
            "fit_linear", "fit_linear_init", "fit_linear_stacked", "loader_workers",
            "make_linear_head",
            "make_optimizer", "mix_seed", "no_finite_val_map", "parse_early_stop",

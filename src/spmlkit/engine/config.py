@@ -31,6 +31,16 @@ class TrainConfig:
 
     ``batch_size`` is the global batch: under ``torchrun`` each of the N processes takes its
     share of every batch (see :class:`GlobalBatchSampler`).
+
+    ``drop_last`` (False): leave out each epoch's last, shorter training batch (the rows left
+    over after the full batches of the epoch's shuffled order; other rows each epoch). Cole et
+    al.'s official loader (and Xie et al.'s LAC code) train with ``drop_last=True``; the default
+    keeps every row, as before. It applies to training only: validation (model selection) and
+    test are always scored on every row, because a metric over a subset that depends on the
+    batch size would make the scores of different grid points incomparable (the official
+    loader, as a side effect, also drops the last partial batch of val and test). An epoch's
+    ``train_loss`` is then the mean over the rows it trained on. With fewer train rows than
+    ``batch_size`` no batch would be left: that is an error.
     """
 
     epochs: int = 25
@@ -47,8 +57,11 @@ class TrainConfig:
     image_size: int | None = None
     eval_batch_size: int | None = None
     metric: str = "map"
+    drop_last: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.drop_last, bool):
+            raise ValueError(f"drop_last must be true or false, got {self.drop_last!r}")
         if self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
             raise ValueError(f"epochs and batch_size must be >= 1 and lr > 0, got epochs="
                              f"{self.epochs}, batch_size={self.batch_size}, lr={self.lr}")
@@ -85,6 +98,30 @@ def parse_early_stop(spec: str) -> tuple[str, float]:
     except ValueError:
         pass
     raise ValueError(f"early_stop must be 'none', 'patience:N' (N >= 1) or 'drop:X', got {spec!r}")
+
+
+def batch_starts(n: int, batch_size: int, drop_last: bool = False) -> range:
+    """Where each training batch of an epoch of ``n`` (shuffled) rows starts: every
+    ``batch_size``-th row, without the last, shorter batch when ``drop_last``.
+
+    Raises:
+        ValueError: ``drop_last`` with fewer than ``batch_size`` rows (no batch left).
+
+    >>> list(batch_starts(10, 4)), list(batch_starts(10, 4, drop_last=True))
+    ([0, 4, 8], [0, 4])
+    """
+    if drop_last:
+        if n < batch_size:
+            raise ValueError(f"train.drop_last: the training split has {n} rows, fewer than "
+                             f"batch_size {batch_size}, so no full batch is left; lower the "
+                             f"batch size or leave drop_last off")
+        return range(0, n - n % batch_size, batch_size)
+    return range(0, n, batch_size)
+
+
+def epoch_rows(n: int, batch_size: int, drop_last: bool = False) -> int:
+    """How many of the ``n`` rows an epoch trains on (:func:`batch_starts`)."""
+    return len(batch_starts(n, batch_size, drop_last)) * batch_size if drop_last else n
 
 
 def config_dict(config: TrainConfig) -> dict:

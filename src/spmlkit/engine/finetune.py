@@ -112,7 +112,8 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
     if ctx.world_size > 1:
         dist_utils.broadcast_state(loss)  # one start in every process, whatever it drew
     net = dist_utils.wrap_model(model, ctx)
-    sampler = GlobalBatchSampler(n, config.batch_size, config.seed, ctx.rank, ctx.world_size)
+    sampler = GlobalBatchSampler(n, config.batch_size, config.seed, ctx.rank, ctx.world_size,
+                                 drop_last=config.drop_last)
     loader = make_loader(ImageItems(train_items, train_t, image_reader, config.seed), sampler,
                      config, shape, device)
     predict_train = ItemPredictor(train_items, eval_t, config, shape, device, image_reader, ctx)
@@ -150,7 +151,8 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
         if on_epoch is not None and ctx.is_main:
             on_epoch(record, m, lo)
 
-    result = train_loop(model, loss, [Stage(config.epochs, setup)], num_examples=n,
+    result = train_loop(model, loss, [Stage(config.epochs, setup)],
+                        num_examples=sampler.rows_per_epoch,
                         batches=batches, forward=forward,
                         evaluators={"model": evaluate} if has_val else None,
                         early_stop=config.early_stop,

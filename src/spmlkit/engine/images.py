@@ -12,7 +12,7 @@ from torch import nn
 
 from .. import distributed as dist_utils
 from .amp import amp_dtype, run_model
-from .config import TrainConfig
+from .config import TrainConfig, epoch_rows
 
 
 def _splitmix64(value: int) -> int:
@@ -60,13 +60,16 @@ class GlobalBatchSampler(torch.utils.data.Sampler):
     Items are ``(row, epoch)`` pairs, so a dataset can seed each row's augmentation from
     ``(seed, epoch, row)`` whatever process or worker loads it.
 
+    ``drop_last`` (``TrainConfig.drop_last``; training only) leaves out the last, shorter
+    global batch of every epoch (an error when ``n < batch_size``: no batch would be left).
+
     >>> s = GlobalBatchSampler(5, 4, seed=0, rank=1, world_size=2)
     >>> [len(b) for b in s], s.chunk_sizes(1)
     ([2, 0], [1, 0])
     """
 
     def __init__(self, n: int, batch_size: int, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, shuffle: bool = True):
+                 world_size: int = 1, shuffle: bool = True, drop_last: bool = False):
         if n < 1 or batch_size < 1:
             raise ValueError(f"GlobalBatchSampler needs n >= 1 and batch_size >= 1, got n={n}, "
                              f"batch_size={batch_size}")
@@ -74,6 +77,8 @@ class GlobalBatchSampler(torch.utils.data.Sampler):
             raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
         self.n, self.batch_size, self.seed = n, batch_size, seed
         self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
+        self.drop_last = bool(drop_last)
+        self.rows_per_epoch = epoch_rows(n, batch_size, self.drop_last)  # (checks n, too)
         self.epoch = 0
         self._cache = (None, None)
 
@@ -89,7 +94,8 @@ class GlobalBatchSampler(torch.utils.data.Sampler):
                 order = torch.randperm(self.n, generator=gen)
             else:
                 order = torch.arange(self.n)
-            self._cache = (epoch, list(torch.split(order, self.batch_size)))
+            batches = list(torch.split(order[:self.rows_per_epoch], self.batch_size))
+            self._cache = (epoch, batches)
         return self._cache[1]
 
     def chunk_sizes(self, size: int) -> list[int]:
@@ -102,7 +108,7 @@ class GlobalBatchSampler(torch.utils.data.Sampler):
         return slice(begin, begin + sizes[self.rank])
 
     def __len__(self) -> int:
-        return math.ceil(self.n / self.batch_size)
+        return math.ceil(self.rows_per_epoch / self.batch_size)
 
     def __iter__(self):
         epoch = self.epoch

@@ -16,7 +16,7 @@ from torch import nn
 from ..labels import validate_full_labels, validate_observed
 from ..losses import SPMLLoss, TrainInfo
 from ..metrics import map_score, metric_score
-from .config import TrainConfig
+from .config import TrainConfig, batch_starts, epoch_rows
 from .loop import (FitResult, GeneratorState, Stage, StageParts, check_val_labels, train_loop)
 from .optim import make_optimizer
 
@@ -142,7 +142,7 @@ def fit_linear(x_train, observed, loss: SPMLLoss, config: TrainConfig, *, x_val=
 
     def batches(epoch):  # indexes the pre-loaded tensors: no per-row DataLoader
         perm = torch.randperm(n, generator=gen).to(device)
-        for i in range(0, n, bs):
+        for i in batch_starts(n, bs, config.drop_last):
             idx = perm[i:i + bs]
             yield x[idx], z[idx], idx
 
@@ -150,8 +150,8 @@ def fit_linear(x_train, observed, loss: SPMLLoss, config: TrainConfig, *, x_val=
         return val_map(predict_logits(model, xv), yv, config.map_convention, config.metric)
 
     stage = Stage(config.epochs, lambda: StageParts(make_optimizer(model, loss, config.lr)))
-    result = train_loop(model, loss, [stage], num_examples=n, batches=batches,
-                        evaluators={"model": evaluate} if has_val else None,
+    result = train_loop(model, loss, [stage], num_examples=epoch_rows(n, bs, config.drop_last),
+                        batches=batches, evaluators={"model": evaluate} if has_val else None,
                         early_stop=config.early_stop,
                         train_logits=lambda: predict_logits(model, x), on_epoch=on_epoch,
                         checkpoint=checkpoint, resume=resume,

@@ -56,7 +56,7 @@ from ..losses import SPMLLoss, TrainInfo
 from ..losses.base import observed_validated
 from ..losses.cole import expected_positive_penalty_grad
 from ..metrics import higher_is_better
-from .config import TrainConfig, parse_early_stop
+from .config import TrainConfig, batch_starts, epoch_rows, parse_early_stop
 from .linear import linear_inputs, make_linear_head, val_map
 from .loop import STATE_FORMAT, FitResult, no_finite_val_map, snapshot
 
@@ -504,6 +504,11 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
     if mixed and not all(closed_form(loss) for loss in losses):
         raise ValueError("stacked runs need losses of one class and hyperparameters and one "
                          "observed label matrix, unless every loss is closed-form (closed_form)")
+    if len({None if k_ is None else float(k_) for k_ in ks}) > 1 and \
+            hasattr(losses[0], "_k") and not all(closed_form(loss) for loss in losses):
+        # the stack's one copy of such a loss (ROLE) holds one k
+        raise ValueError(f"stacked runs of {type(losses[0]).__name__} need one k, got "
+                         f"{sorted({k_ for k_ in ks if k_ is not None})}")
     if len({loss.reduction for loss in losses}) > 1:
         raise ValueError("stacked runs need losses of one reduction")
     for loss in losses:
@@ -598,6 +603,8 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
     row_groups = runs // shared  # one batch order each
     gens = [torch.Generator().manual_seed(cfgs[g * shared].seed) for g in range(row_groups)]
     bs = config.batch_size
+    starts = batch_starts(n, bs, config.drop_last)  # (train.drop_last: no last short batch)
+    rows_per_epoch = epoch_rows(n, bs, config.drop_last)
     stop_kind, stop_arg = parse_early_stop(config.early_stop)
     metric = config.metric
     sign = 1.0 if higher_is_better(metric) else -1.0
@@ -639,7 +646,7 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
             perms = torch.stack([torch.randperm(n, generator=g) for g in gens]).to(device)
             step_values = []  # R losses per step, summed once the epoch is over
             seed = torch.ones(runs, device=device)
-            for i in range(0, n, bs):
+            for i in starts:
                 idx = perms[:, i:i + bs]  # each row group's rows; the features are gathered
                 # once per group, the labels per run (its own table: offsets)
                 if shared > 1:
@@ -687,7 +694,7 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
                 total = 0.0
                 for j, v in enumerate(per_step):
                     total += v * (min(n, (j + 1) * bs) - j * bs)
-                train_loss.append(total / n)
+                train_loss.append(total / rows_per_epoch)
             if stateful:
                 unstack()
             train_all = model.predict(x) if stacked.needs_train_predictions else None

@@ -142,9 +142,20 @@ def _method_order(study: StudyFolder) -> list:
     return [m.label for m in study.spec.methods]
 
 
-def _main_table(selected, metric: str, title: str, order=None, labels=None) -> str:
+def pivot_axis(study: StudyFolder) -> str | None:
+    """The vary axis a study's tables take as their columns (its first), or None: a study that
+    varies a setting is shown as a method x setting table, not one row per (method, value)."""
+    return next(iter(study.spec.vary), None)
+
+
+def _main_table(selected, metric: str, title: str, order=None, labels=None,
+                pivot: str | None = None, datasets: int = 1) -> str:
     from .tables import study_table
 
+    if pivot:  # methods x the axis' values; one row group per dataset when there are several
+        return str(study_table(selected, fmt="html", metric=metric, title=title, order=order,
+                               labels=labels, columns=pivot,
+                               group="dataset" if datasets > 1 else None))
     return str(study_table(selected, fmt="html", metric=metric, title=title, order=order,
                            labels=labels))
 
@@ -245,10 +256,47 @@ def _curves(study: StudyFolder, rows) -> dict:
     return curves
 
 
+#: up to this many curves in one panel; more are drawn as small multiples, a panel per method
+CURVES_IN_ONE_PANEL = 8
+
+
+def _curve_panels(study: StudyFolder, rows) -> dict:
+    """Method label -> {variant text (or the label) -> mean epoch records}: the small
+    multiples of a study with many curves (one panel per method, its variants in it)."""
+    shown = study.spec.row_labels()
+    panels: dict = {}
+    for r in rows:
+        method = str(shown.get(str(r.get("method")), r.get("method")))
+        panels.setdefault(method, {}).setdefault(_variant_text(r) or method, []).append(r)
+    out: dict = {}
+    for method in [*_method_order(study), *panels]:
+        method = str(shown.get(method, method))
+        if method not in panels or method in out:
+            continue
+        lines = {}
+        for label, members in sorted(panels[method].items(),
+                                     key=lambda kv: _natural_key(kv[0])):
+            records = _mean_records(study, members)
+            if any("val_map" in rec for rec in records):
+                lines[label] = records
+        if lines:
+            out[method] = lines
+    return out
+
+
+def _natural_key(text: str) -> list:
+    from .tables import _natural
+
+    return _natural(text)
+
+
 def build_figures(study: StudyFolder, folder) -> list:
     """Draw the report's figures into ``folder`` with :mod:`spmlkit.experiments.figures`: the
-    training curves of the selected runs per dataset (mean over seeds) and a sweep per vary
-    axis. Returns ``[(caption, path), ...]``."""
+    training curves of the selected runs per dataset (mean over seeds; more than
+    :data:`CURVES_IN_ONE_PANEL` curves as small multiples, one panel per method with its
+    variants) and a sweep per vary axis (``data.subsample`` against the number of observed
+    training labels on a log axis, as Cole et al. Fig. 1 draws it). Returns
+    ``[(caption, path), ...]``."""
     folder = Path(folder)
     figures = []
     by_dataset: dict = {}
@@ -256,19 +304,39 @@ def build_figures(study: StudyFolder, folder) -> list:
         by_dataset.setdefault(str(r.get("dataset")), []).append(r)
     for i, (dataset, rows) in enumerate(by_dataset.items()):
         curves = _curves(study, rows)
-        if curves:
+        if len(curves) > CURVES_IN_ONE_PANEL:
+            panels = _curve_panels(study, rows)
+            caption = (f"Validation mAP per epoch of the selected runs, {dataset} (mean over "
+                       f"seeds): one panel per method"
+                       + (", its variants in it" if any(len(v) > 1 for v in panels.values())
+                          else ", the other methods in grey"))
+            figures.append((caption, fg.plot_small_curves(
+                panels, folder / f"curves-{i}.png", title=f"{dataset}: selected runs")))
+        elif curves:
             caption = f"Training curves of the selected runs, {dataset} (mean over seeds)"
             figures.append((caption, fg.plot_curves(curves, folder / f"curves-{i}.png",
                                                     title=f"{dataset}: selected runs")))
     for i, axis in enumerate(study.spec.vary):
+        x = fg.default_x(axis)
         try:
-            lines = fg.sweep_points(study.selected, axis)
+            lines = fg.sweep_points(study.selected, axis, x=x)
         except ValueError:  # no finished run varies this axis yet
             continue
-        path = fg.plot_sweep(lines, axis, folder / f"sweep-{i}.png",
-                             title=f"{study.title}: sensitivity to {axis}")
-        figures.append((f"Sensitivity to {axis}: selected test mAP, mean ± std over seeds",
-                        path))
+        if x == fg.TRAIN_LABELS:
+            path = fg.plot_sweep(lines, axis, folder / f"sweep-{i}.png", title=study.title,
+                                 logx=True, xlabel=fg.TRAIN_LABELS_XLABEL)
+            caption = (f"Selected test mAP (mean ± std over seeds) against the number of "
+                       f"observed training labels (log axis), each point one value of {axis}")
+        elif x:
+            logx, xlabel = fg.x_layout(x)
+            path = fg.plot_sweep(lines, axis, folder / f"sweep-{i}.png", title=study.title,
+                                 logx=logx, xlabel=xlabel)
+            caption = f"Selected test mAP (mean ± std over seeds) against {xlabel}"
+        else:
+            path = fg.plot_sweep(lines, axis, folder / f"sweep-{i}.png",
+                                 title=f"{study.title}: sensitivity to {axis}")
+            caption = f"Sensitivity to {axis}: selected test mAP, mean ± std over seeds"
+        figures.append((caption, path))
     return figures
 
 
@@ -402,7 +470,8 @@ def render_html(study: StudyFolder, figures=()) -> str:
         if study.selected and any(_good(r.get(metric)) for r in study.selected):
             add(f'<h3 id="table-{metric}">{_esc(title)}</h3>')
             add(_main_table(study.selected, metric, title, _method_order(study),
-                            study.spec.row_labels()))
+                            study.spec.row_labels(), pivot_axis(study),
+                            len(study.spec.datasets)))
     classic = classic_columns(study) if study.selected else []
     if classic:
         title = f"Classic metrics (test; selected on val {chosen})"

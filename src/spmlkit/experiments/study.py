@@ -19,14 +19,16 @@ value)::
     grid: {batch_size: [8, 16], lr: [1e-2, 1e-3, 1e-4, 1e-5]}
     metric: map                        # what epochs and grid points are selected on (val)
     hparams: {em: {alpha: 0.1}}        # per method label or loss name
-    vary: {hparams.alpha: [0.01, 0.1]} # hparams.<name> | data.<option> | k | regime
+    vary: {hparams.alpha: [0.01, 0.1]} # hparams.<name> | data.<option> | k | regime | lac.<field>
     train: {}                          # more TrainConfig fields (device, head_lr_mult, ...)
     mode_options: {}                   # the trainer's own keywords (backbone, linear_epochs, ...)
     mlflow: false
 
 A method is a spec string (``an``, ``an+reg``, ``bce@full``) or a mapping
-``{spec, label, mode, mode_options}`` (``spec`` required; ``label`` defaults to it): its
-``mode_options`` are merged over the study's for that row (the rows of LAC's Table 3 are
+``{spec, label, mode, mode_options, early_stop}`` (``spec`` required; ``label`` defaults to
+it): its ``early_stop`` replaces the study's for that row (a table that sets rows of two
+papers side by side, each with its paper's protocol: Zhou et al. stop early, Cole et al. do
+not), its ``mode_options`` are merged over the study's for that row (the rows of LAC's Table 3 are
 settings of one trainer, not losses). A method with a ``mode`` of its own trains in that mode
 (SMILE beside the linear losses: ``{label: SMILE, spec: an, mode: smile}``); the study's
 ``mode_options`` are the study mode's, so such a row takes its own ``mode_options`` alone.
@@ -38,8 +40,15 @@ in brackets (``an [smile]``) unless the label names the mode already
 A vary axis applies to the methods it concerns: ``hparams.<name>`` to losses with that
 hyperparameter, ``k`` to losses with a ``k`` (EPR, ROLE), ``regime`` to methods that do not fix
 their regime with ``@``; ``data.<option>`` (passed to :func:`spmlkit.data.load_splits`) to all.
-``k`` is a number or ``estimate:M:lower|point|upper`` (Cole et al. App. B: the estimate, or an
-end of its 95% interval, from M fully labelled train rows drawn with the run's seed).
+``lac.<field>`` (a :class:`spmlkit.methods.lac.LACConfig` field: ``lac.queue_size``,
+``lac.temperature``, Xie et al. Figs. 4-5) to the methods that train in mode ``lac``, laid over
+their ``mode_options.lac``.
+``k`` is a number, ``true`` (the train split's mean, Cole et al.'s k*),
+``estimate:M:lower|point|upper`` (the estimate, or an end of its normal 95%
+interval, from M fully labelled train rows drawn with the run's seed) or
+``interval:M:lower|upper|I/N`` (Cole et al. App. B's interval I_M: the 5th / 95th percentiles of
+the estimate over 10^5 draws of M rows, the same for every seed; ``I/N`` a point between them,
+:func:`spmlkit.methods.resolve_k`).
 
 Grid points and seeds differ in training only (initialisation, batch order): the observed labels
 are drawn with the official seed 1200, as in the papers' code; ``vary: {data.seed: [...]}``
@@ -83,7 +92,7 @@ SPEC_KEYS = ("name", "title", "description", "datasets", "methods", "mode", "see
              "metric")
 REQUIRED_KEYS = ("datasets", "methods")
 #: the keys of a method given as a mapping (``spec`` required)
-METHOD_KEYS = ("label", "spec", "mode", "mode_options")
+METHOD_KEYS = ("label", "spec", "mode", "mode_options", "early_stop")
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 STUDIES_ROOT = Path("runs") / "studies"
 DEFAULT_GRID = {"batch_size": [8, 16], "lr": [1e-2, 1e-3, 1e-4, 1e-5]}
@@ -112,11 +121,12 @@ class Method:
     reg: tuple = ()
 
 
-def parse_methods(losses, references=("bce", "iun")) -> list[Method]:
+def parse_methods(losses, references=("bce", "iun"), regime: str = "1p") -> list[Method]:
     """``["an", "bce@full"]`` -> methods; ``"all"`` stands for every registered loss (but bce,
     a reference row, and the losses that need an external scorer's file, ``em_pl`` and ``gpr``:
     name them, with their ``scores`` in the hyperparameters) and may be combined with more specs
-    (``"all,opml@full"``)."""
+    (``"all,opml@full"``). ``regime``: the regime of a spec without ``@regime`` (another than
+    ``1p`` is then written into its label: ``an@given``)."""
     from ..losses import LOSSES
     from ..losses.regularizers import parse_regularizers
 
@@ -125,6 +135,7 @@ def parse_methods(losses, references=("bce", "iun")) -> list[Method]:
     every = [n for n in LOSSES.names()
              if n != "bce" and not getattr(LOSSES.get(n).factory, "needs_scores", False)]
     losses = [name for spec in losses for name in (every if spec == "all" else [spec])]
+    default = regime
     out = []
     for spec in losses:
         name, _, regime = spec.partition("@")
@@ -136,6 +147,8 @@ def parse_methods(losses, references=("bce", "iun")) -> list[Method]:
         LOSSES.get(name)  # unknown names fail here, with suggestions
         if reg:
             parse_regularizers(reg)  # so does a bad regulariser spec
+        if not regime and default != "1p":
+            spec, regime = f"{spec}@{default}", default
         out.append(Method(spec, name, regime or "1p", tuple(reg)))
     for ref in references or ():
         if ref not in REFERENCES:
@@ -184,6 +197,7 @@ class MethodSpec:
     fixed_regime: bool = False   # the spec names its regime (a vary regime axis skips it)
     mode_options: dict = field(default_factory=dict)  # merged over the study's, for this row
     mode: str | None = None      # this row's training mode (None: the study's)
+    early_stop: str | None = None  # this row's early stopping (None: the study's)
 
 
 @dataclass
@@ -254,12 +268,14 @@ class StudySpec:
 
 
 def _method_dict(m: MethodSpec):
-    if m.mode or m.mode_options:
+    if m.mode or m.mode_options or m.early_stop:
         out = {"label": m.label, "spec": m.spec}
         if m.mode:
             out["mode"] = m.mode
         if m.mode_options:
             out["mode_options"] = m.mode_options
+        if m.early_stop:
+            out["early_stop"] = m.early_stop
         return out
     return m.spec if m.label == m.spec else {"label": m.label, "spec": m.spec}
 
@@ -421,13 +437,19 @@ def _loss_hparams(loss: str) -> set:
 
 
 def _check_k(value, source: str, key: str):
+    if value == "true":
+        return value
     if isinstance(value, str):
+        from ..methods.base import interval_position
+
         parts = value.split(":")
-        ok = (len(parts) == 3 and parts[0] == "estimate" and parts[1].isdigit()
-              and int(parts[1]) > 0 and parts[2] in K_BOUNDS)
+        ok = (len(parts) == 3 and parts[1].isdigit() and int(parts[1]) > 0
+              and ((parts[0] == "estimate" and parts[2] in K_BOUNDS)
+                   or (parts[0] == "interval" and interval_position(parts[2]) is not None)))
         if not ok:
-            _fail(source, key, f"expected a number or 'estimate:M:lower|point|upper' (M fully "
-                               f"labelled rows), got {value!r}")
+            _fail(source, key, f"expected a number, 'true' (the train split's mean), "
+                               f"'estimate:M:lower|point|upper' or 'interval:M:lower|upper|I/N' "
+                               f"(M fully labelled rows), got {value!r}")
         return value
     _number(value, source, key)
     return value
@@ -480,15 +502,24 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
             if "spec" not in item or set(item) - set(METHOD_KEYS) or \
                     ("mode" in item and not isinstance(item["mode"], str)):
                 _fail(source, key, f"expected a method spec or {{label: ..., spec: ..., "
-                                   f"mode: ..., mode_options: {{...}}}} (spec required), got "
-                                   f"{item!r}")
+                                   f"mode: ..., mode_options: {{...}}, early_stop: ...}} (spec "
+                                   f"required), got {item!r}")
             spec = str(item["spec"])
             label = str(item.get("label") or spec)
             options = _mapping(item.get("mode_options"), source, f"{key}.mode_options")
             own_mode = item.get("mode")
+            own_stop = None if item.get("early_stop") is None else str(item["early_stop"])
+            if own_stop is not None:
+                from ..engine import parse_early_stop as _parse_stop
+
+                try:
+                    _parse_stop(own_stop)
+                except ValueError as err:
+                    _fail(source, f"{key}.early_stop", str(err))
         elif isinstance(item, str):
             label = spec = item
             options = {}
+            own_stop = None
         else:
             _fail(source, key, f"expected a method spec such as 'an' or 'bce@full', got {item!r}")
         try:
@@ -498,7 +529,7 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
             _fail(source, key, str(err))
         fixed = "@" in spec or spec in REFERENCES
         methods.append(MethodSpec(label, spec, m.loss, m.regime, tuple(m.reg), fixed, options,
-                                  own_mode))
+                                  own_mode, own_stop))
     labels = [m.label for m in methods]
     if len(set(labels)) < len(labels):
         _fail(source, "methods", f"labels must be unique, got {labels}")
@@ -617,6 +648,22 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
                                              complete=False)
                     except ValueError as err:
                         _fail(source, f"vary.{key}", str(err))
+        elif key.startswith("lac.") and len(key) > 4:
+            lac_rows = [m for m in methods if modes[m.label].name == "lac"]
+            if not lac_rows:
+                _fail(source, f"vary.{key}", "no method trains in mode lac")
+            from ..methods.lac import LACConfig
+
+            study_options = _mapping(raw.get("mode_options"), source, "mode_options")
+            for m in lac_rows:
+                own = merged(study_options, m.mode_options) if modes[m.label] is method \
+                    else m.mode_options
+                base = own.get("lac") or {}
+                for v in values:
+                    try:
+                        LACConfig.from_dict({**base, key[4:]: v})
+                    except (TypeError, ValueError) as err:
+                        _fail(source, f"vary.{key}", f"{m.label}: {err}")
         elif key == "k":
             values = [_check_k(v, source, "vary.k") for v in values]
             if not any("k" in a for a in accepts.values()):
@@ -629,7 +676,8 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
                     _fail(source, "vary.regime", str(err))
             values = [str(v) for v in values]
         else:
-            _fail(source, f"vary.{key}", "expected hparams.<name>, data.<option>, k or regime")
+            _fail(source, f"vary.{key}", "expected hparams.<name>, data.<option>, k, regime "
+                                         "or lac.<field>")
         vary[key] = values
 
     mode_options = _mapping(raw.get("mode_options"), source, "mode_options")
@@ -673,7 +721,8 @@ class RunTask:
     seed: int
     variant: dict        # the vary assignment ({} if none)
     hparams: dict
-    k: object            # None (the train split's mean), a number, or "estimate:M:bound"
+    k: object            # None (the train split's mean), a number, "estimate:M:bound" or
+    #                      "interval:M:position" (resolve_k)
     mode: str
     train: dict          # TrainConfig fields
     mode_options: dict
@@ -749,6 +798,8 @@ def _axes(spec: StudySpec, m: MethodSpec, keys) -> list:
             use = "k" in accepts
         elif key == "regime":
             use = not m.fixed_regime
+        elif key.startswith("lac."):
+            use = spec.method_mode(m) == "lac"
         else:  # data.<option>, batch_size, lr, other TrainConfig fields
             use = True
         if use:
@@ -774,13 +825,17 @@ def expand(spec: StudySpec) -> list[RunTask]:
                     for point in _assignments(spec.grid, grid_keys):
                         hp = dict(fixed)
                         train = {"epochs": spec.epochs, "seed": seed,
-                                 "early_stop": spec.early_stop, **spec.train}
+                                 "early_stop": m.early_stop or spec.early_stop, **spec.train}
                         if spec.metric != "map":  # (map runs keep the ids they always had)
                             train["metric"] = spec.metric
                         options = dict(ds.options)
+                        mode_options = spec.method_options(m)
                         for key, value in {**variant, **point}.items():
                             if key.startswith("hparams."):
                                 hp[key[8:]] = value
+                            elif key.startswith("lac."):
+                                mode_options = {**mode_options, "lac": {
+                                    **(mode_options.get("lac") or {}), key[4:]: value}}
                             elif key.startswith("data."):
                                 options[key[5:]] = value
                             elif key not in ("k", "regime"):
@@ -794,7 +849,7 @@ def expand(spec: StudySpec) -> list[RunTask]:
                                   "regime": variant.get("regime", m.regime), "hparams": hp,
                                   "k": variant.get("k"), "mode": spec.method_mode(m),
                                   "train": dict(sorted(train.items())),
-                                  "mode_options": spec.method_options(m)}
+                                  "mode_options": mode_options}
                         run_id = run_id_for(config, seed, variant)
                         if run_id in seen:
                             continue
@@ -889,37 +944,48 @@ def lost_rows(task: dict, reason: str) -> list[dict]:
 def execute_group(task: dict) -> list[dict]:
     """Run a group of task dicts at once (the linear mode's stacked runs,
     :func:`spmlkit.methods.train_runs`; :func:`group_tasks` says which runs group); one store
-    row per run, each as :func:`execute` would have made it (a run that diverged fails
-    alone)."""
+    row per run, each as :func:`execute` would have made it: a run that fails (its data or k
+    cannot be set up, its loss raises, it diverges) fails alone, the others train on."""
     from ..engine import TrainConfig
     from ..methods import train_runs
 
     t0 = time.perf_counter()
     members = [{**m, "runs_root": task["runs_root"]} for m in task["group"]]
-    first = members[0]
     for m in members:
         folder = Path(m["runs_root"]) / m["run_id"]
         if folder.exists():  # left by a try whose worker died: the retry replaces it
             _safe_remove(folder, folder.parent / ".stale")
+    rows: list = [None] * len(members)
+    setups, ready = [], []
+    for i, m in enumerate(members):  # a run whose data or k cannot be set up fails alone
+        try:
+            setups.append(_task_setup(m))  # splits cached: one load per regime
+            ready.append(i)
+        except Exception as err:  # noqa: BLE001 (recorded; the group's other runs go on)
+            rows[i] = _failed_row(m, err, traceback.format_exc(), time.perf_counter() - t0)
+    if not ready:
+        return rows
+    group = [members[i] for i in ready]
+    first = group[0]
     try:
-        setups = [_task_setup(m) for m in members]  # splits cached: one load per regime
         method, options = setups[0][2], setups[0][3]
         ks = [setup[1] for setup in setups]
         results = train_runs(method, [setup[0] for setup in setups],
-                             [m["loss"] for m in members], [dict(m["hparams"]) for m in members],
-                             [TrainConfig(**m["train"]) for m in members], k=ks,
-                             out=first["runs_root"], run_names=[m["run_id"] for m in members],
+                             [m["loss"] for m in group], [dict(m["hparams"]) for m in group],
+                             [TrainConfig(**m["train"]) for m in group], k=ks,
+                             out=first["runs_root"], run_names=[m["run_id"] for m in group],
                              dataset_options=first["dataset_options"], **options)
     except Exception as err:  # every run of the group failed with it
         text = traceback.format_exc()
-        return [_failed_row(m, err, text, time.perf_counter() - t0) for m in members]
-    rows = []
-    for m, res, k in zip(members, results, ks):
+        for i, m in zip(ready, group):
+            rows[i] = _failed_row(m, err, text, time.perf_counter() - t0)
+        return rows
+    for i, m, res, k in zip(ready, group, results, ks):
         if isinstance(res, BaseException):
             text = "".join(traceback.format_exception(type(res), res, res.__traceback__))
-            rows.append(_failed_row(m, res, text, None))
+            rows[i] = _failed_row(m, res, text, None)
         else:
-            rows.append(_done_row(m, res, k))
+            rows[i] = _done_row(m, res, k)
     return rows
 
 
@@ -929,8 +995,9 @@ def group_tasks(tasks: list[RunTask], jobs: int = 1) -> list:
     :mod:`spmlkit.engine.vectorised`).
 
     Runs group when they differ only in seed and learning rate (same dataset and options,
-    regime, method, loss and hyperparameters, numeric or default ``k``, batch size and the rest
-    of the train config, mode options), their mode can train several at once
+    regime, method, loss and hyperparameters, ``k`` as resolved for the run (an
+    ``estimate:`` / ``interval:`` k is resolved here, with the run's seed), batch size and the
+    rest of the train config, mode options), their mode can train several at once
     (``TrainingMethod.fit_many``, no ``save_train_probs``) and their loss can be stacked
     (:func:`spmlkit.engine.vectorised.can_stack`). Runs of closed-form losses
     (:func:`spmlkit.engine.vectorised.closed_form`: AN, AN-LS, WAN, EPR, BCE, ...) group across
@@ -946,7 +1013,8 @@ def group_tasks(tasks: list[RunTask], jobs: int = 1) -> list:
     from ..engine import TrainConfig
     from ..engine.vectorised import can_stack, closed_form, stack_limit
     from ..losses import create_loss
-    from ..methods import get_method
+    from ..methods import get_method, resolve_k
+    from .pool import cached_splits
 
     groups: dict = {}
     closed: dict = {}  # (loss, hparams) -> closed_form
@@ -954,11 +1022,18 @@ def group_tasks(tasks: list[RunTask], jobs: int = 1) -> list:
     for t in tasks:
         method = get_method(t.mode)
         if method.fit_many is None or t.mode_options.get("save_train_probs") or \
-                t.mode_options.get("head", "linear") != "linear" or isinstance(t.k, str):
+                t.mode_options.get("head", "linear") != "linear":
             out.append(t)
             continue
-        rest = {k: v for k, v in t.train.items() if k not in ("seed", "lr")}
-        own = [t.regime, t.method, t.loss, t.hparams, t.k]
+        k = t.k
+        if isinstance(k, str):  # the value the run will train with (a stack shares one k)
+            try:
+                k = resolve_k(k, cached_splits(t.dataset, t.regime, t.dataset_options), t.seed)
+            except Exception:  # noqa: BLE001 (the run itself will say what is wrong)
+                out.append(t)
+                continue
+        rest = {k_: v for k_, v in t.train.items() if k_ not in ("seed", "lr")}
+        own = [t.regime, t.method, t.loss, t.hparams, k]
         spec = json.dumps([t.loss, t.hparams], sort_keys=True, default=str)
         if spec not in closed:
             try:

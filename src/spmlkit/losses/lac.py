@@ -19,21 +19,35 @@ always a pseudo-negative (u < 0), and an unobserved entry is pseudo-labelled by 
 probability when it is confident enough. In the single-positive regime (z_obs in {0, 1}) this is
 exactly the formula of docs/spec.md#lac.
 
-**LAC** (label-aware global consistency, paper eq. 5-7): every positive (image, label) entry
-(observed or pseudo) contributes its two projected views (weak and strong, unit norm) as
-anchors; the contrast set is the other anchors plus a memory queue of past entries; the
-positives of an anchor are the contrast entries of the same label (its own other view
-included). It is the supervised contrastive loss (Khosla et al., NeurIPS 2020, "L_out") as in
-the authors' code::
+**LAC** (label-aware global consistency, paper eq. 5-7) as the authors' ``second_stage.train``
+and ``lib/utils/lacloss.LACLoss`` compute it (xiemk/SPML-LAC, published as milkxie/SPML-LAC;
+``tests/test_lac_official.py`` pins the values; :func:`lac_term` does one step):
 
-    loss_i = - 1/|P(i)| sum_{p in P(i)} log( exp(a_i . c_p / t) / sum_{c != i} exp(a_i . c / t) )
-    LAC = mean of loss_i over the anchors with |P(i)| >= 1
+1. The batch's positive entries (observed or pseudo), in row-major order, each with its two
+   projected views (weak, strong; unit norm) and its label, are ``n`` new items.
+2. They are written into the memory queue (:class:`LACQueue`, K items of **both** views)
+   **before** the loss: with pointer ``p``, to slots ``[0, n)`` when ``p + n >= K`` (``p``
+   becomes ``n``), else to ``[p, p + n)`` (``p`` becomes ``p + n``); the other slots keep
+   their older items. Only the new items carry gradients.
+3. Every valid queue item's two views are the anchors (``2V`` vectors): the supervised
+   contrastive loss (Khosla et al., NeurIPS 2020, "L_out") of :func:`lac_loss` over them, the
+   contrast set all ``2V`` but the anchor itself, the positives the vectors of the same label
+   (an item's other view always is one)::
+
+    loss_i = - 1/|P(i)| sum_{p in P(i)} log( exp(a_i . a_p / t) / sum_{c != i} exp(a_i . a_c / t) )
+    LAC = mean of loss_i over the 2V anchors
 
 (The paper's eq. 7 writes the denominator over inter-class entries only; the code, followed
-here, sums over every contrast entry except the anchor itself.) Two guards the official code
-lacks: the queue is a true ring buffer (:class:`RingQueue`, a batch with more than K positive
-entries keeps its last K), and anchors without a positive partner are left out, so the loss is
-never NaN.
+here, sums over every vector except the anchor itself.) Where this differs from the official
+code, on inputs the official code cannot take:
+
+- a batch with more than K positive entries (as on CUB) makes the official slice assignment
+  raise; here the last K of them are kept (slots ``[0, K)``, pointer K);
+- a batch with exactly one positive entry makes the official ``nonzero().squeeze()`` write that
+  item twice; here it is written once;
+- with no valid item at all (an empty queue and no positive) the official mean is NaN; here
+  the loss is a zero on the graph. :func:`lac_loss` also leaves out anchors without a positive
+  partner (impossible in LAC, where each item has two views).
 """
 from __future__ import annotations
 
@@ -43,87 +57,99 @@ from torch.nn import functional as F
 
 from .base import as_compute, check_observed
 
-__all__ = ["RingQueue", "lac_loss", "lac_entries", "plc_targets", "plc_loss"]
+__all__ = ["LACQueue", "lac_loss", "lac_entries", "lac_term", "plc_targets", "plc_loss"]
 
 
 # ---- memory queue --------------------------------------------------------------------------
-class RingQueue(nn.Module):
-    """A ring buffer of the last ``size`` (feature vector, label id) pairs.
+class LACQueue(nn.Module):
+    """LAC's memory queue, as the authors' ``second_stage.train`` keeps it: ``K`` items, each
+    the two projected views (weak, strong) of one positive (image, label) entry and its label.
 
-    State lives in buffers, so ``state_dict()`` checkpoints it: ``feats`` (K x D),
-    ``labels`` (K, long, -1 = empty slot), ``ptr`` (the next slot to write, long scalar) and
-    ``count`` (filled slots, <= K, long scalar).
+    State lives in buffers, so ``state_dict()`` checkpoints it: ``feats`` (K x 2 x D: view 0
+    weak, view 1 strong), ``labels`` (K, long, -1 = empty slot) and ``ptr`` (long scalar, the
+    end of the last write).
 
-    Pushing ``N`` entries is the same as pushing them one by one: entry ``n`` goes to slot
-    ``(ptr + n) % K``; when ``N > K`` only the last ``K`` survive.
+    :meth:`write` puts a batch's ``n`` items into slots ``[0, n)`` when ``ptr + n >= K``, else
+    into ``[ptr, ptr + n)``, and sets ``ptr`` to the end of what it wrote; every other slot keeps
+    its item. So the filled slots are always a prefix ``[0, V)`` (``V = len(self)``), and the
+    last slots may stay empty for good (a write that would end exactly at K starts over at 0,
+    as the official ``>=`` does). When ``n > K`` (where the official assignment raises) the
+    last ``K`` items are kept, in slots ``[0, K)``, and ``ptr`` becomes K.
 
     Args:
         size: ``K`` (>= 1; LAC's default 512).
-        dim: ``D``, the feature size (LAC: the projection size, 128).
+        dim: ``D``, the projection size (LAC: 128).
 
     Raises:
-        ValueError: ``size`` or ``dim`` < 1; at ``push``, shapes that do not match or negative
-            labels.
+        ValueError: ``size`` or ``dim`` < 1; at :meth:`write`, shapes that do not match or
+            negative labels.
 
-    >>> q = RingQueue(3, 2)
-    >>> q.push(torch.arange(8.0).view(4, 2), torch.tensor([0, 1, 2, 3]))
-    >>> len(q), q.labels.tolist(), int(q.ptr)   # 4 entries into 3 slots: the last 3 kept
-    (3, [3, 1, 2], 1)
+    >>> q = LACQueue(6, 1)
+    >>> _ = q.write(torch.zeros(4, 1), torch.ones(4, 1), torch.tensor([0, 1, 2, 3]))
+    >>> _ = q.write(torch.zeros(2, 1), torch.ones(2, 1), torch.tensor([4, 5]))  # 4 + 2 >= 6
+    >>> q.labels.tolist(), int(q.ptr), len(q)
+    ([4, 5, 2, 3, -1, -1], 2, 4)
     """
 
     def __init__(self, size: int, dim: int):
         super().__init__()
         for name, value in (("size", size), ("dim", dim)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"RingQueue: {name} must be an integer >= 1, got {value!r}")
+                raise ValueError(f"LACQueue: {name} must be an integer >= 1, got {value!r}")
         self.size, self.dim = size, dim
-        self.register_buffer("feats", torch.zeros(size, dim))
+        self.register_buffer("feats", torch.zeros(size, 2, dim))
         self.register_buffer("labels", torch.full((size,), -1, dtype=torch.long))
         self.register_buffer("ptr", torch.zeros((), dtype=torch.long))
-        self.register_buffer("count", torch.zeros((), dtype=torch.long))
 
     def __len__(self) -> int:
-        return int(self.count)
+        return int((self.labels >= 0).sum())
 
-    @torch.no_grad()
-    def push(self, feats: torch.Tensor, labels: torch.Tensor) -> None:
-        """Store ``feats`` (N x D, detached) with their ``labels`` (N class ids >= 0)."""
-        if feats.ndim != 2 or feats.shape[1] != self.dim:
-            raise ValueError(f"RingQueue.push: feats must be N x {self.dim}, got "
-                             f"{tuple(feats.shape)}")
-        labels = torch.as_tensor(labels)
-        if labels.shape != (feats.shape[0],):
-            raise ValueError(f"RingQueue.push: labels must be a vector of {feats.shape[0]} "
-                             f"class ids (one per row of feats), got shape "
-                             f"{tuple(labels.shape)}")
-        if labels.numel() and int(labels.min()) < 0:
-            raise ValueError(f"RingQueue.push: labels must be class ids >= 0, got "
-                             f"{int(labels.min())} (-1 marks empty slots)")
-        n, k = feats.shape[0], self.size
-        if n == 0:
-            return
-        start = int(self.ptr)
-        if n > k:  # the first n - k would be overwritten within this push anyway
-            start = (start + n - k) % k
-            feats, labels = feats[n - k:], labels[n - k:]
-        slots = (start + torch.arange(feats.shape[0], device=self.feats.device)) % k
-        self.feats[slots] = feats.detach().to(self.feats)
-        self.labels[slots] = labels.to(device=self.labels.device, dtype=torch.long)
-        self.ptr.fill_((start + feats.shape[0]) % k)
-        self.count.fill_(min(int(self.count) + n, k))
+    def write(self, weak: torch.Tensor, strong: torch.Tensor,
+              labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Write ``n`` new items, then return every valid item: the loss's anchors.
 
-    def contents(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(feats M x D, labels M)`` of the filled slots (M = ``len(self)``), in slot order.
+        Args:
+            weak, strong: ``n x D`` projected views of the batch's positive entries (they may
+                carry gradients; the queue stores detached copies).
+            labels: ``n`` class ids >= 0.
+
+        Returns:
+            ``(weak V x D, strong V x D, labels V)`` of the slots ``[0, V)``, in slot order;
+            the rows just written are ``weak`` / ``strong`` themselves (on the autograd graph),
+            the older rows are detached.
         """
-        filled = self.labels >= 0
-        return self.feats[filled], self.labels[filled]
+        if weak.ndim != 2 or weak.shape[1] != self.dim or strong.shape != weak.shape:
+            raise ValueError(f"LACQueue.write: weak and strong must both be n x {self.dim}, "
+                             f"got {tuple(weak.shape)} and {tuple(strong.shape)}")
+        labels = torch.as_tensor(labels, device=self.labels.device)
+        if labels.shape != (weak.shape[0],):
+            raise ValueError(f"LACQueue.write: labels must be a vector of {weak.shape[0]} class "
+                             f"ids (one per item), got shape {tuple(labels.shape)}")
+        if labels.numel() and int(labels.min()) < 0:
+            raise ValueError(f"LACQueue.write: labels must be class ids >= 0, got "
+                             f"{int(labels.min())} (-1 marks empty slots)")
+        n, k = weak.shape[0], self.size
+        if n > k:  # the official code raises here; keep the last K
+            weak, strong, labels, n = weak[n - k:], strong[n - k:], labels[n - k:], k
+        start = 0 if int(self.ptr) + n >= k else int(self.ptr)
+        end = start + n
+        with torch.no_grad():
+            self.feats[start:end, 0] = weak.detach().to(self.feats)
+            self.feats[start:end, 1] = strong.detach().to(self.feats)
+            self.labels[start:end] = labels.to(torch.long)
+            self.ptr.fill_(end)
+        valid = len(self)
+        old = self.feats.detach().to(weak.dtype)
+
+        def view(v, new):  # (with n = 0, start = end: the valid slots, on new's graph)
+            return torch.cat([old[:start, v], new, old[end:valid, v]])
+        return view(0, weak), view(1, strong), self.labels[:valid].clone()
 
     def reset(self) -> None:
         """Empty the queue."""
         self.feats.zero_()
         self.labels.fill_(-1)
         self.ptr.zero_()
-        self.count.zero_()
 
     def extra_repr(self) -> str:
         return f"size={self.size}, dim={self.dim}"
@@ -166,15 +192,17 @@ def lac_entries(proj_weak: torch.Tensor, proj_strong: torch.Tensor,
 def lac_loss(anchors: torch.Tensor, anchor_labels: torch.Tensor,
              queue_feats: torch.Tensor | None = None, queue_labels: torch.Tensor | None = None,
              temperature: float = 0.5) -> torch.Tensor:
-    """Supervised contrastive loss over label-wise projected embeddings (LAC, see the module
-    docstring for the formula).
+    """Supervised contrastive loss over label-wise projected embeddings (see the module
+    docstring for the formula). LAC calls it with every valid queue item's two views as
+    ``anchors`` and no ``queue_*`` (:func:`lac_term`).
 
     Args:
-        anchors: ``N x D`` unit-norm projected embeddings (both views of each positive entry,
-            e.g. from :func:`lac_entries`).
+        anchors: ``N x D`` unit-norm projected embeddings (LAC: the weak views of the V valid
+            queue items, then their strong views).
         anchor_labels: ``N`` class ids.
-        queue_feats, queue_labels: ``M x D`` / ``M`` past entries (:meth:`RingQueue.contents`);
-            they join the contrast set (not the anchors) and get no gradient.
+        queue_feats, queue_labels: optional ``M x D`` / ``M`` extra contrast entries (a memory
+            of past entries in the MoCo style; LAC does not use them): they join the contrast
+            set (not the anchors) and get no gradient.
         temperature: ``t`` > 0 (LAC: 0.5).
 
     Returns:
@@ -227,6 +255,38 @@ def lac_loss(anchors: torch.Tensor, anchor_labels: torch.Tensor,
     log_prob = logits - torch.logsumexp(logits, dim=1, keepdim=True)
     per_anchor = -torch.where(positive, log_prob, 0.0).sum(dim=1) / positive.sum(dim=1)
     return per_anchor.mean()
+
+
+def lac_term(proj_weak: torch.Tensor, proj_strong: torch.Tensor, positive_mask: torch.Tensor,
+             queue: LACQueue | None, temperature: float = 0.5) -> torch.Tensor:
+    """One step of LAC as the authors' code takes it (module docstring, steps 1-3): the
+    batch's positive entries are written into ``queue``, then :func:`lac_loss` over both views
+    of every valid queue item.
+
+    Args:
+        proj_weak, proj_strong: ``B x L x D`` projected (unit-norm) label-wise embeddings of the
+            weak and the strong view.
+        positive_mask: ``B x L`` bool, the positive entries (observed or pseudo).
+        queue: the :class:`LACQueue` (its state advances), or None for no memory (the paper's
+            "w/o queue" row: the anchors are this batch's items only).
+        temperature: ``t`` > 0 (LAC: 0.5).
+
+    Returns:
+        the scalar loss (zero on the graph when there is no item at all).
+
+    >>> q = LACQueue(8, 2)
+    >>> w = torch.nn.functional.normalize(torch.tensor([[[1.0, 0.0], [0.0, 1.0]]]), dim=-1)
+    >>> first = lac_term(w, w, torch.tensor([[True, True]]), q)   # 2 items, 4 anchors
+    >>> second = lac_term(w, w, torch.tensor([[True, False]]), q)  # 3 items, 6 anchors
+    >>> len(q), q.labels.tolist()[:3]
+    (3, [0, 1, 0])
+    """
+    anchors, labels = lac_entries(proj_weak, proj_strong, positive_mask)
+    n = labels.shape[0] // 2
+    weak, strong, labels = anchors[:n], anchors[n:], labels[:n]
+    if queue is not None:
+        weak, strong, labels = queue.write(weak, strong, labels)
+    return lac_loss(torch.cat([weak, strong]), labels.repeat(2), temperature=temperature)
 
 
 # ---- PLC ------------------------------------------------------------------------------------

@@ -219,18 +219,53 @@ def pseudo_label_record(loss_module, y_train) -> dict:
     return {"pl_count": count, "pl_precision": precision}
 
 
+def interval_position(text: str) -> float | None:
+    """Where ``lower``, ``upper`` or ``I/N`` (0 <= I <= N, N > 0) lies in an interval, 0 .. 1;
+    None for anything else."""
+    if text in ("lower", "upper"):
+        return 0.0 if text == "lower" else 1.0
+    num, _, den = text.partition("/")
+    if num.isdigit() and den.isdigit() and 0 <= int(num) <= int(den) and int(den) > 0:
+        return int(num) / int(den)
+    return None
+
+
+_INTERVALS: dict = {}
+
+
+def _k_interval(y, m: int):
+    """:func:`spmlkit.labels.k_interval` of ``y``, kept per (rows, M): a study's runs resolve
+    the same interval many times."""
+    from ..labels import k_interval
+
+    y = np.ascontiguousarray(y)
+    key = (y.shape, y.dtype.str, hash(y.tobytes()), m)
+    if key not in _INTERVALS:
+        if len(_INTERVALS) > 64:
+            _INTERVALS.clear()
+        _INTERVALS[key] = k_interval(y, m)
+    return _INTERVALS[key]
+
+
 def resolve_k(k, splits, seed: int, report: bool = False):
     """A run's ``k`` (expected positives per example): ``None`` and numbers as they are;
+    ``"true"`` the split's own mean (``splits.k``: the paper's k*, what ``None`` trains with);
     ``"estimate:M:lower|point|upper"`` estimated from M fully labelled rows drawn with ``seed``
-    (Cole et al. App. B, :func:`spmlkit.labels.estimate_k`): the estimate or an end of its 95%
-    interval. The rows are train rows, or val rows when the training labels are only observed
-    ones (regime ``given``: the train rows' full labels are unknown). ``report`` prints the
-    estimate to stderr.
+    (:func:`spmlkit.labels.estimate_k`): the estimate or an end of its normal 95% interval;
+    ``"interval:M:lower|upper|I/N"`` a value of Cole et al. App. B's interval ``I_M`` (Table A2:
+    the 5th and 95th percentiles of the estimate over 10^5 draws of M rows,
+    :func:`spmlkit.labels.k_interval`; the same for every seed): its low end, its high end, or
+    ``low + I/N (high - low)`` (Figure A1's linearly spaced values: ``0/9`` .. ``9/9``). The
+    rows are train rows, or val rows when the training labels are only observed ones (regime
+    ``given``: the train rows' full labels are unknown). ``report`` prints the estimate to
+    stderr.
 
     Raises:
         ValueError: a k that is not > 0, a malformed estimate, or M larger than the rows there
             are to draw from (naming the split).
     """
+    if k == "true":  # Cole et al.'s k*: the mean positives of the (fully labelled) train rows
+        return float(splits.k)
     if not isinstance(k, str):
         if k is not None and not k > 0:
             raise ValueError(f"k (expected positives per example) must be > 0, got {k}")
@@ -240,9 +275,13 @@ def resolve_k(k, splits, seed: int, report: bool = False):
     from ..labels import estimate_k
 
     parts = k.split(":")
-    if len(parts) != 3 or parts[0] != "estimate" or not parts[1].isdigit() or \
-            parts[2] not in ("lower", "point", "upper"):
-        raise ValueError(f"k {k!r}: expected a number or 'estimate:M:lower|point|upper'")
+    position = None if len(parts) != 3 or parts[0] != "interval" else \
+        interval_position(parts[2])
+    if len(parts) != 3 or not parts[1].isdigit() or not (
+            (parts[0] == "estimate" and parts[2] in ("lower", "point", "upper"))
+            or (parts[0] == "interval" and position is not None)):
+        raise ValueError(f"k {k!r}: expected a number, 'true', "
+                         f"'estimate:M:lower|point|upper' or 'interval:M:lower|upper|I/N'")
     m, bound = int(parts[1]), parts[2]
     complete = getattr(splits, "train_labels_complete", True)
     split = "train" if complete else "val"
@@ -253,6 +292,9 @@ def resolve_k(k, splits, seed: int, report: bool = False):
                                   "the fully labelled val rows; or give k directly: --k)"
         raise ValueError(f"k {k!r}: estimating k from {m} fully labelled rows needs that many, "
                          f"and the {split} split has only {n} rows{why}")
+    if position is not None:
+        iv = _k_interval(labelled.y, m)
+        return iv.low + position * (iv.high - iv.low)
     rows = np.random.RandomState(seed).choice(n, m, replace=False)
     est = estimate_k(labelled.y[rows])
     if report:
@@ -296,6 +338,23 @@ def feature_preprocess(splits) -> dict:
         return {}
     dtype = np.dtype(stats.get("dtype", "float64"))
     return {key: torch.as_tensor(np.asarray(stats[key], dtype)) for key in ("mean", "std")}
+
+
+def feature_record(splits) -> dict:
+    """What ``config.json`` records of the features a run trains on (key ``features``): the
+    table columns used (the ``tabular`` source), and the standardisation: ``{"by": "train
+    rows", "mean", "std"}`` (what ``spml predict`` applies to new rows, from ``best.pt``) or
+    False."""
+    meta = splits.meta or {}
+    stats = meta.get("standardize")
+    shape = tuple(getattr(splits.train.x, "shape", ()))  # arrays only (never converts items)
+    out = {"standardized": {"by": "train rows", "mean": stats["mean"], "std": stats["std"]}
+           if stats else False}
+    if len(shape) == 2:  # feature vectors (image sources' inputs are files)
+        out["dim"] = int(shape[1])
+    if meta.get("feature_columns"):
+        out["columns"] = list(meta["feature_columns"])
+    return out
 
 
 @dataclass
@@ -387,7 +446,7 @@ def _fresh_config(method: TrainingMethod, ctx: RunContext, dataset_options) -> d
            "options": _plain_options(ctx.options), "sizes": {s: len(getattr(splits, s))
                                               for s in ("train", "val", "test")},
            "class_names": list(splits.class_names), "labels": describe_labels(splits),
-           "versions": versions()}
+           "features": feature_record(splits), "versions": versions()}
     if method.run_config is not None:
         out.update(method.run_config(ctx))
     return out
@@ -629,45 +688,59 @@ def train_runs(method: str | TrainingMethod, splits, loss, hparams, configs, *,
                 out_list.append(err)
         return out_list
     options = method.check_options(options)
-    for sp in {id(sp): sp for sp in splits_l}.values():
-        check_inputs(method, sp)
+    checked: dict = {}  # id(splits) -> None or the error of check_inputs
     ctxs, runs, pseudos = [], [], []
-    for sp, ls, hp, k_, config, name in zip(splits_l, loss_l, hparams_l, k_l, configs, names):
-        hp = resolve_hparams(ls, sp.name, hp)
-        if method.resolve_config is not None:
-            config = method.resolve_config(config, options)
-        run_k = sp.k if k_ is None else resolve_k(k_, sp, config.seed)
+    results: list = [None] * count  # a run whose setup fails ends with its error, alone
+    for i, (sp, ls, hp, k_, config, name) in enumerate(zip(splits_l, loss_l, hparams_l, k_l,
+                                                           configs, names)):
         run = None
-        if out is not None:
-            parts = [sp.name, ls, *([] if method.name == "linear" else [method.name]),
-                     sp.regime, f"s{config.seed}"]
-            run = RunDir.create(out, name or "-".join(parts).replace(":", "_"))
-        pseudo: dict = {}
-        log_epoch = _epoch_logger(sp, run, pseudo)
-        # no checkpoint.pt: a group that stopped is trained again as a whole (a study replaces
-        # its folders), and a folder without one restarts when resumed alone (resume_run)
-        ctx = RunContext(method, sp, ls, hp, create_loss(ls, **hp), run_k, config, options,
-                         log_epoch, None, None, True, run.path if run is not None else None)
-        if run is not None:
-            run.start(_fresh_config(method, ctx, dataset_options), sp.observed)
-        ctxs.append(ctx)
+        try:
+            if id(sp) not in checked:
+                try:
+                    check_inputs(method, sp)
+                    checked[id(sp)] = None
+                except Exception as err:  # noqa: BLE001 (the runs on these splits fail)
+                    checked[id(sp)] = err
+            if checked[id(sp)] is not None:
+                raise checked[id(sp)]
+            hp = resolve_hparams(ls, sp.name, hp)
+            if method.resolve_config is not None:
+                config = method.resolve_config(config, options)
+            run_k = sp.k if k_ is None else resolve_k(k_, sp, config.seed)
+            if out is not None:
+                parts = [sp.name, ls, *([] if method.name == "linear" else [method.name]),
+                         sp.regime, f"s{config.seed}"]
+                run = RunDir.create(out, name or "-".join(parts).replace(":", "_"))
+            pseudo: dict = {}
+            log_epoch = _epoch_logger(sp, run, pseudo)
+            # no checkpoint.pt: a group that stopped is trained again as a whole (a study
+            # replaces its folders), and a folder without one restarts when resumed alone
+            ctx = RunContext(method, sp, ls, hp, create_loss(ls, **hp), run_k, config, options,
+                             log_epoch, None, None, True, run.path if run is not None else None)
+            if run is not None:
+                run.start(_fresh_config(method, ctx, dataset_options), sp.observed)
+        except Exception as err:  # noqa: BLE001 (this run fails; the others train)
+            if run is not None:
+                run.fail(err)
+            results[i] = err
+            continue
+        ctxs.append((i, ctx))
         runs.append(run)
         pseudos.append(pseudo)
-    fitted = method.fit_many(ctxs)
-    results = []
-    for ctx, run, pseudo, fit in zip(ctxs, runs, pseudos, fitted):
+    fitted = method.fit_many([ctx for _, ctx in ctxs]) if ctxs else []
+    for (i, ctx), run, pseudo, fit in zip(ctxs, runs, pseudos, fitted):
         if isinstance(fit, BaseException):
             if run is not None:
                 run.fail(fit)
-            results.append(fit)
+            results[i] = fit
             continue
         try:
             # seconds: the run's share of the stacked training, then its own scoring
-            results.append(_complete_run(ctx, run, fit, pseudo,
-                                         time.perf_counter() - fit.fit.seconds,
-                                         {"vectorised": len(ctxs)}, durable=False))
-        except Exception as err:
-            results.append(err)
+            results[i] = _complete_run(ctx, run, fit, pseudo,
+                                       time.perf_counter() - fit.fit.seconds,
+                                       {"vectorised": len(ctxs)}, durable=False)
+        except Exception as err:  # noqa: BLE001
+            results[i] = err
     if out is not None:
         sync_files()  # the finished folders on disk at once (not two fsyncs a run)
     return results

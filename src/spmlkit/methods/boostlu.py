@@ -67,8 +67,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..engine import (GeneratorState, Stage, StageParts, TrainConfig, check_val_labels,
-                      make_optimizer, train_loop, val_map)
+from ..engine import (GeneratorState, Stage, StageParts, TrainConfig, batch_starts,
+                      check_val_labels, epoch_rows, make_optimizer, train_loop, val_map)
 from ..labels import validate_full_labels, validate_observed
 from ..losses import TrainInfo
 from ..models.heads import BoostLUClassifier, BoostLUHead, check_alpha
@@ -173,7 +173,7 @@ def fit_boostlu(train: MapRows, observed, loss, config: TrainConfig, *, val: Map
 
     def batches(epoch):
         perm = torch.randperm(n, generator=gen)
-        for i in range(0, n, bs):
+        for i in batch_starts(n, bs, config.drop_last):
             idx = perm[i:i + bs]
             yield train.take(idx), z[idx.to(device)], idx.to(device)
 
@@ -181,7 +181,8 @@ def fit_boostlu(train: MapRows, observed, loss, config: TrainConfig, *, val: Map
         return val_map(val.logits(head), y_val, config.map_convention, config.metric)
 
     stage = Stage(config.epochs, lambda: StageParts(make_optimizer(head, loss, config.lr)))
-    result = train_loop(head, loss, [stage], num_examples=n, batches=batches,
+    result = train_loop(head, loss, [stage], num_examples=epoch_rows(n, bs, config.drop_last),
+                        batches=batches,
                         evaluators={"model": evaluate} if has_val else None,
                         early_stop=config.early_stop, train_logits=lambda: train.logits(head),
                         on_epoch=on_epoch, checkpoint=checkpoint, resume=resume,

@@ -14,12 +14,15 @@ observed labels and ``h`` the label-wise embeddings::
 ``base`` is any registered SPML loss on the weak view's logits (default ``an``, the paper's;
 every other loss on this model gives the paper's "LEM" columns). PLC and LAC are
 :func:`spmlkit.losses.lac.plc_loss` and :func:`spmlkit.losses.lac.lac_loss`; LAC's positive
-entries are the observed positives and the pseudo-positives of the stage's delta (both views of
-each), contrasted with a ring queue of past entries (:class:`spmlkit.losses.lac.RingQueue`,
-both views of every positive entry are pushed after each step). Stage 2 starts from stage 1's
-best weights (the better of the model and its EMA on val), adds the projection head (frozen,
-i.e. not optimised, in stage 1) and LAC, with a fresh AdamW, OneCycle schedule, EMA and queue;
-the base loss's own state (ROLE's estimator ...) carries over from stage 1's best epoch.
+entries are the observed positives and the pseudo-positives of the stage's delta; as in the
+authors' ``second_stage.train`` (pinned by ``tests/test_lac_official.py``), each step first
+writes them (both views) into the memory queue (:class:`spmlkit.losses.lac.LACQueue`) and then
+takes every valid queue item's two views as the anchors (:func:`spmlkit.losses.lac.lac_term`).
+Stage 2 starts from stage 1's best weights (the better of the model and its EMA on val), adds
+the projection head (frozen, i.e. not optimised, in stage 1) and LAC, with a fresh AdamW,
+OneCycle schedule, EMA and queue (empty at the start of stage 2, as the official second stage's;
+it then lives across the stage's epochs); the base loss's own state (ROLE's estimator ...)
+carries over from stage 1's best epoch.
 
 Each stage: AdamW (weight decay 0.01) with a per-step OneCycle schedule (max lr 1e-4, 20 %
 warm-up, cosine annealing, momentum cycled), an EMA of the weights (decay 0.9997) updated after
@@ -53,7 +56,7 @@ caller's global RNG is left as it was and a resumed run repeats an uninterrupted
 
 The loop is the engine's (:func:`spmlkit.engine.train_loop`): LAC is its stages (each stage's
 set-up builds AdamW, OneCycle, the EMA and resets the queue; stage 2 starts from the best
-weights), a step hook (PLC and LAC terms, queue push, schedule and EMA steps) and two evaluators
+weights), a step hook (PLC and LAC terms with the queue, schedule and EMA steps) and two evaluators
 (the model and its EMA). :func:`fit_lac` runs it on given views; :func:`train_lac` adds the
 run folder.
 
@@ -87,7 +90,7 @@ from ..engine import (FitResult, GlobalBatchSampler, ItemPredictor, LossScaler,
                       check_val_labels, loader_workers, mix_seed, train_loop, val_map)
 from ..labels import validate_observed
 from ..losses import TrainInfo
-from ..losses.lac import RingQueue, lac_entries, lac_loss, plc_loss, plc_targets
+from ..losses.lac import LACQueue, lac_term, plc_loss, plc_targets
 from ..models.ema import ModelEMA
 from ..models.label_embedding import LabelEmbeddingModel
 from ..runs import load_torch
@@ -128,8 +131,8 @@ class LACConfig:
       ``delta2`` (0.9, stage 2), both in [0.5, 1] (the paper searches 0.5 .. 0.9);
     - ``lac`` (True): the LAC term, in a second stage when ``two_stage`` (True; False puts LAC
       in the one stage from the first epoch, the paper's "end-to-end" row, with ``delta1``);
-      ``lambda_lac`` (1.0), ``temperature`` (0.5), ``queue_size`` (512; 0 = no queue).
-      Without ``lac`` there is one stage.
+      ``lambda_lac`` (1.0), ``temperature`` (0.5), ``queue_size`` (512; 0 = no queue: the
+      anchors are the batch's own positive entries). Without ``lac`` there is one stage.
 
     Schedule (per stage): ``stage1_epochs`` / ``stage2_epochs`` (None: ``config.epochs``
     split in two, stage 1 taking the larger half; one stage takes all; official 40 epochs in
@@ -511,7 +514,8 @@ class _LACStep(StepHook):
         + lambda_plc * PLC(ls | lw, observed, delta)          (lac.plc)
         + lambda_lac * LAC(proj(ew), proj(es), positives, queue)   (this stage's LAC)
 
-    then the queue push; after the optimiser step, the OneCycle step and the EMA update. The
+    (the queue is written before the LAC term, :func:`spmlkit.losses.lac.lac_term`); after
+    the optimiser step, the OneCycle step and the EMA update. The
     epoch's record gets the mean base / PLC / LAC losses, the pseudo-positives PLC found on
     unobserved entries (``pl_count``) and the fraction of them that are true positives
     (``pl_precision`` in [0, 1], as :func:`spmlkit.metrics.pseudo_label_stats`; NaN when
@@ -546,13 +550,9 @@ class _LACStep(StepHook):
         if self.lac_on:
             with self.recipe.autocast():
                 pw, ps = self.recipe.model.head.project(ew), self.recipe.model.head.project(es)
-            anchors, labels = lac_entries(pw.float(), ps.float(), positive)
-            qf, ql = self.queue.contents() if self.queue is not None else (None, None)
-            c = lac_loss(anchors, labels, qf, ql, lac.temperature)
+            c = lac_term(pw.float(), ps.float(), positive, self.queue, lac.temperature)
             out.append((lac.lambda_lac, c))
             self.parts["lac_loss"] = c
-            if self.queue is not None:
-                self.queue.push(anchors.detach(), labels)
         return out
 
     def after_step(self, batch: StepBatch) -> None:
@@ -565,7 +565,7 @@ class _LACStep(StepHook):
             self.sums[key] += float(value.detach()) * b
 
     def epoch_record(self) -> dict:
-        n, lac = self.recipe.n, self.lac
+        n, lac = self.recipe.sampler.rows_per_epoch, self.lac
         record = {"base_loss": self.sums["base_loss"] / n}
         if lac.plc:
             record["plc_loss"] = self.sums["plc_loss"] / n
@@ -600,9 +600,10 @@ class _LACRecipe:
         self.lac, self.config, self.stages, self.device = lac, config, stages, device
         self.n = int(z.shape[0])
         self.amp = amp_dtype(config.amp, device)
-        self.sampler = GlobalBatchSampler(self.n, config.batch_size, config.seed)
+        self.sampler = GlobalBatchSampler(self.n, config.batch_size, config.seed,
+                                          drop_last=config.drop_last)
         self.steps_per_epoch = len(self.sampler)
-        self.queue = RingQueue(lac.queue_size, lac.proj_dim).to(device) \
+        self.queue = LACQueue(lac.queue_size, lac.proj_dim).to(device) \
             if lac.queue_size > 0 else None
         # the EMA tracks what trains: the head, or the whole model when the backbone trains (a
         # frozen backbone's EMA would only pick up rounding, and double the memory)
@@ -737,7 +738,7 @@ def fit_lac(model: LabelEmbeddingModel, loss, views, observed, y_train, y_val, l
     stages = lac.stages(config.epochs)
     loss.on_train_start(z, TrainInfo(len(z), z.shape[1], k, config.seed, config.epochs))
     recipe = _LACRecipe(model, loss, views, z, y_train, y_val, lac, config, stages, device)
-    return train_loop(model, loss, recipe.loop_stages(), num_examples=recipe.n,
+    return train_loop(model, loss, recipe.loop_stages(), num_examples=recipe.sampler.rows_per_epoch,
                       evaluators=recipe.evaluators(), weights=recipe.weights,
                       early_stop=config.early_stop, train_logits=recipe.train_logits,
                       on_epoch=on_epoch, checkpoint=checkpoint, resume=resume,

@@ -600,10 +600,11 @@ def fit(ctx: RunContext) -> Fitted:
         objective = MIMEObjective(z, theta=mime.theta, warmup_epoch=mime.warmup_epoch,
                                   temperature=mime.temperature,
                                   enabled=mime.pseudo_labels).to(device)
-        record = _Record(objective, mime, y_train, n)
         from ..engine import GlobalBatchSampler
 
-        sampler = GlobalBatchSampler(n, config.batch_size, config.seed)
+        sampler = GlobalBatchSampler(n, config.batch_size, config.seed,
+                                     drop_last=config.drop_last)
+        record = _Record(objective, mime, y_train, sampler.rows_per_epoch)
 
         def batches(epoch):
             for x, _, rows in views.train_epoch(sampler.global_batches(epoch), epoch, False):
@@ -628,7 +629,8 @@ def fit(ctx: RunContext) -> Fitted:
             return val_map(views.predict(model, "val"), splits.val.y, config.map_convention,
                            config.metric)
 
-        result = train_loop(model, objective, [Stage(config.epochs, setup)], num_examples=n,
+        result = train_loop(model, objective, [Stage(config.epochs, setup)],
+                            num_examples=sampler.rows_per_epoch,
                             batches=batches, forward=forward, evaluators={"model": evaluate},
                             early_stop=config.early_stop,
                             train_logits=lambda: views.predict(model, "train").to(device),

@@ -110,8 +110,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..engine import (GeneratorState, Stage, StageParts, StepHook, check_val_labels,
-                      make_optimizer, mix_seed, predict_logits, train_loop, val_map)
+from ..engine import (GeneratorState, Stage, StageParts, StepHook, batch_starts,
+                      check_val_labels, epoch_rows, make_optimizer, mix_seed, predict_logits,
+                      train_loop, val_map)
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED, validate_full_labels, validate_observed
 from ..losses import SPMLLoss
 from ..metrics import map_score
@@ -537,12 +538,12 @@ def fit(ctx: RunContext) -> Fitted:
     model, objective = model.to(device), objective.to(device)
     gen = torch.Generator().manual_seed(config.seed)
     bs = config.batch_size
-    record = _Record(objective, n)
+    record = _Record(objective, epoch_rows(n, bs, config.drop_last))
     optimizer = []
 
     def batches(epoch):
         perm = torch.randperm(n, generator=gen).to(device)
-        for i in range(0, n, bs):
+        for i in batch_starts(n, bs, config.drop_last):
             idx = perm[i:i + bs]
             yield x[idx], z[idx], idx
 
@@ -554,7 +555,8 @@ def fit(ctx: RunContext) -> Fitted:
     def evaluate():
         return val_map(predict_logits(model, xv), yv, config.map_convention)
 
-    result = train_loop(model, objective, [Stage(config.epochs, setup)], num_examples=n,
+    result = train_loop(model, objective, [Stage(config.epochs, setup)],
+                        num_examples=epoch_rows(n, bs, config.drop_last),
                         batches=batches, evaluators={"model": evaluate},
                         early_stop=config.early_stop, on_epoch=ctx.on_epoch,
                         checkpoint=ctx.checkpoint, resume=ctx.resume,

@@ -6,8 +6,9 @@ A backbone feature map ``B x C x H x W`` becomes one embedding per label (``B x 
    (:func:`sine_position_encoding`, DETR style);
 2. ``encoder_layers`` transformer encoder layers (post-norm, DETR) over the ``H * W`` tokens,
    the positional encoding added to queries and keys;
-3. ``decoder_layers`` decoder layers **without self-attention** (Query2Label style, as in the
-   authors' code): the queries start at zero and a learnable per-label embedding ``E`` (L x d)
+3. ``decoder_layers`` decoder layers **without self-attention** (Query2Label style, the
+   structure of the authors' ``lib/models``; read from it, not checked value by value): the
+   queries start at zero and a learnable per-label embedding ``E`` (L x d)
    is added to the query at every layer. A layer is
    ``t = LN(t + CrossAttn(q=t + E, k=memory + pos, v=memory)); t = LN(t + FFN(t))``;
 4. a final LayerNorm gives the label-wise embeddings ``h`` (B x L x d).

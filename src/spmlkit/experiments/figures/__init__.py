@@ -30,7 +30,7 @@ Modules, one concept each:
 """
 from .base import FIGURE_SUFFIXES, FIGURES_DIR, new_canvas, new_figure, save_figure
 from .classwise import plot_ap_difference, plot_wasserstein
-from .curves import curves_from_runs, plot_curves, plot_pl_precision
+from .curves import curves_from_runs, plot_curves, plot_pl_precision, plot_small_curves
 from .histograms import (GROUPS, ProbHistograms, histograms_from_run, plot_histograms,
                          plot_probability_histograms, probability_histograms)
 from .images import (MapOverlays, Panel, attention_from_run, cam_from_run,
@@ -38,14 +38,19 @@ from .images import (MapOverlays, Panel, attention_from_run, cam_from_run,
                      plot_overlays, plot_panel, top_predictions, upsample_maps)
 from .landscape import (Landscape, filter_normalized_direction, landscape_from_run,
                         loss_landscape, plot_landscape)
-from .sweeps import SweepLine, plot_sweep, sweep_from_study, sweep_points, sweep_table
+from .sweeps import (K_VALUE, TRAIN_LABELS, TRAIN_LABELS_XLABEL, SweepLine, default_x, draw_sweep,
+                     metric_label,
+                     plot_sweep, resolved_k, sweep_from_study, sweep_points, sweep_table,
+                     train_label_count, x_layout)
 
-__all__ = ["FIGURES_DIR", "FIGURE_SUFFIXES", "GROUPS", "Landscape", "MapOverlays", "Panel",
-           "ProbHistograms", "SweepLine", "attention_from_run", "cam_from_run",
-           "class_activation_maps", "curves_from_runs", "filter_normalized_direction",
-           "histograms_from_run", "landscape_from_run", "loss_landscape", "new_canvas",
-           "new_figure", "panel_from_run", "plot_ap_difference", "plot_attention", "plot_cam",
-           "plot_curves", "plot_histograms", "plot_landscape", "plot_overlays", "plot_panel",
-           "plot_pl_precision", "plot_probability_histograms", "plot_sweep", "plot_wasserstein",
-           "probability_histograms", "save_figure", "sweep_from_study", "sweep_points",
-           "sweep_table", "top_predictions", "upsample_maps"]
+__all__ = ["FIGURES_DIR", "FIGURE_SUFFIXES", "GROUPS", "K_VALUE", "Landscape", "MapOverlays",
+           "Panel", "ProbHistograms", "SweepLine", "TRAIN_LABELS", "TRAIN_LABELS_XLABEL",
+           "attention_from_run", "cam_from_run", "class_activation_maps", "curves_from_runs",
+           "default_x", "draw_sweep", "filter_normalized_direction", "histograms_from_run",
+           "landscape_from_run", "loss_landscape", "metric_label", "new_canvas", "new_figure",
+           "panel_from_run", "plot_ap_difference", "plot_attention", "plot_cam", "plot_curves",
+           "plot_histograms", "plot_landscape", "plot_overlays", "plot_panel",
+           "plot_pl_precision", "plot_probability_histograms", "plot_small_curves",
+           "plot_sweep", "plot_wasserstein", "probability_histograms", "resolved_k", "save_figure",
+           "sweep_from_study", "sweep_points", "sweep_table", "top_predictions", "x_layout",
+           "train_label_count", "upsample_maps"]

@@ -9,6 +9,7 @@ import numpy as np
 
 from ...analysis import read_metrics, run_label
 from .base import integer_epochs, new_figure, save_figure
+from .sweeps import metric_label
 
 #: up to this many lines, each panel has its own legend; more get one legend beside the figure
 LEGEND_INSIDE = 8
@@ -58,8 +59,8 @@ def plot_curves(curves: dict, out, metric: str = "val_map", title: str | None = 
             if lr:
                 axes[0, 1].plot(*zip(*lr), marker="o", markersize=3, label=label,
                                 color=line.get_color(), linestyle=line.get_linestyle())
-    ax_m.set(xlabel="epoch", ylabel=metric.replace("_", " "),
-             title=f"{metric.replace('_', ' ')} per epoch (star: best)")
+    ax_m.set(xlabel="epoch", ylabel=metric_label(metric),
+             title=f"{metric_label(metric)} per epoch (star: best)")
     panels = [ax_m]
     if has_loss:
         axes[0, 1].set(xlabel="epoch", ylabel="train loss", title="training loss per epoch")
@@ -72,6 +73,71 @@ def plot_curves(curves: dict, out, metric: str = "val_map", title: str | None = 
         for ax in panels:
             ax.legend(fontsize="small")
     fig.suptitle(title or "Training curves")
+    return save_figure(fig, out, force=force)
+
+
+def plot_small_curves(panels: dict, out, metric: str = "val_map", title: str | None = None,
+                      *, ncols: int = 4, force: bool = False) -> Path:
+    """Small multiples of per-epoch curves: one panel per entry of ``panels`` (a method), with
+    its own lines (``{line label: epoch records}``: the method's variants, or one line),
+    on one shared y range; the other panels' lines are drawn faint grey behind, for context,
+    when a panel has one line. Several lines in a panel take colours along a sequential map
+    in their order (a swept value) and are named in one legend beside the panels.
+
+    Returns:
+        the path written (see :func:`~spmlkit.experiments.figures.save_figure`).
+
+    Raises:
+        ValueError: no panel.
+    """
+    import matplotlib
+
+    panels = {name: lines for name, lines in panels.items() if lines}
+    if not panels:
+        raise ValueError("no run given")
+    n = len(panels)
+    ncols = max(1, min(ncols, n))
+    nrows = -(-n // ncols)
+    fig, axes = new_figure((3.2 * ncols, 2.6 * nrows + 0.6), nrows, ncols, sharex=True,
+                           sharey=True)
+
+    def xy(records):
+        keep = [(i + 1, r[metric]) for i, r in enumerate(records)
+                if r.get(metric) is not None]
+        return (np.array([a for a, _ in keep], dtype=np.float64),
+                np.array([b for _, b in keep], dtype=np.float64))
+
+    single = all(len(lines) == 1 for lines in panels.values())
+    cmap = matplotlib.colormaps["viridis"]
+    for idx, (name, lines) in enumerate(panels.items()):
+        ax = axes[idx // ncols, idx % ncols]
+        if single:
+            for other, olines in panels.items():
+                if other != name:
+                    for records in olines.values():
+                        ax.plot(*xy(records), color="0.85", linewidth=0.8, zorder=1)
+        for j, (label, records) in enumerate(lines.items()):
+            color = "C0" if len(lines) == 1 else cmap(j / max(1, len(lines) - 1) * 0.9)
+            x, y = xy(records)
+            ax.plot(x, y, color=color, linewidth=1.4, label=label, zorder=2)
+            if np.isfinite(y).any():
+                b = int(np.nanargmax(y))
+                ax.plot(x[b], y[b], marker="*", markersize=8, color=color, zorder=3)
+        ax.set_title(name, fontsize="small")
+        ax.grid(alpha=0.3)
+        if idx % ncols == 0:
+            ax.set_ylabel(metric_label(metric))
+        if idx + ncols >= n:  # no panel below: this one shows the epochs
+            ax.xaxis.set_tick_params(labelbottom=True)
+            ax.set_xlabel("epoch")
+    if not single:  # one legend for every panel (the same variants), beside them
+        handles, labels = axes[0, 0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside right upper", fontsize="x-small",
+                   ncol=1 + len(labels) // 26)
+    for idx in range(n, nrows * ncols):
+        axes[idx // ncols, idx % ncols].set_visible(False)
+    integer_epochs(*[axes[i // ncols, i % ncols] for i in range(n)])
+    fig.suptitle(title or f"{metric_label(metric)} per epoch (star: best)")
     return save_figure(fig, out, force=force)
 
 

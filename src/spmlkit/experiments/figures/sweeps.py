@@ -55,7 +55,76 @@ def _as_number(v):
         return None
 
 
-def sweep_points(rows, axis: str, metric: str = "test_map") -> list[SweepLine]:
+#: ``sweep_points(..., x=TRAIN_LABELS)``: each point at its runs' number of observed training
+#: labels (Cole et al. Fig. 1's x axis) instead of the axis value
+TRAIN_LABELS = "train_labels"
+
+
+#: ``sweep_points(..., x=K_VALUE)``: each point at the k its runs trained with (an
+#: ``interval:`` / ``estimate:`` / ``true`` k resolved, :func:`spmlkit.methods.resolve_k`; Cole
+#: et al. Fig. A1 plots mAP against k)
+K_VALUE = "k_value"
+#: the x axis label of a :data:`TRAIN_LABELS` sweep
+TRAIN_LABELS_XLABEL = "number of observed training labels (log scale)"
+
+
+def default_x(axis: str) -> str | None:
+    """The x a sweep of ``axis`` is drawn against by default: :data:`TRAIN_LABELS` for
+    ``data.subsample`` (Cole et al. Fig. 1: mAP against the number of training labels),
+    :data:`K_VALUE` for ``k`` (Fig. A1: mAP against the value of k), else the axis value
+    (None)."""
+    return {"data.subsample": TRAIN_LABELS, "k": K_VALUE}.get(axis)
+
+
+def x_layout(x: str | None) -> tuple:
+    """``(logx, xlabel)`` of a sweep drawn against ``x`` (:func:`sweep_points`): a log axis
+    of training labels, k's value, or the defaults (``None, None``)."""
+    if x == TRAIN_LABELS:
+        return True, TRAIN_LABELS_XLABEL
+    if x == K_VALUE:
+        return None, "k (expected positives per example)"
+    return None, None
+
+
+def metric_label(metric: str) -> str:
+    """How an axis names a results column: ``test_map`` -> ``test mAP``."""
+    words = metric.replace(".", " ").replace("_", " ").split()
+    return " ".join("mAP" if w.lower() == "map" else w for w in words)
+
+
+def _row_splits(row):
+    from ..pool import cached_splits
+
+    config = row.get("config")
+    config = json.loads(config) if isinstance(config, str) else config
+    if not isinstance(config, dict) or "dataset" not in config:
+        raise ValueError(f"run {row.get('run_id')}: its row has no config naming its dataset")
+    return config, cached_splits(config["dataset"], config.get("regime") or row.get("regime"),
+                                 config.get("dataset_options") or {})
+
+
+def resolved_k(row) -> float:
+    """The k a study row's run trained with (its ``k`` resolved on its splits and seed)."""
+    from ...methods import resolve_k
+
+    config, splits = _row_splits(row)
+    k = resolve_k(config.get("k"), splits, int(row.get("seed") or 0))
+    return float(splits.k if k is None else k)
+
+
+def train_label_count(row) -> int:
+    """The number of observed training labels of a study row's run (Cole et al. Fig. 1's x):
+    ``splits.meta["observed_labels"]`` of the splits its ``config`` names (dataset, options,
+    regime): kept train rows x L for full labels, one a row for a single positive.
+
+    Raises:
+        ValueError: the row has no ``config`` (a row of an older store).
+    """
+    return int(_row_splits(row)[1].meta["observed_labels"])
+
+
+def sweep_points(rows, axis: str, metric: str = "test_map",
+                 x: str | None = None) -> list[SweepLine]:
     """Group selected study rows by (dataset, method, other vary keys) and axis value.
 
     Args:
@@ -64,6 +133,10 @@ def sweep_points(rows, axis: str, metric: str = "test_map") -> list[SweepLine]:
             ``StudyStore.selected()`` returns. Rows whose status is not ``done`` are skipped.
         axis: a vary key (``hparams.alpha``, ``data.subsample``, ``k``, ``regime``).
         metric: the row column on the y axis.
+        x: ``None`` (the axis value), :data:`TRAIN_LABELS`: the point of each axis value is
+            drawn at its runs' number of observed training labels (:func:`train_label_count`;
+            Cole et al. Fig. 1 plots mAP against it on a log axis), or :data:`K_VALUE`: at the
+            k the runs trained with (:func:`resolved_k`).
 
     Returns:
         one :class:`SweepLine` per (dataset, method, other keys): x sorted (numerically when
@@ -92,20 +165,26 @@ def sweep_points(rows, axis: str, metric: str = "test_map") -> list[SweepLine]:
         if value is None:
             raise ValueError(f"run {r.get('run_id')} has no {metric!r}; columns: {sorted(r)}")
         try:
-            x = _axis_value(r, variant, axis)
+            value_x = _axis_value(r, variant, axis)
         except KeyError:
             if axis in r and axis in ("regime", "dataset", "seed", "mode"):
-                x = r[axis]
+                value_x = r[axis]
             else:
                 refs.setdefault((r["dataset"], r["method"]), []).append(float(value))
                 continue
         any_axis = True
+        if x == TRAIN_LABELS:
+            value_x = float(train_label_count(r))
+        elif x == K_VALUE:
+            value_x = round(resolved_k(r), 6)
+        elif x is not None:
+            raise ValueError(f"x must be None, {TRAIN_LABELS!r} or {K_VALUE!r}, got {x!r}")
         others = {k: v for k, v in variant.items() if k != axis}
         label = r["method"] + (" (" + ", ".join(f"{k}={v}" for k, v in sorted(others.items()))
                                + ")" if others else "")
         key = (r["dataset"], r["method"], label)
-        groups.setdefault(key, {}).setdefault(json.dumps(x, sort_keys=True, default=str),
-                                              (x, []))[1].append(float(value))
+        groups.setdefault(key, {}).setdefault(json.dumps(value_x, sort_keys=True, default=str),
+                                              (value_x, []))[1].append(float(value))
     if not any_axis:
         raise ValueError(f"no run varies {axis!r}: the study's vary axes are "
                          f"{axes or 'none (it has no vary: section)'}")
@@ -143,11 +222,20 @@ def sweep_table(lines, axis: str, metric: str = "test_map") -> str:
 
 
 def plot_sweep(lines, axis: str, out, metric: str = "test_map", title: str | None = None,
-               logx: bool | None = None, *, force: bool = False) -> Path:
+               logx: bool | None = None, *, xlabel: str | None = None,
+               force: bool = False) -> Path:
     """Mean +- std (band) of ``metric`` against ``axis``, one line per method, one panel per
     dataset; reference methods as dashed flat lines. ``logx`` (default: automatic) uses a log
-    axis when every x is positive and they span a factor >= 100. Returns the path written
-    (``force``: replace ``out`` if it exists, else the next free name is taken)."""
+    axis when every x is positive and they span a factor >= 100; ``xlabel`` names the x axis
+    (default ``axis``). Returns the path written (``force``: replace ``out`` if it exists,
+    else the next free name is taken). :func:`draw_sweep` draws it."""
+    fig = draw_sweep(lines, axis, metric, title, logx, xlabel=xlabel)
+    return save_figure(fig, out, force=force)
+
+
+def draw_sweep(lines, axis: str, metric: str = "test_map", title: str | None = None,
+               logx: bool | None = None, *, xlabel: str | None = None):
+    """The matplotlib Figure :func:`plot_sweep` writes."""
     lines = list(lines)
     if not lines:
         raise ValueError("no sweep line to plot")
@@ -176,17 +264,19 @@ def plot_sweep(lines, axis: str, out, metric: str = "test_map", title: str | Non
                 ax.set_xscale("log")
         else:
             ax.set_xticks(range(len(cats)), cats, rotation=30, fontsize="small")
-        ax.set(xlabel=axis, ylabel=f"{metric.replace('_', ' ')} (mean ± std over seeds)",
+        ax.set(xlabel=xlabel or axis, ylabel=f"{metric_label(metric)} (mean ± std over seeds)",
                title=ds)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     fig.suptitle(title or f"Sensitivity to {axis}")
-    return save_figure(fig, out, force=force)
+    return fig
 
 
-def sweep_from_study(study_dir, axis: str, metric: str = "test_map") -> tuple[list, str]:
+def sweep_from_study(study_dir, axis: str, metric: str = "test_map",
+                     x: str | None = None) -> tuple[list, str]:
     """:func:`sweep_points` of a study folder's selected rows (the current spec's runs, read by
-    :func:`spmlkit.experiments.study.open_study`), and a title (the study's title).
+    :func:`spmlkit.experiments.study.open_study`; ``x`` as there), and a title (the study's
+    title).
 
     Raises:
         FileNotFoundError: no study folder, ``study.yaml`` or ``results.sqlite`` (named).
@@ -196,4 +286,6 @@ def sweep_from_study(study_dir, axis: str, metric: str = "test_map") -> tuple[li
     if not study.has_results:
         raise FileNotFoundError(f"{study.results_path} is missing: the study has not run yet "
                                 f"(`spml study run` writes it)")
+    if x is not None:
+        return sweep_points(study.selected, axis, metric, x), study.title
     return sweep_points(study.selected, axis, metric), f"{study.title}: sensitivity to {axis}"
