@@ -78,9 +78,19 @@ def read_metrics(run_dir) -> list[dict]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}, line {i}: not a JSON record ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}, line {i}: expected a JSON object, got "
+                             f"{type(record).__name__}")
+        for key in ("epoch", "train_loss", "val_map", "test_map"):
+            value = record.get(key)
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, (int, float))):
+                raise ValueError(f"{path}, line {i}: {key!r} must be a number, got "
+                                 f"{value!r:.100}")
+        records.append(record)
     return records
 
 

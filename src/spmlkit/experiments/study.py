@@ -1622,7 +1622,7 @@ def open_study(out) -> StudyFolder:
     text = (out / SPEC_FILE).read_text(encoding="utf-8")
     run_ids = [t.run_id for t in expand(spec)]
     db = out / RESULTS_FILE
-    stored = StudyStore(db).rows() if db.is_file() else []
+    stored = StudyStore(db).rows() if db.exists() else []  # a folder there: refused
     current = set(run_ids)
     rows = [r for r in stored if r["run_id"] in current]
     stale = [r for r in stored if r["run_id"] not in current]
