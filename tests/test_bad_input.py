@@ -157,7 +157,7 @@ CASES = [
          "steps must be a whole number in [2, 1001]"),
     # ---- a received run folder with a damaged file: the file and the key are named
     case("analyze ap-diff {run} {d}/pgarb --out {d}/o/a.png", "spml analyze ap-diff",
-         "pgarb/predictions.npz: neither a .npy nor a .npz file"),
+         "pgarb/predictions.npz: not a readable .npy or .npz file"),
     case("predict {d}/pkey {d}/x103.npy", "spml predict",
          "pkey/predictions.npz lacks the array(s) ['probs_val', 'y_val']"),
     case("analyze ap-diff {run} {d}/pshape --out {d}/o/a.png", "spml analyze ap-diff",
@@ -189,7 +189,7 @@ CASES = [
     case("figure curves {d}/mstr --out {d}/o/c.png", "spml figure curves",
          "mstr/metrics.jsonl, line 1: 'val_map' must be a number, got 'x'"),
     case("figure landscape {d}/obgarb --out {d}/o/l.png", "spml figure landscape",
-         "obgarb/observed.npy: neither a .npy nor a .npz file"),
+         "obgarb/observed.npy: not a readable .npy or .npz file"),
     # ---- spec files
     case(STUDY + "{d}/specs/utf16.yaml --out {d}/o/e1", "spml study run",
          "utf16.yaml: holds NUL characters, not a text file (UTF-16 without a byte-order mark?)",

@@ -320,7 +320,7 @@ def check_array_file(path) -> None:
             _check_npy_header(fh, os.fstat(fh.fileno()).st_size, str(path))
             return
     if not zipfile.is_zipfile(path):
-        raise ValueError(f"{path}: neither a .npy nor a .npz file (it does not start as one)")
+        raise ValueError(f"{path}: not a readable .npy or .npz file (it does not start as one)")
     try:
         with zipfile.ZipFile(path) as zf:
             for info in zf.infolist():
