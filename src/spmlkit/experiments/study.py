@@ -1380,6 +1380,7 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
     out = make_folder(out)
     with _study_lock(out), _unless_refused(out, created):
         write_text(out / SPEC_FILE, spec.to_yaml())
+        make_folder(out / RUNS_DIR)  # a file in its place: refused here, not by every run
         store = StudyStore(out / RESULTS_FILE)
         tasks = expand(spec)
         status = {r["run_id"]: r["status"] for r in store.rows()}
