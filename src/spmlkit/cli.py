@@ -989,7 +989,7 @@ def build_parser() -> argparse.ArgumentParser:
     where = s.add_mutually_exclusive_group()
     where.add_argument("--dask", choices=["local"], default=None,
                        help="run on a Dask LocalCluster of --jobs worker processes "
-                            "(pip install 'spmlkit[dask]')")
+                            "(pip install -e \".[dask]\" in the clone)")
     where.add_argument("--scheduler", default=None, metavar="ADDRESS",
                        help="run on the Dask cluster of this scheduler (tcp://host:8786); "
                             "the workers need spmlkit and the study folder at the same path")

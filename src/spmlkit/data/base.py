@@ -4,7 +4,7 @@ A *source* (a registered function, see :mod:`spmlkit.data`) returns a :class:`Da
 official training set (the *pool*), the official evaluation set (our *test*, as in all four
 papers), class names, and optionally the official observed labels of the pool. The protocol
 (:func:`make_splits`) then draws the observed labels on the pool with a regime and seed, and
-splits the pool into train / val (METHODS.md section 3), exactly as the official pipeline does.
+splits the pool into train / val (docs/spec.md#protocol), exactly as the official pipeline does.
 
 Your own partially labelled data is the other case: a source given ``train_labels="observed"``
 returns a :class:`Dataset` whose ``observed`` holds the training labels as they were observed

@@ -2,7 +2,7 @@
 example, feature columns and label columns chosen by name or pattern.
 
 Files: ``.csv`` (comma), ``.tsv`` (tab), ``.parquet`` / ``.pq`` (needs pyarrow). pandas reads
-them; both come with the ``tabular`` extra (``pip install "spmlkit[tabular]"``).
+them; both come with the ``tabular`` extra (``pip install -e ".[tabular]"`` in a clone of spmlkit).
 
 Columns:
 
@@ -68,8 +68,11 @@ def _pandas():
     try:
         import pandas
     except ModuleNotFoundError:
+        from ..extras import install_hint
+
         raise ModuleNotFoundError("the tabular source reads files with pandas, which is not "
-                                  "installed: pip install \"spmlkit[tabular]\"") from None
+                                  "installed: " + install_hint("tabular", "pandas pyarrow")
+                                  ) from None
     return pandas
 
 
@@ -94,8 +97,10 @@ def read_table(path, what: str = "table"):
             try:
                 import pyarrow  # noqa: F401
             except ModuleNotFoundError:
-                raise ModuleNotFoundError("reading Parquet files needs pyarrow: pip install "
-                                          "\"spmlkit[tabular]\"") from None
+                from ..extras import install_hint
+
+                raise ModuleNotFoundError("reading Parquet files needs pyarrow: " +
+                                          install_hint("tabular", "pyarrow")) from None
             df = pd.read_parquet(path)
         else:
             df = pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", encoding="utf-8-sig")

@@ -1332,7 +1332,7 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
         checkpoint_seconds: how often a run writes its resumable checkpoint (seconds between
             writes, after an epoch; default
             :data:`spmlkit.methods.base.CHECKPOINT_SECONDS`; 0: every epoch).
-        dask: run on Dask distributed (``pip install 'spmlkit[dask]'``): ``"local"`` for a
+        dask: run on Dask distributed (``pip install -e ".[dask]"`` in the clone): ``"local"`` for a
             ``LocalCluster`` of ``jobs`` worker processes on this machine, or a scheduler's
             address (``"tcp://host:8786"``); the study folder must be visible to the workers at
             the same path (:mod:`spmlkit.experiments.dask_executor`).

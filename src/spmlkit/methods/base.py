@@ -137,9 +137,9 @@ def list_methods() -> list[TrainingMethod]:
 #: method's default.
 SELECTED_LR: dict = {
     **{("finetune", "em_apl", d): (lr, "Zhou et al. 2022, official batch/lr per dataset "
-                                       "(METHODS.md section 5)")
+                                       "(docs/spec.md#zhou)")
        for d, lr in {"voc": 1e-5, "coco": 1e-5, "nuswide": 1e-5, "cub": 1e-4}.items()},
-    **{("finetune", name, None): (1e-5, "Kim et al. 2022, official lr (METHODS.md section 6)")
+    **{("finetune", name, None): (1e-5, "Kim et al. 2022, official lr (docs/spec.md#large-loss)")
        for name in ("ll_r", "ll_ct", "ll_cp")},
 }
 
