@@ -447,6 +447,32 @@ def test_tabular_protocol_splits_all_rows_80_10_10_per_trial_seed(tmp_path):
         make_splits(ds, "1p", protocol="mulan")
 
 
+def test_tabular_protocol_rows_are_the_documented_parts_of_the_permutation(tmp_path):
+    """Pinned against rows computed here, not read back from the split: the 50 rows (40 pool +
+    10 test, in that order) are permuted with RandomState(seed); train is the first 40, val
+    the next 5, test the last 5, each sorted. A row's identity is checked through its
+    features (row i's first feature is i)."""
+    x = np.arange(50 * 2, dtype=np.float32).reshape(50, 2)
+    x[:, 0] = np.arange(50)
+    y = np.zeros((50, 3), np.uint8)
+    y[np.arange(50), np.arange(50) % 3] = 1
+    np.save(tmp_path / "x.npy", x[:40])
+    np.save(tmp_path / "y.npy", y[:40])
+    np.save(tmp_path / "xt.npy", x[40:])
+    np.save(tmp_path / "yt.npy", y[40:])
+    files = {k: str(tmp_path / f) for k, f in (("features", "x.npy"), ("labels", "y.npy"),
+                                                 ("test_features", "xt.npy"),
+                                                 ("test_labels", "yt.npy"))}
+    perm = np.random.RandomState(7).permutation(50)
+    want = {"train": sorted(perm[:40]), "val": sorted(perm[40:45]), "test": sorted(perm[45:])}
+    s = load_splits("arrays", "1p", seed=7, protocol="tabular", **files)
+    for part, rows in want.items():
+        assert getattr(s, part).x[:, 0].astype(int).tolist() == [int(r) for r in rows], part
+        np.testing.assert_array_equal(getattr(s, part).y, y[rows])
+    assert s.meta["val_rows"] == [int(r) for r in want["val"]]
+    assert s.meta["test_rows"] == [int(r) for r in want["test"]]
+
+
 def test_tabular_protocol_on_yeast_standardises_with_its_train_rows():
     s = load_splits("yeast", "1p", seed=2, protocol="tabular")
     assert (len(s.train), len(s.val), len(s.test)) == (1933, 242, 242)

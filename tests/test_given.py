@@ -154,6 +154,23 @@ def test_k_estimate_uses_val_rows_when_training_labels_are_partial(arrays_given,
         resolve_k("estimate:9:point", s, seed=0)
 
 
+def test_k_estimate_bounds_are_the_ends_of_the_95_interval(arrays_given):
+    """``estimate:M:lower|upper`` (the cole-appb preset's k axis): the ends of the normal 95%
+    interval mean -+ 1.959964 sd / sqrt(M) of the M rows' positive counts (sample sd), computed
+    here from the val labels (all 8 rows, so the draw does not matter)."""
+    folder, opts, _ = arrays_given
+    s = load_splits("arrays", "given", **opts)
+    counts = s.val.y.sum(1).astype(float)
+    assert len(counts) == 8 and counts.std() > 0
+    half = 1.959963984540054 * counts.std(ddof=1) / np.sqrt(8)
+    lower, point, upper = (resolve_k(f"estimate:8:{b}", s, seed=0)
+                           for b in ("lower", "point", "upper"))
+    assert point == pytest.approx(counts.mean())
+    assert lower == pytest.approx(max(0.0, counts.mean() - half))
+    assert upper == pytest.approx(counts.mean() + half)
+    assert lower < point < upper
+
+
 # ---- a run: summary, k, what is not measurable -----------------------------------------------
 def test_train_run_on_given_labels_records_the_summary(arrays_given, tmp_path):
     folder, opts, (x, y, z, xt, yt) = arrays_given

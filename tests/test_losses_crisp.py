@@ -42,6 +42,22 @@ def test_estimator_hand_computed():
     assert float(estimate_class_priors(scores, pos, delta=0.5, tau=1.0)[0]) == pytest.approx(0.5)
 
 
+def test_estimator_bound_uses_the_label_s_positive_count():
+    """The bound term has two parts, one with the n rows and one with the label's n_j observed
+    positives. n = 10 rows scoring 9..0, the positives score 9 and 1 (n_j = 2); delta = 0.5,
+    tau = 0. By hand: c = sqrt(log 8 / 20) + sqrt(log 8 / 4) = 0.32245 + 0.72101 = 1.04346.
+    Objective (q + c) / qp: z = 9 (q .1, qp 1/2) 2.2869; z = 8..2 (qp 1/2) larger; z = 1
+    (q .9, qp 1) 1.9435; z = 0 (1, 1) 2.0435. So z_hat = 1 and pi = 0.9. (With n in place of
+    n_j, c = 0.6449 and the top bin would win: z_hat = 9, pi = 0.2.)"""
+    scores = torch.arange(9, -1, -1, dtype=torch.float64).unsqueeze(1)
+    pos = torch.zeros(10, 1, dtype=torch.bool)
+    pos[[0, 8]] = True
+    priors, thresholds = estimate_class_priors(scores, pos, delta=0.5, tau=0.0,
+                                               return_thresholds=True)
+    assert float(thresholds[0]) == 1.0
+    assert float(priors[0]) == pytest.approx(0.9)
+
+
 def test_estimator_top_bin_recovers_the_prior():
     """Positives drawn at random from a class with prior 0.3 (10% of them observed), and a
     score whose top region holds positives only: the estimate is the true prior (Theorem 4.1),

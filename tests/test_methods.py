@@ -93,6 +93,29 @@ def test_every_method_resumes_to_the_uninterrupted_result(name, data, tmp_path):
     assert read_run(cut).status == "finished"
 
 
+@pytest.mark.parametrize("change", [{"lr": 1e-3}, {"epochs": 4}, {"batch_size": 16},
+                                    {"seed": 1}], ids=lambda c: next(iter(c)))
+def test_a_resume_with_another_training_config_is_refused(change, data, tmp_path):
+    """A run interrupted after epoch 1 cannot be continued with another learning rate, epoch
+    count, batch size or seed: the refusal names the train config and the folder is kept."""
+    from spmlkit.methods import ResumeError
+
+    def stop_after_one(record, model, loss):
+        raise Stop
+
+    with pytest.raises(Stop):
+        train("linear", data, tmp_path, on_epoch=stop_after_one)
+    (cut,) = tmp_path.iterdir()
+    with pytest.raises(ResumeError, match=r"other settings \(train: run folder .*"
+                                          + next(iter(change))):
+        train_run("linear", data["features"], "an", {}, TrainConfig(**{**CONFIG, **change}),
+                  resume=cut, dataset_options=data["options"]["features"])
+    assert read_run(cut).status == "failed" and (cut / "checkpoint.pt").is_file()
+    # the same config resumes
+    assert train_run("linear", data["features"], "an", {}, TrainConfig(**CONFIG), resume=cut,
+                     dataset_options=data["options"]["features"])["best_epoch"] >= 1
+
+
 @pytest.mark.parametrize("name", METHODS)
 def test_every_method_predicts_new_inputs_as_it_scored_them(name, data, tmp_path):
     from spmlkit.predict import predict_run

@@ -189,3 +189,39 @@ def test_broken_run_folders_name_the_file(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"two.npz: expected the features under key "
                        r"'features' or 'x'.*holds keys \['a', 'b'\]"):
         read_feature_file(tmp_path / "two.npz")
+
+
+def test_a_score_exactly_on_the_threshold_is_a_label(tmp_path, capsys):
+    """``spml predict`` labels a class when its score is ``>=`` the threshold: a numeric
+    threshold equal to a row's score, and per-class thresholds equal to a row's scores, label
+    that row with exactly those classes (a strict ``>`` would label none)."""
+    import shutil
+
+    from spmlkit.data import load_dataset
+
+    assert main(["train", "--epochs", "1", "--out", str(tmp_path / "runs"), "--quiet"]) == 0
+    (run,) = (tmp_path / "runs").iterdir()
+    feats = tmp_path / "x.npy"
+    np.save(feats, load_dataset("yeast").test.x[:4])
+    capsys.readouterr()
+    assert main(["predict", str(run), str(feats), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    names = doc["class_names"]
+    scores = np.array([[p["scores"][c] for c in names] for p in doc["predictions"]])
+    top = int(np.argmax(scores[0]))
+    assert main(["predict", str(run), str(feats), "--format", "json", "--threshold",
+                 repr(float(scores[0, top]))]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["predictions"][0]["labels"] == [names[top]]
+    # per class: thresholds.json holds row 0's own scores -> row 0 has every class
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    chosen = json.loads((copy / "thresholds.json").read_text())
+    chosen["per_class"] = scores[0].tolist()
+    (copy / "thresholds.json").write_text(json.dumps(chosen))
+    assert main(["predict", str(copy), str(feats), "--format", "json", "--threshold",
+                 "per-class"]) == 0
+    rows = json.loads(capsys.readouterr().out)["predictions"]
+    assert rows[0]["labels"] == names
+    for row, s in zip(rows[1:], scores[1:]):
+        assert row["labels"] == [c for c, v, t in zip(names, s, scores[0]) if v >= t]

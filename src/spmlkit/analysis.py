@@ -31,7 +31,7 @@ import numpy as np
 
 from .labels import UNOBSERVED, validate_full_labels, validate_observed
 from .metrics import per_class_ap
-from .runs import PREDICTIONS_FILE, TRAIN_PROBS_FILE
+from .runs import PREDICTIONS_FILE, TRAIN_PROBS_FILE, load_array, load_arrays
 
 SPLITS = ("train", "val", "test")
 
@@ -64,7 +64,10 @@ def run_file(run_dir, name: str) -> Path:
 
 
 def read_config(run_dir) -> dict:
-    return json.loads(run_file(run_dir, "config.json").read_text())
+    from .runs import read_run
+
+    run_file(run_dir, "config.json")  # missing: says which command writes it
+    return read_run(run_dir).config  # read and checked: damaged entries are named
 
 
 def read_metrics(run_dir) -> list[dict]:
@@ -75,9 +78,19 @@ def read_metrics(run_dir) -> list[dict]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}, line {i}: not a JSON record ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}, line {i}: expected a JSON object, got "
+                             f"{type(record).__name__}")
+        for key in ("epoch", "train_loss", "val_map", "test_map"):
+            value = record.get(key)
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, (int, float))):
+                raise ValueError(f"{path}, line {i}: {key!r} must be a number, got "
+                                 f"{value!r:.100}")
+        records.append(record)
     return records
 
 
@@ -85,12 +98,16 @@ def read_predictions(run_dir) -> dict:
     """The arrays of ``predictions.npz``: ``probs_{train,val,test}``, ``y_{train,val,test}``,
     ``observed`` and ``best_epoch``."""
     path = run_file(run_dir, PREDICTIONS_FILE)
-    with np.load(path, allow_pickle=False) as data:
-        arrays = {k: data[k] for k in data.files}
-    expected = {f"{p}_{s}" for p in ("probs", "y") for s in SPLITS} | {"observed"}
-    missing = sorted(expected - set(arrays))
-    if missing:
-        raise ValueError(f"{path} lacks the arrays {missing}; {PRODUCERS[PREDICTIONS_FILE]}")
+    expected = sorted({f"{p}_{s}" for p in ("probs", "y") for s in SPLITS} | {"observed"})
+    arrays = load_arrays(path, expected, PRODUCERS[PREDICTIONS_FILE])
+    for s in SPLITS:  # what the analyses index: N x L, probabilities and labels alike
+        probs, y = arrays[f"probs_{s}"], arrays[f"y_{s}"]
+        if probs.ndim != 2 or probs.shape != y.shape:
+            raise ValueError(f"{path}: probs_{s} has shape {probs.shape} and y_{s} "
+                             f"{y.shape}; expected the same N x L shape")
+    if arrays["observed"].shape != arrays["y_train"].shape:
+        raise ValueError(f"{path}: observed has shape {arrays['observed'].shape}, y_train "
+                         f"{arrays['y_train'].shape}; expected the same shape")
     return arrays
 
 
@@ -370,9 +387,9 @@ def unobserved_positive_histograms(run_dir, epochs=None, bins: int = 20) -> Hist
         FileNotFoundError: no ``train_probs.npy`` (or ``predictions.npz``, which holds the labels).
         ValueError: an epoch the run does not have.
     """
-    if int(bins) != bins or bins < 1:
-        raise ValueError(f"bins must be a whole number >= 1, got {bins}")
-    probs = np.load(run_file(run_dir, TRAIN_PROBS_FILE), mmap_mode="r", allow_pickle=False)
+    if int(bins) != bins or not 1 <= bins <= 100_000:
+        raise ValueError(f"bins must be a whole number in [1, 100000], got {bins}")
+    probs = load_array(run_file(run_dir, TRAIN_PROBS_FILE), mmap_mode="r")
     pred = read_predictions(run_dir)
     z, y = pred["observed"], pred["y_train"]
     if probs.ndim != 3 or probs.shape[1:] != y.shape:

@@ -99,18 +99,32 @@ def run_thresholds(run, kind: str = "global") -> tuple[np.ndarray | None, str]:
                          f"{kind!r}")
     path = run / THRESHOLDS_FILE
     if path.is_file():
-        chosen = json.loads(path.read_text())
+        try:
+            chosen = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{path}: not valid JSON ({err}); give a numeric --threshold, "
+                             f"e.g. 0.5") from None
+        if not isinstance(chosen, dict):
+            raise ValueError(f"{path}: expected a JSON object with 'global' and 'per_class', "
+                             f"got {type(chosen).__name__}")
     elif (run / PREDICTIONS_FILE).is_file():  # runs from before thresholds.json: from val
         from .metrics import select_thresholds
+        from .runs import load_arrays
 
-        with np.load(run / PREDICTIONS_FILE) as f:
-            chosen = select_thresholds(f["probs_val"], f["y_val"])
+        f = load_arrays(run / PREDICTIONS_FILE, ("probs_val", "y_val"))
+        chosen = select_thresholds(f["probs_val"], f["y_val"])
     else:
         raise FileNotFoundError(f"{path} does not exist (nor {run / PREDICTIONS_FILE}, to choose "
                                 f"thresholds from): give a numeric --threshold, e.g. 0.5")
-    if kind == "global":
-        return np.array([float(chosen["global"])]), kind
-    return np.asarray(chosen["per_class"], dtype=np.float64), kind
+    key = "global" if kind == "global" else "per_class"
+    value = chosen.get(key)
+    values = [value] if key == "global" else value
+    if not isinstance(values, list) or not values or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0
+            for v in values):
+        want = "a number" if key == "global" else "a list of numbers (one per class)"
+        raise ValueError(f"{path}: {key!r} must be {want} in [0, 1], got {value!r:.200}")
+    return np.asarray(values, dtype=np.float64), kind
 
 
 def _expand_images(inputs) -> list[str]:

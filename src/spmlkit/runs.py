@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+#: a name that is one folder inside its parent: what run, study and dataset names must be
+SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 CONFIG_FILE = "config.json"
 OBSERVED_FILE = "observed.npy"
 METRICS_FILE = "metrics.jsonl"
@@ -269,6 +271,94 @@ def load_torch(path, map_location="cpu") -> dict:
     return obj
 
 
+def _human(nbytes: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if nbytes < 1024:
+            return f"{nbytes:.0f} {unit}" if unit == "bytes" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.3g} x 1024 EiB"
+
+
+def _check_npy_header(fh, size: int, where: str) -> None:
+    """The ``.npy`` header read from ``fh`` (at its start; ``size`` bytes in all) describes
+    an array the file can hold: a numeric dtype, and no more data than the file has."""
+    from numpy.lib import format as npy
+
+    try:
+        version = npy.read_magic(fh)
+        if version not in ((1, 0), (2, 0)):
+            return  # a newer format: numpy's own reader checks it
+        read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+        shape, _, dtype = read(fh, max_header_size=100_000)
+    except (ValueError, EOFError, OSError, SyntaxError) as err:
+        raise ValueError(f"{where}: not a readable .npy array ({err})") from None
+    if dtype.hasobject:
+        raise ValueError(f"{where}: holds Python objects (dtype {dtype}), which are not loaded "
+                         f"(they could run code); save a numeric array")
+    count = 1
+    for n in shape:
+        count *= int(n)
+    need, have = count * dtype.itemsize, size - fh.tell()
+    if need > have:
+        raise ValueError(f"{where}: its header claims an array of shape {tuple(shape)} "
+                         f"({dtype}, {_human(need)}) but the file holds {_human(have)} of "
+                         f"data: a truncated or damaged file")
+
+
+def check_array_file(path) -> None:
+    """Check a ``.npy`` / ``.npz`` file before numpy loads it (a header claiming a huge shape
+    would make numpy allocate it first): each array header's shape fits the data there is.
+    Raises ``ValueError`` naming the file (and the array of an ``.npz``); a file that is
+    neither format is named too (numpy would say only that it holds pickled data)."""
+    import zipfile
+
+    path = Path(path)
+    with open(path, "rb") as fh:
+        head = fh.read(6)
+        if head == b"\x93NUMPY":
+            fh.seek(0)
+            _check_npy_header(fh, os.fstat(fh.fileno()).st_size, str(path))
+            return
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"{path}: not a readable .npy or .npz file (it does not start as one)")
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                if info.filename.endswith(".npy"):
+                    with zf.open(info) as fh:
+                        _check_npy_header(fh, info.file_size,
+                                          f"{path}, array {info.filename[:-4]!r}")
+    except (zipfile.BadZipFile, OSError, EOFError) as err:
+        raise ValueError(f"{path}: not a readable .npz file ({err})") from None
+
+
+def load_arrays(path, keys=(), what: str = "") -> dict:
+    """The arrays of the ``.npz`` file ``path`` (checked first: :func:`check_array_file`),
+    all of them loaded; ``keys`` that must be there (the message names the missing ones and
+    ``what`` writes the file)."""
+    path = Path(path)
+    check_array_file(path)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, EOFError, ValueError) as err:
+        raise ValueError(f"{path}: not a readable .npz file ({err})") from None
+    missing = [k for k in keys if k not in arrays]
+    if missing:
+        raise ValueError(f"{path} lacks the array(s) {missing}" + (f"; {what}" if what else ""))
+    return arrays
+
+
+def load_array(path, mmap_mode: str | None = None) -> np.ndarray:
+    """The array of the ``.npy`` file ``path``, checked first (:func:`check_array_file`)."""
+    path = Path(path)
+    check_array_file(path)
+    try:
+        return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
+    except (OSError, EOFError, ValueError) as err:
+        raise ValueError(f"{path}: not a readable .npy file ({err})") from None
+
+
 class RunDir:
     """One run's folder. ``RunDir.create(root, name)`` never reuses an existing folder: if
     ``root/name`` exists it takes ``name-2``, ``name-3``, ... (``os.mkdir`` is atomic).
@@ -289,6 +379,9 @@ class RunDir:
 
     @classmethod
     def create(cls, root, name: str) -> "RunDir":
+        if not SLUG.fullmatch(name):  # never a folder outside root
+            raise ValueError(f"run name {name!r}: expected a slug (letters, digits, . _ -, "
+                             f"starting with a letter or digit), not a path")
         root = make_folder(root)
         for i in range(1, 10_000):
             path = root / (name if i == 1 else f"{name}-{i}")
@@ -441,6 +534,41 @@ def _read_json(path: Path) -> dict:
     return value
 
 
+#: the types of the config.json entries that readers use (a received folder may be damaged)
+_CONFIG_TYPES = {"mode": str, "dataset": str, "regime": str, "loss": str, "hparams": dict,
+                 "train": dict, "options": dict, "dataset_options": (dict, type(None)),
+                 "class_names": list, "k": (int, float, str, type(None))}
+#: TrainConfig entries of ``train`` and their types
+_TRAIN_TYPES = {"epochs": int, "batch_size": int, "lr": (int, float), "seed": int}
+
+
+def _check_config(path: Path, config: dict) -> None:
+    """``config.json``'s entries have the types spmlkit wrote (``ValueError`` naming the key)."""
+    def name(types):
+        types = types if isinstance(types, tuple) else (types,)
+        return " or ".join({"NoneType": "null", "dict": "an object", "list": "a list",
+                            "str": "a string", "int": "a whole number",
+                            "float": "a number"}[t.__name__] for t in types)
+
+    def bad(value, types):
+        return not isinstance(value, types) or (isinstance(value, bool) and bool not in (
+            types if isinstance(types, tuple) else (types,)))
+
+    for key, types in _CONFIG_TYPES.items():
+        if key in config and bad(config[key], types):
+            raise ValueError(f"{path}: {key!r} must be {name(types)}, got "
+                             f"{config[key]!r:.100}; the run folder is damaged")
+    train = config.get("train") or {}
+    for key, types in _TRAIN_TYPES.items():
+        if key in train and bad(train[key], types):
+            raise ValueError(f"{path}: 'train.{key}' must be {name(types)}, got "
+                             f"{train[key]!r:.100}; the run folder is damaged")
+    names = config.get("class_names") or []
+    if not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{path}: 'class_names' must be a list of strings; the run folder is "
+                         f"damaged")
+
+
 def read_run(path) -> Run:
     """Read the run folder ``path``: its config, and its result or failure if any.
 
@@ -456,6 +584,8 @@ def read_run(path) -> Run:
         raise FileNotFoundError(f"{path / CONFIG_FILE} does not exist: {path} is not a run "
                                 f"folder")
     final, failed = path / FINAL_FILE, path / FAILED_FILE
-    return Run(path, _read_json(path / CONFIG_FILE),
+    config = _read_json(path / CONFIG_FILE)
+    _check_config(path / CONFIG_FILE, config)
+    return Run(path, config,
                _read_json(final) if final.is_file() else None,
                _read_json(failed) if failed.is_file() else None)

@@ -14,6 +14,7 @@ from . import image_sources  # noqa: F401  (the image sources' names in one plac
 from .base import Dataset, LabelledSet, Splits, cole_split, make_splits
 from .options import PROTOCOL_OPTIONS, check_source_options, source_parameters
 from .registry import DATASETS
+from ..runs import SLUG
 
 
 def load_dataset(name: str, /, **options) -> Dataset:
@@ -35,6 +36,11 @@ def load_dataset(name: str, /, **options) -> Dataset:
     params = source_parameters(name)
     if "backbone" in options and "backbone" not in params:
         del options["backbone"]  # backbone=None: the source's own items
+    given = options.get("name")
+    if given is not None and not (isinstance(given, str) and SLUG.fullmatch(given)):
+        raise ValueError(f"dataset {name!r}: option name={given!r}: a dataset's name names its "
+                         f"run folders, so it is a slug (letters, digits, . _ -, starting with "
+                         f"a letter or digit), not a path")
     if "features" in options and "features" not in params:
         raise ValueError(f"dataset {name!r}: the features option (feature-extraction settings) "
                          f"needs a backbone (backbone=NAME, or --backbone NAME)")

@@ -49,6 +49,7 @@ import numpy as np
 from ..labels import OFFICIAL_SEED, POSITIVE, positives_to_observed, validate_full_labels, \
     validate_observed
 from .base import Dataset, LabelledSet, check_train_labels, cole_split
+from ..runs import check_array_file
 from .registry import register
 
 MATRIX_SUFFIXES = (".npy", ".npz")
@@ -104,6 +105,7 @@ def load_matrix(path, keys: Sequence[str] = (), what: str = "array",
     if suffix not in MATRIX_SUFFIXES:
         raise ValueError(f"{path}: {what} must be a .npy or .npz file, got {path.suffix or 'no'} "
                          f"extension")
+    check_array_file(path)  # a header claiming a huge shape: refused before numpy allocates it
     try:
         if suffix == ".npy":
             return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)

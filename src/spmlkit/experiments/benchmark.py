@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..runs import write_json, write_text
-from .study import DEFAULT_GRID, REFERENCES, parse_methods
+from .study import DEFAULT_GRID, MAX_RUNS, REFERENCES, parse_methods
 
 DEFAULT_LOSSES = ("an", "an_ls", "wan", "epr", "role", "pr")
 #: the resume file of the benchmarks before they ran as studies (no longer read)
@@ -72,6 +72,8 @@ def benchmark_study(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("
     """
     if not isinstance(seeds, numbers.Integral) or seeds < 1:
         raise ValueError(f"seeds must be an integer >= 1, got {seeds!r}")
+    if seeds > MAX_RUNS:  # before the list of seeds is made
+        raise ValueError(f"seeds: {seeds} seeds: a study has at most {MAX_RUNS} runs")
     observed = observed_labels(dataset_options)
     regime = regime or ("given" if observed else "1p")
     methods = parse_methods(losses, kept_references(references, dataset_options)[0], regime)

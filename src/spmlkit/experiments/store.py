@@ -92,6 +92,9 @@ class StudyStore:
     def __init__(self, path, timeout: float = 60.0):
         self.path = Path(path)
         self.timeout = float(timeout)
+        if self.path.exists() and not self.path.is_file():
+            raise ValueError(f"{self.path} is a folder, not a results store (an SQLite file); "
+                             f"move it aside")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         con = self._connect()
         try:

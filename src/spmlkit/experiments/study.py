@@ -71,6 +71,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -100,6 +101,9 @@ K_BOUNDS = ("lower", "point", "upper")
 #: TrainConfig fields with their own spec key (the rest go under ``train:``)
 _OWN_KEYS = ("epochs", "batch_size", "lr", "seed", "early_stop", "metric")
 SPEC_FILE = "study.yaml"
+#: the most runs one study may expand to (the largest preset has 1200): a spec beyond it is
+#: refused before anything is expanded or written (a typo such as ``seeds: 1000000000``)
+MAX_RUNS = 100_000
 RESULTS_FILE = "results.sqlite"
 LAUNCHES_FILE = "launches.jsonl"
 RUNS_DIR = "runs"
@@ -160,7 +164,24 @@ def parse_methods(losses, references=("bce", "iun"), regime: str = "1p") -> list
 
 # ---- YAML --------------------------------------------------------------------------------------
 class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads ``1e-3`` as a string (its floats need a dot); grids are full of them."""
+    """YAML 1.1 reads ``1e-3`` as a string (its floats need a dot); grids are full of them.
+    A key given twice in one mapping is an error (YAML would keep the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == \
+                        "tag:yaml.org,2002:merge":
+                    continue
+                key = key_node.value
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {key!r} is given twice (lines {seen[key] + 1} and "
+                        f"{key_node.start_mark.line + 1}); YAML would keep only the last",
+                        key_node.start_mark)
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(
@@ -169,10 +190,56 @@ _Loader.add_implicit_resolver(
     list("-+0123456789"))
 
 
+#: the most values a spec may hold, aliases counted each time they are used (a YAML "billion
+#: laughs" document of nested aliases is small as text and enormous as values)
+MAX_SPEC_VALUES = 1_000_000
+
+
+def _check_size(value, where: str) -> None:
+    count, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        count += 1
+        if count > MAX_SPEC_VALUES:
+            raise ValueError(f"{where}: holds more than {MAX_SPEC_VALUES} values (aliases "
+                             f"counted each time they are used); not a study spec")
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+
+
+def read_spec_text(path) -> str:
+    """A spec file's text: UTF-8 (with or without a byte-order mark), or UTF-16 / UTF-32 with
+    one (what some Windows editors save); anything else is a ``ValueError`` naming the file."""
+    import codecs
+
+    data = Path(path).read_bytes()
+    codec = next((c for bom, c in ((codecs.BOM_UTF32_LE, "utf-32"),
+                                   (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+                                   (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+                  if data.startswith(bom)), "utf-8")
+    try:
+        text = data.decode(codec)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not {codec.upper().replace('-SIG', '')} text (byte "
+                         f"{data[err.start:err.start + 1]!r} at offset {err.start}); save the "
+                         f"spec as UTF-8") from None
+    if "\x00" in text:
+        raise ValueError(f"{path}: holds NUL characters, not a text file (UTF-16 without a "
+                         f"byte-order mark?); save the spec as UTF-8")
+    return text
+
+
 def parse_yaml(text: str, where: str = "<text>"):
     """YAML ``text`` (with ``1e-3`` as a number); ``ValueError`` naming ``where`` and the line."""
     try:
-        return yaml.load(text, Loader=_Loader)
+        value = yaml.load(text, Loader=_Loader)
+        _check_size(value, where)
+        return value
+    except RecursionError:
+        raise ValueError(f"{where}: nested too deeply to be a study spec") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f", line {mark.line + 1}" if mark is not None else ""
@@ -367,7 +434,7 @@ def load_study(path_or_preset, overrides=None) -> StudySpec:
                                         f"a study folder or a preset (presets: {names})")
             path = preset
         source, stem = str(path), path.stem if path.name != SPEC_FILE else path.parent.name
-        raw = parse_yaml(path.read_text(encoding="utf-8"), source)
+        raw = parse_yaml(read_spec_text(path), source)
     if not isinstance(raw, dict):
         raise ValueError(f"{source}: a study spec is a mapping of keys (name, datasets, methods, "
                          f"...), got {type(raw).__name__}")
@@ -396,6 +463,13 @@ def _drop_orphan_hparams(raw: dict) -> None:
         warnings.warn(f"--set methods: hparams.{key} names no method of the study now; dropped",
                       stacklevel=3)
         del hparams[key]
+
+
+def _short(values: list, shown: int = 8) -> str:
+    """A list as shown in an error: its first values and how many there are in all."""
+    if len(values) <= shown:
+        return repr(values)
+    return f"[{', '.join(map(repr, values[:shown]))}, ...] ({len(values)} values)"
 
 
 def _fail(source: str, key: str, message: str):
@@ -570,10 +644,14 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
     if isinstance(seeds, (list, tuple)):
         seeds = [_number(s, source, "seeds", int, positive=False) for s in
                  _list(seeds, source, "seeds")]
-        if len(set(seeds)) < len(seeds) or min(seeds) < 0:
-            _fail(source, "seeds", f"expected distinct non-negative integers, got {seeds}")
+        if len(set(seeds)) < len(seeds) or min(seeds) < 0 or max(seeds) >= 2**32:
+            _fail(source, "seeds", f"expected distinct integers in [0, 2**32), got "
+                                   f"{_short(seeds)}")
     else:
-        seeds = list(range(_number(seeds, source, "seeds", int)))
+        count = _number(seeds, source, "seeds", int)
+        if count > MAX_RUNS:
+            _fail(source, "seeds", f"{count} seeds: a study has at most {MAX_RUNS} runs")
+        seeds = list(range(count))
     epochs = _number(raw.get("epochs", 25), source, "epochs", int)
     early_stop = str(raw.get("early_stop", "none"))
     try:
@@ -698,6 +776,15 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
         check_metric(metric)
     except ValueError as err:
         _fail(source, "metric", str(err))
+    runs = sum(len(seeds) * math.prod(len(vary[k]) for k in _axes(None, m, vary))
+               * math.prod(len(grid[k]) for k in _axes(None, m, grid)) for m in methods) \
+        * len(datasets)
+    if runs > MAX_RUNS:
+        axes = ", ".join([f"{len(datasets)} dataset(s)", f"{len(methods)} method(s)",
+                          f"{len(seeds)} seed(s)", *(f"{k}: {len(v)}" for k, v in vary.items()),
+                          *(f"grid.{k}: {len(v)}" for k, v in grid.items())])
+        raise ValueError(f"{source}: the study expands to {runs} runs ({axes}); a study has at "
+                         f"most {MAX_RUNS}: fewer seeds, vary or grid values")
     return StudySpec(name=name, datasets=datasets, methods=methods,
                      title=str(raw.get("title") or name),
                      description=str(raw.get("description") or "").strip(),
@@ -1172,11 +1259,21 @@ def _plain(obj):
 
 # ---- the study ---------------------------------------------------------------------------------
 def _safe_remove(folder: Path, trash: Path) -> None:
-    """Move a stale run folder out of the way atomically (a rename), then delete it."""
-    trash.mkdir(parents=True, exist_ok=True)
+    """Move a stale run folder out of the way atomically (a rename), then delete it; the
+    trash folder goes too once it is empty (another worker may be using it: then it stays,
+    and a worker whose trash folder was just removed makes it again)."""
     target = trash / f"{folder.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-    os.replace(folder, target)
+    for attempt in range(5):
+        trash.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(folder, target)
+            break
+        except FileNotFoundError:
+            if not folder.exists() or attempt == 4:
+                raise
     shutil.rmtree(target, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        trash.rmdir()
 
 
 @contextlib.contextmanager
@@ -1203,6 +1300,18 @@ def _study_lock(out: Path):
         yield
     finally:
         fh.close()
+
+
+@contextlib.contextmanager
+def _unless_refused(out: Path, created: bool):
+    """A launch refused before it was recorded (``launches.jsonl``) leaves no study folder it
+    made itself (a bad --jobs, a missing scheduler file, ...)."""
+    try:
+        yield
+    except BaseException:
+        if created and not (out / LAUNCHES_FILE).exists():
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
 
 @contextlib.contextmanager
@@ -1341,9 +1450,12 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
         from .dask_executor import import_distributed
 
         import_distributed()  # before anything is written: says how to install it
-    out = make_folder(Path(out) if out is not None else STUDIES_ROOT / spec.name)
-    with _study_lock(out):
+    out = Path(out) if out is not None else STUDIES_ROOT / spec.name
+    created = not out.exists()
+    out = make_folder(out)
+    with _study_lock(out), _unless_refused(out, created):
         write_text(out / SPEC_FILE, spec.to_yaml())
+        make_folder(out / RUNS_DIR)  # a file in its place: refused here, not by every run
         store = StudyStore(out / RESULTS_FILE)
         tasks = expand(spec)
         status = {r["run_id"]: r["status"] for r in store.rows()}
@@ -1425,6 +1537,7 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
                         bar.set_postfix_str(f"failed {launch['failures']}, last "
                                             f"{row['method']} {last}")
                         bar.update()
+                    _update_launch(launches, launch)  # a killed launch's record stays true
             launch["finished"] = _now()
         finally:
             bar.close()
@@ -1585,7 +1698,7 @@ def open_study(out) -> StudyFolder:
     text = (out / SPEC_FILE).read_text(encoding="utf-8")
     run_ids = [t.run_id for t in expand(spec)]
     db = out / RESULTS_FILE
-    stored = StudyStore(db).rows() if db.is_file() else []
+    stored = StudyStore(db).rows() if db.exists() else []  # a folder there: refused
     current = set(run_ids)
     rows = [r for r in stored if r["run_id"] in current]
     stale = [r for r in stored if r["run_id"] not in current]

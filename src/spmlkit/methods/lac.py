@@ -115,6 +115,12 @@ ABLATIONS = {
 
 
 # ---- configuration -----------------------------------------------------------------------------
+#: the largest sizes LACConfig takes (a typo such as dim=100000000 would allocate first)
+_LAC_MAX = {"dim": 8192, "heads": 256, "encoder_layers": 64, "decoder_layers": 64,
+            "proj_dim": 8192, "queue_size": 10_000_000, "weak_views": 64, "strong_views": 64,
+            "ffn": 65536}
+
+
 @dataclass
 class LACConfig:
     """LAC's hyperparameters, validated; defaults are the paper's / the authors' code's.
@@ -199,11 +205,16 @@ class LACConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 bad(name, f"must be an integer >= {low}")
+            if value > _LAC_MAX.get(name, value):  # checked before anything is allocated
+                bad(name, f"must be at most {_LAC_MAX[name]} (a size; the paper's is far "
+                          f"smaller)")
         for name in ("ffn", "stage1_epochs", "stage2_epochs", "batch_size"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or value < 1):
                 bad(name, "must be an integer >= 1 or None")
+            if value is not None and value > _LAC_MAX.get(name, value):
+                bad(name, f"must be at most {_LAC_MAX[name]}")
         if self.dim % 4 or self.dim % self.heads:
             bad("dim", f"must be a multiple of 4 and of heads ({self.heads})")
         if not 0.0 <= self.dropout < 1.0:

@@ -29,6 +29,10 @@ def _probs(model, x) -> np.ndarray:
     return torch.sigmoid(predict_logits(model, x.to(device))).cpu().numpy()
 
 
+#: the most memory ``save_train_probs`` may take (the probabilities of every epoch)
+MAX_TRAIN_PROBS_BYTES = 8 * 2**30
+
+
 def fit(ctx: RunContext) -> Fitted:
     splits, options = ctx.splits, ctx.options
     save_probs = bool(options["save_train_probs"])
@@ -39,6 +43,14 @@ def fit(ctx: RunContext) -> Fitted:
         raise ValueError("a run with save_train_probs cannot resume (the probabilities of the "
                          "epochs before the interruption are not in its checkpoint); train it "
                          "again")
+    if save_probs:  # epochs x N x L float16, held in memory until the run ends
+        size = ctx.config.epochs * splits.observed.shape[0] * splits.observed.shape[1] * 2
+        if size > MAX_TRAIN_PROBS_BYTES:
+            raise ValueError(f"save_train_probs: {ctx.config.epochs} epochs of "
+                             f"{splits.observed.shape[0]} x {splits.observed.shape[1]} train "
+                             f"probabilities are {size / 2**30:.1f} GiB, more than the "
+                             f"{MAX_TRAIN_PROBS_BYTES // 2**30} GiB kept in memory; train fewer "
+                             f"epochs or without --save-train-probs")
     x_train = torch.as_tensor(np.asarray(splits.train.x, np.float32))
     head = None  # linear: fit_linear's own nn.Linear, as it always was
     if options["head"] != "linear":

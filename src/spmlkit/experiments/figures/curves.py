@@ -2,7 +2,6 @@
 count and precision of :func:`spmlkit.analysis.pseudo_label_precision` (Zhou et al. Table 2)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -160,8 +159,10 @@ def curves_from_runs(runs, labels=None) -> dict:
         if labels is not None:
             label = str(labels[i])
         else:
-            cfg_path = Path(run) / "config.json"
-            loss = json.loads(cfg_path.read_text()).get("loss") if cfg_path.is_file() else None
+            from ...runs import read_run
+
+            cfg_path = Path(run) / "config.json"  # read and checked: a damaged one is named
+            loss = read_run(run).config.get("loss") if cfg_path.is_file() else None
             label = run_label(run) + (f" ({loss})" if loss else "")
         base, j = label, 2
         while label in out:

@@ -53,8 +53,8 @@ def probability_histograms(probs, observed, y, bins: int = 20, run: str = "") ->
     >>> h.counts.tolist(), h.n.tolist()
     ([[0, 1], [0, 1], [2, 0]], [1, 1, 2])
     """
-    if int(bins) != bins or bins < 1:
-        raise ValueError(f"bins must be a whole number >= 1, got {bins}")
+    if int(bins) != bins or not 1 <= bins <= 100_000:
+        raise ValueError(f"bins must be a whole number in [1, 100000], got {bins}")
     p = np.clip(np.asarray(probs, dtype=np.float64), 0.0, 1.0)
     z, y = np.asarray(observed), np.asarray(y)
     if not p.shape == z.shape == y.shape or p.ndim != 2:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ...analysis import run_file, run_label
+from ...runs import load_array
 from .base import new_canvas, save_figure, source_options
 
 
@@ -93,8 +94,9 @@ def loss_landscape(model, objective, *, steps: int = 21, span: float = 1.0, seed
     """
     import torch
 
-    if int(steps) != steps or steps < 2:
-        raise ValueError(f"steps must be a whole number >= 2, got {steps}")
+    if int(steps) != steps or not 2 <= steps <= 1001:  # steps^2 loss evaluations
+        raise ValueError(f"steps must be a whole number in [2, 1001] (steps^2 loss "
+                         f"evaluations), got {steps}")
     if not span > 0 or not math.isfinite(span):
         raise ValueError(f"span must be a positive number, got {span}")
     params = list(model.parameters())
@@ -175,7 +177,7 @@ def _best_epoch(run) -> int:
 
 
 def _observed(run, n_expected: int | None = None) -> np.ndarray:
-    z = np.load(run_file(run, "observed.npy"), allow_pickle=False)
+    z = load_array(run_file(run, "observed.npy"))
     if n_expected is not None and len(z) != n_expected:
         raise ValueError(f"{Path(run) / 'observed.npy'} has {len(z)} rows but the reloaded train "
                          f"split has {n_expected}: the dataset changed since the run")
