@@ -1,14 +1,14 @@
 """Studies on a Dask cluster started the way its users start one: ``dask scheduler
 --scheduler-file F`` and ``dask worker --scheduler-file F --nworkers 2 --nthreads 1``, each a
 separate process of the real ``dask`` command (as on separate machines; here all on 127.0.0.1),
-then ``spml study run --scheduler-file F``. The study's table equals the local pool's; and the
+then ``spml study run --scheduler-file F``. The study's table equals the local run's; and the
 faults: a worker killed mid-study, the scheduler killed mid-study (then a relaunch against a new
 scheduler), an address that accepts and never answers, malformed addresses.
 
 The workers get one thing the users' do not: ``--preload tests/_dask_pause.py``, which logs the
 epochs each worker trains and, when a test arms it, holds the first run to reach an epoch, so
 that the test knows which task a worker holds when it kills something. Every process started
-here is killed at the end of its fixture; every wait is bounded."""
+here is killed at the end of its fixture or test; every wait is bounded."""
 import json
 import os
 import signal
@@ -168,11 +168,14 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
-    """The same study in the local pool (2 worker processes): its folder."""
+    """The same study run here, planned for 2 workers as the cluster's (so cut into the same 2
+    stacks of 4) but trained in this process, one stack after the other: its folder."""
+    from spmlkit.experiments.pool import InProcessExecutor
+    from spmlkit.experiments.study import run_study
+
     out = tmp_path_factory.mktemp("local") / "study"
-    spec = tmp_path_factory.mktemp("spec") / "c.yaml"
-    spec.write_text(json.dumps(SPEC))
-    assert main(["study", "run", str(spec), "--out", str(out), "--jobs", "2", "--quiet"]) == 0
+    result = run_study(SPEC, out=out, jobs=2, progress=False, executor=InProcessExecutor())
+    assert (result["runs_run"], result["failures"]) == (8, 0)
     return out
 
 
@@ -194,22 +197,37 @@ def spec_file(tmp_path) -> Path:
     return path
 
 
-def spml(args, cluster_env, timeout=WAIT) -> subprocess.CompletedProcess:
-    """``spml ARGS`` as a user runs it, in its own process."""
-    return subprocess.run([str(BIN / "spml"), *map(str, args)], capture_output=True, text=True,
-                          env=cluster_env, timeout=timeout)
+def spml(args, timeout: float = 2 * WAIT) -> int:
+    """``spml ARGS`` in this process (:func:`spmlkit.cli.main`), in a thread that must end
+    within ``timeout`` seconds: a driver that hangs fails the test instead."""
+    result = {}
+
+    def run():
+        try:
+            result["code"] = main([str(a) for a in args])
+        except BaseException as err:  # noqa: BLE001 (handed to the test)
+            result["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"spml {' '.join(map(str, args[:2]))} hangs"
+    if "error" in result:
+        raise result["error"]
+    return result["code"]
 
 
 # ---- the study on the cluster ------------------------------------------------------------------
-def test_a_study_on_a_cluster_of_separate_processes_equals_the_local_pool(
+@pytest.mark.slow
+def test_a_study_on_a_cluster_of_separate_processes_equals_the_local_run(
         cluster, local, tmp_path, capsys):
     """8 stacked linear runs of 2 methods (cut into 2 stacks of 4 for the 2 worker threads)
     on the cluster: every run done, in the workers' processes, and ``spml study table`` equals
-    the local pool's to the last character."""
+    the local run's (same plan, trained in this process) to the last character."""
     out = tmp_path / "study"
     cluster.disarm()
-    code = main(["study", "run", str(spec_file(tmp_path)), "--out", str(out), "--quiet",
-                 "--scheduler-file", str(cluster.file)])
+    code = spml(["study", "run", spec_file(tmp_path), "--out", out, "--quiet",
+                 "--scheduler-file", cluster.file])
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "8 run(s) in " in printed and f"on Dask scheduler {cluster.address}" in printed
@@ -223,27 +241,32 @@ def test_a_study_on_a_cluster_of_separate_processes_equals_the_local_pool(
 
 
 # ---- faults ------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_worker_killed_mid_study_is_retried_and_changes_nothing(cluster, local, tmp_path,
                                                                    capsys, caplog):
     """The first stack to reach epoch 2 holds; its worker process is SIGKILLed (the nanny starts
     a fresh one). The scheduler (``allowed-failures`` 0) reports the death, the driver submits
-    that stack again, and every row equals the local pool's."""
+    that stack again, and every row equals the local run's."""
     out = tmp_path / "study"
     cluster.arm(2)
     result = {}
-    driver = threading.Thread(target=lambda: result.update(code=main([
-        "study", "run", str(spec_file(tmp_path)), "--out", str(out), "--quiet",
-        "--scheduler-file", str(cluster.file)])), daemon=True)
-    try:
-        driver.start()
+
+    def kill_the_holder():
         pid, held = cluster.paused()
-        assert len(held) == 4 and pid != os.getpid()  # one stack of the two
+        assert pid != os.getpid()
         os.kill(pid, signal.SIGKILL)
-        driver.join(WAIT)
-        assert not driver.is_alive(), "the study hangs after a worker was killed"
+        result["held"] = held
+
+    killer = threading.Thread(target=kill_the_holder, daemon=True)
+    try:
+        killer.start()
+        assert spml(["study", "run", spec_file(tmp_path), "--out", out, "--quiet",
+                     "--scheduler-file", cluster.file]) == 0
+        killer.join(WAIT)
     finally:
         cluster.disarm()
-    assert result["code"] == 0
+    held = result["held"]
+    assert len(held) == 4  # one stack of the two
     (message,) = [r.getMessage() for r in caplog.records if "died while running" in
                   r.getMessage()]
     task = message.split("died while running task ")[1].split(" ")[0]
@@ -254,6 +277,7 @@ def test_a_worker_killed_mid_study_is_retried_and_changes_nothing(cluster, local
     wait_until("the nanny's fresh worker", lambda: cluster.worker_count() == 2, poll=0.25)
 
 
+@pytest.mark.slow
 def test_the_scheduler_killed_mid_study_ends_it_with_one_line_and_a_relaunch_finishes_it(
         cluster, local, tmp_path, capsys):
     """On a second cluster (one worker process of 2 threads: cheaper to start), one stack holds
@@ -287,10 +311,11 @@ def test_the_scheduler_killed_mid_study_ends_it_with_one_line_and_a_relaunch_fin
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr  # nothing but the error line
     (line,) = lines
-    assert line.startswith(f"spml study run: error: lost the Dask scheduler "
-                           f"{doomed.read()['address']} (")
-    assert line.endswith(f"4 of 8 runs are done and kept in {out}, the same command against a "
-                         f"running scheduler runs the 4 missing ones")
+    assert line == (f"spml study run: error: lost the Dask scheduler "
+                    f"{doomed.read()['address']} (the connection to it closed); the runs in "
+                    f"flight are lost with it, the finished ones are kept; 4 of 8 runs are done "
+                    f"and kept in {out}, the same command against a running scheduler runs the "
+                    f"4 missing ones")
     before = StudyStore(out / "results.sqlite").rows()
     assert [r["status"] for r in before] == ["done"] * 4
     assert not held & {r["run_id"] for r in before}
@@ -298,7 +323,7 @@ def test_the_scheduler_killed_mid_study_ends_it_with_one_line_and_a_relaunch_fin
     assert (launch["runs_run"], launch["finished"]) == (4, None)
 
     cluster.disarm()
-    assert main([*map(str, args), "--scheduler-file", str(cluster.file)]) == 0
+    assert spml([*args, "--scheduler-file", cluster.file]) == 0
     assert "4 run(s) in " in capsys.readouterr().out
     launch = json.loads((out / "launches.jsonl").read_text().splitlines()[-1])
     assert (launch["runs_done_before"], launch["runs_run"]) == (4, 4)
@@ -325,8 +350,8 @@ def test_an_address_that_never_answers_is_refused_within_the_connect_timeout(tmp
     out = tmp_path / "s"
     try:
         start = time.monotonic()
-        code = main(["study", "run", str(spec_file(tmp_path)), "--out", str(out), "--quiet",
-                     "--scheduler", f"tcp://127.0.0.1:{port}", "--connect-timeout", "1"])
+        code = spml(["study", "run", spec_file(tmp_path), "--out", out, "--quiet",
+                     "--scheduler", f"tcp://127.0.0.1:{port}", "--connect-timeout", "1"], 30)
         seconds = time.monotonic() - start
     finally:
         server.close()
@@ -355,8 +380,8 @@ def test_a_malformed_address_is_refused_at_once(tmp_path, capsys, address, says)
 
     out = tmp_path / "s"
     start = time.monotonic()
-    code = main(["study", "run", str(spec_file(tmp_path)), "--out", str(out), "--quiet",
-                 "--scheduler", address])
+    code = spml(["study", "run", spec_file(tmp_path), "--out", out, "--quiet",
+                 "--scheduler", address], 30)
     seconds = time.monotonic() - start
     gc.collect()  # a half-made client would complain here (Client.__del__)
     err = capsys.readouterr().err
@@ -366,6 +391,7 @@ def test_a_malformed_address_is_refused_at_once(tmp_path, capsys, address, says)
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_workers_address_is_refused_as_not_a_scheduler(cluster, tmp_path, capsys):
     import asyncio
 
@@ -380,9 +406,34 @@ def test_a_workers_address_is_refused_as_not_a_scheduler(cluster, tmp_path, caps
             comm.abort()
 
     worker = next(iter(asyncio.run(asyncio.wait_for(ask(), 10))["workers"]))
-    code = main(["study", "run", str(spec_file(tmp_path)), "--out", str(tmp_path / "s"),
-                 "--quiet", "--scheduler", worker])
+    code = spml(["study", "run", spec_file(tmp_path), "--out", tmp_path / "s", "--quiet",
+                 "--scheduler", worker], 30)
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith(f"spml study run: error: {worker} answered, but as Worker and not "
                           f"as a Dask scheduler")
+
+
+@pytest.mark.parametrize("given, address", [
+    ("tcp://127.0.0.1:8786", "tcp://127.0.0.1:8786"),
+    ("127.0.0.1:8786", "tcp://127.0.0.1:8786"),  # as dask reads it
+    (" tcp://host0:8786 ", "tcp://host0:8786"),
+    ("tls://[::1]:8786", "tls://[::1]:8786"),
+])
+def test_addresses_that_name_a_scheduler(given, address):
+    from spmlkit.experiments.dask_executor import check_address
+
+    assert check_address(given) == address
+
+
+def test_options_that_do_not_fit_a_running_cluster_are_refused(tmp_path, capsys):
+    base = ["study", "run", str(spec_file(tmp_path)), "--out", str(tmp_path / "s"), "--quiet"]
+    assert main(base + ["--scheduler", "tcp://127.0.0.1:8786", "--jobs", "4"]) == 2
+    assert "jobs (4) is the size of a local pool or a Dask LocalCluster; a running Dask " \
+           "cluster has the workers it has" in capsys.readouterr().err
+    assert main(base + ["--dask", "local", "--connect-timeout", "5"]) == 2
+    assert "connect_timeout is for a running Dask cluster" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(base + ["--scheduler", "tcp://127.0.0.1:8786", "--connect-timeout", "0"])
+    assert "expected a finite number > 0, got '0'" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()

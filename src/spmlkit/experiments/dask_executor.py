@@ -81,10 +81,7 @@ class SchedulerLost(ConnectionError):
 def check_address(address) -> str:
     """``address`` if it names a Dask scheduler as a client can reach it
     (``PROTOCOL://HOST:PORT`` with a Dask protocol: tcp, tls, ws, wss, ucx; ``HOST:PORT`` means
-    tcp), else a ValueError that says what is wrong with it.
-
-    >>> check_address("tcp://127.0.0.1:8786")
-    'tcp://127.0.0.1:8786'
+    tcp; returned as ``tcp://HOST:PORT``), else a ValueError that says what is wrong with it.
     """
     import_distributed()
     from distributed.comm import registry
@@ -364,7 +361,7 @@ class DaskExecutor(Executor):
         """Raise :class:`SchedulerLost` if the client lost its scheduler."""
         status = getattr(self.client, "status", "running")
         if status not in ("running", "newly-created"):
-            raise self.lost(f"the connection closed; the client is {status}")
+            raise self.lost("the connection to it closed")
 
     def worker_pids(self) -> dict:
         """``{worker address: process id}`` of the workers now."""
@@ -415,12 +412,14 @@ class DaskExecutor(Executor):
                     if status == "finished":
                         yield tasks[i], result
                         continue
-                    if status == "cancelled":  # by the client, when it lost its scheduler
-                        lost = True
-                        raise self.lost(f"{result}" if result else "the connection closed")
+                    reason = getattr(result, "reason", None)
+                    if status == "cancelled" and (reason == "scheduler-connection-lost" or
+                                                  client.status != "running"):
+                        lost = True  # the client cancels every task when it loses its scheduler
+                        raise self.lost("the connection to it closed")
                     if status != "error":
                         raise RuntimeError(f"task {describe_task(tasks[i])} ended as "
-                                           f"{status!r} on the Dask cluster ({result!r})")
+                                           f"{status!r} on the Dask cluster ({result})")
                     _, err, traceback = result
                     if not isinstance(err, distributed.KilledWorker):
                         raise err.with_traceback(traceback)  # the task's own exception
