@@ -134,48 +134,33 @@ def test_run_resume_partial_folder_and_selection(tmp_path):
                                  "missing": 0, "stale": 0}
 
 
-def kill_a_busy_worker(monkeypatch, s, out, **kw):
-    """``run_study(s, out, jobs=2, **kw)`` in a thread; once a run is in the store, SIGKILL (the
-    out-of-memory killer's signal) a worker that runs a task. Returns the study's result, the
-    worker's pid and its task."""
-    import os
-    import signal
-    import threading
-    import time
+def kill_a_busy_worker(s, out, paused, **kw):
+    """``run_study(s, out, **kw)`` on a local pool of 2 worker processes, in a thread; the first
+    run to log epoch 1 holds there (:func:`_pool_tasks.pause_at_epoch`) and its worker process
+    is SIGKILLed (the out-of-memory killer's signal), so the run that the killed worker held is
+    known, not guessed. Returns the study's result, the worker's pid and the run's task."""
+    import dataclasses
 
-    from spmlkit.experiments import pool
+    from _pool_tasks import Pausing, kill_when_paused
 
-    executors = []
+    from spmlkit.experiments.pool import LocalExecutor
 
-    class Recorded(pool.LocalExecutor):
-        def __init__(self, *args, **kw):
-            super().__init__(*args, **kw)
-            executors.append(self)
-
-    monkeypatch.setattr(pool, "LocalExecutor", Recorded)
-    result = {}
-    thread = threading.Thread(target=lambda: result.update(
-        run_study(s, out=out, jobs=2, progress=False, **kw)), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not (out / "results.sqlite").exists() or not StudyStore(out / "results.sqlite").rows():
-        assert time.monotonic() < deadline and thread.is_alive(), "no run finished"
-        time.sleep(0.02)
-    pid, task = next(iter(executors[0].running().items()))
-    os.kill(pid, signal.SIGKILL)
-    thread.join(120)
-    assert not thread.is_alive(), "the study hangs after a worker was killed"
-    return result, pid, task
+    paused.mkdir()
+    executor = Pausing(LocalExecutor(2), {"dir": str(paused), "epoch": 1})
+    result, pid, run_id = kill_when_paused(lambda: run_study(
+        s, out=out, progress=False, executor=executor, **kw), paused, timeout=120)
+    (task,) = [t for t in expand(s) if t.run_id == run_id]
+    return result, pid, dataclasses.asdict(task)
 
 
-def test_a_worker_killed_mid_study_is_retried_and_changes_nothing(tmp_path, monkeypatch,
-                                                                    caplog):
-    """A busy worker SIGKILLed during ``run_study``: the study finishes, the run it was running
-    is retried and done, and every number equals that of the same study in one process."""
+def test_a_worker_killed_mid_study_is_retried_and_changes_nothing(tmp_path, caplog):
+    """A busy worker SIGKILLed during ``run_study`` (while the run it holds waits at epoch 1,
+    so the test knows which run that is): the study finishes, that run is retried and done,
+    and every number equals that of the same study in one process."""
     s = load_study(spec(seeds=2, grid={"batch_size": [16], "lr": [1e-3, 1e-2]}))
     out = tmp_path / "killed"
-    # one run per task (a stacked group of several runs finishes too fast to be caught busy)
-    result, pid, task = kill_a_busy_worker(monkeypatch, s, out, vectorise=False)
+    # one run per task: the log names the run
+    result, pid, task = kill_a_busy_worker(s, out, tmp_path / "paused", vectorise=False)
     assert (result["runs_run"], result["failures"]) == (8, 0)
     assert f"worker process {pid} died while running task {task['run_id']} (killed by " \
            f"SIGKILL, e.g. out of memory); running it again alone" in caplog.text
@@ -253,12 +238,12 @@ def test_a_stopped_launch_resumes_its_runs_from_their_checkpoints(tmp_path):
     assert [[r[c] for c in NUMBERS] for r in rows] == [[r[c] for c in NUMBERS] for r in one]
 
 
-def test_a_run_whose_worker_died_is_recorded_failed_with_the_reason(tmp_path, monkeypatch):
+def test_a_run_whose_worker_died_is_recorded_failed_with_the_reason(tmp_path):
     """``retries=0``: the killed worker's run is lost at once, recorded as ``failed`` (with the
     reason as its error) and counted; the other runs finish."""
     s = load_study(spec(seeds=2))
     out = tmp_path / "lost"
-    result, _, task = kill_a_busy_worker(monkeypatch, s, out, retries=0,
+    result, _, task = kill_a_busy_worker(s, out, tmp_path / "paused", retries=0,
                                          vectorise=False)  # one run per task
     assert (result["runs_run"], result["failures"]) == (4, 1)
     (failed,) = StudyStore(out / "results.sqlite").rows(status="failed")

@@ -798,9 +798,10 @@ def cmd_study(args) -> int:
                                mlflow=args.mlflow, argv=sys.argv,
                                retry_failed=args.retry_failed, retries=args.retries,
                                threads=args.threads, checkpoint_seconds=args.checkpoint_seconds,
-                               dask=args.dask or args.scheduler,
+                               dask=args.dask if args.scheduler is None else args.scheduler,
                                scheduler_file=args.scheduler_file,
-                               vectorise=not args.no_vectorise)
+                               vectorise=not args.no_vectorise,
+                               connect_timeout=args.connect_timeout)
         except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (kill, timeout)
             out = args.out or st.STUDIES_ROOT / spec.name
             with contextlib.suppress(Exception):
@@ -808,6 +809,20 @@ def cmd_study(args) -> int:
                 print(f"{spec.name}: stopped with {s['done']} of {s['total']} runs done; the "
                       f"same command runs the {s['missing']} missing ones", file=sys.stderr)
             raise
+        except ConnectionError as err:
+            from .experiments.dask_executor import SchedulerLost
+
+            if not isinstance(err, SchedulerLost):
+                raise
+            out = args.out or st.STUDIES_ROOT / spec.name
+            where = ""
+            with contextlib.suppress(Exception):
+                s = st.study_status(out)
+                where = (f"; {s['done']} of {s['total']} runs are done and kept in {out}, "
+                         f"the same command against a running scheduler runs the "
+                         f"{s['missing']} missing ones")
+            _fail(_prog(args), f"{err}{where}")
+            return 1
         print(f"{spec.name}: {res['runs_run']} run(s) in {res['seconds']:.1f} s on "
               f"{res['executor']}, {res['failures']} failed; "
               f"{res['runs_done_before']} of {res['runs_total']} were finished before")
@@ -1162,6 +1177,9 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--scheduler-file", default=None, metavar="PATH",
                        help="run on the Dask scheduler this JSON file names (dask scheduler "
                             "--scheduler-file PATH, dask-jobqueue)")
+    s.add_argument("--connect-timeout", type=_positive, default=None, metavar="S",
+                   help="seconds the Dask scheduler (--scheduler, --scheduler-file) gets to "
+                        "answer before the launch is refused (default 30)")
     s = ssub.add_parser("status", help="runs done / failed / missing of a study folder")
     s.add_argument("dir", metavar="DIR")
     s = ssub.add_parser("table", help="the paper-style table of a study folder (mean ± std "

@@ -34,11 +34,27 @@ death reaches the driver: exactly ``retries`` more tries, each logged) and
 hears of it, so ``retries`` counts in steps of 4 there: start the scheduler with
 ``DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES=0`` for the exact count. Unlike the local pool,
 a retried task is not run alone: on a cluster the workers do not share one machine's memory.
+
+Connecting and losing the scheduler:
+
+- an address is checked before anything connects (:func:`check_address`: ``tcp://HOST:PORT``,
+  or another Dask protocol; a web address or a missing port is refused at once), and a
+  scheduler file must hold one;
+- the scheduler must answer Dask's handshake and say that it is a scheduler within
+  ``connect_timeout`` seconds (a port that accepts the connection and then says nothing, or a
+  worker's address, is refused with the reason, not waited on for ever);
+- a scheduler lost while the tasks run (it was killed, its machine went away) ends the run with
+  :class:`SchedulerLost` at once: the results already yielded are the caller's (a study has
+  stored them), the tasks in flight are lost with the scheduler, and a new launch against a
+  new scheduler runs what is missing.
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -55,6 +71,113 @@ POLL_SECONDS = 0.05
 #: seconds after which the workers are counted again (workers that joined or left)
 RECOUNT_SECONDS = 2.0
 INSTALL_HINT = install_hint("dask", "'dask[distributed]'")
+ADDRESS_HINT = ("give the address `dask scheduler` prints, tcp://HOST:PORT (port 8786 by "
+                "default), or --scheduler-file with the file it wrote")
+
+
+class SchedulerLost(ConnectionError):
+    """The Dask scheduler went away while the tasks ran (the connection to it closed)."""
+
+
+def check_address(address) -> str:
+    """``address`` if it names a Dask scheduler as a client can reach it
+    (``PROTOCOL://HOST:PORT`` with a Dask protocol: tcp, tls, ws, wss, ucx; ``HOST:PORT`` means
+    tcp; returned as ``tcp://HOST:PORT``), else a ValueError that says what is wrong with it.
+    """
+    import_distributed()
+    from distributed.comm import registry
+    from distributed.comm.addressing import parse_host_port
+
+    if not isinstance(address, str) or not address.strip():
+        raise ValueError(f"the Dask scheduler address is empty ({address!r}): {ADDRESS_HINT}")
+    text = address.strip()
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "tcp", text
+    scheme = scheme.lower()
+    if scheme in ("http", "https"):
+        raise ValueError(f"the Dask scheduler address {address!r} is a web address (the "
+                         f"dashboard's?); the scheduler speaks its own protocol: "
+                         f"{ADDRESS_HINT}")
+    schemes = sorted(set(registry.backends) - {"inproc"})
+    if scheme not in schemes:
+        raise ValueError(f"the Dask scheduler address {address!r} has the protocol "
+                         f"{scheme!r}; expected one of {', '.join(schemes)}: {ADDRESS_HINT}")
+    try:
+        host, port = parse_host_port(rest)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"the Dask scheduler address {address!r} is not HOST:PORT ({err}): "
+                         f"{ADDRESS_HINT}") from None
+    if not host or not 0 < int(port) < 65536:
+        raise ValueError(f"the Dask scheduler address {address!r} is not HOST:PORT with a port "
+                         f"in 1-65535: {ADDRESS_HINT}")
+    return f"{scheme}://{rest}"
+
+
+def address_from_file(path) -> str:
+    """The scheduler address a scheduler file (``dask scheduler --scheduler-file PATH``)
+    holds; a ValueError naming the file when it holds none."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            info = json.load(fh)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"Dask scheduler file {path} is not the JSON file `dask scheduler "
+                         f"--scheduler-file` writes ({err})") from None
+    address = info.get("address") if isinstance(info, dict) else None
+    if not isinstance(address, str):
+        raise ValueError(f"Dask scheduler file {path} has no 'address' (the JSON file `dask "
+                         f"scheduler --scheduler-file` writes)")
+    try:
+        return check_address(address)
+    except ValueError as err:
+        raise ValueError(f"Dask scheduler file {path}: {err}") from None
+
+
+def probe_scheduler(address: str, timeout: float) -> None:
+    """Connect to ``address``, do Dask's handshake and ask who is there, all within
+    ``timeout`` seconds (Dask's own connect bounds the TCP connect, not the handshake: a port
+    that accepts and never answers would hold a client for ever). Raises ConnectionError
+    saying why when nothing answers in time, the connection fails, or what answers is not a
+    Dask scheduler."""
+    import asyncio
+
+    distributed = import_distributed()
+    from distributed.comm import connect
+
+    async def ask():
+        args = distributed.Security().get_connection_args("client")
+        comm = await connect(address, timeout=timeout, **args)
+        try:
+            await comm.write({"op": "identity", "reply": True})
+            return await comm.read()
+        finally:
+            comm.abort()
+
+    answer: dict = {}
+
+    def run():
+        try:
+            answer["identity"] = asyncio.run(asyncio.wait_for(ask(), timeout))
+        except BaseException as err:  # noqa: BLE001 (handed to the caller)
+            answer["error"] = err
+
+    thread = threading.Thread(target=run, name="spmlkit-dask-probe", daemon=True)
+    thread.start()
+    thread.join(timeout + 5.0)  # the wait_for above ends it; this only bounds the unforeseen
+    err = answer.get("error")
+    if thread.is_alive() or isinstance(err, (TimeoutError, asyncio.TimeoutError)):
+        raise ConnectionError(f"the Dask scheduler at {address} did not answer within "
+                              f"{timeout:g} s (--connect-timeout): is a Dask scheduler "
+                              f"running there? {ADDRESS_HINT}")
+    if err is not None:
+        raise ConnectionError(f"could not reach the Dask scheduler at {address} "
+                              f"({type(err).__name__}: {err}); start one with `dask "
+                              f"scheduler` and {ADDRESS_HINT}")
+    identity = answer.get("identity")
+    kind = identity.get("type") if isinstance(identity, dict) else None
+    if kind != "Scheduler":
+        raise ConnectionError(f"{address} answered, but as {kind or 'something'} and not as a "
+                              f"Dask scheduler: {ADDRESS_HINT}")
 
 
 def import_distributed():
@@ -115,16 +238,19 @@ class DaskExecutor(Executor):
             machine's cores).
         client: a ``distributed.Client`` made in Python (on a dask-jobqueue ``SLURMCluster``,
             say); it is used as it is and left open.
+        connect_timeout: seconds the scheduler gets to answer (default
+            :data:`CONNECT_TIMEOUT`).
 
     Raises:
-        ValueError: both a scheduler and a scheduler file, or worker counts on a cluster that
-            is not started here.
+        ValueError: both a scheduler and a scheduler file, worker counts on a cluster that
+            is not started here, or an address that is not one (:func:`check_address`).
         FileNotFoundError: the scheduler file does not exist.
         ModuleNotFoundError: dask distributed is not installed.
     """
 
     def __init__(self, scheduler: str | None = None, *, scheduler_file=None,
-                 n_workers: int | None = None, threads: int | None = None, client=None):
+                 n_workers: int | None = None, threads: int | None = None, client=None,
+                 connect_timeout: float = CONNECT_TIMEOUT):
         if sum(x is not None for x in (scheduler, scheduler_file, client)) > 1:
             raise ValueError("give the Dask scheduler's address, its scheduler file or a "
                              "client, one of them")
@@ -134,7 +260,14 @@ class DaskExecutor(Executor):
         if scheduler_file is not None and not Path(scheduler_file).is_file():
             raise FileNotFoundError(f"Dask scheduler file {scheduler_file} does not exist (the "
                                     f"JSON file `dask scheduler --scheduler-file PATH` writes)")
+        if isinstance(connect_timeout, bool) or not (
+                isinstance(connect_timeout, (int, float)) and 0 < connect_timeout < 1e6):
+            raise ValueError(f"connect_timeout (seconds the Dask scheduler gets to answer) must "
+                             f"be a positive number, got {connect_timeout!r}")
         import_distributed()
+        if scheduler is not None:
+            scheduler = check_address(scheduler)
+        self.connect_timeout = float(connect_timeout)
         self.scheduler = scheduler
         self.scheduler_file = None if scheduler_file is None else str(scheduler_file)
         self.local = scheduler is None and scheduler_file is None and client is None
@@ -153,6 +286,9 @@ class DaskExecutor(Executor):
             return f"Dask LocalCluster of {self.n_workers or os.cpu_count() or 1} worker(s)"
         if self.given is not None:
             return f"Dask scheduler {self.given.scheduler.address}"
+        if self.client is not None:
+            return f"Dask scheduler {self.address()}" + (
+                f" (from {self.scheduler_file})" if self.scheduler_file else "")
         return f"Dask scheduler {self.scheduler or 'from ' + str(self.scheduler_file)}"
 
     # ---- connecting -----------------------------------------------------------------------
@@ -168,17 +304,15 @@ class DaskExecutor(Executor):
             self.cluster = local_cluster(self.n_workers or os.cpu_count() or 1)
             self.client = distributed.Client(self.cluster, set_as_default=False)
         else:
-            where = self.scheduler or f"the scheduler of {self.scheduler_file}"
+            address = self.scheduler or address_from_file(self.scheduler_file)
+            probe_scheduler(address, self.connect_timeout)
             try:
-                self.client = distributed.Client(self.scheduler,
-                                                 scheduler_file=self.scheduler_file,
-                                                 timeout=CONNECT_TIMEOUT, set_as_default=False)
+                self.client = distributed.Client(address, timeout=self.connect_timeout,
+                                                 set_as_default=False)
             except (OSError, TimeoutError) as err:
-                raise ConnectionError(f"could not reach the Dask scheduler at {where} within "
-                                      f"{CONNECT_TIMEOUT:g} s ({type(err).__name__}: {err}); "
-                                      f"start one with `dask scheduler` and give its address "
-                                      f"(tcp://host:8786)") from None
-        self.client.register_plugin(_worker_plugin(self.threads))
+                raise ConnectionError(f"could not connect to the Dask scheduler at {address} "
+                                      f"within {self.connect_timeout:g} s "
+                                      f"({type(err).__name__}: {err}); {ADDRESS_HINT}") from None
         return self.client
 
     def close(self) -> None:
@@ -186,13 +320,49 @@ class DaskExecutor(Executor):
         here."""
         client, cluster, self.client, self.cluster = self.client, self.cluster, None, None
         if client is not None and client is not self.given:
-            client.close()
+            lost = client.status not in ("running", "newly-created")
+            # a client that lost its scheduler tries to reconnect; closing it cancels that, and
+            # dask logs the cancelled attempt as an error with two tracebacks: the loss was
+            # reported already (SchedulerLost), so that log is held back while it closes
+            quiet = logging.getLogger("distributed.client")
+            level = quiet.level
+            if lost:
+                quiet.setLevel(logging.CRITICAL + 1)
+            try:
+                client.close(timeout=self.connect_timeout)
+            except (OSError, TimeoutError, RuntimeError):  # a lost scheduler: nothing to tell
+                pass
+            finally:
+                if lost:
+                    quiet.setLevel(level)
         if cluster is not None:
             cluster.close()
 
     def slots(self) -> int:
         """Tasks to keep in flight: the cluster's worker threads now (at least 1)."""
-        return max(1, sum(self.client.nthreads().values()))
+        self.check_connected()
+        try:
+            return max(1, sum(self.client.nthreads().values()))
+        except (OSError, TimeoutError) as err:
+            raise self.lost(f"{type(err).__name__}: {err}") from None
+
+    def address(self) -> str:
+        """The scheduler's address (of the client, once connected)."""
+        client = self.client or self.given
+        with contextlib.suppress(Exception):
+            return client.scheduler.address
+        return self.scheduler or f"the scheduler of {self.scheduler_file}"
+
+    def lost(self, why: str) -> SchedulerLost:
+        """The :class:`SchedulerLost` of this cluster, with ``why``."""
+        return SchedulerLost(f"lost the Dask scheduler {self.address()} ({why}); the runs "
+                             f"in flight are lost with it, the finished ones are kept")
+
+    def check_connected(self) -> None:
+        """Raise :class:`SchedulerLost` if the client lost its scheduler."""
+        status = getattr(self.client, "status", "running")
+        if status not in ("running", "newly-created"):
+            raise self.lost("the connection to it closed")
 
     def worker_pids(self) -> dict:
         """``{worker address: process id}`` of the workers now."""
@@ -206,13 +376,24 @@ class DaskExecutor(Executor):
         deaths: dict[int, int] = {}
         pending: dict = {}  # future -> task index
         client = self.connect()
+        try:  # every worker, present and future, sets its torch threads first
+            client.register_plugin(_worker_plugin(self.threads))
+        except (OSError, TimeoutError) as err:
+            self.close()
+            raise self.lost(f"{type(err).__name__}: {err}") from None
         # results are fetched as soon as a task finishes: a result left on a worker that dies
         # before it is fetched would be computed again
         done = distributed.as_completed([], loop=client.loop, with_results=True,
                                         raise_errors=False)
         counted, slots = 0.0, 1
+        lost = False
         try:
             while todo or pending:
+                try:
+                    self.check_connected()
+                except SchedulerLost:
+                    lost = True
+                    raise
                 if todo and time.monotonic() - counted > RECOUNT_SECONDS:
                     counted, slots = time.monotonic(), self.slots()
                 while todo and len(pending) < slots:
@@ -232,9 +413,14 @@ class DaskExecutor(Executor):
                     if status == "finished":
                         yield tasks[i], result
                         continue
+                    reason = getattr(result, "reason", None)
+                    if status == "cancelled" and (reason == "scheduler-connection-lost" or
+                                                  client.status != "running"):
+                        lost = True  # the client cancels every task when it loses its scheduler
+                        raise self.lost("the connection to it closed")
                     if status != "error":
                         raise RuntimeError(f"task {describe_task(tasks[i])} ended as "
-                                           f"{status!r} on the Dask cluster ({result!r})")
+                                           f"{status!r} on the Dask cluster ({result})")
                     _, err, traceback = result
                     if not isinstance(err, distributed.KilledWorker):
                         raise err.with_traceback(traceback)  # the task's own exception
@@ -253,9 +439,11 @@ class DaskExecutor(Executor):
                             f"the Dask worker died while running this task (last worker "
                             f"{worker}); tried {n} time{'s' if n > 1 else ''}")
         finally:
-            if pending:
-                client.cancel(list(pending), force=True)
+            if pending and not lost and client.status == "running":
+                with contextlib.suppress(OSError, TimeoutError):
+                    client.cancel(list(pending), force=True)
             self.close()
 
 
-__all__ = ["DaskExecutor", "import_distributed", "local_cluster"]
+__all__ = ["DaskExecutor", "SchedulerLost", "address_from_file", "check_address",
+           "import_distributed", "local_cluster", "probe_scheduler"]

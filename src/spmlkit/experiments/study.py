@@ -1277,6 +1277,17 @@ def _safe_remove(folder: Path, trash: Path) -> None:
 
 
 @contextlib.contextmanager
+def _closing(executor):
+    """A context that closes ``executor`` (a connected Dask executor, None: nothing) when it
+    ends, whatever ends it."""
+    try:
+        yield executor
+    finally:
+        if executor is not None:
+            executor.close()
+
+
+@contextlib.contextmanager
 def _study_lock(out: Path):
     """One launch per study folder at a time (an advisory ``flock`` on ``<out>/.lock``)."""
     try:
@@ -1383,7 +1394,8 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
               mlflow: bool = False, *, argv=None, retry_failed: bool = False,
               threads: int | None = None, retries: int = 1,
               checkpoint_seconds: float | None = None, dask: str | None = None,
-              scheduler_file=None, executor=None, vectorise: bool = True) -> dict:
+              scheduler_file=None, executor=None, vectorise: bool = True,
+              connect_timeout: float | None = None) -> dict:
     """Run a study's missing runs in parallel; every finished run's row goes to the store at once.
 
     Args:
@@ -1391,7 +1403,8 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
         out: the study folder (default ``runs/studies/<name>``): ``study.yaml`` (the resolved
             spec), ``results.sqlite``, ``runs/<run_id>/``, ``launches.jsonl``.
         jobs: worker processes (default: the CPU count; 1: in this process), also those of a
-            Dask ``LocalCluster`` (``dask="local"``).
+            Dask ``LocalCluster`` (``dask="local"``); not with a running cluster (``dask`` an
+            address, ``scheduler_file``), which has the workers it has.
         progress: a tqdm bar (runs done / total, failures, ETA).
         mlflow: also log each run's parameters and final metrics to MLflow (as does
             ``mlflow: true`` in the spec); needs ``pip install mlflow``.
@@ -1412,13 +1425,16 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
             address (``"tcp://host:8786"``); the study folder must be visible to the workers at
             the same path (:mod:`spmlkit.experiments.dask_executor`).
         scheduler_file: run on the Dask scheduler this JSON file names (``dask scheduler
-            --scheduler-file``, dask-jobqueue).
+            --scheduler-file``, dask-jobqueue). The scheduler is reached before anything is
+            written; the stacks are cut for the worker threads it has then.
         executor: any :class:`spmlkit.experiments.pool.Executor` (overrides ``jobs``,
             ``dask`` and ``scheduler_file``).
         vectorise: train the runs that differ only in seed and learning rate together where
             the mode and loss can (:func:`group_tasks`; the linear mode's stacked runs, same
             results up to floating-point summation order); False: one task per run. A group
             whose worker dies is retried (or lost) as a whole and restarts from scratch.
+        connect_timeout: seconds a Dask scheduler gets to answer (default
+            :data:`spmlkit.experiments.dask_executor.CONNECT_TIMEOUT`).
 
     Returns:
         ``{"out", "runs_total", "runs_done_before", "runs_run", "failures", "seconds",
@@ -1429,10 +1445,13 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
     Raises:
         ModuleNotFoundError: mlflow, or dask for ``dask`` / ``scheduler_file``, asked for but
             not installed.
-        ValueError: the spec is invalid, another launch runs the same folder, or both
-            ``dask`` and ``scheduler_file`` are given.
+        ValueError: the spec is invalid, another launch runs the same folder, both
+            ``dask`` and ``scheduler_file`` are given, or the scheduler address is not one.
         FileNotFoundError: ``scheduler_file`` does not exist.
-        ConnectionError: the Dask scheduler cannot be reached.
+        ConnectionError: the Dask scheduler cannot be reached (nothing is written then).
+        spmlkit.experiments.dask_executor.SchedulerLost: the Dask scheduler went away
+            mid-study (a ConnectionError; the finished runs are in the store, the same call
+            against a running scheduler runs the missing ones).
     """
     from tqdm import tqdm
 
@@ -1446,14 +1465,25 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
     if dask is not None and scheduler_file is not None:
         raise ValueError("give --dask (local or a scheduler address) or --scheduler-file, not "
                          "both")
+    if connect_timeout is not None and scheduler_file is None and dask in (None, "local"):
+        raise ValueError("connect_timeout is for a running Dask cluster (--scheduler, "
+                         "--scheduler-file)")
+    cluster = None  # a running Dask cluster's executor, connected before anything is written
     if dask is not None or scheduler_file is not None:
-        from .dask_executor import import_distributed
+        from .dask_executor import DaskExecutor, import_distributed
 
         import_distributed()  # before anything is written: says how to install it
+        if executor is None and dask != "local":
+            if jobs is not None:
+                raise ValueError(f"jobs ({jobs}) is the size of a local pool or a Dask "
+                                 f"LocalCluster; a running Dask cluster has the workers it has")
+            options = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
+            cluster = DaskExecutor(dask, scheduler_file=scheduler_file, **options)
+            cluster.connect()
     out = Path(out) if out is not None else STUDIES_ROOT / spec.name
     created = not out.exists()
     out = make_folder(out)
-    with _study_lock(out), _unless_refused(out, created):
+    with _closing(cluster), _study_lock(out), _unless_refused(out, created):
         write_text(out / SPEC_FILE, spec.to_yaml())
         make_folder(out / RUNS_DIR)  # a file in its place: refused here, not by every run
         store = StudyStore(out / RESULTS_FILE)
@@ -1464,7 +1494,7 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
         finished_before = len(tasks) - len(todo)
         # longest first (small batches, stateful losses), for a balanced pool
         todo.sort(key=lambda t: (t.batch_size, t.loss != "role"))
-        jobs = default_jobs(jobs, len(todo))
+        jobs = default_jobs(jobs, len(todo)) if cluster is None else cluster.slots()
         threads_given = threads is not None
         # feature-vector runs only (every method's mode): one thread each
         on_features = all(get_method(t.mode).inputs == "features" for t in todo or tasks)
@@ -1473,16 +1503,13 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
                 max(1, (os.cpu_count() or 1) // jobs)
         from ..methods import versions
 
-        if executor is None and (dask is not None or scheduler_file is not None):
-            from .dask_executor import DaskExecutor
-
-            local = dask == "local"
-            if not (local or threads_given):  # the worker machines' cores are theirs to count
+        if cluster is not None:
+            if not threads_given:  # the worker machines' cores are theirs to count
                 threads = 1 if on_features else None
-            executor = DaskExecutor(None if local else dask, scheduler_file=scheduler_file,
-                                    n_workers=jobs if local else None, threads=threads)
-            if not local:
-                jobs = None  # the cluster's
+            cluster.threads = threads
+            executor = cluster  # jobs: its worker threads now, for the launch record
+        elif executor is None and dask == "local":
+            executor = DaskExecutor(n_workers=jobs, threads=threads)
         where = executor.describe() if executor is not None else \
             InProcessExecutor().describe() if jobs <= 1 else LocalExecutor(jobs).describe()
         launch = {"launch_id": uuid.uuid4().hex, "argv": list(argv) if argv else None,
