@@ -565,3 +565,32 @@ def test_fit_linear_selects_on_the_configured_metric():
     assert a.history == b.history and a.val_map == a.val_score
     with pytest.raises(ValueError, match="unknown metric 'rank_loss'"):
         TrainConfig(metric="rank_loss")
+
+
+def test_seeded_heads_are_the_same_when_threads_make_them_at_once():
+    """Two threads of one process (a Dask worker's ``--nthreads 2``) each make seeded heads over
+    and over: every head has its seed's weights (without the lock around the global RNG, about
+    half of them drew the other thread's numbers)."""
+    import threading
+
+    from spmlkit.engine import make_linear_head
+    from spmlkit.models.heads import MLPHead
+
+    want = {s: (make_linear_head(300, 40, s).weight.detach().clone(),
+                MLPHead(30, 4, hidden=8, seed=s).hidden.weight.detach().clone())
+            for s in range(2)}
+    wrong = []
+
+    def work(seed):
+        for _ in range(200):
+            lin, mlp = make_linear_head(300, 40, seed), MLPHead(30, 4, hidden=8, seed=seed)
+            if not (torch.equal(lin.weight, want[seed][0])
+                    and torch.equal(mlp.hidden.weight, want[seed][1])):
+                wrong.append(seed)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []

@@ -16,6 +16,7 @@ from torch import nn
 from ..labels import validate_full_labels, validate_observed
 from ..losses import SPMLLoss, TrainInfo
 from ..metrics import map_score, metric_score
+from ..models.heads import seeded_linear
 from .config import TrainConfig, batch_starts, epoch_rows
 from .loop import (FitResult, GeneratorState, Stage, StageParts, check_val_labels, train_loop)
 from .optim import make_optimizer
@@ -33,10 +34,9 @@ def _as_tensor(x, where: str) -> torch.Tensor:
 
 
 def make_linear_head(in_features: int, num_classes: int, seed: int) -> nn.Linear:
-    """``nn.Linear`` with PyTorch's default init, drawn from ``seed`` (global RNG untouched)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return nn.Linear(in_features, num_classes)
+    """``nn.Linear`` with PyTorch's default init, drawn from ``seed`` (global RNG untouched;
+    thread-safe: :func:`spmlkit.models.heads.global_rng`)."""
+    return seeded_linear(in_features, num_classes, seed)
 
 
 @torch.no_grad()

@@ -51,6 +51,7 @@ import torch
 from torch import nn
 
 from ..losses import SPMLLoss
+from ..models.heads import global_rng
 from .config import parse_early_stop
 
 __all__ = ["Batch", "FitResult", "GeneratorState", "STATE_FORMAT", "Stage", "StageParts",
@@ -535,11 +536,8 @@ class _Run:
                          best_stage=self.best["stage"], best_source=self.best["source"])
 
 
-@contextlib.contextmanager
 def _seeded(seed: int, devices: list[int]):
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield
+    return global_rng(seed, devices)
 
 
 def train_loop(model: nn.Module, loss: SPMLLoss, stages: Sequence[Stage], *, num_examples: int,

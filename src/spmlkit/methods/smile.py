@@ -116,6 +116,7 @@ from ..engine import (GeneratorState, Stage, StageParts, StepHook, batch_starts,
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED, validate_full_labels, validate_observed
 from ..losses import SPMLLoss
 from ..metrics import map_score
+from ..models.heads import global_rng
 from .base import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
 
 #: the official ``neg_log`` offset: ``-log(p + 1e-5)``
@@ -528,8 +529,7 @@ def fit(ctx: RunContext) -> Fitted:
     check_val_labels(yv, config.map_convention)
     hidden = hp["hidden"] or num_classes
     neighbours = knn_indices(x.cpu(), hp["neighbours"])
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
+    with global_rng(config.seed):
         model = SmileMLP(x.shape[1], num_classes)
         objective = SmileObjective(x, neighbours, num_classes, hidden, p=hp["p"], mu=hp["mu"],
                                    bias=hp["bias"], rate=hp["rate"], gamma=hp["gamma"],

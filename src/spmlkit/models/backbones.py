@@ -61,6 +61,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..registry import Registry
+from .heads import global_rng
 
 BACKBONES = Registry("backbone")
 register = BACKBONES.register
@@ -171,8 +172,7 @@ class EfficientNetLite(Backbone):
         # image_size=None: padding computed from each input, so any input size is exact.
         # The initial weights come from a fixed seed without touching the global RNG (they are
         # the weights of pretrained=False, and overwritten otherwise)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
+        with global_rng(0):
             net = EfficientNet.from_name(f"efficientnet-lite{variant}", image_size=None)
         _tighten_same_padding(net, Conv2dDynamicSamePadding)
         net._fc = nn.Identity()          # the ImageNet classifier is not part of a backbone
@@ -247,7 +247,7 @@ class TinyCNN(Backbone):
         self.name, self.num_features, self.input_size = "tiny_cnn", num_features, input_size
         self.seed = seed
         chans = (3, width, 2 * width, num_features)
-        with torch.random.fork_rng(devices=[]):  # the default init draws; keep global RNG as is
+        with global_rng():  # the default init draws; keep global RNG as is
             self.convs = nn.ModuleList(nn.Conv2d(a, b, 3, stride=2, padding=1)
                                        for a, b in zip(chans[:-1], chans[1:]))
         g = torch.Generator().manual_seed(seed)

@@ -32,6 +32,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .heads import global_rng
+
 __all__ = ["sine_position_encoding", "LabelEmbeddingHead", "LabelEmbeddingModel"]
 
 
@@ -222,7 +224,7 @@ class LabelEmbeddingHead(nn.Module):
             raise ValueError(f"LabelEmbeddingHead: dropout must be in [0, 1), got {dropout}")
         self.in_channels, self.num_classes, self.dim = in_channels, num_classes, dim
         self.heads, self.ffn_dim, self.proj_dim, self.seed = heads, ffn, proj_dim, seed
-        with torch.random.fork_rng(devices=[]):  # default inits draw; all are overwritten below
+        with global_rng():  # default inits draw; all are overwritten below
             self.input_proj = nn.Conv2d(in_channels, dim, kernel_size=1)
             self.encoder = nn.ModuleList(_EncoderLayer(dim, heads, ffn, dropout)
                                          for _ in range(encoder_layers))
