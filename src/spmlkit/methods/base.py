@@ -42,6 +42,7 @@ from ..metrics import (classic_metrics, evaluate, map_score, pseudo_label_stats,
                        select_thresholds)
 from ..registry import Registry
 from ..data.base import describe_labels
+from ..data.rows import holds_vectors
 from ..runs import RunDir, read_run, sync_files
 
 #: runs of a method whose epochs take longer than this write a resumable checkpoint
@@ -273,7 +274,7 @@ def check_inputs(method: "TrainingMethod", splits) -> None:
         ValueError: naming the dataset, the method and the flags that fix it.
     """
     x = splits.train.x
-    vectors = isinstance(x, np.ndarray) and x.dtype.kind in "fiu"
+    vectors = holds_vectors(x)
     image_modes = [m.name for m in list_methods() if m.inputs == "images"]
     if method.inputs == "features" and not vectors:
         raise ValueError(f"dataset {splits.name!r} holds images, not feature vectors, and "
@@ -655,7 +656,10 @@ def train_runs(method: str | TrainingMethod, splits, loss, hparams, configs, *,
         pseudos.append(pseudo)
     fitted = method.fit_many(ctxs)
     results = []
-    for ctx, run, pseudo, fit in zip(ctxs, runs, pseudos, fitted):
+    for i, (ctx, run, pseudo) in enumerate(zip(ctxs, runs, pseudos)):
+        # each run's outputs are let go once it is scored and written (a method may compute
+        # them on first use: the linear mode's stacked runs on stored features)
+        fit, fitted[i] = fitted[i], None
         if isinstance(fit, BaseException):
             if run is not None:
                 run.fail(fit)

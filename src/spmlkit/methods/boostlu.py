@@ -69,6 +69,7 @@ from torch import nn
 
 from ..engine import (GeneratorState, Stage, StageParts, TrainConfig, check_val_labels,
                       make_optimizer, train_loop, val_map)
+from ..data.rows import holds_vectors
 from ..labels import validate_full_labels, validate_observed
 from ..losses import TrainInfo
 from ..models.heads import BoostLUClassifier, BoostLUHead, check_alpha
@@ -192,8 +193,7 @@ def fit_boostlu(train: MapRows, observed, loss, config: TrainConfig, *, val: Map
 
 # ---- the training method ---------------------------------------------------------------------
 def _is_vectors(splits) -> bool:
-    x = splits.train.x
-    return isinstance(x, np.ndarray) and x.dtype.kind in "fiu"
+    return holds_vectors(splits.train.x)
 
 
 def _check(ctx) -> bool:
