@@ -106,3 +106,19 @@ def test_training_on_a_store_never_reads_it_whole(tmp_path, monkeypatch):
         out = train_runs("linear", splits, "an", {}, batch, out=tmp_path / "runs")
         assert all(not isinstance(r, BaseException) for r in out), out
     assert reads and max(reads) <= 64 < len(splits.test) < len(splits.train)
+
+
+def test_metrics_in_blocks_equal_the_whole_computation(monkeypatch):
+    """Per-class AP (blocks of columns) and the ranking metrics (blocks of rows) bound their
+    memory on large splits; their values are those of one block (up to summation order)."""
+    from spmlkit import metrics
+
+    rng = np.random.default_rng(0)
+    probs = rng.random((300, 7)).round(2)          # ties included
+    y = (rng.random((300, 7)) < 0.3).astype(np.uint8)
+    y[:5] = 0                                      # rows without a positive
+    whole = metrics.classic_metrics(probs, y)
+    ap = metrics.per_class_ap(probs, y)
+    monkeypatch.setattr(metrics, "BLOCK_ENTRIES", 600)   # blocks of 2 columns / 85 rows
+    assert metrics.classic_metrics(probs, y) == pytest.approx(whole, rel=1e-12)
+    np.testing.assert_allclose(metrics.per_class_ap(probs, y), ap, rtol=1e-12)

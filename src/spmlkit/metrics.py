@@ -53,13 +53,29 @@ def average_precision(scores, targets) -> float:
     return float(np.sum(recall_gain * precision))
 
 
+#: entries of the N x L scores handled at once by the metrics (blocks of columns for AP, of rows
+#: for the ranking metrics): their temporaries stay within some tens of MiB however many rows
+BLOCK_ENTRIES = 1 << 21
+
+
 def per_class_ap(scores, y) -> np.ndarray:
     """AP (x100) of every class; NaN where a class has no positive: :func:`average_precision`
-    of every column at once (one sort of all columns; equal to it up to summation order)."""
+    of every column at once (one sort of all columns, in blocks of columns of at most
+    :data:`BLOCK_ENTRIES` entries; equal to it up to summation order)."""
     s, y = _as_scores(scores, y)
     n, classes = s.shape
     if n == 0:
         return np.full(classes, np.nan)
+    step = max(1, BLOCK_ENTRIES // n)
+    if step < classes:
+        return np.concatenate([_columns_ap(s[:, j:j + step], y[:, j:j + step])
+                               for j in range(0, classes, step)])
+    return _columns_ap(s, y)
+
+
+def _columns_ap(s: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """:func:`per_class_ap` of validated scores and labels, every column from one sort."""
+    n = s.shape[0]
     order = np.argsort(-s, axis=0)  # tied scores are grouped: their order does not matter
     s = np.take_along_axis(s, order, axis=0)
     tp = np.cumsum(np.take_along_axis(y > 0, order, axis=0), axis=0, dtype=np.float64)
@@ -222,6 +238,19 @@ def _row_mean(values: np.ndarray, defined: np.ndarray, fill: float, no_positive:
     return float(values[defined].mean()) if defined.any() else float("nan")
 
 
+def _ranking_rows(s, y, n_pos, n_neg) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row: LRAP, ranking loss and coverage (undefined rows NaN or inf, masked by the
+    caller), from one computation of the ranks."""
+    rank_all, rank_pos = _ranks(s, y)
+    positive = y > 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        lrap = np.where(positive, rank_pos / rank_all, 0.0).sum(axis=1) / n_pos
+        # negatives scored >= a positive j: all labels >= s_j minus the positives >= s_j
+        wrong = np.where(positive, rank_all - rank_pos, 0).sum(axis=1) / (n_pos * n_neg)
+    cover = np.where(positive, rank_all, 0).max(axis=1).astype(np.float64)
+    return lrap, wrong, cover
+
+
 def _ranking_metrics(s: np.ndarray, y: np.ndarray, no_positive: str) -> dict:
     """LRAP, ranking loss, coverage error and normalised coverage of validated scores and labels
     (:func:`_as_scores`), from one computation of the ranks (the definitions, ties and rows
@@ -232,13 +261,10 @@ def _ranking_metrics(s: np.ndarray, y: np.ndarray, no_positive: str) -> dict:
         return {"lrap": nan, "ranking_loss": nan, "coverage": nan, "coverage_norm": nan}
     n_pos = y.sum(axis=1, dtype=np.int64)
     n_neg = y.shape[1] - n_pos
-    rank_all, rank_pos = _ranks(s, y)
-    positive = y > 0
-    with np.errstate(invalid="ignore", divide="ignore"):
-        lrap = np.where(positive, rank_pos / rank_all, 0.0).sum(axis=1) / n_pos
-        # negatives scored >= a positive j: all labels >= s_j minus the positives >= s_j
-        wrong = np.where(positive, rank_all - rank_pos, 0).sum(axis=1) / (n_pos * n_neg)
-    cover = np.where(positive, rank_all, 0).max(axis=1).astype(np.float64)
+    step = max(1, BLOCK_ENTRIES // num_labels)  # per-row values, from blocks of rows
+    lrap, wrong, cover = (np.concatenate(v) for v in zip(*(
+        _ranking_rows(s[i:i + step], y[i:i + step], n_pos[i:i + step], n_neg[i:i + step])
+        for i in range(0, len(s), step))))
     coverage = _row_mean(cover, n_pos > 0, 0.0, no_positive)
     return {"lrap": _row_mean(lrap, n_pos > 0, 1.0, no_positive),  # all positive: 1 by itself
             "ranking_loss": _row_mean(wrong, (n_pos > 0) & (n_neg > 0), 0.0, no_positive),
@@ -436,10 +462,12 @@ def _f1_sweep(scores: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.n
     first, and the F1 of each over all the given entries: ``2 TP / (2 TP + FP + FN)``."""
     s = np.asarray(scores, dtype=np.float64).ravel()
     t = np.asarray(targets).ravel().astype(bool)
-    order = np.argsort(-s)  # tied scores are grouped: their order does not matter
+    # highest first; tied scores are grouped: their order does not matter (no negated copy)
+    order = np.argsort(s)[::-1]
     s, t = s[order], t[order]
-    ends = np.r_[np.flatnonzero(np.diff(s)), s.size - 1]  # last index of each tied group
-    tp = np.cumsum(t)[ends]
+    del order
+    ends = np.r_[np.flatnonzero(s[1:] != s[:-1]), s.size - 1]  # last index of each tied group
+    tp = np.cumsum(t, dtype=np.int32 if t.size < 2 ** 31 else np.int64)[ends]
     predicted = ends + 1
     f1 = 2.0 * tp / (predicted + t.sum())
     return s[ends], f1
