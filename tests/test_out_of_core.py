@@ -78,8 +78,9 @@ def test_runs_on_a_store_equal_the_in_memory_runs(tmp_path, monkeypatch, case):
     for a, b in zip(stored, memory):
         assert not isinstance(a, BaseException), a
         assert a["vectorised"] == b["vectorised"] if len(configs) > 1 else True
-        for key in ("best_epoch", "val_map", "test_map", "train_recovery_map"):
-            assert a[key] == b[key], key
+        assert a["best_epoch"] == b["best_epoch"]
+        for key in ("val_map", "test_map", "train_recovery_map"):   # (stacked val mAP: one
+            assert a[key] == pytest.approx(b[key], rel=1e-12), key  # run at a time, no sum order)
 
 
 def test_training_on_a_store_never_reads_it_whole(tmp_path, monkeypatch):

@@ -62,13 +62,20 @@ def per_class_ap(scores, y) -> np.ndarray:
     """AP (x100) of every class; NaN where a class has no positive: :func:`average_precision`
     of every column at once (one sort of all columns, in blocks of columns of at most
     :data:`BLOCK_ENTRIES` entries; equal to it up to summation order)."""
-    s, y = _as_scores(scores, y)
+    if isinstance(scores, np.ndarray) and scores.dtype == np.float32 and scores.ndim == 2:
+        # float32 scores (a run's probabilities) are cast block by block: the same values and
+        # ties as one float64 copy, without that copy of a large split
+        s, y = scores, validate_full_labels(y, "metrics targets")
+        if s.shape != y.shape:
+            raise ValueError(f"scores {s.shape} and labels {y.shape} must have the same shape")
+    else:
+        s, y = _as_scores(scores, y)
     n, classes = s.shape
     if n == 0:
         return np.full(classes, np.nan)
     step = max(1, BLOCK_ENTRIES // n)
-    if step < classes:
-        return np.concatenate([_columns_ap(s[:, j:j + step], y[:, j:j + step])
+    if step < classes or s.dtype != np.float64:
+        return np.concatenate([_columns_ap(s[:, j:j + step].astype(np.float64), y[:, j:j + step])
                                for j in range(0, classes, step)])
     return _columns_ap(s, y)
 
@@ -76,6 +83,8 @@ def per_class_ap(scores, y) -> np.ndarray:
 def _columns_ap(s: np.ndarray, y: np.ndarray) -> np.ndarray:
     """:func:`per_class_ap` of validated scores and labels, every column from one sort."""
     n = s.shape[0]
+    if not np.isfinite(s).all():
+        raise ValueError(f"scores hold {int((~np.isfinite(s)).sum())} non-finite value(s)")
     order = np.argsort(-s, axis=0)  # tied scores are grouped: their order does not matter
     s = np.take_along_axis(s, order, axis=0)
     tp = np.cumsum(np.take_along_axis(y > 0, order, axis=0), axis=0, dtype=np.float64)

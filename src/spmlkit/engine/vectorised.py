@@ -59,7 +59,7 @@ from ..metrics import higher_is_better
 from .config import TrainConfig, parse_early_stop
 from ..data import rows as stored_rows
 from ..data.rows import as_rows, is_stored
-from .linear import linear_inputs, make_linear_head, to_device, val_map
+from .linear import linear_inputs, make_linear_head, predict_logits, to_device, val_map
 from .loop import STATE_FORMAT, FitResult, no_finite_val_map, snapshot
 
 __all__ = [
@@ -721,7 +721,11 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
                 restack()
             live = [r for r in live if books[r].error is None]
             scores = {}
-            if has_val and live:
+            if has_val and live and is_stored(xv):
+                # stored val rows: one run's val logits at a time (R x N x L would not fit)
+                scores = {r: val_map(predict_logits(views[r], xv), yv, config.map_convention,
+                                     metric) for r in live}
+            elif has_val and live:
                 logits_v = model.predict(xv)[live]
                 if metric == "map":
                     vals = stacked_map(logits_v, yv_t, config.map_convention)

@@ -17,8 +17,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from ..data.rows import Rows, is_stored
+from ..data.rows import Rows, as_rows, is_stored
 from ..engine import fit_linear, predict_logits
+from ..engine.linear import to_device
 from ..engine.vectorised import fit_linear_stacked
 from ..runs import TRAIN_PROBS_FILE
 from .base import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
@@ -30,10 +31,22 @@ def _features(x):
     return x if is_stored(x) or torch.is_tensor(x) else torch.as_tensor(np.asarray(x, np.float32))
 
 
+@torch.no_grad()
 def _probs(model, x) -> np.ndarray:
     device = next(model.parameters()).device
     x = _features(x)
-    return torch.sigmoid(predict_logits(model, x if is_stored(x) else x.to(device))).cpu().numpy()
+    if not is_stored(x):
+        return torch.sigmoid(predict_logits(model, x.to(device))).cpu().numpy()
+    out = None  # stored rows: each chunk's probabilities into one float32 array
+    was = model.training
+    model.eval()
+    for start, block in as_rows(x).chunks():
+        p = torch.sigmoid(model(to_device(block, device)).float()).cpu().numpy()
+        if out is None:
+            out = np.empty((len(x), p.shape[1]), dtype=np.float32)
+        out[start:start + len(p)] = p
+    model.train(was)
+    return out
 
 
 def fit(ctx: RunContext) -> Fitted:
