@@ -8,7 +8,7 @@ CONSTRAINTS ?= constraints.txt
 PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 OUT ?= runs/yeast-benchmark
 
-.PHONY: install demo test lint clean image-data browser
+.PHONY: install demo test lint docs clean image-data browser
 
 install: $(VENV)/.installed
 
@@ -21,12 +21,18 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 demo: install
 	$(VENV)/bin/spml benchmark --out $(OUT)
 
-test: install image-data browser lint
+test: install image-data browser lint docs
 	$(PY) -m pytest
 
 # ruff with the project's configuration (pyproject.toml [tool.ruff]); `make test` runs it first.
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks
+
+# The docs site (mkdocs.yml, docs/) into site/, with --strict: a broken link, a missing anchor or
+# a docstring mkdocstrings cannot read fails the build (about 15 s). `python docs/gen.py`
+# regenerates the generated pages; tests/test_docs.py fails when they are out of date.
+docs: install
+	NO_MKDOCS_2_WARNING=1 PYTHONPATH=src $(PY) -m mkdocs build --strict -q
 
 # The offline image sets' raw data, from the registries that carry it (about 11 s when missing,
 # nothing when present): Fashion-MNIST from Debian (fmnist_mosaic), @mdi/svg from npm (mdi_icons).
@@ -55,4 +61,4 @@ browser:
 	else echo "browser: no apt-get; the report test needs chromium (or SPMLKIT_CHROMIUM=/path)"; fi
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .cache
+	rm -rf $(VENV) runs site .pytest_cache .cache

@@ -152,7 +152,7 @@ def test_without_dask_installed_the_message_says_how_to_install(monkeypatch, tmp
     import sys
 
     monkeypatch.setitem(sys.modules, "distributed", None)
-    with pytest.raises(ModuleNotFoundError, match=r"pip install 'spmlkit\[dask\]'"):
+    with pytest.raises(ModuleNotFoundError, match=r'pip install -e "\.\[dask\]"'):
         run_study(SPEC, out=tmp_path / "s", dask="local", progress=False)
     assert not (tmp_path / "s").exists()  # nothing written
 

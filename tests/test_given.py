@@ -257,7 +257,8 @@ def test_tabular_full_labels_carve_out_like_arrays(tmp_path):
     test.to_csv(tmp_path / "rows.csv", index=False)
     np.save(tmp_path / "xt.npy", xt)
     np.save(tmp_path / "yt.npy", yt)
-    a = load_splits("arrays", features=str(tmp_path / "xt.npy"), labels=str(tmp_path / "yt.npy"))
+    a = load_splits("arrays", features=str(tmp_path / "xt.npy"), labels=str(tmp_path / "yt.npy"),
+                    standardize=True)  # a table's features are standardised by default
     t = load_splits("tabular", path=str(tmp_path / "rows.csv"), labels="label_a,label_b,label_c",
                     features="f*")
     assert np.allclose(a.train.x, t.train.x) and np.array_equal(a.train.y, t.train.y)

@@ -21,7 +21,7 @@ from spmlkit.labels import (NEGATIVE, OFFICIAL_SEED, POSITIVE, UNOBSERVED, estim
 
 # --------------------------------------------------------------------------------------------
 # An independent re-implementation of the official observation procedure (Cole et al. 2021,
-# METHODS.md section 2), written from the specification: fresh RandomState(seed); per row, in
+# docs/spec.md#regimes), written from the specification: fresh RandomState(seed); per row, in
 # order, shuffle the positive indices (np.nonzero) and keep the first num_pos, then the same for
 # the negatives with num_neg; -1 keeps them all. The official code works on a -1/+1 matrix.
 # --------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Contract tests generated from the loss registry (DESIGN.md convention 2 and "Tests in tiers").
+"""Contract tests generated from the loss registry (docs/extending/loss.md#contract).
 
 Every name in ``spmlkit.losses.LOSSES.names()`` is built the same generic way (see
 :func:`build`): ``create_loss(name, reduction=...)``, ``on_train_start(observed, TrainInfo(N, L,
@@ -120,7 +120,7 @@ def test_scalar_finite_float32(name):
 
 
 def test_official_eps_option(name):
-    """eps=1e-5 (the official log(p + eps) form, METHODS.md section 1) works for every loss and,
+    """eps=1e-5 (the official log(p + eps) form, docs/spec.md#notation) works for every loss and,
     away from saturation, stays close to the exact log-space value."""
     exact, obs_all = build(name)
     official, _ = build(name, eps=1e-5)

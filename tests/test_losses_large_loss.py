@@ -1,7 +1,7 @@
 """Large-loss methods (spmlkit.losses.large_loss): k per batch and epoch, which entries are
 rejected / corrected, LL-Cp's permanent flips, state, gradients.
 
-Expected values are computed here with ``math`` from METHODS.md section 6 (BCE on assume-negative
+Expected values are computed here with ``math`` from docs/spec.md#large-loss (BCE on assume-negative
 targets = softplus(s) for target 0, softplus(-s) for target 1), not with the code under test.
 The gradcheck runs directly on float64 logits: the computation keeps float64 input in float64
 (``spmlkit.losses.base.as_compute``), and the check calls ``entries()``.

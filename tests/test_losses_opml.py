@@ -1,6 +1,6 @@
 """OPML family (spmlkit.losses.opml): ZLPR, OPML, soft OPML, OPML-SP.
 
-Expected values are computed here with ``math`` / numpy from METHODS.md section 7, not with the
+Expected values are computed here with ``math`` / numpy from docs/spec.md#opml, not with the
 code under test. ``opml_row_loss`` keeps float64 (it promotes only below float32), so the
 gradchecks run on it directly; the modules compute in float32, float64 input staying float64
 (``spmlkit.losses.base.as_compute``).

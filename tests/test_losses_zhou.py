@@ -1,6 +1,6 @@
 """Zhou et al. 2022 losses (spmlkit.losses.zhou): values, gradients, the APL schedule and state.
 
-Expected numbers are computed here from the formulas of METHODS.md section 5 with numpy, not with
+Expected numbers are computed here from the formulas of docs/spec.md#zhou with numpy, not with
 the code under test. Gradchecks run in float64, directly on the losses: the computation keeps
 float64 input in float64 (``spmlkit.losses.base.as_compute``).
 """

@@ -46,11 +46,11 @@ def _have_cairosvg() -> bool:
 
 
 needs_cairosvg = pytest.mark.skipif(not _have_cairosvg(),
-                                    reason="cairosvg missing: pip install 'spmlkit[images]'")
+                                    reason="cairosvg missing: pip install -e '.[images]'")
 needs_mdi = pytest.mark.skipif(
     _mdi_package() is None or not _have_cairosvg(),
     reason="@mdi/svg or cairosvg missing: run `make image-data` (npm install --prefix "
-    ".cache/npm @mdi/svg) and pip install 'spmlkit[images]'")
+    ".cache/npm @mdi/svg) and pip install -e '.[images]'")
 
 SMALL = dict(n_pool=24, n_test=10)
 

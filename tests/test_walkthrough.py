@@ -1,9 +1,9 @@
-"""The README's walk-through, end to end, as written there: a CSV of features with partially
-observed training labels and a fully labelled test CSV -> ``spml train`` -> ``spml predict`` on
-new rows -> the same probabilities as the Python API on standardised features.
+"""The walk-through of docs/own-data.md, end to end, as written there: a CSV of features with
+partially observed training labels and a fully labelled test CSV -> ``spml train`` -> ``spml
+predict`` on new rows -> the same probabilities as the Python API on standardised features.
 
 The commands, the file layout, the printed summary and the Python snippet are read from the
-README's section, so the two cannot drift apart silently.
+page's section, so the two cannot drift apart silently.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 pd = pytest.importorskip("pandas")
 torch = pytest.importorskip("torch")
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "own-data.md"
 SECTION = "## Your own data: a walk-through"
 CLASSES = ["cat", "dog", "bird"]
 

@@ -38,6 +38,43 @@ def _data(args) -> dict:
     return options
 
 
+def _dataset(args) -> str:
+    """``--dataset``: yeast when neither it nor ``--data`` is given; options for a source need
+    the source named (else they would silently go to yeast, which takes none of them)."""
+    from .data import PROTOCOL_OPTIONS, check_source_options
+
+    if args.dataset is not None:
+        return args.dataset
+    options = _pairs(args.data, "--data")
+    try:
+        check_source_options("yeast", options, PROTOCOL_OPTIONS, complete=False)
+    except ValueError as err:  # e.g. labels=...: not yeast's, so meant for another source
+        raise ValueError(f"{err} (no --dataset given, so the default yeast; --dataset names "
+                         f"your source, e.g. --dataset tabular)") from None
+    own = [item for item in args.data or []
+           if item.partition("=")[0].strip().replace("-", "_") not in PROTOCOL_OPTIONS]
+    if own:  # yeast's own path / seed: more likely your file (protocol options suit yeast)
+        raise ValueError(f"--data {own[0]}: say which source the options are for with "
+                         f"--dataset (e.g. --dataset tabular for a CSV / Parquet table, "
+                         f"--dataset arrays for .npy files; spml list datasets); without "
+                         f"--dataset the run is on the built-in yeast set")
+    return "yeast"
+
+
+def _describe_features(meta: dict, standardized: bool, out=None) -> None:
+    """For a table source: which columns are the features, and whether they are standardised
+    (a column that should not be a feature is seen before any run)."""
+    cols = (meta or {}).get("feature_columns")
+    if not cols:
+        return
+    from .data.arrays import _preview
+
+    how = "standardised with the train rows' mean and std (--data standardize=false keeps " \
+          "them as they are)" if standardized else "not standardised (standardize=false)"
+    print(f"features: {len(cols)} column(s) of {meta.get('path')}: {_preview(cols, 12)}; {how}",
+          file=out or sys.stderr)
+
+
 def _floats(text: str) -> list:
     try:
         return [float(v) for v in text.split(",") if v.strip()]
@@ -107,7 +144,10 @@ def _metric(text: str) -> str:
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", default="yeast", help="registered dataset (spml list datasets)")
+    p.add_argument("--dataset", default=None,
+                   help="registered dataset (spml list datasets); default yeast, and required "
+                        "with a source's --data options (e.g. --dataset tabular for your own "
+                        "CSV / Parquet table)")
     p.add_argument("--data", action="append", metavar="KEY=VALUE",
                    help="dataset option, e.g. --data root=/data/pascal (repeatable)")
     p.add_argument("--epochs", type=_whole(1), default=None,
@@ -209,12 +249,17 @@ def cmd_train(args) -> int:
     ctx = _processes(method, args)
     images = method.inputs == "images"  # else --backbone names the features to train on
     data = _data(args)
+    args.dataset = _dataset(args)
     options = {**data, **({} if images else _feature_data(args, data))}
     if options.get("protocol") == "tabular":  # a trial of the tabular protocol: its own split
         options.setdefault("seed", args.seed)
     quiet = {"features": {**options.get("features", {}), "progress": False}} \
         if args.quiet and "backbone" in options else {}  # for this load, not the run's config
+    if args.regime is None:  # your own observed training labels train as they are
+        args.regime = "given" if options.get("train_labels") == "observed" else "1p"
     splits = load_splits(args.dataset, args.regime, **{**options, **quiet})
+    if ctx.is_main:
+        _describe_features(splits.meta, bool(splits.meta.get("standardize")))
     hparams = _pairs(args.hp, "--hp")
     if args.reg:
         hparams["reg"] = args.reg
@@ -444,28 +489,48 @@ def cmd_benchmark(args) -> int:
     time), its table printed and written."""
     from .experiments.benchmark import run_benchmark
     from .experiments.study import DEFAULT_GRID
-    from .experiments.study import study_status
 
     if args.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
     grid = {"batch_size": tuple(args.batch_sizes or DEFAULT_GRID["batch_size"]),
             "lr": tuple(args.lrs or DEFAULT_GRID["lr"])}
     refs = [] if args.no_references else ["bce", "iun"]
-    options = {**_pairs(args.data, "--data"), **_feature_data(args)}
+    options = {**_data(args), **_feature_data(args)}
+    args.dataset = _dataset(args)
     given = {"epochs": args.epochs} if args.epochs is not None else {}  # else the paper's 25
+    if args.dataset == "tabular" and "path" in options:  # the columns, before any run
+        from .data import load_dataset
+
+        ds = load_dataset(args.dataset, **options)
+        _describe_features(ds.meta, ds.standardize)
+        del ds
     res = run_benchmark(args.dataset, args.losses, refs, args.seeds, args.out, args.jobs,
                         grid=grid, early_stop=args.early_stop, dataset_options=options,
-                        metric=args.metric,
+                        metric=args.metric, regime=args.regime,
                         progress=not args.quiet, argv=sys.argv,
                         vectorise=not args.no_vectorise, **given)
-    print(res["table"])
+    print(res["table"] if res["results"] else "no grid point finished: nothing to tabulate")
     print(f"wrote {args.out}/results.json and {args.out}/table.md (a study folder: spml study "
           f"status | table | export {args.out}, spml report {args.out})")
-    failed = study_status(args.out)["failed"]
-    if failed:
-        print(f"note: {failed} grid point(s) failed (diverged or raised) and were left out of "
-              f"the selection; their errors: spml study export {args.out} --format json "
-              f"--output errors.json", file=sys.stderr)
+    groups, missing = res["failure_groups"], res["missing"]
+    if groups:
+        failed = sum(g["count"] for g in groups)
+        print(f"{failed} grid point(s) failed and were left out of the selection"
+              + (", all for the same reason:" if len(groups) == 1 else ":"), file=sys.stderr)
+        for g in groups[:3]:
+            print(f"  {g['count']} run(s): {g['reason']} (first: {g['run_ids'][0]})",
+                  file=sys.stderr)
+        if len(groups) > 3:
+            print(f"  {sum(g['count'] for g in groups[3:])} more run(s) with "
+                  f"{len(groups) - 3} other error(s)", file=sys.stderr)
+        print(f"full tracebacks: spml report {args.out} (grouped), or spml study export "
+              f"{args.out} --format json --output errors.json", file=sys.stderr)
+    if missing:
+        shown = ", ".join(f"{label} (seed {seed})" for label, seed in missing[:6])
+        more = f" and {len(missing) - 6} more" if len(missing) > 6 else ""
+        print(f"spml benchmark: error: no grid point finished for {shown}{more}: the table "
+              f"lacks {'them' if len(missing) > 1 else 'it'}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -771,8 +836,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train one method, print val/test mAP, write a run folder")
     _add_common(p)
     p.add_argument("--loss", default="an", help="registered loss (spml list losses)")
-    p.add_argument("--regime", default="1p", help="full | 1p_alln | 1p_1n | 1p | mlml:<rate> | "
-                   "given (your own observed training labels: --data train_labels=observed)")
+    p.add_argument("--regime", default=None, help="full | 1p_alln | 1p_1n | 1p | mlml:<rate> | "
+                   "given (your own observed training labels: --data train_labels=observed); "
+                   "default 1p, or given with --data train_labels=observed")
     p.add_argument("--hp", action="append", metavar="KEY=VALUE",
                    help="loss hyperparameter, e.g. --hp lam=2 (repeatable)")
     p.add_argument("--reg", action="append", metavar="NAME:WEIGHT",
@@ -822,12 +888,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_whole(0), default=0, help="image-loading processes")
     p.set_defaults(func=cmd_predict)
 
-    p = sub.add_parser("benchmark", help="the paper's grid for several methods and seeds")
+    p = sub.add_parser("benchmark", help="the paper's grid for several methods and seeds",
+                       description="The paper's grid (batch sizes x learning rates) for every "
+                       "method and seed, selected on val, as a resumable study folder. Exit "
+                       "status 1 when a method x seed has no finished grid point (its row "
+                       "would be missing from the table); failed grid points are listed "
+                       "grouped by their error either way.")
     _add_common(p)
     p.add_argument("--losses", default=",".join(DEFAULT_LOSSES),
                    help="comma-separated losses, loss@regime, or 'all' (default: %(default)s)")
     p.add_argument("--no-references", action="store_true",
-                   help="leave out the bce (full labels) and iun reference rows")
+                   help="leave out the bce (full labels) and iun reference rows (left out "
+                        "anyway, with a note, on data whose training labels are observed ones)")
+    p.add_argument("--regime", default=None,
+                   help="the regime of every method given without @regime: 1p (default) or "
+                        "another of spml list regimes; given (your own observed training "
+                        "labels) is the default, and the only one that runs, when --data "
+                        "train_labels=observed says the data's training labels are the "
+                        "observed ones (1 / 0 / -1 or empty cells)")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--batch-sizes", type=_ints, default=None, help="grid, default 8,16")
     p.add_argument("--lrs", type=_floats, default=None, help="grid, default 1e-2,1e-3,1e-4,1e-5")
@@ -989,7 +1067,7 @@ def build_parser() -> argparse.ArgumentParser:
     where = s.add_mutually_exclusive_group()
     where.add_argument("--dask", choices=["local"], default=None,
                        help="run on a Dask LocalCluster of --jobs worker processes "
-                            "(pip install 'spmlkit[dask]')")
+                            "(pip install -e \".[dask]\" in the clone)")
     where.add_argument("--scheduler", default=None, metavar="ADDRESS",
                        help="run on the Dask cluster of this scheduler (tcp://host:8786); "
                             "the workers need spmlkit and the study folder at the same path")

@@ -1,7 +1,7 @@
 """Label encoding, validation and the label regimes of single-positive learning.
 
 Full labels ``y`` are a 0/1 matrix (N x L). Observed labels ``z`` use one encoding everywhere
-(METHODS.md section 1, the official code's ``labels_obs``)::
+(docs/spec.md#notation, the official code's ``labels_obs``)::
 
     POSITIVE = 1     observed positive
     UNOBSERVED = 0   nothing is known
@@ -207,7 +207,7 @@ def sample_biased_positive(y, bias: str, seed: int = OFFICIAL_SEED, instances=No
     """Observe one positive per row, chosen with a bias instead of uniformly (``1p_biased:<bias>``).
 
     The label-bias study of Cole et al.'s follow-up (Arroyo, Perona & Cole, "Understanding Label
-    Bias in Single Positive Multi-Label Learning", 2023; METHODS.md section 2) replaces the
+    Bias in Single Positive Multi-Label Learning", 2023; docs/spec.md#regimes) replaces the
     uniform draw by an annotator's preference. Each row's positives are ranked by a score and the
     best one is observed; ties (and positives without a score) are broken at random: the
     positives are shuffled with one ``numpy.random.RandomState(seed)`` per call, row by row as in

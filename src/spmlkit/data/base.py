@@ -4,7 +4,7 @@ A *source* (a registered function, see :mod:`spmlkit.data`) returns a :class:`Da
 official training set (the *pool*), the official evaluation set (our *test*, as in all four
 papers), class names, and optionally the official observed labels of the pool. The protocol
 (:func:`make_splits`) then draws the observed labels on the pool with a regime and seed, and
-splits the pool into train / val (METHODS.md section 3), exactly as the official pipeline does.
+splits the pool into train / val (docs/spec.md#protocol), exactly as the official pipeline does.
 
 Your own partially labelled data is the other case: a source given ``train_labels="observed"``
 returns a :class:`Dataset` whose ``observed`` holds the training labels as they were observed
@@ -123,6 +123,14 @@ class Dataset:
             if z.shape != self.pool.y.shape:
                 raise ValueError(f"{where}: observed labels have shape {z.shape}, the training "
                                  f"rows and classes are {self.pool.y.shape}")
+            if not (z == POSITIVE).any():  # all 0 / -1: nothing for an SPML loss to learn from
+                kinds = sorted({int(v) for v in np.unique(z)})
+                said = {0: "0 (unobserved)", -1: "-1 (negative)"}
+                raise ValueError(f"{where}: the observed training labels hold no positive "
+                                 f"(every cell is {' or '.join(said[v] for v in kinds)}); "
+                                 f"observed labels mark each row's known positives with 1 "
+                                 f"(-1 a known negative, 0 or an empty cell unknown), and "
+                                 f"the losses of regime given learn from those positives")
             self.observed = z
             self.pool.y = (z == POSITIVE).astype(np.uint8)  # all that is known of them
         if self.val is not None and self.val.num_classes != self.pool.num_classes:

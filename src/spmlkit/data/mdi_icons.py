@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..extras import install_hint
 from ..labels import OFFICIAL_SEED
 from .base import Dataset, LabelledSet, cole_split
 from .offline_cache import FORMAT_VERSION, build_atomically, cache_root, check_files, \
@@ -136,8 +137,8 @@ def require_cairosvg() -> None:
         import cairosvg  # noqa: F401
     except ModuleNotFoundError:
         raise ModuleNotFoundError("mdi_icons renders SVG with cairosvg, which is not installed: "
-                                  "pip install 'spmlkit[images]'  (or: pip install cairosvg; it "
-                                  "needs the cairo library, Debian: apt-get install libcairo2)"
+                                  + install_hint("images", "cairosvg") + "; cairosvg "
+                                  "needs the cairo library, Debian: apt-get install libcairo2"
                                   ) from None
     except OSError as err:
         raise OSError(f"cairosvg cannot load the cairo library ({err}); install it (Debian: "

@@ -29,7 +29,7 @@ def load_nuswide(root: str | os.PathLike, image_root: str | os.PathLike | None =
     the images unpacked from ``Flickr.zip`` into ``<root>/Flickr``.
 
     Rows without a positive are **kept** by default, as in the official lists (the protocol
-    gives them no observed positive, METHODS.md section 2; they remain negatives for every class
+    gives them no observed positive, docs/spec.md#regimes; they remain negatives for every class
     at evaluation); ``drop_empty=True`` drops them. Images of the lists that a local copy of
     ``Flickr.zip`` lacks can be dropped and counted with ``skip_missing=True``.
 

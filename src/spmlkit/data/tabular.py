@@ -2,7 +2,7 @@
 example, feature columns and label columns chosen by name or pattern.
 
 Files: ``.csv`` (comma), ``.tsv`` (tab), ``.parquet`` / ``.pq`` (needs pyarrow). pandas reads
-them; both come with the ``tabular`` extra (``pip install "spmlkit[tabular]"``).
+them; both come with the ``tabular`` extra (``pip install -e ".[tabular]"`` in a clone of spmlkit).
 
 Columns:
 
@@ -14,7 +14,11 @@ Columns:
   are then the sorted names found (or ``class_names``), and in observed training rows the names
   are the known positives.
 * ``features``: names and/or patterns likewise; default every numeric column that is not a
-  label, the split or the id column (left-out text columns are listed in a warning).
+  label, the split or the id column (left-out text columns are listed in a warning). A
+  whole-number column with a different value on every row looks like a row identifier and is
+  refused as a feature (give it as ``id_column``, or name it in ``features`` to keep it).
+  Features are standardised (z-score with the train rows' mean and std) unless
+  ``standardize=false``.
 * ``id_column``: an identifier per row (the dataset's ids, and ``spml predict``'s item names).
 * ``split_column``: with one file for every row, the column saying ``train``, ``val`` or
   ``test`` per row (``training``, ``valid``, ``validation``, ``testing`` too, any case).
@@ -68,8 +72,11 @@ def _pandas():
     try:
         import pandas
     except ModuleNotFoundError:
+        from ..extras import install_hint
+
         raise ModuleNotFoundError("the tabular source reads files with pandas, which is not "
-                                  "installed: pip install \"spmlkit[tabular]\"") from None
+                                  "installed: " + install_hint("tabular", "pandas pyarrow")
+                                  ) from None
     return pandas
 
 
@@ -94,8 +101,10 @@ def read_table(path, what: str = "table"):
             try:
                 import pyarrow  # noqa: F401
             except ModuleNotFoundError:
-                raise ModuleNotFoundError("reading Parquet files needs pyarrow: pip install "
-                                          "\"spmlkit[tabular]\"") from None
+                from ..extras import install_hint
+
+                raise ModuleNotFoundError("reading Parquet files needs pyarrow: " +
+                                          install_hint("tabular", "pyarrow")) from None
             df = pd.read_parquet(path)
         else:
             df = pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", encoding="utf-8-sig")
@@ -130,6 +139,10 @@ def select_columns(columns: Sequence[str], spec, what: str, where: str) -> list[
     if not items:
         raise ValueError(f"{where}: no {what} column given (names or patterns such as "
                          f"'label_*', comma-separated)")
+    repeated = sorted({i for i in items if items.count(i) > 1})
+    if repeated:
+        raise ValueError(f"{where}: {what} column(s) {repeated} given more than once in "
+                         f"{','.join(items)!r}; name each column once")
     chosen = set()
     for item in items:
         found = [c for c in columns if c == item or fnmatch.fnmatchcase(c, item)]
@@ -138,6 +151,26 @@ def select_columns(columns: Sequence[str], spec, what: str, where: str) -> list[
                              f"are {_preview(list(columns), 12)}")
         chosen.update(found)
     return [c for c in columns if c in chosen]
+
+
+#: a whole-number column with a different value on every one of at least this many rows is
+#: taken for a row identifier (refused as a feature unless named in ``features=``)
+ID_MIN_ROWS = 10
+
+
+def identifier_columns(df, columns: Sequence[str]) -> list[str]:
+    """The ``columns`` of ``df`` that look like row identifiers: whole numbers (an integer
+    dtype) with a different value on every row, in a table of at least :data:`ID_MIN_ROWS`
+    rows.
+
+    >>> import pandas as pd
+    >>> df = pd.DataFrame({"id": range(20), "f": [0.5] * 20, "n": [1, 2] * 10})
+    >>> identifier_columns(df, ["id", "f", "n"])
+    ['id']
+    """
+    if len(df) < ID_MIN_ROWS:
+        return []
+    return [c for c in columns if df[c].dtype.kind in "iu" and df[c].is_unique]
 
 
 def table_features(df, columns: Sequence[str], where: str) -> np.ndarray:
@@ -245,7 +278,7 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
                  val_path: str | os.PathLike | None = None,
                  split_column: str | None = None, id_column: str | None = None,
                  train_labels: str = "full", class_names=None,
-                 test_fraction: float = TEST_FRACTION, standardize: bool = False,
+                 test_fraction: float = TEST_FRACTION, standardize: bool = True,
                  name: str = "tabular", seed: int = OFFICIAL_SEED) -> Dataset:
     """A CSV / Parquet table (or several) as a :class:`~spmlkit.data.base.Dataset` (the module
     docstring describes the files and columns).
@@ -263,8 +296,11 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
             test set: ``test_path`` or ``split_column``).
         class_names: the classes of a names column, in column order (list or file).
         test_fraction, seed: the carve-out when no test set is given.
-        standardize: standardise the features with the train rows' statistics (saved with a
-            run for ``spml predict``).
+        standardize: standardise the features (z-score) with the train rows' mean and std
+            (default True: table columns come in any units; ``standardize=false`` keeps them as
+            they are). The statistics are recorded in the run (``config.json`` key
+            ``features``, and ``best.pt``, from which ``spml predict`` applies them to new
+            rows).
         name: the dataset's name.
 
     Returns:
@@ -306,6 +342,14 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
         if clash:
             raise ValueError(f"{where}: column(s) {clash} are chosen as features and as labels / "
                              f"split / id")
+    named = set(_patterns(features))  # a column named exactly is a feature by choice
+    ids = [c for c in identifier_columns(df, feature_cols) if c not in named]
+    if ids:
+        raise ValueError(f"{where}: column(s) {_preview(ids)} look like row identifiers (whole "
+                         f"numbers, a different one on each of the {len(df)} rows) and would "
+                         f"be used as features: give id_column={ids[0]} (its values then name "
+                         f"the rows, e.g. in spml predict's output), or choose the features with "
+                         f"features=... (a column named there is kept as a feature)")
     classes = resolve_class_names(class_names)
     frames = {"train": (df, where)}
     if split_column is not None:

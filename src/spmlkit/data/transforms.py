@@ -4,9 +4,9 @@ Three factories share one call contract, ``t(img, generator=None) -> FloatTensor
 (normalised with ``mean`` / ``std``, ImageNet's by default):
 
 - :func:`eval_transform` resizes to ``size x size`` (bilinear) and normalises; it draws nothing.
-- :func:`weak_view` is the fine-tuning view of METHODS.md section 3 and the weak view of
+- :func:`weak_view` is the fine-tuning view of docs/spec.md#protocol and the weak view of
   section 8: resize, then a horizontal flip with probability 0.5.
-- :func:`strong_view` is LAC's strong view (METHODS.md section 8), in this order: resize, flip
+- :func:`strong_view` is LAC's strong view (docs/spec.md#lac), in this order: resize, flip
   (p 0.5), Cutout of half the side with a random colour, RandAugment with 2 ops, colour jitter
   (brightness / contrast / saturation 0.4, hue 0.1) with p 0.8, grayscale with p 0.2.
 
@@ -84,8 +84,10 @@ def _pil():
     try:
         from PIL import Image
     except ModuleNotFoundError:
-        raise ModuleNotFoundError("image transforms need Pillow: pip install 'spmlkit[images]' "
-                                  "(or: pip install Pillow)") from None
+        from ..extras import install_hint
+
+        raise ModuleNotFoundError("image transforms need Pillow: " +
+                                  install_hint("images", "Pillow")) from None
     return Image
 
 
@@ -427,7 +429,7 @@ def strong_view(size: int, mean=IMAGENET_MEAN, std=IMAGENET_STD, *, flip_p: floa
                 cutout: float = 0.5, num_ops: int = 2, magnitude: float = 9,
                 ops: Sequence[str] | None = None, jitter=(0.4, 0.4, 0.4, 0.1),
                 jitter_p: float = 0.8, gray_p: float = 0.2) -> ImageTransform:
-    """LAC's strong view (METHODS.md section 8): resize, flip, Cutout (``cutout`` of the side,
+    """LAC's strong view (docs/spec.md#lac): resize, flip, Cutout (``cutout`` of the side,
     random colour; 0 turns it off), RandAugment (``num_ops`` ops at ``magnitude`` of 30), colour
     jitter ``jitter`` = (brightness, contrast, saturation, hue) with probability ``jitter_p``,
     grayscale with probability ``gray_p``."""

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..extras import install_hint
 from ..labels import OFFICIAL_SEED
 from .base import Dataset, LabelledSet, cole_split
 from .registry import register
@@ -29,7 +30,7 @@ def yeast_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(
             "the yeast dataset ships inside the 'river' package, which is not installed: "
-            "pip install 'spmlkit[demo]'  (or: pip install 'river>=0.26.0')")
+            + install_hint("demo", "'river>=0.26.0'"))
     path = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "yeast.csv.gz"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: river>=0.26.0 ships it; reinstall river")

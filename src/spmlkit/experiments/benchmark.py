@@ -34,20 +34,61 @@ DEFAULT_LOSSES = ("an", "an_ls", "wan", "epr", "role", "pr")
 OLD_RESUME_FILE = "grid.jsonl"
 
 
+def observed_labels(dataset_options: dict | None) -> bool:
+    """Whether the data's training labels are the user's observed ones (the option
+    ``train_labels=observed`` of the sources that take your own data): then they have no full
+    training labels, and every method trains with regime ``given``."""
+    return (dataset_options or {}).get("train_labels") == "observed"
+
+
+def kept_references(references, dataset_options: dict | None) -> tuple[list, list]:
+    """``(kept, skipped)``: the reference rows that can run on the data, and those that cannot
+    (every reference row trains on full labels, regime ``full`` or ``1p_alln``, which data
+    with observed training labels does not have)."""
+    references = list(references or ())
+    if observed_labels(dataset_options):
+        return [], references
+    return references, []
+
+
 def benchmark_study(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bce", "iun"),
                     seeds: int = 3, epochs: int = 25, grid: dict | None = None,
                     early_stop: str = "none", hparams: dict | None = None,
-                    dataset_options: dict | None = None, metric: str = "map") -> dict:
+                    dataset_options: dict | None = None, metric: str = "map",
+                    regime: str | None = None) -> dict:
     """The study spec (a dict for :func:`spmlkit.experiments.study.load_study`) of a benchmark:
     the arguments mean what they mean in :func:`run_benchmark`.
 
     >>> spec = benchmark_study("yeast", "an,epr@1p_1n", seeds=2, epochs=5)
     >>> spec["methods"], spec["seeds"], spec["grid"]["batch_size"]
     (['an', 'epr@1p_1n', 'bce', 'iun'], [0, 1], [8, 16])
+    >>> benchmark_study("tabular", "an,role", dataset_options={"train_labels": "observed"}
+    ...                 )["methods"]
+    ['an@given', 'role@given']
+
+    Raises:
+        ValueError: seeds below 1; on data with observed training labels a method with another
+            regime than ``given``; regime ``given`` on data without them.
     """
     if not isinstance(seeds, numbers.Integral) or seeds < 1:
         raise ValueError(f"seeds must be an integer >= 1, got {seeds!r}")
-    methods = parse_methods(losses, references)
+    observed = observed_labels(dataset_options)
+    regime = regime or ("given" if observed else "1p")
+    methods = parse_methods(losses, kept_references(references, dataset_options)[0], regime)
+    if observed:
+        drawn = [m.label for m in methods if m.regime != "given"]
+        if drawn:
+            raise ValueError(f"method(s) {', '.join(drawn)}: the training labels of "
+                             f"{dataset!r} are your observed ones (train_labels=observed), so "
+                             f"regimes that draw from full labels cannot run; train them with "
+                             f"regime given (loss@given, or no @regime)")
+    else:
+        given = [m.label for m in methods if m.regime == "given"]
+        if given:
+            raise ValueError(f"method(s) {', '.join(given)}: regime given trains on the "
+                             f"observed training labels of your own data; say that the "
+                             f"data's labels are those with --data train_labels=observed "
+                             f"(1 / 0 / -1 or empty cells in the training rows)")
     extra = {} if metric == "map" else {"metric": metric}
     return {**extra, "name": "benchmark-" + re.sub(r"[^A-Za-z0-9._-]+", "_", dataset),
             "title": f"spml benchmark on {dataset}",
@@ -62,14 +103,19 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
                   epochs: int = 25, grid: dict | None = None, early_stop: str = "none",
                   hparams: dict | None = None, dataset_options: dict | None = None,
                   progress: bool = True, *, argv=None, vectorise: bool = True,
-                  metric: str = "map") -> dict:
+                  metric: str = "map", regime: str | None = None) -> dict:
     """Run the grid for every method and seed as a study in ``out``; write results.json and
     table.md there.
 
     Args:
         dataset, dataset_options: the data (``spmlkit.data.load_splits``).
         losses: method specs, a list or comma-separated (see :func:`parse_methods`).
-        references: reference rows added unless listed already (``bce``, ``iun``).
+        references: reference rows added unless listed already (``bce``, ``iun``); left out,
+            with a note on stderr, when the data's training labels are observed ones
+            (``dataset_options["train_labels"] == "observed"``): they need full labels.
+        regime: the regime of the methods given without ``@regime``; default ``given`` when
+            the data's training labels are observed ones (``train_labels=observed``), else
+            ``1p``.
         seeds: seeds ``0 .. seeds-1`` (at least 1).
         out: the study folder; a re-launch with the same arguments resumes, one with other
             arguments runs what they need (the other runs' rows stay in the store, unused).
@@ -87,9 +133,13 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
             (:func:`spmlkit.experiments.study.run_study`); False: one run at a time.
 
     Returns:
-        ``{"results": [...], "table": str, "seconds": float, "study": dict}``: one result per
-        method x seed (the selected grid point), the Markdown table, the wall time of this
-        launch's runs, and what :func:`spmlkit.experiments.study.run_study` returned.
+        ``{"results": [...], "table": str, "seconds": float, "study": dict,
+        "failure_groups": [...], "missing": [...]}``: one result per method x seed (the
+        selected grid point), the Markdown table, the wall time of this launch's runs, what
+        :func:`spmlkit.experiments.study.run_study` returned, the failed grid points grouped by
+        their error (:func:`spmlkit.experiments.study.failure_groups`; this launch's and
+        earlier ones') and the ``(method, seed)`` pairs with no finished grid point (absent
+        from the table).
 
     Raises:
         ValueError: an invalid argument (the study spec's message), or another launch is
@@ -98,7 +148,13 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
     from .study import SPEC_FILE, load_study, run_study
 
     spec = load_study(benchmark_study(dataset, losses, references, seeds, epochs, grid,
-                                      early_stop, hparams, dataset_options, metric))
+                                      early_stop, hparams, dataset_options, metric, regime))
+    skipped = [r for r in kept_references(references, dataset_options)[1]
+               if r not in [m.label for m in spec.methods]]
+    if skipped:
+        print(f"note: reference row(s) {', '.join(skipped)} left out: they train on full "
+              f"labels, and the training labels of this data are the observed ones "
+              f"(train_labels=observed)", file=sys.stderr)
     out = Path(out)
     if (out / OLD_RESUME_FILE).is_file() and not (out / SPEC_FILE).is_file():
         print(f"note: {out} holds a benchmark from an older spmlkit ({out / OLD_RESUME_FILE}); "
@@ -106,11 +162,25 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
               f"{out} a study folder ({SPEC_FILE}, results.sqlite, runs/)", file=sys.stderr)
     res = run_study(spec, out=out, jobs=jobs, progress=progress, argv=argv, vectorise=vectorise)
     selected = _selected_records(out)
+    have = {(r["loss"], r["seed"]) for r in selected}
+    missing = [(m.label, s) for m in spec.methods for s in spec.seeds if (m.label, s) not in have]
     table = format_table(selected, spec.methods, dataset, seeds, spec.grid, spec.epochs,
                          res["seconds"], metric)
     write_json(out / "results.json", selected)
     write_text(out / "table.md", table)
-    return {"results": selected, "table": table, "seconds": res["seconds"], "study": res}
+    return {"results": selected, "table": table, "seconds": res["seconds"], "study": res,
+            "failure_groups": _failure_groups(out, spec), "missing": missing}
+
+
+def _failure_groups(out: Path, spec) -> list[dict]:
+    """The failed runs of the current spec (this launch's and earlier ones'), grouped by their
+    error (:func:`spmlkit.experiments.study.failure_groups`)."""
+    from .store import StudyStore
+    from .study import RESULTS_FILE, expand, failure_groups
+
+    ids = {t.run_id for t in expand(spec)}
+    return failure_groups(r for r in StudyStore(out / RESULTS_FILE).rows(status="failed")
+                          if r["run_id"] in ids)
 
 
 def _selected_records(out: Path) -> list[dict]:
@@ -150,6 +220,8 @@ def _classic(row: dict) -> dict:
 
 def _mean_std(values, decimals: int = 2) -> str:
     v = np.asarray(values, dtype=float)
+    if v.size and np.isnan(v).all():  # train recovery of partial training labels: unknown
+        return "n/a"
     return f"{v.mean():.{decimals}f} ± {v.std(ddof=1):.{decimals}f}" if v.size > 1 else \
         f"{v.mean():.{decimals}f}"
 

@@ -1,4 +1,4 @@
-"""Run a study's tasks on a Dask distributed cluster (``pip install 'spmlkit[dask]'``).
+"""Run a study's tasks on a Dask distributed cluster (``pip install -e ".[dask]"`` in a clone).
 
 :class:`DaskExecutor` is the :class:`spmlkit.experiments.pool.Executor` of a Dask cluster: a
 scheduler at an address (``dask scheduler`` on one machine, ``dask worker ADDRESS`` on the
@@ -43,6 +43,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from ..extras import install_hint
 from .pool import Executor, Lost, describe_task, init_worker
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ CONNECT_TIMEOUT = 30.0
 POLL_SECONDS = 0.05
 #: seconds after which the workers are counted again (workers that joined or left)
 RECOUNT_SECONDS = 2.0
-INSTALL_HINT = "pip install 'spmlkit[dask]' (or pip install 'dask[distributed]')"
+INSTALL_HINT = install_hint("dask", "'dask[distributed]'")
 
 
 def import_distributed():

@@ -112,11 +112,12 @@ class Method:
     reg: tuple = ()
 
 
-def parse_methods(losses, references=("bce", "iun")) -> list[Method]:
+def parse_methods(losses, references=("bce", "iun"), regime: str = "1p") -> list[Method]:
     """``["an", "bce@full"]`` -> methods; ``"all"`` stands for every registered loss (but bce,
     a reference row, and the losses that need an external scorer's file, ``em_pl`` and ``gpr``:
     name them, with their ``scores`` in the hyperparameters) and may be combined with more specs
-    (``"all,opml@full"``)."""
+    (``"all,opml@full"``). ``regime``: the regime of a spec without ``@regime`` (another than
+    ``1p`` is then written into its label: ``an@given``)."""
     from ..losses import LOSSES
     from ..losses.regularizers import parse_regularizers
 
@@ -125,6 +126,7 @@ def parse_methods(losses, references=("bce", "iun")) -> list[Method]:
     every = [n for n in LOSSES.names()
              if n != "bce" and not getattr(LOSSES.get(n).factory, "needs_scores", False)]
     losses = [name for spec in losses for name in (every if spec == "all" else [spec])]
+    default = regime
     out = []
     for spec in losses:
         name, _, regime = spec.partition("@")
@@ -136,6 +138,8 @@ def parse_methods(losses, references=("bce", "iun")) -> list[Method]:
         LOSSES.get(name)  # unknown names fail here, with suggestions
         if reg:
             parse_regularizers(reg)  # so does a bad regulariser spec
+        if not regime and default != "1p":
+            spec, regime = f"{spec}@{default}", default
         out.append(Method(spec, name, regime or "1p", tuple(reg)))
     for ref in references or ():
         if ref not in REFERENCES:
@@ -889,37 +893,48 @@ def lost_rows(task: dict, reason: str) -> list[dict]:
 def execute_group(task: dict) -> list[dict]:
     """Run a group of task dicts at once (the linear mode's stacked runs,
     :func:`spmlkit.methods.train_runs`; :func:`group_tasks` says which runs group); one store
-    row per run, each as :func:`execute` would have made it (a run that diverged fails
-    alone)."""
+    row per run, each as :func:`execute` would have made it: a run that fails (its data or k
+    cannot be set up, its loss raises, it diverges) fails alone, the others train on."""
     from ..engine import TrainConfig
     from ..methods import train_runs
 
     t0 = time.perf_counter()
     members = [{**m, "runs_root": task["runs_root"]} for m in task["group"]]
-    first = members[0]
     for m in members:
         folder = Path(m["runs_root"]) / m["run_id"]
         if folder.exists():  # left by a try whose worker died: the retry replaces it
             _safe_remove(folder, folder.parent / ".stale")
+    rows: list = [None] * len(members)
+    setups, ready = [], []
+    for i, m in enumerate(members):  # a run whose data or k cannot be set up fails alone
+        try:
+            setups.append(_task_setup(m))  # splits cached: one load per regime
+            ready.append(i)
+        except Exception as err:  # noqa: BLE001 (recorded; the group's other runs go on)
+            rows[i] = _failed_row(m, err, traceback.format_exc(), time.perf_counter() - t0)
+    if not ready:
+        return rows
+    group = [members[i] for i in ready]
+    first = group[0]
     try:
-        setups = [_task_setup(m) for m in members]  # splits cached: one load per regime
         method, options = setups[0][2], setups[0][3]
         ks = [setup[1] for setup in setups]
         results = train_runs(method, [setup[0] for setup in setups],
-                             [m["loss"] for m in members], [dict(m["hparams"]) for m in members],
-                             [TrainConfig(**m["train"]) for m in members], k=ks,
-                             out=first["runs_root"], run_names=[m["run_id"] for m in members],
+                             [m["loss"] for m in group], [dict(m["hparams"]) for m in group],
+                             [TrainConfig(**m["train"]) for m in group], k=ks,
+                             out=first["runs_root"], run_names=[m["run_id"] for m in group],
                              dataset_options=first["dataset_options"], **options)
     except Exception as err:  # every run of the group failed with it
         text = traceback.format_exc()
-        return [_failed_row(m, err, text, time.perf_counter() - t0) for m in members]
-    rows = []
-    for m, res, k in zip(members, results, ks):
+        for i, m in zip(ready, group):
+            rows[i] = _failed_row(m, err, text, time.perf_counter() - t0)
+        return rows
+    for i, m, res, k in zip(ready, group, results, ks):
         if isinstance(res, BaseException):
             text = "".join(traceback.format_exception(type(res), res, res.__traceback__))
-            rows.append(_failed_row(m, res, text, None))
+            rows[i] = _failed_row(m, res, text, None)
         else:
-            rows.append(_done_row(m, res, k))
+            rows[i] = _done_row(m, res, k)
     return rows
 
 
@@ -1223,7 +1238,7 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
         checkpoint_seconds: how often a run writes its resumable checkpoint (seconds between
             writes, after an epoch; default
             :data:`spmlkit.methods.base.CHECKPOINT_SECONDS`; 0: every epoch).
-        dask: run on Dask distributed (``pip install 'spmlkit[dask]'``): ``"local"`` for a
+        dask: run on Dask distributed (``pip install -e ".[dask]"`` in the clone): ``"local"`` for a
             ``LocalCluster`` of ``jobs`` worker processes on this machine, or a scheduler's
             address (``"tcp://host:8786"``); the study folder must be visible to the workers at
             the same path (:mod:`spmlkit.experiments.dask_executor`).

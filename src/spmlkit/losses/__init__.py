@@ -57,7 +57,9 @@ def loss_hparams(name: str) -> dict:
     entry = LOSSES.get(name)
     out = {}
     for klass in reversed(inspect.getmro(entry.factory)):
-        if "__init__" in vars(klass) and klass.__module__.startswith("spmlkit"):
+        # spmlkit's classes and a user's own (registered from any module); not nn.Module's
+        if "__init__" in vars(klass) and klass.__module__.split(".")[0] not in ("torch",
+                                                                                 "builtins"):
             for n, p in inspect.signature(klass.__init__).parameters.items():
                 if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
                     out[n] = p.default

@@ -1,6 +1,6 @@
 """The loss contract shared by every method, and the log-space helpers they are built from.
 
-Contract (DESIGN.md convention 2)::
+Contract (docs/spec.md#notation; docs/extending/loss.md#contract)::
 
     loss = create_loss(name, **hparams)           # an nn.Module
     value = loss(logits, observed, index=None)    # logits B x L, observed B x L in {1, 0, -1}

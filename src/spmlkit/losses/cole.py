@@ -1,6 +1,6 @@
 """The losses of Cole et al., "Multi-Label Learning from Single Positive Labels" (CVPR 2021).
 
-Per-entry losses (METHODS.md section 4); every one is reduced over B * L by :class:`SPMLLoss`.
+Per-entry losses (docs/spec.md#cole-losses); every one is reduced over B * L by :class:`SPMLLoss`.
 ``p = sigmoid(s)``; O+ / U / O- are the observed-positive, unobserved and observed-negative
 entries.
 """

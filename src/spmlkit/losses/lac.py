@@ -1,5 +1,5 @@
 """The two regularisers of LAC (Xie, Xiao, Huang, "Label-Aware Global Consistency for
-Multi-Label Learning with Single Positive Labels", NeurIPS 2022; METHODS.md section 8).
+Multi-Label Learning with Single Positive Labels", NeurIPS 2022; docs/spec.md#lac).
 
 These are not per-logit SPML losses (they need two views, label-wise embeddings and a memory
 queue), so nothing here is in the ``LOSSES`` registry; the LAC trainer
@@ -17,7 +17,7 @@ that have them)::
 So an observed positive is always a pseudo-positive (u >= 1 >= delta), an observed negative
 always a pseudo-negative (u < 0), and an unobserved entry is pseudo-labelled by its weak-view
 probability when it is confident enough. In the single-positive regime (z_obs in {0, 1}) this is
-exactly METHODS.md's formula.
+exactly the formula of docs/spec.md#lac.
 
 **LAC** (label-aware global consistency, paper eq. 5-7): every positive (image, label) entry
 (observed or pseudo) contributes its two projected views (weak and strong, unit norm) as

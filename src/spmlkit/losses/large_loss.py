@@ -1,5 +1,5 @@
 """Large-loss methods of Kim et al., "Large Loss Matters in Weakly Supervised Multi-Label
-Classification" (CVPR 2022): LL-R, LL-Ct and LL-Cp (METHODS.md section 6).
+Classification" (CVPR 2022): LL-R, LL-Ct and LL-Cp (docs/spec.md#large-loss).
 
 Per batch, ``l`` is BCE-with-logits on assume-negative targets (1 on O+, 0 on U and O-). From
 the paper's epoch 2 on (``epoch >= 1`` here: the engine counts epochs from 0, so nothing is

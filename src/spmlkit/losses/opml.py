@@ -1,7 +1,7 @@
 """OPML of Li, Wang, Chen, "Pushing One Pair of Labels Apart Each Time in Multi-Label Learning:
 From Single Positive to Full Labels", and ZLPR (Su et al. 2022), its special case.
 
-METHODS.md section 7 gives the equations (the paper's copy lost them). For one row with
+docs/spec.md#opml gives the equations (the paper's copy lost them). For one row with
 positives ``P`` (its observed positives) and negatives ``N`` (every other label: in the
 single-positive regime the unobserved labels are assumed negative, in the full regime they are the
 observed negatives)::
@@ -10,7 +10,7 @@ observed negatives)::
 
 computed with ``logsumexp`` (``log(alpha + sum exp(x)) = logsumexp([log alpha, x...])``), never
 with a raw ``exp``. ``alpha = a / (1 - a)`` and ``beta = b / (1 - b)`` with ``a, b in (0, 1)``
-(the paper's mechanism for choosing the two constants; the exact map is ours, METHODS.md 7), so
+(the paper's mechanism for choosing the two constants; the exact map is ours, docs/spec.md#opml), so
 ``a = b = 0.5`` gives ``alpha = beta = 1``: ZLPR. With ``beta = 1`` the gradient on a positive
 equals BCE's, ``sigmoid(s_i) - 1`` when ``|P| = 1``.
 

@@ -2,7 +2,7 @@
 
 A regulariser is a function ``fn(logits) -> scalar`` (logits B x L) registered in
 :data:`REGULARIZERS` with a default weight. :class:`Regularized` wraps any :class:`SPMLLoss` and
-adds ``sum_r weight_r * fn_r(logits)`` after the base loss's reduction (METHODS.md section 1:
+adds ``sum_r weight_r * fn_r(logits)`` after the base loss's reduction (docs/spec.md#notation:
 regularisers are added after the reduction). ``create_loss(name, reg=...)`` builds the wrapper::
 
     create_loss("an", reg="highrank:1e-3")              # one spec

@@ -1,14 +1,14 @@
 """The losses of Zhou et al., "Acknowledging the Unknown for Multi-label Learning with Single
 Positive Labels" (ECCV 2022): EM, EM + APL, and the baselines of their Table 1.
 
-METHODS.md section 5 is the specification. ``p = sigmoid(s)``; O+ / U / O- are the observed
+docs/spec.md#zhou is the specification. ``p = sigmoid(s)``; O+ / U / O- are the observed
 positive, unobserved and observed negative entries; every per-entry matrix is reduced over B * L
 by :class:`~spmlkit.losses.base.SPMLLoss` (so each loss here is a mean, never a sum).
 ``H(p) = -[p log p + (1-p) log(1-p)]`` is the binary entropy, computed from logits in log space.
 
 Registered names: ``em``, ``em_apl`` (the paper's methods) and ``dw``, ``l1r``, ``l2r``, ``ls``,
 ``n_ls``, ``entmin``, ``focal``, ``asl`` (baselines that are not in the official code; defined by
-METHODS.md and built on the Cole et al. classes where one exists).
+docs/spec.md#zhou and built on the Cole et al. classes where one exists).
 
 Observed negatives. The official EM code asserts there are none, and its EM+APL code reads every
 negative value of the label matrix as a soft pseudo-label ``-s``, so an observed ``-1`` would be
@@ -105,7 +105,7 @@ def focal_entries(logits: torch.Tensor, observed: torch.Tensor, gamma: float = 2
                   eps: float = 0.0) -> torch.Tensor:
     """Focal loss on AN targets (B x L): ``-(1-p)^g log p`` on O+, ``-p^g log(1-p)`` elsewhere.
 
-    No class-balancing factor (METHODS.md section 5). ``gamma = 0`` gives AN.
+    No class-balancing factor (docs/spec.md#zhou). ``gamma = 0`` gives AN.
     """
     logits = as_compute(logits)
     pos, _, _ = masks(observed)

@@ -138,9 +138,9 @@ def list_methods() -> list[TrainingMethod]:
 #: method's default.
 SELECTED_LR: dict = {
     **{("finetune", "em_apl", d): (lr, "Zhou et al. 2022, official batch/lr per dataset "
-                                       "(METHODS.md section 5)")
+                                       "(docs/spec.md#zhou)")
        for d, lr in {"voc": 1e-5, "coco": 1e-5, "nuswide": 1e-5, "cub": 1e-4}.items()},
-    **{("finetune", name, None): (1e-5, "Kim et al. 2022, official lr (METHODS.md section 6)")
+    **{("finetune", name, None): (1e-5, "Kim et al. 2022, official lr (docs/spec.md#large-loss)")
        for name in ("ll_r", "ll_ct", "ll_cp")},
 }
 
@@ -299,6 +299,23 @@ def feature_preprocess(splits) -> dict:
     return {key: torch.as_tensor(np.asarray(stats[key], dtype)) for key in ("mean", "std")}
 
 
+def feature_record(splits) -> dict:
+    """What ``config.json`` records of the features a run trains on (key ``features``): the
+    table columns used (the ``tabular`` source), and the standardisation: ``{"by": "train
+    rows", "mean", "std"}`` (what ``spml predict`` applies to new rows, from ``best.pt``) or
+    False."""
+    meta = splits.meta or {}
+    stats = meta.get("standardize")
+    shape = tuple(getattr(splits.train.x, "shape", ()))  # arrays only (never converts items)
+    out = {"standardized": {"by": "train rows", "mean": stats["mean"], "std": stats["std"]}
+           if stats else False}
+    if len(shape) == 2:  # feature vectors (image sources' inputs are files)
+        out["dim"] = int(shape[1])
+    if meta.get("feature_columns"):
+        out["columns"] = list(meta["feature_columns"])
+    return out
+
+
 @dataclass
 class RunContext:
     """What a method's ``fit`` gets from :func:`train_run`."""
@@ -388,7 +405,7 @@ def _fresh_config(method: TrainingMethod, ctx: RunContext, dataset_options) -> d
            "options": _plain_options(ctx.options), "sizes": {s: len(getattr(splits, s))
                                               for s in ("train", "val", "test")},
            "class_names": list(splits.class_names), "labels": describe_labels(splits),
-           "versions": versions()}
+           "features": feature_record(splits), "versions": versions()}
     if method.run_config is not None:
         out.update(method.run_config(ctx))
     return out
@@ -630,48 +647,62 @@ def train_runs(method: str | TrainingMethod, splits, loss, hparams, configs, *,
                 out_list.append(err)
         return out_list
     options = method.check_options(options)
-    for sp in {id(sp): sp for sp in splits_l}.values():
-        check_inputs(method, sp)
+    checked: dict = {}  # id(splits) -> None or the error of check_inputs
     ctxs, runs, pseudos = [], [], []
-    for sp, ls, hp, k_, config, name in zip(splits_l, loss_l, hparams_l, k_l, configs, names):
-        hp = resolve_hparams(ls, sp.name, hp)
-        if method.resolve_config is not None:
-            config = method.resolve_config(config, options)
-        run_k = sp.k if k_ is None else resolve_k(k_, sp, config.seed)
+    results: list = [None] * count  # a run whose setup fails ends with its error, alone
+    for i, (sp, ls, hp, k_, config, name) in enumerate(zip(splits_l, loss_l, hparams_l, k_l,
+                                                           configs, names)):
         run = None
-        if out is not None:
-            parts = [sp.name, ls, *([] if method.name == "linear" else [method.name]),
-                     sp.regime, f"s{config.seed}"]
-            run = RunDir.create(out, name or "-".join(parts).replace(":", "_"))
-        pseudo: dict = {}
-        log_epoch = _epoch_logger(sp, run, pseudo)
-        # no checkpoint.pt: a group that stopped is trained again as a whole (a study replaces
-        # its folders), and a folder without one restarts when resumed alone (resume_run)
-        ctx = RunContext(method, sp, ls, hp, create_loss(ls, **hp), run_k, config, options,
-                         log_epoch, None, None, True, run.path if run is not None else None)
-        if run is not None:
-            run.start(_fresh_config(method, ctx, dataset_options), sp.observed)
-        ctxs.append(ctx)
+        try:
+            if id(sp) not in checked:
+                try:
+                    check_inputs(method, sp)
+                    checked[id(sp)] = None
+                except Exception as err:  # noqa: BLE001 (the runs on these splits fail)
+                    checked[id(sp)] = err
+            if checked[id(sp)] is not None:
+                raise checked[id(sp)]
+            hp = resolve_hparams(ls, sp.name, hp)
+            if method.resolve_config is not None:
+                config = method.resolve_config(config, options)
+            run_k = sp.k if k_ is None else resolve_k(k_, sp, config.seed)
+            if out is not None:
+                parts = [sp.name, ls, *([] if method.name == "linear" else [method.name]),
+                         sp.regime, f"s{config.seed}"]
+                run = RunDir.create(out, name or "-".join(parts).replace(":", "_"))
+            pseudo: dict = {}
+            log_epoch = _epoch_logger(sp, run, pseudo)
+            # no checkpoint.pt: a group that stopped is trained again as a whole (a study
+            # replaces its folders), and a folder without one restarts when resumed alone
+            ctx = RunContext(method, sp, ls, hp, create_loss(ls, **hp), run_k, config, options,
+                             log_epoch, None, None, True, run.path if run is not None else None)
+            if run is not None:
+                run.start(_fresh_config(method, ctx, dataset_options), sp.observed)
+        except Exception as err:  # noqa: BLE001 (this run fails; the others train)
+            if run is not None:
+                run.fail(err)
+            results[i] = err
+            continue
+        ctxs.append((i, ctx))
         runs.append(run)
         pseudos.append(pseudo)
-    fitted = method.fit_many(ctxs)
-    results = []
-    for i, (ctx, run, pseudo) in enumerate(zip(ctxs, runs, pseudos)):
+    fitted = method.fit_many([ctx for _, ctx in ctxs]) if ctxs else []
+    for j, ((i, ctx), run, pseudo) in enumerate(zip(ctxs, runs, pseudos)):
         # each run's outputs are let go once it is scored and written (a method may compute
         # them on first use: the linear mode's stacked runs on stored features)
-        fit, fitted[i] = fitted[i], None
+        fit, fitted[j] = fitted[j], None
         if isinstance(fit, BaseException):
             if run is not None:
                 run.fail(fit)
-            results.append(fit)
+            results[i] = fit
             continue
         try:
             # seconds: the run's share of the stacked training, then its own scoring
-            results.append(_complete_run(ctx, run, fit, pseudo,
-                                         time.perf_counter() - fit.fit.seconds,
-                                         {"vectorised": len(ctxs)}, durable=False))
-        except Exception as err:
-            results.append(err)
+            results[i] = _complete_run(ctx, run, fit, pseudo,
+                                       time.perf_counter() - fit.fit.seconds,
+                                       {"vectorised": len(ctxs)}, durable=False)
+        except Exception as err:  # noqa: BLE001
+            results[i] = err
     if out is not None:
         sync_files()  # the finished folders on disk at once (not two fsyncs a run)
     return results

@@ -1,7 +1,7 @@
 """LAC (Xie, Xiao, Huang, NeurIPS 2022) as a runnable, resumable two-stage recipe.
 
 "Label-Aware Global Consistency for Multi-Label Learning with Single Positive Labels"
-(papers/000_86db976f6d17197a.txt; METHODS.md section 8). The model is a backbone feature map
+(NeurIPS 2022; docs/spec.md#lac). The model is a backbone feature map
 through a label-wise embedding head (:class:`spmlkit.models.LabelEmbeddingModel`); every train
 image is seen in a weak view ``w`` (flip + resize) and a strong view ``s`` (Cutout,
 RandAugment, colour jitter, grayscale; :mod:`spmlkit.data.transforms`). With ``z_obs`` the

@@ -13,6 +13,7 @@ as ``train_probs.npy`` (epochs x N_train x L, float16; row ``e - 1`` is epoch ``
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -121,7 +122,12 @@ def fit_many(contexts: list[RunContext]) -> list:
     train or val data differ are stacked apart); they share one loss and observed labels, or
     their losses are all closed-form (then their losses, hyperparameters, regimes and k may
     differ). Runs with ``save_train_probs``, an MLP head or a resume are refused (train these
-    one by one)."""
+    one by one).
+
+    A run that fails fails alone: the stacked engine ends a diverged run (or one whose hooks or
+    callbacks raise) and trains the others on; an error of the stack as a whole (a loss that
+    raises in the stacked step or when its labels are set) trains each of its runs alone
+    (:func:`fit`), so every other run ends as ``train_run`` would end it."""
     for ctx in contexts:
         if ctx.options["save_train_probs"] or ctx.resume is not None or \
                 ctx.options["head"] != "linear":
@@ -146,8 +152,13 @@ def fit_many(contexts: list[RunContext]) -> list:
                 [c.config for c in ctxs], x_val=splits.val.x, y_val=splits.val.y,
                 k=[c.k for c in ctxs], on_epoch=[c.on_epoch for c in ctxs],
                 checkpoint=[c.checkpoint for c in ctxs])
-        except Exception as err:  # every run of this stack failed with it
-            out = [err] * len(ctxs)
+        except Exception as err:  # noqa: BLE001 (the stack as a whole: which run is unknown)
+            if len(ctxs) == 1:
+                out = [err]
+            else:  # each run trains alone, as train_run would: one that fails, fails alone
+                for i, ctx in zip(stack, ctxs):
+                    fitted[i] = _alone(ctx)
+                continue
         for i, ctx, item in zip(stack, ctxs, out):
             if isinstance(item, BaseException):
                 fitted[i] = item
@@ -157,6 +168,22 @@ def fit_many(contexts: list[RunContext]) -> list:
             except Exception as err:
                 fitted[i] = err
     return fitted
+
+
+def _alone(ctx: RunContext):
+    """A run of a stack that raised as a whole, trained on its own (:func:`fit`, what
+    ``train_run`` runs): a fresh loss module (the stack's hooks changed the old one) and no epoch
+    records of the stacked try. Its ``Fitted``, or the exception that ended it."""
+    from ..losses import create_loss
+    from ..runs import METRICS_FILE
+
+    try:
+        ctx.loss = create_loss(ctx.loss_name, **ctx.hparams)
+        if ctx.run_dir is not None:
+            (Path(ctx.run_dir) / METRICS_FILE).unlink(missing_ok=True)
+        return fit(ctx)
+    except Exception as err:  # noqa: BLE001 (this run's own failure)
+        return err
 
 
 def _same_features(a, b) -> bool:

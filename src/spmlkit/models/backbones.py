@@ -86,7 +86,8 @@ _HALF = (0.5, 0.5, 0.5)
 def _missing(package: str, extra: str) -> ModuleNotFoundError:
     return ModuleNotFoundError(
         f"the package {package!r} is not installed; install it with "
-        f"`pip install {package}` (or `pip install 'spmlkit[{extra}]'`; on a machine with the "
+        f"`pip install {package}` (or `pip install -e \".[{extra}]\"` in a clone of spmlkit; "
+        f"on a machine with the "
         f"CPU build of torch add `-c constraints.txt` so pip keeps that torch)")
 
 

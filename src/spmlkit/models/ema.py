@@ -2,7 +2,7 @@
 
 Xie, Xiao, Huang, NeurIPS 2022, section 4.1: "we apply exponential moving average (EMA) to model
 parameters with a decay of 0.9997" (the authors' code: Query2Label's ``ModelEma``, constant
-decay, updated after every optimiser step). METHODS.md section 8.
+decay, updated after every optimiser step). docs/spec.md#lac.
 
 After each update ``n`` (counted from 0)::
 

@@ -1,4 +1,4 @@
-"""Label-wise embedding model of LAC (Xie, Xiao, Huang, NeurIPS 2022; METHODS.md section 8).
+"""Label-wise embedding model of LAC (Xie, Xiao, Huang, NeurIPS 2022; docs/spec.md#lac).
 
 A backbone feature map ``B x C x H x W`` becomes one embedding per label (``B x L x d``):
 

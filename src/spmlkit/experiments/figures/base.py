@@ -25,8 +25,10 @@ def new_figure(figsize, nrows: int = 1, ncols: int = 1, **kw):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as err:
-        raise ModuleNotFoundError("figures need matplotlib: pip install 'spmlkit[plots]' (or "
-                                  "pip install matplotlib)") from err
+        from ...extras import install_hint
+
+        raise ModuleNotFoundError("figures need matplotlib: " +
+                                  install_hint("plots", "matplotlib")) from err
     fig = Figure(figsize=figsize, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(nrows, ncols, squeeze=False, **kw)

@@ -1,0 +1,172 @@
+"""The documentation runs and stays in step with the code.
+
+- The generated pages (CLI reference, methods catalogue, presets, study schema, results) equal
+  what ``docs/gen.py`` makes from the code and data now (the drift test).
+- The code blocks of README.md and every page under docs/ run: ``bash`` blocks line by line
+  (``spml ...`` through :func:`spmlkit.cli.main` in this process, anything else with bash),
+  ``python`` blocks in a fresh interpreter, study ``yaml`` blocks through the spec validator;
+  each page in its own temporary folder, its blocks in order. A block preceded by
+  ``<!-- docs-test: skip (reason) -->`` is not run (installs, minutes-long studies, sketches).
+- Every ``docs/<page>.md#<anchor>`` cited in the source, tests and presets names a page and an
+  anchor that exist.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+FENCE = re.compile(r"(?P<mark><!-- docs-test: (?P<how>[a-z]+)[^>]*-->\n)?"
+                   r"^```(?P<lang>[\w-]*)[^\n]*\n(?P<code>.*?)^```", re.S | re.M)
+RUN = ("bash", "python", "yaml")
+
+
+def blocks(page: Path) -> list[tuple[str, str, bool]]:
+    """``(language, code, skipped)`` of each fenced block of ``page``, in order."""
+    text = page.read_text(encoding="utf-8")
+    return [(m["lang"], m["code"], m["how"] == "skip") for m in FENCE.finditer(text)]
+
+
+def runnable(page: Path) -> list[tuple[str, str]]:
+    return [(lang, code) for lang, code, skip in blocks(page) if lang in RUN and not skip]
+
+
+def _id(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+# ---- generated pages ---------------------------------------------------------------------------
+def test_generated_pages_are_up_to_date():
+    """``python docs/gen.py --check``: the committed pages equal a fresh generation."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, str(DOCS / "gen.py"), "--check"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr + done.stdout
+
+
+def test_generated_pages_cover_the_registries():
+    """Every loss, training method, preset and CLI command appears in its generated page."""
+    from spmlkit.cli import build_parser
+    from spmlkit.experiments.study import list_presets
+    from spmlkit.losses import LOSSES
+    from spmlkit.methods import list_methods
+
+    catalogue = (DOCS / "methods" / "catalogue.md").read_text()
+    assert all(f"{{ #{n} }}" in catalogue for n in LOSSES.names())
+    assert all(f"{{ #mode-{m.name} }}" in catalogue for m in list_methods())
+    presets = (DOCS / "reproduce" / "presets.md").read_text()
+    assert all(f"{{ #{n} }}" in presets for n, _ in list_presets())
+    cli = (DOCS / "reference" / "cli.md").read_text()
+    sub = next(a for a in build_parser()._actions if hasattr(a, "choices") and
+               isinstance(a.choices, dict))
+    assert all(f"`spml {name}`" in cli for name in sub.choices)
+
+
+# ---- references to docs pages from the code -----------------------------------------------------
+REF = re.compile(r"docs/([\w/-]+\.md)(?:#([\w-]+))?")
+
+
+def _anchors(page: Path) -> set[str]:
+    text = page.read_text(encoding="utf-8")
+    out = set(re.findall(r"\{ ?#([\w-]+)", text))
+    for heading in re.findall(r"^#+ (.+?)\s*(?:\{.*\})?$", text, re.M):
+        out.add(re.sub(r"[\s]+", "-", re.sub(r"[^\w\s-]", "", heading).strip().lower()))
+    return out
+
+
+def test_every_docs_reference_in_the_code_resolves():
+    found = 0
+    for path in [*ROOT.joinpath("src").rglob("*.py"), *ROOT.joinpath("src").rglob("*.yaml"),
+                 *ROOT.joinpath("tests").glob("*.py"), *ROOT.joinpath("benchmarks").glob("*")]:
+        if path.name == "test_docs.py" or not path.is_file():
+            continue
+        for page, anchor in REF.findall(path.read_text(encoding="utf-8")):
+            target = DOCS / page
+            assert target.is_file(), f"{path}: cites docs/{page}, which does not exist"
+            if anchor:
+                assert anchor in _anchors(target), f"{path}: docs/{page} has no #{anchor}"
+            found += 1
+    assert found >= 20
+    hits = subprocess.run(["grep", "-rn", "METHODS.md\\|DESIGN.md", "src", "tests",
+                           "benchmarks"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert not [h for h in hits.splitlines() if "test_docs.py" not in h], hits
+
+
+# ---- the code blocks run -----------------------------------------------------------------------
+def test_blocks_are_counted():
+    """Enough of the docs runs: the count printed is the number of blocks executed below."""
+    counts = {_id(p): len(runnable(p)) for p in PAGES}
+    total = sum(counts.values())
+    skipped = sum(skip for p in PAGES for lang, _, skip in blocks(p) if lang in RUN)
+    print(f"docs code blocks executed: {total} (skipped on purpose: {skipped}); {counts}")
+    assert total >= 20
+    assert counts["README.md"] >= 4
+
+
+def _bash(code: str, cwd: Path, env: dict, capsys) -> None:
+    from spmlkit.cli import main
+
+    lines = code.replace("\\\n", " ").splitlines()
+    for line in lines:
+        words = shlex.split(line, comments=True)
+        if not words:
+            continue
+        assign = re.fullmatch(r"([A-Za-z_]\w*)=(.*)", line.strip())
+        if assign and len(words) == 1:
+            env[assign[1]] = words[0].split("=", 1)[1]
+            continue
+        expanded = shlex.split(re.sub(r"\$(\w+)|\$\{(\w+)\}",
+                                      lambda m: env.get(m[1] or m[2], ""), line), comments=True)
+        if expanded[0] == "spml":
+            try:
+                status = main(expanded[1:])
+            except SystemExit as stop:  # argparse's own exits: --version, --help, bad usage
+                status = stop.code
+            out = capsys.readouterr()
+            assert status in (0, None), f"{line!r} exited {status}: {out.err[-2000:]}"
+        else:
+            done = subprocess.run(["bash", "-c", line], cwd=cwd, env=env,
+                                  capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, f"{line!r}: {done.stderr[-2000:]}"
+
+
+def _python(code: str, cwd: Path, env: dict) -> None:
+    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _yaml(code: str) -> None:
+    import yaml
+
+    from spmlkit.experiments.study import load_study
+
+    raw = yaml.safe_load(code)
+    if isinstance(raw, dict) and "datasets" in raw and "methods" in raw:
+        load_study(raw)  # a study spec shown in the docs is a valid one
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", [p for p in PAGES if runnable(p)], ids=_id)
+def test_page_blocks_run(page, tmp_path, monkeypatch, capsys):
+    import torch
+
+    torch.set_num_threads(1)
+    monkeypatch.chdir(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for lang, code in runnable(page):
+        if lang == "bash":
+            _bash(code, tmp_path, env, capsys)
+        elif lang == "python":
+            _python(code, tmp_path, env)
+        else:
+            _yaml(code)
