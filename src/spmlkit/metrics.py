@@ -14,8 +14,12 @@ import numpy as np
 from .labels import validate_full_labels
 
 
-def _as_scores(scores, y) -> tuple[np.ndarray, np.ndarray]:
-    s = np.asarray(scores, dtype=np.float64)
+def _as_scores(scores, y, keep_float32: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Validated scores (float64; float32 ones kept as they are with ``keep_float32``, where
+    only their order and distinct values matter: no float64 copy of a large split) and labels."""
+    s = np.asarray(scores)
+    if not (keep_float32 and s.dtype == np.float32):
+        s = s.astype(np.float64, copy=False)
     y = validate_full_labels(y, "metrics targets")
     if s.shape != y.shape:
         raise ValueError(f"scores {s.shape} and labels {y.shape} must have the same shape")
@@ -62,14 +66,9 @@ def per_class_ap(scores, y) -> np.ndarray:
     """AP (x100) of every class; NaN where a class has no positive: :func:`average_precision`
     of every column at once (one sort of all columns, in blocks of columns of at most
     :data:`BLOCK_ENTRIES` entries; equal to it up to summation order)."""
-    if isinstance(scores, np.ndarray) and scores.dtype == np.float32 and scores.ndim == 2:
-        # float32 scores (a run's probabilities) are cast block by block: the same values and
-        # ties as one float64 copy, without that copy of a large split
-        s, y = scores, validate_full_labels(y, "metrics targets")
-        if s.shape != y.shape:
-            raise ValueError(f"scores {s.shape} and labels {y.shape} must have the same shape")
-    else:
-        s, y = _as_scores(scores, y)
+    # float32 scores (a run's probabilities) are cast block by block: the same values and ties
+    # as one float64 copy, without that copy of a large split
+    s, y = _as_scores(scores, y, keep_float32=True)
     n, classes = s.shape
     if n == 0:
         return np.full(classes, np.nan)
@@ -83,8 +82,6 @@ def per_class_ap(scores, y) -> np.ndarray:
 def _columns_ap(s: np.ndarray, y: np.ndarray) -> np.ndarray:
     """:func:`per_class_ap` of validated scores and labels, every column from one sort."""
     n = s.shape[0]
-    if not np.isfinite(s).all():
-        raise ValueError(f"scores hold {int((~np.isfinite(s)).sum())} non-finite value(s)")
     order = np.argsort(-s, axis=0)  # tied scores are grouped: their order does not matter
     s = np.take_along_axis(s, order, axis=0)
     tp = np.cumsum(np.take_along_axis(y > 0, order, axis=0), axis=0, dtype=np.float64)
@@ -469,17 +466,19 @@ def pseudo_label_stats(mask, value, y) -> tuple[int, float]:
 def _f1_sweep(scores: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every distinct score as a threshold (predict positive where ``score >= t``), highest
     first, and the F1 of each over all the given entries: ``2 TP / (2 TP + FP + FN)``."""
-    s = np.asarray(scores, dtype=np.float64).ravel()
+    s = np.asarray(scores)
+    s = (s if s.dtype == np.float32 else s.astype(np.float64)).ravel()
     t = np.asarray(targets).ravel().astype(bool)
-    # highest first; tied scores are grouped: their order does not matter (no negated copy)
-    order = np.argsort(s)[::-1]
-    s, t = s[order], t[order]
-    del order
-    ends = np.r_[np.flatnonzero(s[1:] != s[:-1]), s.size - 1]  # last index of each tied group
-    tp = np.cumsum(t, dtype=np.int32 if t.size < 2 ** 31 else np.int64)[ends]
-    predicted = ends + 1
-    f1 = 2.0 * tp / (predicted + t.sum())
-    return s[ends], f1
+    # each distinct score (a group of tied scores), with how many entries and positives score
+    # it; counted from the highest: the entries predicted positive and the true positives
+    values, count = np.unique(s, return_counts=True)
+    positives = np.zeros(len(values), dtype=np.int64)
+    pos_values, pos_count = np.unique(s[t], return_counts=True)
+    positives[np.searchsorted(values, pos_values)] = pos_count
+    predicted = np.cumsum(count[::-1])
+    tp = np.cumsum(positives[::-1])
+    f1 = 2.0 * tp / (predicted + int(t.sum()))
+    return values[::-1].astype(np.float64), f1
 
 
 def best_global_threshold(probs, y) -> tuple[float, float]:
@@ -495,7 +494,7 @@ def best_global_threshold(probs, y) -> tuple[float, float]:
     >>> best_global_threshold([[0.9, 0.2], [0.6, 0.4]], [[1, 0], [0, 1]])
     (0.4, 0.8)
     """
-    p, y = _as_scores(probs, y)
+    p, y = _as_scores(probs, y, keep_float32=True)
     if not y.any():
         return 0.5, float("nan")
     thresholds, f1 = _f1_sweep(p, y)
@@ -519,7 +518,7 @@ def best_class_thresholds(probs, y, fallback: float | None = None
     >>> t.tolist(), f1.tolist()
     ([0.6, 0.4], [1.0, 1.0])
     """
-    p, y = _as_scores(probs, y)
+    p, y = _as_scores(probs, y, keep_float32=True)
     if fallback is None:
         fallback = best_global_threshold(p, y)[0]
     thresholds = np.full(p.shape[1], float(fallback))
@@ -536,7 +535,7 @@ def select_thresholds(probs, y, class_names=None) -> dict:
     """The decision thresholds a run stores (``thresholds.json``), chosen on ``(probs, y)``
     (the validation split): the global micro-F1 threshold and the per-class F1 thresholds, with
     the F1 each reaches there."""
-    p, y = _as_scores(probs, y)
+    p, y = _as_scores(probs, y, keep_float32=True)
     t_global, f1_global = best_global_threshold(p, y)
     t_class, f1_class = best_class_thresholds(p, y, t_global)
     return {"chosen_on": "val", "rows": int(p.shape[0]),

@@ -408,6 +408,10 @@ def _closed_form_tables(losses, observed, dtype):
         if any(w is not None for w in weights):
             ones = torch.ones_like(targets[0])
             tables.append(torch.cat([ones if w is None else w for w in weights]))
+        # a table of 0 / 1 only (AN's targets, weights of 1) is held as uint8 and cast back per
+        # gathered chunk (exact): a quarter of the memory of N x L float32 per table
+        tables = [t.to(torch.uint8) if torch.equal(t, t.to(torch.uint8).to(t.dtype)) else t
+                  for t in tables]
         offsets = torch.tensor(offsets, device=device).view(-1, 1) if len(targets) > 1 else None
     count = None
     if any(lams):
@@ -676,9 +680,10 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
                 xb = parts[0]
                 if closed:
                     with torch.no_grad():
-                        values, g = _closed_form_step(model(xb), parts[1],
-                                                      parts[2] if len(parts) > 2 else None,
-                                                      count, stacked.reduction)
+                        target = parts[1].to(xb.dtype)  # (a uint8 table: exact)
+                        weight = parts[2].to(xb.dtype) if len(parts) > 2 else None
+                        values, g = _closed_form_step(model(xb), target, weight, count,
+                                                      stacked.reduction)
                 elif manual:
                     with torch.no_grad():
                         values, g = stacked.stacked_step(model(xb), parts[1], idx)
