@@ -148,8 +148,9 @@ def child(args) -> None:
 
     ds = Dataset("synthetic", load("pool"), load("test"))
     splits = make_splits(ds, "1p", seed=1)
+    batches = [int(b) for b in args.batches.split(",")]
     grid = [(16, 1e-3)] if args.case == "single" else \
-        [(b, lr) for b in (8, 16) for lr in (1e-2, 1e-3, 1e-4, 1e-5)]
+        [(b, lr) for b in batches for lr in (1e-2, 1e-3, 1e-4, 1e-5)]
     results = []
     start = time.perf_counter()
     for bs in sorted({b for b, _ in grid}):
@@ -176,6 +177,8 @@ def main() -> None:
     p.add_argument("--root", default=None, help="where the stores go (default "
                    "runs/out-of-core-<rows>)")
     p.add_argument("--compare", action="store_true", help="also the in-memory path")
+    p.add_argument("--batches", default="8,16", help="the stacked grid's batch sizes (each "
+                   "batch size is one stack of the four learning rates)")
     p.add_argument("--cases", default="single,stacked,arrays")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--case", default="single", help=argparse.SUPPRESS)
@@ -204,7 +207,8 @@ def main() -> None:
             else:
                 cmd = [sys.executable, str(HERE), "--child", "--case", case, "--root", str(root),
                        "--epochs", str(args.epochs), "--threads", str(args.threads),
-                       "--result", str(result), *(["--in-memory"] if in_memory else [])]
+                       "--batches", args.batches, "--result", str(result),
+                       *(["--in-memory"] if in_memory else [])]
             rc, seconds, peak = run_sampled(cmd)
             info = json.loads(result.read_text()) if result.is_file() and rc == 0 else {}
             label = f"{case}{' (in memory)' if in_memory else ''}"
