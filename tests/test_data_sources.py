@@ -12,6 +12,7 @@ import pytest
 
 from spmlkit.data import DATASETS, load_dataset, load_splits, make_splits
 from spmlkit.data.base import cole_split
+from spmlkit.data.rows import Rows
 from spmlkit.data.cole import VOC_CLASSES, load_cole
 from spmlkit.data.arrays import load_arrays
 from spmlkit.labels import NEGATIVE, POSITIVE, UNOBSERVED, sample_single_positive
@@ -259,7 +260,8 @@ def test_arrays_npy_carve_out(arrays_files):
     assert len(load_arrays(d / "x.npy", d / "y.npy", test_fraction=0.5).test) == 20
     splits = load_splits("arrays", features=d / "x.npy", labels=d / "y.npy", standardize=True)
     assert (len(splits.train), len(splits.val), len(splits.test)) == (22, 6, 12)
-    np.testing.assert_allclose(splits.train.x.mean(axis=0), 0, atol=1e-5)
+    assert isinstance(splits.train.x, Rows)  # the .npy file is mapped, its rows read on demand
+    np.testing.assert_allclose(np.asarray(splits.train.x).mean(axis=0), 0, atol=1e-5)
 
 
 def test_arrays_npz_keys(arrays_files):

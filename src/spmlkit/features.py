@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from .data.base import Dataset, LabelledSet, Splits
+from .data.rows import holds_vectors
 from .engine import loader_workers
 from .runs import write_json
 
@@ -551,7 +552,7 @@ FEATURE_OPTIONS = ("transform", "size", "dtype", "cache_dir", "batch_size", "num
 def require_images(ds: Dataset) -> Dataset:
     """``ds`` itself when its items are images (paths); a source that already holds feature
     vectors raises ``ValueError`` naming it (a backbone applies to image sources only)."""
-    if isinstance(ds.pool.x, np.ndarray) and ds.pool.x.dtype.kind in "fiu":
+    if holds_vectors(ds.pool.x):
         shape = ds.pool.x.shape
         raise ValueError(f"dataset {ds.name!r} already holds feature vectors "
                          f"({shape[1] if len(shape) > 1 else '?'}-d); a backbone applies to "

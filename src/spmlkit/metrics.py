@@ -14,8 +14,12 @@ import numpy as np
 from .labels import validate_full_labels
 
 
-def _as_scores(scores, y) -> tuple[np.ndarray, np.ndarray]:
-    s = np.asarray(scores, dtype=np.float64)
+def _as_scores(scores, y, keep_float32: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Validated scores (float64; float32 ones kept as they are with ``keep_float32``, where
+    only their order and distinct values matter: no float64 copy of a large split) and labels."""
+    s = np.asarray(scores)
+    if not (keep_float32 and s.dtype == np.float32):
+        s = s.astype(np.float64, copy=False)
     y = validate_full_labels(y, "metrics targets")
     if s.shape != y.shape:
         raise ValueError(f"scores {s.shape} and labels {y.shape} must have the same shape")
@@ -53,13 +57,31 @@ def average_precision(scores, targets) -> float:
     return float(np.sum(recall_gain * precision))
 
 
+#: entries of the N x L scores handled at once by the metrics (blocks of columns for AP, of rows
+#: for the ranking metrics): their temporaries stay within some tens of MiB however many rows
+BLOCK_ENTRIES = 1 << 21
+
+
 def per_class_ap(scores, y) -> np.ndarray:
     """AP (x100) of every class; NaN where a class has no positive: :func:`average_precision`
-    of every column at once (one sort of all columns; equal to it up to summation order)."""
-    s, y = _as_scores(scores, y)
+    of every column at once (one sort of all columns, in blocks of columns of at most
+    :data:`BLOCK_ENTRIES` entries; equal to it up to summation order)."""
+    # float32 scores (a run's probabilities) are cast block by block: the same values and ties
+    # as one float64 copy, without that copy of a large split
+    s, y = _as_scores(scores, y, keep_float32=True)
     n, classes = s.shape
     if n == 0:
         return np.full(classes, np.nan)
+    step = max(1, BLOCK_ENTRIES // n)
+    if step < classes or s.dtype != np.float64:
+        return np.concatenate([_columns_ap(s[:, j:j + step].astype(np.float64), y[:, j:j + step])
+                               for j in range(0, classes, step)])
+    return _columns_ap(s, y)
+
+
+def _columns_ap(s: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """:func:`per_class_ap` of validated scores and labels, every column from one sort."""
+    n = s.shape[0]
     order = np.argsort(-s, axis=0)  # tied scores are grouped: their order does not matter
     s = np.take_along_axis(s, order, axis=0)
     tp = np.cumsum(np.take_along_axis(y > 0, order, axis=0), axis=0, dtype=np.float64)
@@ -226,6 +248,19 @@ def _row_mean(values: np.ndarray, defined: np.ndarray, fill: float, no_positive:
     return float(values[defined].mean()) if defined.any() else float("nan")
 
 
+def _ranking_rows(s, y, n_pos, n_neg) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row: LRAP, ranking loss and coverage (undefined rows NaN or inf, masked by the
+    caller), from one computation of the ranks."""
+    rank_all, rank_pos = _ranks(s, y)
+    positive = y > 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        lrap = np.where(positive, rank_pos / rank_all, 0.0).sum(axis=1) / n_pos
+        # negatives scored >= a positive j: all labels >= s_j minus the positives >= s_j
+        wrong = np.where(positive, rank_all - rank_pos, 0).sum(axis=1) / (n_pos * n_neg)
+    cover = np.where(positive, rank_all, 0).max(axis=1).astype(np.float64)
+    return lrap, wrong, cover
+
+
 def _ranking_metrics(s: np.ndarray, y: np.ndarray, no_positive: str) -> dict:
     """LRAP, ranking loss, coverage error and normalised coverage of validated scores and labels
     (:func:`_as_scores`), from one computation of the ranks (the definitions, ties and rows
@@ -236,13 +271,10 @@ def _ranking_metrics(s: np.ndarray, y: np.ndarray, no_positive: str) -> dict:
         return {"lrap": nan, "ranking_loss": nan, "coverage": nan, "coverage_norm": nan}
     n_pos = y.sum(axis=1, dtype=np.int64)
     n_neg = y.shape[1] - n_pos
-    rank_all, rank_pos = _ranks(s, y)
-    positive = y > 0
-    with np.errstate(invalid="ignore", divide="ignore"):
-        lrap = np.where(positive, rank_pos / rank_all, 0.0).sum(axis=1) / n_pos
-        # negatives scored >= a positive j: all labels >= s_j minus the positives >= s_j
-        wrong = np.where(positive, rank_all - rank_pos, 0).sum(axis=1) / (n_pos * n_neg)
-    cover = np.where(positive, rank_all, 0).max(axis=1).astype(np.float64)
+    step = max(1, BLOCK_ENTRIES // num_labels)  # per-row values, from blocks of rows
+    lrap, wrong, cover = (np.concatenate(v) for v in zip(*(
+        _ranking_rows(s[i:i + step], y[i:i + step], n_pos[i:i + step], n_neg[i:i + step])
+        for i in range(0, len(s), step))))
     coverage = _row_mean(cover, n_pos > 0, 0.0, no_positive)
     return {"lrap": _row_mean(lrap, n_pos > 0, 1.0, no_positive),  # all positive: 1 by itself
             "ranking_loss": _row_mean(wrong, (n_pos > 0) & (n_neg > 0), 0.0, no_positive),
@@ -444,15 +476,19 @@ def pseudo_label_stats(mask, value, y) -> tuple[int, float]:
 def _f1_sweep(scores: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every distinct score as a threshold (predict positive where ``score >= t``), highest
     first, and the F1 of each over all the given entries: ``2 TP / (2 TP + FP + FN)``."""
-    s = np.asarray(scores, dtype=np.float64).ravel()
+    s = np.asarray(scores)
+    s = (s if s.dtype == np.float32 else s.astype(np.float64)).ravel()
     t = np.asarray(targets).ravel().astype(bool)
-    order = np.argsort(-s)  # tied scores are grouped: their order does not matter
-    s, t = s[order], t[order]
-    ends = np.r_[np.flatnonzero(np.diff(s)), s.size - 1]  # last index of each tied group
-    tp = np.cumsum(t)[ends]
-    predicted = ends + 1
-    f1 = 2.0 * tp / (predicted + t.sum())
-    return s[ends], f1
+    # each distinct score (a group of tied scores), with how many entries and positives score
+    # it; counted from the highest: the entries predicted positive and the true positives
+    values, count = np.unique(s, return_counts=True)
+    positives = np.zeros(len(values), dtype=np.int64)
+    pos_values, pos_count = np.unique(s[t], return_counts=True)
+    positives[np.searchsorted(values, pos_values)] = pos_count
+    predicted = np.cumsum(count[::-1])
+    tp = np.cumsum(positives[::-1])
+    f1 = 2.0 * tp / (predicted + int(t.sum()))
+    return values[::-1].astype(np.float64), f1
 
 
 def best_global_threshold(probs, y) -> tuple[float, float]:
@@ -468,7 +504,7 @@ def best_global_threshold(probs, y) -> tuple[float, float]:
     >>> best_global_threshold([[0.9, 0.2], [0.6, 0.4]], [[1, 0], [0, 1]])
     (0.4, 0.8)
     """
-    p, y = _as_scores(probs, y)
+    p, y = _as_scores(probs, y, keep_float32=True)
     if not y.any():
         return 0.5, float("nan")
     thresholds, f1 = _f1_sweep(p, y)
@@ -492,7 +528,7 @@ def best_class_thresholds(probs, y, fallback: float | None = None
     >>> t.tolist(), f1.tolist()
     ([0.6, 0.4], [1.0, 1.0])
     """
-    p, y = _as_scores(probs, y)
+    p, y = _as_scores(probs, y, keep_float32=True)
     if fallback is None:
         fallback = best_global_threshold(p, y)[0]
     thresholds = np.full(p.shape[1], float(fallback))
@@ -509,7 +545,7 @@ def select_thresholds(probs, y, class_names=None) -> dict:
     """The decision thresholds a run stores (``thresholds.json``), chosen on ``(probs, y)``
     (the validation split): the global micro-F1 threshold and the per-class F1 thresholds, with
     the F1 each reaches there."""
-    p, y = _as_scores(probs, y)
+    p, y = _as_scores(probs, y, keep_float32=True)
     t_global, f1_global = best_global_threshold(p, y)
     t_class, f1_class = best_class_thresholds(p, y, t_global)
     return {"chosen_on": "val", "rows": int(p.shape[0]),

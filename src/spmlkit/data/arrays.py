@@ -419,8 +419,10 @@ def features_dataset(name: str, train: Part, classes: Sequence[str], *, test: Pa
 
 
 def _part(features, labels, what: str, classes, observed: bool = False) -> tuple[Part, list]:
-    """Read one set of feature and label files (or arrays) into a :class:`Part`."""
-    x, x_where = read_features(features)
+    """Read one set of feature and label files (or arrays) into a :class:`Part`; a ``.npy``
+    features file is memory-mapped (read batch by batch in its own dtype, never loaded whole:
+    :mod:`spmlkit.data.rows`)."""
+    x, x_where = read_features(features, mmap_mode="r")
     y, classes = (read_observed if observed else read_labels)(labels, classes)
     y_where = f"{what} array" if isinstance(labels, np.ndarray) else str(labels)
     return Part(x, y, x_where, y_where), classes

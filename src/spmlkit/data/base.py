@@ -21,6 +21,7 @@ import numpy as np
 
 from ..labels import OFFICIAL_SEED, POSITIVE, full_to_observed, make_observed, \
     observed_counts, parse_regime, validate_full_labels, validate_observed
+from .rows import Rows, holds_vectors, is_stored, nonfinite_rows, streaming_stats
 
 #: what a source's ``train_labels`` option takes
 TRAIN_LABELS = ("full", "observed")
@@ -43,8 +44,10 @@ def check_train_labels(value, where: str) -> str:
 
 @dataclass
 class LabelledSet:
-    """Examples with full labels: ``x`` is an N x D feature matrix or a sequence of N items
-    (e.g. image paths); ``y`` the N x L 0/1 labels."""
+    """Examples with full labels: ``x`` is an N x D feature matrix (in memory, memory-mapped,
+    or :class:`~spmlkit.data.rows.Rows` of a stored one) or a sequence of N items (e.g. image
+    paths); ``y`` the N x L 0/1 labels. A subset of stored features is a
+    :class:`~spmlkit.data.rows.Rows` view: row indices, no copy."""
 
     x: Any
     y: np.ndarray
@@ -66,9 +69,8 @@ class LabelledSet:
         if isinstance(self.x, np.ndarray) and self.x.dtype.kind == "f":
             if self.x.ndim != 2:
                 raise ValueError(f"{self.where or 'features'} must be N x D, got {self.x.shape}")
-            bad = ~np.isfinite(self.x)
-            if bad.any():
-                rows = np.flatnonzero(bad.any(axis=1))
+            rows = nonfinite_rows(self.x)  # over blocks of rows: a memory map stays unread
+            if rows.size:
                 raise ValueError(f"{self.where or 'features'}: {rows.size} row(s) hold NaN or "
                                  f"inf (first rows: {rows[:5].tolist()})")
 
@@ -81,7 +83,10 @@ class LabelledSet:
 
     def subset(self, idx) -> "LabelledSet":
         idx = np.asarray(idx, dtype=np.int64)
-        x = self.x[idx] if isinstance(self.x, np.ndarray) else [self.x[i] for i in idx]
+        if is_stored(self.x):
+            x = Rows(self.x, idx)
+        else:
+            x = self.x[idx] if isinstance(self.x, np.ndarray) else [self.x[i] for i in idx]
         ids = None if self.ids is None else [self.ids[i] for i in idx]
         return LabelledSet(x, self.y[idx], list(self.class_names), ids, self.where)
 
@@ -248,7 +253,15 @@ def _given_or_refused(ds: Dataset, name: str, regime: str) -> bool:
 
 def _standardized(train: LabelledSet, val: LabelledSet, test: LabelledSet):
     """The three sets standardised with the train rows' mean and std (0 std -> 1), and the
-    statistics as ``meta["standardize"]`` records them."""
+    statistics as ``meta["standardize"]`` records them. Stored features (a memory map,
+    :class:`~spmlkit.data.rows.Rows`) stay stored: the statistics come from one streaming pass
+    (float64 accumulators) and the sets read standardised rows batch by batch."""
+    if is_stored(train.x):
+        mean, std = streaming_stats(train.x)
+        stats = {"mean": mean.tolist(), "std": std.tolist(), "dtype": str(mean.dtype)}
+        sets = tuple(LabelledSet(Rows(s.x).standardized(mean, std), s.y, s.class_names, s.ids,
+                                 s.where) for s in (train, val, test))
+        return sets, stats
     mean = train.x.mean(axis=0)
     std = train.x.std(axis=0)
     std[std == 0] = 1.0
@@ -285,8 +298,8 @@ def tabular_split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
 def _all_rows(ds: Dataset) -> LabelledSet:
     """The pool's rows followed by the test rows, as one labelled set."""
     pool, test = ds.pool, ds.test
-    if isinstance(pool.x, np.ndarray) and isinstance(test.x, np.ndarray):
-        x = np.concatenate([pool.x, test.x])
+    if holds_vectors(pool.x) and holds_vectors(test.x):  # (the tabular sets fit in memory)
+        x = np.concatenate([np.asarray(pool.x), np.asarray(test.x)])
     else:
         x = list(pool.x) + list(test.x)
     ids = None if pool.ids is None or test.ids is None else list(pool.ids) + list(test.ids)

@@ -1,8 +1,13 @@
-"""The linear mode: a linear head on features held in memory (Cole et al.'s protocol).
+"""The linear mode: a linear head on feature vectors (Cole et al.'s protocol).
 
 One epoch = a permutation of the train rows drawn from one ``torch.Generator`` seeded with
 ``config.seed`` (one draw per epoch, in order), cut into batches that index pre-loaded tensors
 (no per-row ``DataLoader``). Adam (:class:`LeanAdam`), no weight decay, no schedule.
+
+Stored features (a memory map or :class:`~spmlkit.data.rows.Rows`: a feature store, your own
+``.npy``) are not loaded: each chunk of :data:`~spmlkit.data.rows.CHUNK_ROWS` rows of the epoch's
+permutation is read at once (in file order, cast to float32) and cut into the same batches, so
+the batches and every result equal the in-memory path's, while memory holds one chunk.
 """
 from __future__ import annotations
 
@@ -13,6 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..data import rows as stored_rows
+from ..data.rows import as_rows, is_stored
 from ..labels import validate_full_labels, validate_observed
 from ..losses import SPMLLoss, TrainInfo
 from ..metrics import map_score, metric_score
@@ -22,8 +29,12 @@ from .loop import (FitResult, GeneratorState, Stage, StageParts, check_val_label
 from .optim import make_optimizer
 
 
-def _as_tensor(x, where: str) -> torch.Tensor:
-    """``x`` as a finite float32 N x D tensor (errors name ``where`` and the bad rows)."""
+def _as_tensor(x, where: str):
+    """``x`` as a finite float32 N x D tensor (errors name ``where`` and the bad rows); stored
+    features (:func:`~spmlkit.data.rows.is_stored`) as :class:`~spmlkit.data.rows.Rows`, unread
+    (their source checked them for NaN / inf when it opened them)."""
+    if is_stored(x):
+        return as_rows(x)
     t = torch.as_tensor(np.asarray(x, dtype=np.float32))
     if t.ndim != 2:
         raise ValueError(f"{where} must be an N x D matrix, got shape {tuple(t.shape)}")
@@ -39,15 +50,59 @@ def make_linear_head(in_features: int, num_classes: int, seed: int) -> nn.Linear
     return seeded_linear(in_features, num_classes, seed)
 
 
+def to_device(block: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A float32 block read from a store as a tensor on ``device`` (through pinned memory, without
+    blocking, on CUDA)."""
+    t = torch.from_numpy(block)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 @torch.no_grad()
-def predict_logits(model: nn.Module, x: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
-    """Eval-mode logits of ``x`` in chunks (the mode is restored afterwards)."""
+def predict_logits(model: nn.Module, x, chunk: int | None = None) -> torch.Tensor:
+    """Eval-mode logits of ``x`` (a tensor, or stored features read chunk by chunk) in chunks
+    of ``chunk`` rows (default :data:`~spmlkit.data.rows.CHUNK_ROWS`; the mode is restored
+    afterwards)."""
+    chunk = chunk or stored_rows.CHUNK_ROWS
     was = model.training
     model.eval()
-    out = torch.cat([model(x[i:i + chunk]) for i in range(0, len(x), chunk)]) if len(x) else \
-        model(x)
+    if is_stored(x):
+        device = next(model.parameters()).device
+        parts = [model(to_device(block, device)) for _, block in as_rows(x).chunks(chunk)]
+        out = torch.cat(parts) if parts else model(torch.zeros(0, x.shape[1], device=device))
+    else:
+        out = torch.cat([model(x[i:i + chunk]) for i in range(0, len(x), chunk)]) if len(x) \
+            else model(x)
     model.train(was)
     return out.float()
+
+
+def epoch_batches(x, z, perm: torch.Tensor, bs: int, device: torch.device,
+                  drop_last: bool = False):
+    """``(x[idx], z[idx], idx)`` for consecutive batches ``idx`` of ``perm`` (on ``device``;
+    without the last, shorter one when ``drop_last``: :func:`batch_starts`). ``x`` a tensor on
+    ``device``, or stored features: then a chunk of the permutation (a multiple of ``bs`` rows,
+    about :data:`~spmlkit.data.rows.CHUNK_ROWS`) is read at once and cut into the same
+    batches."""
+    starts = batch_starts(len(perm), bs, drop_last)
+    n = starts[-1] + bs if drop_last else len(perm)
+    perm = perm[:n]
+    if not is_stored(x):
+        perm = perm.to(device)
+        for i in range(0, n, bs):
+            idx = perm[i:i + bs]
+            yield x[idx], z[idx], idx
+        return
+    step = max(1, stored_rows.CHUNK_ROWS // bs) * bs
+    rows = as_rows(x)
+    for start in range(0, n, step):
+        part = perm[start:start + step]
+        block = to_device(rows.take(part.numpy()), device)
+        part = part.to(device)
+        for i in range(0, len(part), bs):
+            idx = part[i:i + bs]
+            yield block[i:i + bs], z[idx], idx
 
 
 
@@ -74,14 +129,16 @@ def linear_inputs(x_train, observed, x_val, y_val, config: TrainConfig):
             outside their encoding, val labels without a positive (naming them).
     """
     device = torch.device(config.device)
-    x = _as_tensor(x_train, "train features").to(device)
+    x = _as_tensor(x_train, "train features")
+    x = x if is_stored(x) else x.to(device)
     z = torch.as_tensor(validate_observed(observed, "train observed labels")).to(device)
     if z.shape[0] != x.shape[0]:
         raise ValueError(f"train features have {x.shape[0]} rows, observed labels "
                          f"{z.shape[0]}")
     has_val = x_val is not None and y_val is not None
     if has_val:
-        xv = _as_tensor(x_val, "validation features").to(device)
+        xv = _as_tensor(x_val, "validation features")
+        xv = xv if is_stored(xv) else xv.to(device)
         yv = validate_full_labels(y_val, "validation labels")
         if len(xv) != len(yv) or yv.shape[1] != z.shape[1]:
             raise ValueError(f"validation features {tuple(xv.shape)} and labels {yv.shape} do "
@@ -96,10 +153,11 @@ def fit_linear(x_train, observed, loss: SPMLLoss, config: TrainConfig, *, x_val=
                on_epoch: Callable[..., None] | None = None,
                checkpoint: Callable[[Callable[[], dict]], None] | None = None,
                resume: dict | None = None) -> tuple[nn.Module, FitResult]:
-    """Train a linear head on in-memory features with ``loss``; select the best epoch on val.
+    """Train a linear head on feature vectors with ``loss``; select the best epoch on val.
 
     Args:
-        x_train: N x D features of the train split.
+        x_train: N x D features of the train split: in memory, or stored (a memory map or
+            :class:`~spmlkit.data.rows.Rows`: read chunk by chunk, never loaded whole).
         observed: N x L observed labels (1 / 0 / -1).
         loss: a loss from :func:`spmlkit.losses.create_loss`; its hooks are called here.
         config: :class:`TrainConfig`.
@@ -141,11 +199,9 @@ def fit_linear(x_train, observed, loss: SPMLLoss, config: TrainConfig, *, x_val=
     gen = torch.Generator().manual_seed(config.seed)
     bs = config.batch_size
 
-    def batches(epoch):  # indexes the pre-loaded tensors: no per-row DataLoader
-        perm = torch.randperm(n, generator=gen).to(device)
-        for i in batch_starts(n, bs, config.drop_last):
-            idx = perm[i:i + bs]
-            yield x[idx], z[idx], idx
+    def batches(epoch):  # indexes the pre-loaded tensors (or chunks read from a store)
+        return epoch_batches(x, z, torch.randperm(n, generator=gen), bs, device,
+                             config.drop_last)
 
     def evaluate():
         return val_map(predict_logits(model, xv), yv, config.map_convention, config.metric)

@@ -56,8 +56,10 @@ from ..losses import SPMLLoss, TrainInfo
 from ..losses.base import observed_validated
 from ..losses.cole import expected_positive_penalty_grad
 from ..metrics import higher_is_better
+from ..data import rows as stored_rows
+from ..data.rows import as_rows, is_stored
 from .config import TrainConfig, batch_starts, epoch_rows, parse_early_stop
-from .linear import linear_inputs, make_linear_head, val_map
+from .linear import linear_inputs, make_linear_head, predict_logits, to_device, val_map
 from .loop import STATE_FORMAT, FitResult, no_finite_val_map, snapshot
 
 __all__ = [
@@ -214,14 +216,16 @@ class StackedLinear(nn.Module):
         torch.bmm(g.transpose(1, 2), x, out=grad_w.view(groups, self.shared * classes, -1))
 
     @torch.no_grad()
-    def predict(self, x: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
-        """Every run's logits of the shared rows ``x`` (N x D) -> R x N x L, in row chunks (one
-        matrix product of a chunk with every run's weights)."""
+    def predict(self, x: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
+        """Every run's logits of the shared rows ``x`` (N x D, a tensor or stored features read
+        chunk by chunk) -> R x N x L, in row chunks (one matrix product of a chunk with every
+        run's weights; ``chunk`` defaults to :data:`~spmlkit.data.rows.CHUNK_ROWS`)."""
+        chunk = chunk or stored_rows.CHUNK_ROWS
         runs, classes, features = self.weight.shape
         w = self.weight.view(runs * classes, features)
         b = self.bias.view(runs * classes)
-        parts = [torch.addmm(b, x[i:i + chunk], w.T).view(-1, runs, classes).transpose(0, 1)
-                 for i in range(0, max(len(x), 1), chunk)]
+        parts = [torch.addmm(b, _rows_on(x[i:i + chunk], w.device), w.T).view(
+            -1, runs, classes).transpose(0, 1) for i in range(0, max(len(x), 1), chunk)]
         return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0].contiguous()
 
     def run_head(self, r: int) -> nn.Linear:
@@ -341,10 +345,19 @@ class _StackedAdam:
         return {"groups": groups, "betas": list(self.betas), "eps": self.eps}
 
 
-def gather(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def gather(t, index: torch.Tensor) -> torch.Tensor:
     """``t[index]`` (rows of ``t`` for an index of any shape), contiguous, through one
-    ``index_select`` of whole rows (faster than advanced indexing with a 2-d index)."""
+    ``index_select`` of whole rows (faster than advanced indexing with a 2-d index); from
+    stored features (:class:`~spmlkit.data.rows.Rows`), one read of those rows in file order."""
+    if is_stored(t):
+        block = as_rows(t).take(index.reshape(-1).cpu().numpy())
+        return to_device(block, index.device).view(*index.shape, t.shape[1])
     return t.index_select(0, index.reshape(-1)).view(*index.shape, *t.shape[1:])
+
+
+def _rows_on(block, device: torch.device) -> torch.Tensor:
+    """A block of rows as a tensor on ``device`` (stored features are read as numpy)."""
+    return block if torch.is_tensor(block) else to_device(block, device)
 
 
 def _state_tensors(module: nn.Module) -> list[tuple[nn.Module, str, bool]]:
@@ -395,6 +408,10 @@ def _closed_form_tables(losses, observed, dtype):
         if any(w is not None for w in weights):
             ones = torch.ones_like(targets[0])
             tables.append(torch.cat([ones if w is None else w for w in weights]))
+        # a table of 0 / 1 only (AN's targets, weights of 1) is held as uint8 and cast back per
+        # gathered chunk (exact): a quarter of the memory of N x L float32 per table
+        tables = [t.to(torch.uint8) if torch.equal(t, t.to(torch.uint8).to(t.dtype)) else t
+                  for t in tables]
         offsets = torch.tensor(offsets, device=device).view(-1, 1) if len(targets) > 1 else None
     count = None
     if any(lams):
@@ -585,7 +602,8 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
         type(stacked).penalty is SPMLLoss.penalty
     offsets = None  # per run, the first row of its targets in the stacked tables
     if closed:
-        tables, offsets, count = _closed_form_tables(loss_list, z_list, x.dtype)
+        tables, offsets, count = _closed_form_tables(loss_list, z_list, torch.float32
+                                                     if is_stored(x) else x.dtype)
         tables = [x, *tables]
     else:
         tables = [x, z]
@@ -611,7 +629,9 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
     # rows gathered at once for the coming steps (every run's, a multiple of the batch size):
     # one indexing of the features and labels per chunk instead of two per step, within
     # GATHER_BYTES of features (yeast: a whole epoch)
-    chunk = max(1, GATHER_BYTES // max(1, row_groups * x.shape[1] * x.element_size()) // bs) * bs
+    # (stored features: read from the store in file order, as float32)
+    width = x.shape[1] * (4 if is_stored(x) else x.element_size())
+    chunk = max(1, GATHER_BYTES // max(1, row_groups * width) // bs) * bs
     books = [_RunBook(best={"score": float("-inf"), "epoch": 0, "model": None, "loss": None},
                       stage_best={"score": float("-inf"), "epoch": 0}, history=[])
              for _ in range(runs)]
@@ -667,9 +687,10 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
                 xb = parts[0]
                 if closed:
                     with torch.no_grad():
-                        values, g = _closed_form_step(model(xb), parts[1],
-                                                      parts[2] if len(parts) > 2 else None,
-                                                      count, stacked.reduction)
+                        target = parts[1].to(xb.dtype)  # (a uint8 table: exact)
+                        weight = parts[2].to(xb.dtype) if len(parts) > 2 else None
+                        values, g = _closed_form_step(model(xb), target, weight, count,
+                                                      stacked.reduction)
                 elif manual:
                     with torch.no_grad():
                         values, g = stacked.stacked_step(model(xb), parts[1], idx)
@@ -712,7 +733,11 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
                 restack()
             live = [r for r in live if books[r].error is None]
             scores = {}
-            if has_val and live:
+            if has_val and live and is_stored(xv):
+                # stored val rows: one run's val logits at a time (R x N x L would not fit)
+                scores = {r: val_map(predict_logits(views[r], xv), yv, config.map_convention,
+                                     metric) for r in live}
+            elif has_val and live:
                 logits_v = model.predict(xv)[live]
                 if metric == "map":
                     vals = stacked_map(logits_v, yv_t, config.map_convention)

@@ -43,6 +43,7 @@ from ..metrics import (THRESHOLD_POLICY, classic_metrics, evaluate, map_score,
                        pseudo_label_stats, select_thresholds)
 from ..registry import Registry
 from ..data.base import describe_labels
+from ..data.rows import holds_vectors
 from ..runs import RunDir, read_run, sync_files
 
 #: the run folder's record of the images the source dropped (skip_missing / skip_corrupt)
@@ -363,7 +364,7 @@ def check_inputs(method: "TrainingMethod", splits) -> None:
         ValueError: naming the dataset, the method and the flags that fix it.
     """
     x = splits.train.x
-    vectors = isinstance(x, np.ndarray) and x.dtype.kind in "fiu"
+    vectors = holds_vectors(x)
     image_modes = [m.name for m in list_methods() if m.inputs == "images"]
     if method.inputs == "features" and not vectors:
         raise ValueError(f"dataset {splits.name!r} holds images, not feature vectors, and "
@@ -834,7 +835,10 @@ def train_runs(method: str | TrainingMethod, splits, loss, hparams, configs, *,
         runs.append(run)
         pseudos.append(pseudo)
     fitted = method.fit_many([ctx for _, ctx in ctxs]) if ctxs else []
-    for (i, ctx), run, pseudo, fit in zip(ctxs, runs, pseudos, fitted):
+    for j, ((i, ctx), run, pseudo) in enumerate(zip(ctxs, runs, pseudos)):
+        # each run's outputs are let go once it is scored and written (a method may compute
+        # them on first use: the linear mode's stacked runs on stored features)
+        fit, fitted[j] = fitted[j], None
         if isinstance(fit, BaseException):
             if run is not None:
                 run.fail(fit)

@@ -69,6 +69,7 @@ from torch import nn
 
 from ..engine import (GeneratorState, Stage, StageParts, TrainConfig, batch_starts,
                       check_val_labels, epoch_rows, make_optimizer, train_loop, val_map)
+from ..data.rows import holds_vectors
 from ..labels import validate_full_labels, validate_observed
 from ..losses import TrainInfo
 from ..models.heads import BoostLUClassifier, BoostLUHead, check_alpha
@@ -193,8 +194,7 @@ def fit_boostlu(train: MapRows, observed, loss, config: TrainConfig, *, val: Map
 
 # ---- the training method ---------------------------------------------------------------------
 def _is_vectors(splits) -> bool:
-    x = splits.train.x
-    return isinstance(x, np.ndarray) and x.dtype.kind in "fiu"
+    return holds_vectors(splits.train.x)
 
 
 def _check(ctx) -> bool:

@@ -12,21 +12,42 @@ as ``train_probs.npy`` (epochs x N_train x L, float16; row ``e - 1`` is epoch ``
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..data.rows import Rows, as_rows, is_stored
 from ..engine import fit_linear, predict_logits
+from ..engine.linear import to_device
 from ..engine.vectorised import fit_linear_stacked
 from ..runs import TRAIN_PROBS_FILE
 from .base import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
 
 
+def _features(x):
+    """Features as the engine reads them: stored ones (a memory map, ``Rows``) as they are,
+    read chunk by chunk; others as one float32 tensor."""
+    return x if is_stored(x) or torch.is_tensor(x) else torch.as_tensor(np.asarray(x, np.float32))
+
+
+@torch.no_grad()
 def _probs(model, x) -> np.ndarray:
     device = next(model.parameters()).device
-    x = x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x, np.float32))
-    return torch.sigmoid(predict_logits(model, x.to(device))).cpu().numpy()
+    x = _features(x)
+    if not is_stored(x):
+        return torch.sigmoid(predict_logits(model, x.to(device))).cpu().numpy()
+    out = None  # stored rows: each chunk's probabilities into one float32 array
+    was = model.training
+    model.eval()
+    for start, block in as_rows(x).chunks():
+        p = torch.sigmoid(model(to_device(block, device)).float()).cpu().numpy()
+        if out is None:
+            out = np.empty((len(x), p.shape[1]), dtype=np.float32)
+        out[start:start + len(p)] = p
+    model.train(was)
+    return out
 
 
 #: the most memory ``save_train_probs`` may take (the probabilities of every epoch)
@@ -51,7 +72,7 @@ def fit(ctx: RunContext) -> Fitted:
                              f"probabilities are {size / 2**30:.1f} GiB, more than the "
                              f"{MAX_TRAIN_PROBS_BYTES // 2**30} GiB kept in memory; train fewer "
                              f"epochs or without --save-train-probs")
-    x_train = torch.as_tensor(np.asarray(splits.train.x, np.float32))
+    x_train = _features(splits.train.x)
     head = None  # linear: fit_linear's own nn.Linear, as it always was
     if options["head"] != "linear":
         from ..models.heads import make_head
@@ -79,10 +100,29 @@ def fit(ctx: RunContext) -> Fitted:
     return Fitted(result, probs, best, files=files)
 
 
+class _LazyProbs(Mapping):
+    """A stacked run's probabilities of train, val and test, each computed when first read
+    (``train_runs`` scores and writes one run after the other and lets each go, so the runs'
+    N x L outputs are not all in memory at once)."""
+
+    def __init__(self, model, sets: dict):
+        self._model, self._sets, self._done = model, sets, {}
+
+    def __getitem__(self, split):
+        if split not in self._done:
+            self._done[split] = _probs(self._model, self._sets[split])
+        return self._done[split]
+
+    def __iter__(self):
+        return iter(self._sets)
+
+    def __len__(self) -> int:
+        return len(self._sets)
+
+
 def _fitted(ctx: RunContext, model, result, x_train) -> Fitted:
     splits = ctx.splits
-    probs = {"train": _probs(model, x_train), "val": _probs(model, splits.val.x),
-             "test": _probs(model, splits.test.x)}
+    probs = _LazyProbs(model, {"train": x_train, "val": splits.val.x, "test": splits.test.x})
     best = {"model": model.state_dict(), "in_features": int(np.shape(splits.train.x)[1]),
             "preprocess": feature_preprocess(splits)}
     return Fitted(result, probs, best)
@@ -117,7 +157,7 @@ def fit_many(contexts: list[RunContext]) -> list:
     for stack in stacks:
         ctxs = [contexts[i] for i in stack]
         splits = ctxs[0].splits
-        x_train = torch.as_tensor(np.asarray(splits.train.x, np.float32))
+        x_train = _features(splits.train.x)
         try:
             out = fit_linear_stacked(
                 x_train, [c.splits.observed for c in ctxs], [c.loss for c in ctxs],
@@ -164,7 +204,23 @@ def _same_features(a, b) -> bool:
     if a is b:
         return True
     pairs = ((a.train.x, b.train.x), (a.val.x, b.val.x), (a.val.y, b.val.y))
-    return all(p is q or (np.shape(p) == np.shape(q) and np.array_equal(p, q)) for p, q in pairs)
+    return all(_same(p, q) for p, q in pairs)
+
+
+def _same(p, q) -> bool:
+    """Whether two feature (or label) matrices hold the same rows; stored features compare by
+    their store, rows and standardisation (nothing is read)."""
+    if p is q:
+        return True
+    if isinstance(p, Rows) or isinstance(q, Rows):
+        if not (isinstance(p, Rows) and isinstance(q, Rows)):
+            return False
+        same_base = p.base is q.base or (p.filename is not None and p.filename == q.filename)
+        return same_base and all(
+            (u is None and v is None) or (u is not None and v is not None and
+                                          np.array_equal(u, v))
+            for u, v in ((p.rows, q.rows), (p.shift, q.shift), (p.scale, q.scale)))
+    return np.shape(p) == np.shape(q) and np.array_equal(p, q)
 
 
 def load_model(best: dict, config: dict):

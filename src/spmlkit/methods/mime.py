@@ -103,6 +103,7 @@ from torch import nn
 
 from ..engine import (Stage, StageParts, StepHook, TrainConfig, check_val_labels, mix_seed,
                       train_loop, val_map)
+from ..data.rows import holds_vectors
 from ..labels import POSITIVE, validate_observed
 from ..losses import SPMLLoss
 from ..models.label_embedding import LabelEmbeddingModel
@@ -522,8 +523,7 @@ class EvalMapViews(CachedMapViews):
 
 # ---- the method ----------------------------------------------------------------------------------
 def _is_vectors(splits) -> bool:
-    x = splits.train.x
-    return isinstance(x, np.ndarray) and x.dtype.kind in "fiu"
+    return holds_vectors(splits.train.x)
 
 
 #: MIMEConfig's fields: each a method option (None: the ablation's, else the default value)

@@ -1,0 +1,165 @@
+"""Feature rows read on demand from a stored matrix, so data larger than memory trains.
+
+A feature store (``spml extract``'s ``features.npy``) or your own ``.npy`` file is opened as a
+memory map. The protocol's train / val / test parts of such a matrix are :class:`Rows`: the
+stored matrix, an index array of its rows and, when the features are standardised, the
+statistics. Nothing is copied until a batch is read: :meth:`Rows.take` gathers the rows in
+file order (sorted, so the map reads forward), casts them to float32 and standardises them,
+and returns them in the order asked for. The engine reads a chunk of a shuffled permutation at a
+time this way (:func:`spmlkit.engine.linear.fit_linear`), so the batch order, and with it every
+result, is the in-memory path's.
+
+What stays in memory is one chunk (:data:`CHUNK_ROWS` rows as float32) and what a run produces
+(logits and probabilities of N x L), never the N x D matrix.
+
+>>> import numpy as np
+>>> base = np.arange(12, dtype=np.float16).reshape(6, 2)
+>>> part = Rows(base).subset([4, 1, 2])
+>>> part.shape, part.take([2, 0]).tolist()
+((3, 2), [[4.0, 5.0], [8.0, 9.0]])
+>>> stats = streaming_stats(part)
+>>> np.asarray(part.standardized(*stats)).mean(axis=0).round(6).tolist()
+[0.0, 0.0]
+"""
+from __future__ import annotations
+
+import numpy as np
+
+#: rows read at once by the engine and by :meth:`Rows.chunks` (64 MiB of 2,048-d float32)
+CHUNK_ROWS = 8192
+#: entries checked at once for NaN / inf (bounds the temporary mask)
+_CHECK_ENTRIES = 1 << 24
+
+
+def is_stored(x) -> bool:
+    """Whether ``x`` is read on demand (a memory map or :class:`Rows`), not held in memory."""
+    return isinstance(x, (Rows, np.memmap))
+
+
+class Rows:
+    """Rows ``rows`` of the stored N x D matrix ``base`` (all of them when ``rows`` is None),
+    read as float32 and, with ``mean`` / ``std``, standardised as ``(x - mean) / std``.
+
+    It has ``shape``, ``ndim``, ``dtype`` (float32, what reads return), ``len`` and
+    ``np.asarray`` (reads every row: for small parts only), and indexes like an array with an
+    integer array, a list or a slice (:meth:`take`); ``shift`` / ``scale`` are the
+    standardisation's mean and std (None when not standardised). For anything else of numpy's,
+    ``np.asarray(rows)`` first.
+    """
+
+    ndim = 2
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, base, rows=None, mean=None, std=None):
+        if isinstance(base, Rows):
+            rows = base.rows if rows is None else (
+                np.asarray(rows, np.int64) if base.rows is None else base.rows[rows])
+            mean, std, base = base.shift if mean is None else mean, \
+                base.scale if std is None else std, base.base
+        if getattr(base, "ndim", None) != 2:
+            raise ValueError(f"stored features must be an N x D matrix, got shape "
+                             f"{getattr(base, 'shape', None)}")
+        self.base = base
+        self.rows = None if rows is None else np.asarray(rows, dtype=np.int64)
+        self.shift = None if mean is None else np.asarray(mean, dtype=np.float32)
+        self.scale = None if std is None else np.asarray(std, dtype=np.float32)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (len(self), int(self.base.shape[1]))
+
+    @property
+    def stored_dtype(self) -> np.dtype:
+        """The dtype on disk (float16 for a half-precision store)."""
+        return self.base.dtype
+
+    @property
+    def filename(self):
+        """The memory-mapped file (None for an in-memory base)."""
+        return getattr(self.base, "filename", None)
+
+    def __len__(self) -> int:
+        return int(self.base.shape[0] if self.rows is None else len(self.rows))
+
+    def __repr__(self) -> str:
+        return (f"Rows({len(self)} of {self.base.shape[0]} x {self.base.shape[1]} "
+                f"{self.base.dtype}{', standardised' if self.shift is not None else ''})")
+
+    def take(self, idx) -> np.ndarray:
+        """Rows ``idx`` (positions in this part) as a float32 ``len(idx) x D`` array, in the
+        order given; the stored rows are read in file order."""
+        idx = np.asarray(idx, dtype=np.int64)
+        src = idx if self.rows is None else self.rows[idx]
+        order = np.argsort(src, kind="stable")
+        block = self.base[src[order]]
+        out = np.empty((len(idx), self.base.shape[1]), dtype=np.float32)
+        out[order] = block
+        if self.shift is not None:
+            out -= self.shift
+            out /= self.scale
+        return out
+
+    def __getitem__(self, key) -> np.ndarray:
+        if isinstance(key, slice):
+            key = np.arange(len(self))[key]
+        return self.take(key)
+
+    def __iter__(self):
+        for _, block in self.chunks():
+            yield from block
+
+    def __array__(self, dtype=None, copy=None):
+        out = self.take(np.arange(len(self)))
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def subset(self, idx) -> "Rows":
+        """Rows ``idx`` of this part, still unread."""
+        return Rows(self, idx)
+
+    def standardized(self, mean, std) -> "Rows":
+        """The same rows, read as ``(x - mean) / std``."""
+        return Rows(self.base, self.rows, mean, std)
+
+    def chunks(self, size: int | None = None):
+        """``(start, block)`` over the part in order, ``block`` float32 of up to ``size`` rows
+        (default :data:`CHUNK_ROWS`)."""
+        size = size or CHUNK_ROWS
+        for start in range(0, len(self), size):
+            yield start, self.take(np.arange(start, min(start + size, len(self))))
+
+
+def as_rows(x) -> Rows:
+    """``x`` (a memory map or :class:`Rows`) as :class:`Rows`."""
+    return x if isinstance(x, Rows) else Rows(x)
+
+
+def streaming_stats(x, chunk: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per-column mean and standard deviation (population, 0 -> 1) of ``x`` in one pass over
+    chunks of rows, accumulated in float64; returned as float32."""
+    rows = as_rows(x)
+    total = np.zeros(rows.shape[1], dtype=np.float64)
+    squares = np.zeros(rows.shape[1], dtype=np.float64)
+    for _, block in rows.chunks(chunk):
+        b = block.astype(np.float64)
+        total += b.sum(axis=0)
+        squares += np.square(b).sum(axis=0)
+    n = max(len(rows), 1)
+    mean = total / n
+    std = np.sqrt(np.maximum(squares / n - mean ** 2, 0.0))
+    std[std == 0] = 1.0
+    return mean.astype(np.float32), std.astype(np.float32)
+
+
+def nonfinite_rows(x) -> np.ndarray:
+    """Indices of the rows of the N x D float matrix ``x`` that hold NaN or inf, checked over
+    blocks of rows (a memory map is never read at once)."""
+    step = max(1, _CHECK_ENTRIES // max(int(x.shape[1]), 1))
+    bad = [start + np.flatnonzero(~np.isfinite(np.asarray(x[start:start + step])).all(axis=1))
+           for start in range(0, x.shape[0], step)]
+    return np.concatenate(bad) if bad else np.zeros(0, dtype=np.int64)
+
+
+def holds_vectors(x) -> bool:
+    """Whether ``x`` is a matrix of feature vectors (in memory or stored), not a list of items
+    such as image paths."""
+    return isinstance(x, Rows) or (isinstance(x, np.ndarray) and x.dtype.kind in "fiu")

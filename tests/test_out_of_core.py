@@ -1,0 +1,125 @@
+"""Stored features (a memory-mapped store or .npy file) train without being read whole.
+
+The protocol's parts of a stored matrix are row views (:class:`spmlkit.data.rows.Rows`); the
+linear engine, single and stacked, reads them chunk by chunk with the in-memory path's batch
+order, so the results equal it exactly; nothing reads the whole matrix.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spmlkit.data.base import Dataset, LabelledSet, make_splits
+from spmlkit.data import rows as stored_rows
+from spmlkit.data.rows import Rows, streaming_stats
+from spmlkit.engine import TrainConfig
+from spmlkit.methods import train_runs
+
+
+def _store(tmp_path, n, d, classes, seed, dtype="float16"):
+    """An N x D store on disk (features.npy, memory-mapped back) with planted labels."""
+    rng = np.random.default_rng(seed)
+    y = (rng.random((n, classes)) < 0.3).astype(np.uint8)
+    y[np.arange(n), rng.integers(0, classes, n)] = 1
+    protos = np.random.default_rng(99).standard_normal((classes, d))
+    x = (y @ protos + rng.standard_normal((n, d))).astype(dtype)
+    path = tmp_path / f"features-{seed}.npy"
+    np.save(path, x)
+    return np.load(path, mmap_mode="r"), y
+
+
+def _dataset(tmp_path, n=600, d=16, classes=5, in_memory=False, standardize=False):
+    pool_x, pool_y = _store(tmp_path, n, d, classes, 0)
+    test_x, test_y = _store(tmp_path, n // 3, d, classes, 1)
+    if in_memory:
+        pool_x, test_x = np.asarray(pool_x), np.asarray(test_x)
+    return Dataset("stored", LabelledSet(pool_x, pool_y), LabelledSet(test_x, test_y),
+                   standardize=standardize)
+
+
+def test_the_parts_of_a_stored_matrix_are_row_views_of_it(tmp_path):
+    ds = _dataset(tmp_path)
+    splits = make_splits(ds, "1p", seed=1)
+    for part in (splits.train, splits.val):
+        assert isinstance(part.x, Rows) and part.x.base is ds.pool.x   # no copy
+    rows = np.asarray(splits.meta["train_rows"])
+    np.testing.assert_array_equal(np.asarray(splits.train.x),
+                                  np.asarray(ds.pool.x[rows], np.float32))
+    assert splits.train.x.take([3, 0]).tolist() == \
+        np.asarray(ds.pool.x[rows[[3, 0]]], np.float32).tolist()      # the order asked for
+
+
+def test_streamed_standardisation_is_the_train_rows_statistics(tmp_path):
+    ds = _dataset(tmp_path, standardize=True)
+    splits = make_splits(ds, "1p", seed=1)
+    raw = np.asarray(ds.pool.x, np.float64)[splits.meta["train_rows"]]
+    mean, std = streaming_stats(Rows(ds.pool.x, splits.meta["train_rows"]), chunk=50)
+    np.testing.assert_allclose(mean, raw.mean(axis=0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(std, raw.std(axis=0), rtol=1e-5)
+    np.testing.assert_allclose(splits.meta["standardize"]["mean"], mean)
+    train = np.asarray(splits.train.x)
+    np.testing.assert_allclose(train.mean(axis=0), 0, atol=1e-4)
+    np.testing.assert_allclose(train.std(axis=0), 1, atol=1e-3)
+    test = np.asarray(splits.test.x)   # the test rows with the train rows' statistics
+    np.testing.assert_allclose(test, (np.asarray(ds.test.x, np.float32) - mean) / std,
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["single", "stacked", "stacked-role"])
+def test_runs_on_a_store_equal_the_in_memory_runs(tmp_path, monkeypatch, case):
+    lrs = [1e-3] if case == "single" else [1e-2, 1e-3, 1e-4]
+    configs = [TrainConfig(epochs=3, batch_size=16, lr=lr, seed=1) for lr in lrs]
+    loss = "role" if case == "stacked-role" else "an"
+    monkeypatch.setattr(stored_rows, "CHUNK_ROWS", 48)   # several chunks an epoch
+    stored = train_runs("linear", make_splits(_dataset(tmp_path), "1p", seed=1), loss, {},
+                        configs)
+    memory = train_runs("linear", make_splits(_dataset(tmp_path, in_memory=True), "1p", seed=1),
+                        loss, {}, configs)
+    for a, b in zip(stored, memory):
+        assert not isinstance(a, BaseException), a
+        assert a["vectorised"] == b["vectorised"] if len(configs) > 1 else True
+        assert a["best_epoch"] == b["best_epoch"]
+        for key in ("val_map", "test_map", "train_recovery_map"):   # (stacked val mAP: one
+            assert a[key] == pytest.approx(b[key], rel=1e-12), key  # run at a time, no sum order)
+
+
+def test_training_on_a_store_never_reads_it_whole(tmp_path, monkeypatch):
+    """Every read of the store is at most one chunk; nothing converts a whole part."""
+    import spmlkit.engine.vectorised as vectorised
+
+    monkeypatch.setattr(stored_rows, "CHUNK_ROWS", 64)
+    monkeypatch.setattr(vectorised, "GATHER_BYTES", 64 * 16 * 4)
+    reads = []
+    take = Rows.take
+
+    def counted(self, idx):
+        reads.append(len(np.atleast_1d(idx)))
+        return take(self, idx)
+
+    def refused(self, dtype=None, copy=None):
+        raise AssertionError("a stored part was read whole (np.asarray)")
+
+    monkeypatch.setattr(Rows, "take", counted)
+    monkeypatch.setattr(Rows, "__array__", refused)
+    splits = make_splits(_dataset(tmp_path, n=3000, standardize=True), "1p", seed=1)
+    configs = [TrainConfig(epochs=1, batch_size=32, lr=lr, seed=1) for lr in (1e-2, 1e-3)]
+    for batch in (configs[:1], configs):                   # single, then stacked
+        out = train_runs("linear", splits, "an", {}, batch, out=tmp_path / "runs")
+        assert all(not isinstance(r, BaseException) for r in out), out
+    assert reads and max(reads) <= 64 < len(splits.test) < len(splits.train)
+
+
+def test_metrics_in_blocks_equal_the_whole_computation(monkeypatch):
+    """Per-class AP (blocks of columns) and the ranking metrics (blocks of rows) bound their
+    memory on large splits; their values are those of one block (up to summation order)."""
+    from spmlkit import metrics
+
+    rng = np.random.default_rng(0)
+    probs = rng.random((300, 7)).round(2)          # ties included
+    y = (rng.random((300, 7)) < 0.3).astype(np.uint8)
+    y[:5] = 0                                      # rows without a positive
+    whole = metrics.classic_metrics(probs, y)
+    ap = metrics.per_class_ap(probs, y)
+    monkeypatch.setattr(metrics, "BLOCK_ENTRIES", 600)   # blocks of 2 columns / 85 rows
+    assert metrics.classic_metrics(probs, y) == pytest.approx(whole, rel=1e-12)
+    np.testing.assert_allclose(metrics.per_class_ap(probs, y), ap, rtol=1e-12)
