@@ -221,8 +221,7 @@ CASES = [
     # ---- a refused launch leaves no study folder
     case(STUDY.replace("--jobs 1", "--jobs 0") + FLAGS + "--out {d}/o/j0", "spml study run",
          "jobs (worker processes) must be >= 1, got 0", "o/j0", "--jobs 0"),
-    case(STUDY.replace("--jobs 1 ", "") + FLAGS + "--scheduler-file {d}/nofile.json --out {d}/o/j1",
-         "spml study run",
+    case(STUDY + FLAGS + "--scheduler-file {d}/nofile.json --out {d}/o/j1", "spml study run",
          "nofile.json", "o/j1", "--scheduler-file missing"),
 ]
 

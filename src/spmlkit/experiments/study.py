@@ -1474,11 +1474,11 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
 
         import_distributed()  # before anything is written: says how to install it
         if executor is None and dask != "local":
-            if jobs is not None:
-                raise ValueError(f"jobs ({jobs}) is the size of a local pool or a Dask "
-                                 f"LocalCluster; a running Dask cluster has the workers it has")
             options = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
             cluster = DaskExecutor(dask, scheduler_file=scheduler_file, **options)
+            if jobs is not None:  # (after the address is checked: the more basic error first)
+                raise ValueError(f"jobs ({jobs}) is the size of a local pool or a Dask "
+                                 f"LocalCluster; a running Dask cluster has the workers it has")
             cluster.connect()
     out = Path(out) if out is not None else STUDIES_ROOT / spec.name
     created = not out.exists()
