@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ...analysis import read_config, read_predictions, run_label
+from ...analysis import run_label
 from ...labels import POSITIVE
+from ...runs import read_config, read_predictions
 from .base import new_figure, pick_rows, save_figure, short_list, source_options
 
 
