@@ -394,13 +394,17 @@ def test_name_option_reaches_the_source(arrays_files):
 
 
 def test_one_module_per_source():
-    """Every registered source lives in its own module."""
-    modules = {e.name: e.factory.__module__.rsplit(".", 1)[1] for e in DATASETS.entries()}
-    assert modules == {"arrays": "arrays", "tabular": "tabular", "cole": "cole",
-                       "fmnist_mosaic": "fmnist_mosaic",
-                       "mdi_icons": "mdi_icons", "yeast": "yeast", "voc": "voc",
-                       "coco": "coco", "cub": "cub", "cole_images": "cole_images",
-                       "nuswide": "nuswide", "csv": "csv_images", "folder": "folder"}
+    """Every registered source lives in a module of its own under spmlkit.data, which
+    registers it when ``spmlkit.data`` imports it (no module holds two sources)."""
+    import importlib
+
+    data = importlib.import_module("spmlkit.data")
+    modules = [e.factory.__module__ for e in DATASETS.entries()]
+    assert len(modules) >= 13 and len(set(modules)) == len(modules), modules
+    for entry, module in zip(DATASETS.entries(), modules):
+        package, _, leaf = module.rpartition(".")
+        assert package == "spmlkit.data", (entry.name, module)
+        assert getattr(data, leaf) is importlib.import_module(module), (entry.name, module)
 
 
 # ---- the tabular SPML protocol -------------------------------------------------------------
