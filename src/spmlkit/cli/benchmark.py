@@ -67,29 +67,34 @@ def register(sub) -> None:
                        "status 1 when a method x seed has no finished grid point (its row "
                        "would be missing from the table); failed grid points are listed "
                        "grouped by their error either way.")
-    _add_common(p)
-    p.add_argument("--losses", default=",".join(DEFAULT_LOSSES),
-                   help="comma-separated losses, loss@regime, or 'all' (default: %(default)s)")
-    p.add_argument("--no-references", action="store_true",
-                   help="leave out the bce (full labels) and iun reference rows (left out "
-                        "anyway, with a note, on data whose training labels are observed ones)")
-    p.add_argument("--regime", default=None,
-                   help="the regime of every method given without @regime: 1p (default) or "
-                        "another of spml list regimes; given (your own observed training "
-                        "labels) is the default, and the only one that runs, when --data "
-                        "train_labels=observed says the data's training labels are the "
-                        "observed ones (1 / 0 / -1 or empty cells)")
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--batch-sizes", type=_ints, default=None, help="grid, default 8,16")
-    p.add_argument("--lrs", type=_floats, default=None, help="grid, default 1e-2,1e-3,1e-4,1e-5")
-    p.add_argument("--jobs", type=int, default=None, help="worker processes (default: cores)")
-    p.add_argument("--no-vectorise", action="store_true",
-                   help="train every grid point alone (default: the linear mode trains the "
-                        "runs that differ only in seed and learning rate together, as one "
-                        "stacked model; same results up to float summation order)")
-    p.add_argument("--out", default="runs/benchmark",
-                   help="output folder, a study folder; re-running with the same folder runs "
-                        "only the grid points it is missing")
-    p.add_argument("--quiet", action="store_true")
-    _add_backbone(p)
+    data = p.add_argument_group("data", "which dataset, which labels, which features")
+    grid = p.add_argument_group("methods and grid")
+    training = p.add_argument_group("training")
+    output = p.add_argument_group("output")
+    _add_common(p, data, training)
+    grid.add_argument("--losses", default=",".join(DEFAULT_LOSSES),
+                      help="comma-separated losses, loss@regime, or 'all' (default: %(default)s)")
+    grid.add_argument("--no-references", action="store_true",
+                      help="leave out the bce (full labels) and iun reference rows (left out "
+                           "anyway, with a note, on data whose training labels are observed ones)")
+    data.add_argument("--regime", default=None,
+                      help="the regime of every method given without @regime: 1p (default) or "
+                           "another of spml list regimes; given (your own observed training "
+                           "labels) is the default, and the only one that runs, when --data "
+                           "train_labels=observed says the data's training labels are the "
+                           "observed ones (1 / 0 / -1 or empty cells)")
+    grid.add_argument("--seeds", type=int, default=3)
+    grid.add_argument("--batch-sizes", type=_ints, default=None, help="grid, default 8,16")
+    grid.add_argument("--lrs", type=_floats, default=None, help="grid, default 1e-2,1e-3,1e-4,1e-5")
+    training.add_argument("--jobs", type=int, default=None,
+                          help="worker processes (default: cores)")
+    training.add_argument("--no-vectorise", action="store_true",
+                          help="train every grid point alone (default: the linear mode trains the "
+                               "runs that differ only in seed and learning rate together, as one "
+                               "stacked model; same results up to float summation order)")
+    output.add_argument("--out", default="runs/benchmark",
+                        help="output folder, a study folder; re-running with the same folder runs "
+                             "only the grid points it is missing")
+    output.add_argument("--quiet", action="store_true")
+    _add_backbone(p, group=data)
     p.set_defaults(func=cmd_benchmark)

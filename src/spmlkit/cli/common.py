@@ -154,35 +154,45 @@ def _metric(text: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", default=None,
-                   help="registered dataset (spml list datasets); default yeast, and required "
-                        "with a source's --data options (e.g. --dataset tabular for your own "
-                        "CSV / Parquet table)")
-    p.add_argument("--data", action="append", metavar="KEY=VALUE",
-                   help="dataset option, e.g. --data root=/data/pascal (repeatable)")
-    p.add_argument("--epochs", type=_whole(1), default=None,
-                   help="default 25 (spml train: the method's, e.g. 40 for --mode lac)")
-    p.add_argument("--early-stop", default="none",
-                   help="none | patience:N | drop:X (default none: fixed epochs, Cole et al.)")
-    p.add_argument("--metric", default="map", type=_metric,
-                   help="the val metric the best epoch (and grid point) is selected on: map "
-                        "(default), lrap, micro_f1, macro_f1 (higher is better) or "
-                        "ranking_loss, coverage, coverage_norm, one_error, hamming_loss "
-                        "(lower is better)")
-    p.add_argument("--drop-last", action="store_true",
-                   help="train without each epoch's last, shorter batch, as Cole et al.'s and "
-                        "Xie et al.'s loaders (drop_last=True); default: every row trains. "
-                        "Validation and test always score every row (a subset that depends on "
-                        "the batch size would make grid points incomparable)")
-    p.add_argument("--threads", type=_whole(1), default=None,
-                   help="torch threads per process (default: 1 for the feature modes, where a "
-                        "linear head on small batches is bound by per-operation overhead and "
-                        "extra threads only add contention; the machine's cores for the image "
-                        "modes --mode finetune / lac / mime / ..., whose convolutions use them)")
+def _add_common(p: argparse.ArgumentParser, data=None, training=None) -> None:
+    """``--dataset`` and ``--data`` (into the ``data`` group), the epochs, early stopping, the
+    selection metric, ``--drop-last`` and ``--threads`` (into ``training``); without groups,
+    into ``p``."""
+    data, training = data or p, training or p
+    data.add_argument("--dataset", default=None,
+                      help="registered dataset (spml list datasets); default yeast, and required "
+                           "with a source's --data options (e.g. --dataset tabular for your own "
+                           "CSV / Parquet table)")
+    data.add_argument("--data", action="append", metavar="KEY=VALUE",
+                      help="dataset option, e.g. --data root=/data/pascal (repeatable)")
+    training.add_argument("--epochs", type=_whole(1), default=None,
+                          help="default 25 (spml train: the method's, e.g. 40 for --mode lac)")
+    training.add_argument("--early-stop", default="none",
+                          help="none | patience:N | drop:X (default none: fixed epochs, Cole et "
+                               "al.)")
+    training.add_argument("--metric", default="map", type=_metric,
+                          help="the val metric the best epoch (and grid point) is selected on: map "
+                               "(default), lrap, micro_f1, macro_f1 (higher is better) or "
+                               "ranking_loss, coverage, coverage_norm, one_error, hamming_loss "
+                               "(lower is better)")
+    training.add_argument("--drop-last", action="store_true",
+                          help="train without each epoch's last, shorter batch, as Cole et al.'s "
+                               "and Xie et al.'s loaders (drop_last=True); default: every row "
+                               "trains. Validation and test always score every row (a subset that "
+                               "depends on the batch size would make grid points incomparable)")
+    training.add_argument("--threads", type=_whole(1), default=None,
+                          help="torch threads per process (default: 1 for the feature modes, "
+                               "where a linear head on small batches is bound by per-operation "
+                               "overhead and extra threads only add contention; the machine's "
+                               "cores for the image modes --mode finetune / lac / mime / ..., "
+                               "whose convolutions use them)")
 
 
-def _add_backbone(p: argparse.ArgumentParser, default: str | None = None) -> None:
+def _add_backbone(p: argparse.ArgumentParser, default: str | None = None,
+                  group=None) -> None:
+    """``--backbone``, ``--float32`` / ``--float16``, ``--cache-dir`` and ``--weights``, into
+    ``group`` (default ``p``)."""
+    p = group or p
     p.add_argument("--backbone", default=default,
                    help="image sources: train on this backbone's cached features, extracted "
                         "first if missing (spml list backbones)" if default is None else

@@ -1,7 +1,6 @@
 """``spml train``: one run of any registered training method, or a resumed one."""
 from __future__ import annotations
 
-import argparse
 import sys
 
 from .common import (
@@ -238,99 +237,109 @@ def _print_result(args, res: dict) -> int:
     return 0
 
 
-def _add_finetune(p: argparse.ArgumentParser) -> None:
+def _add_finetune(method, training, finetune) -> None:
+    """``spml train``'s method, resume, device and fine-tuning options, into their groups."""
     import os
 
-    p.add_argument("--mode", default="linear", metavar="METHOD",
-                   help="linear: a linear head on features (default); finetune: the --backbone "
-                        "end to end on an image source; linear_init: a linear phase on the "
-                        "backbone's cached features, then fine-tuning from that head (Cole et "
-                        "al.). finetune / linear_init run under torchrun --nproc_per_node=N; "
-                        "lac: LAC (Xie et al. 2022), a label-wise embedding model on the "
-                        "--backbone's cached feature maps (default efficientnet_lite0), "
-                        "options via --lac; boostlu: BoostLU (Kim et al. 2023), a CAM head on "
-                        "the --backbone's cached feature maps, or on feature vectors as 1x1 "
-                        "maps, e.g. --loss ll_r --option alpha=5 (spml list methods)")
-    p.add_argument("--option", action="append", metavar="KEY=VALUE",
-                   help="any option of the --mode's method (spml list methods), e.g. --mode "
-                        "smile --option p=0.1 --option bias=true (repeatable)")
-    p.add_argument("--lac", action="append", metavar="KEY=VALUE",
-                   help="--mode lac: a LACConfig option, e.g. --lac dim=64 --lac plc=false "
-                        "--lac stage1_epochs=10 (repeatable; spmlkit.methods.lac.LACConfig)")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR",
-                   help="continue an interrupted run (any --mode) from its checkpoint, with "
-                        "the settings in its config.json (--device, --cache-dir and --quiet "
-                        "may change; the other options are ignored)")
-    p.add_argument("--head-lr-mult", type=_positive, default=1.0,
-                   help="fine-tuning: the head's learning rate is lr times this (Kim et al.: 10)")
-    p.add_argument("--amp", choices=["auto", "none", "bf16", "fp16"], default="auto",
-                   help="fine-tuning on CUDA: autocast dtype (auto: bf16 where supported); the "
-                        "loss is always float32")
-    p.add_argument("--workers", type=_whole(0), default=min(4, os.cpu_count() or 1),
-                   help="fine-tuning: image-loading processes per training process")
-    p.add_argument("--image-size", type=_whole(1), default=None,
-                   help="fine-tuning: input side (default: the backbone's)")
-    p.add_argument("--device", type=_device, default=None,
-                   help="fine-tuning: cpu or cuda (default: cuda if there; with torchrun each "
-                        "process takes cuda:LOCAL_RANK)")
-    p.add_argument("--random-init", action="store_true",
-                   help="fine-tuning: start the backbone from random weights")
-    p.add_argument("--augment", choices=["none", "weak", "strong"], default=None,
-                   help="fine-tuning: training-image augmentation: none (resize only), weak "
-                        "(default: resize + horizontal flip) or strong (flip, Cutout, "
-                        "RandAugment 2 ops at 9, colour jitter, grayscale)")
-    p.add_argument("--weight-decay", type=_nonnegative, default=None, metavar="WD",
-                   help="fine-tuning: decoupled (AdamW-style) weight decay on weights, not "
-                        "biases or norms (default 0)")
-    p.add_argument("--warmup-epochs", type=_nonnegative, default=None, metavar="E",
-                   help="fine-tuning: linear learning-rate warm-up over E epochs, moved every "
-                        "batch (default 0)")
-    p.add_argument("--lr-schedule", choices=["constant", "cosine"], default=None,
-                   help="fine-tuning: the learning rate after the warm-up (default constant)")
-    p.add_argument("--cpu-bf16", action="store_true", default=None,
-                   help="fine-tuning on a CPU: bfloat16 autocast of the training forward (faster "
-                        "only on CPUs with native bf16: AVX-512-BF16 / AMX)")
-    p.add_argument("--linear-epochs", type=_whole(1), default=None,
-                   help="linear_init: epochs of the linear phase (default 25)")
-    p.add_argument("--linear-lr", type=_positive, default=None,
-                   help="linear_init: learning rate of the linear phase (default --lr)")
+    method.add_argument("--mode", default="linear", metavar="METHOD",
+                        help="linear: a linear head on features (default); finetune: the "
+                             "--backbone end to end on an image source; linear_init: a linear "
+                             "phase on the backbone's cached features, then fine-tuning from that "
+                             "head (Cole et al.). finetune / linear_init run under torchrun "
+                             "--nproc_per_node=N; lac: LAC (Xie et al. 2022), a label-wise "
+                             "embedding model on the --backbone's cached feature maps (default "
+                             "efficientnet_lite0), options via --lac; boostlu: BoostLU (Kim et al. "
+                             "2023), a CAM head on the --backbone's cached feature maps, or on "
+                             "feature vectors as 1x1 maps, e.g. --loss ll_r --option alpha=5 (spml "
+                             "list methods)")
+    method.add_argument("--option", action="append", metavar="KEY=VALUE",
+                        help="any option of the --mode's method (spml list methods), e.g. --mode "
+                             "smile --option p=0.1 --option bias=true (repeatable)")
+    method.add_argument("--lac", action="append", metavar="KEY=VALUE",
+                        help="--mode lac: a LACConfig option, e.g. --lac dim=64 --lac plc=false "
+                             "--lac stage1_epochs=10 (repeatable; spmlkit.methods.lac.LACConfig)")
+    training.add_argument("--resume", default=None, metavar="RUN_DIR",
+                          help="continue an interrupted run (any --mode) from its checkpoint, with "
+                               "the settings in its config.json (--device, --cache-dir and --quiet "
+                               "may change; the other options are ignored)")
+    finetune.add_argument("--head-lr-mult", type=_positive, default=1.0,
+                          help="fine-tuning: the head's learning rate is lr times this (Kim et "
+                               "al.: 10)")
+    finetune.add_argument("--amp", choices=["auto", "none", "bf16", "fp16"], default="auto",
+                          help="fine-tuning on CUDA: autocast dtype (auto: bf16 where supported); "
+                               "the loss is always float32")
+    finetune.add_argument("--workers", type=_whole(0), default=min(4, os.cpu_count() or 1),
+                          help="fine-tuning: image-loading processes per training process")
+    finetune.add_argument("--image-size", type=_whole(1), default=None,
+                          help="fine-tuning: input side (default: the backbone's)")
+    training.add_argument("--device", type=_device, default=None,
+                          help="fine-tuning: cpu or cuda (default: cuda if there; with torchrun "
+                               "each process takes cuda:LOCAL_RANK)")
+    finetune.add_argument("--random-init", action="store_true",
+                          help="fine-tuning: start the backbone from random weights")
+    finetune.add_argument("--augment", choices=["none", "weak", "strong"], default=None,
+                          help="fine-tuning: training-image augmentation: none (resize only), weak "
+                               "(default: resize + horizontal flip) or strong (flip, Cutout, "
+                               "RandAugment 2 ops at 9, colour jitter, grayscale)")
+    finetune.add_argument("--weight-decay", type=_nonnegative, default=None, metavar="WD",
+                          help="fine-tuning: decoupled (AdamW-style) weight decay on weights, not "
+                               "biases or norms (default 0)")
+    finetune.add_argument("--warmup-epochs", type=_nonnegative, default=None, metavar="E",
+                          help="fine-tuning: linear learning-rate warm-up over E epochs, moved "
+                               "every batch (default 0)")
+    finetune.add_argument("--lr-schedule", choices=["constant", "cosine"], default=None,
+                          help="fine-tuning: the learning rate after the warm-up (default "
+                               "constant)")
+    finetune.add_argument("--cpu-bf16", action="store_true", default=None,
+                          help="fine-tuning on a CPU: bfloat16 autocast of the training forward "
+                               "(faster only on CPUs with native bf16: AVX-512-BF16 / AMX)")
+    finetune.add_argument("--linear-epochs", type=_whole(1), default=None,
+                          help="linear_init: epochs of the linear phase (default 25)")
+    finetune.add_argument("--linear-lr", type=_positive, default=None,
+                          help="linear_init: learning rate of the linear phase (default --lr)")
 
 
 def register(sub) -> None:
     """Add the command's parser to ``sub`` (``spml``'s subparsers)."""
     p = sub.add_parser("train", help="train one method, print val/test mAP, write a run folder")
-    _add_common(p)
-    p.add_argument("--loss", default="an", help="registered loss (spml list losses)")
-    p.add_argument("--regime", default=None, help="full | 1p_alln | 1p_1n | 1p | mlml:<rate> | "
-                   "given (your own observed training labels: --data train_labels=observed); "
-                   "default 1p, or given with --data train_labels=observed")
-    p.add_argument("--hp", action="append", metavar="KEY=VALUE",
-                   help="loss hyperparameter, e.g. --hp lam=2 (repeatable)")
-    p.add_argument("--reg", action="append", metavar="NAME:WEIGHT",
-                   help="add a regulariser to the loss, e.g. --reg highrank:1e-3")
-    p.add_argument("--batch-size", type=_whole(1), default=None,
-                   help="default 8 (Cole et al.'s linear and fine-tuned runs); 32 with --mode "
-                        "lac (Xie et al.)")
-    p.add_argument("--lr", type=_positive, default=None,
-                   help="learning rate (default: the value the paper selected for the loss "
-                        "where known, else the method's default: 1e-3 for a linear head, 1e-4 "
-                        "fine-tuned; the value used and why are printed)")
-    p.add_argument("--seed", type=SEED, default=0)
-    p.add_argument("--k", type=_positive, default=None,
-                   help="expected positives per example (default: the train split's mean)")
-    p.add_argument("--k-estimate", type=_whole(1), default=None, metavar="M",
-                   help="estimate k from M fully labelled train rows (Cole et al. App. B; val "
-                        "rows with --regime given)")
-    p.add_argument("--out", default="runs", help="parent folder of the run folder")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--save-train-probs", action="store_true",
-                   help="store the train probabilities after every epoch (train_probs.npy, "
-                        "float16) for `spml analyze histograms`")
-    p.add_argument("--head", choices=["linear", "mlp"], default=None,
-                   help="linear mode: the head on the features, linear (default) or mlp (one "
-                        "hidden ReLU layer, the tabular SPML protocol's MLP)")
-    p.add_argument("--hidden", type=_whole(1), default=None,
-                   help="--head mlp: hidden units (default 256)")
-    _add_backbone(p)
-    _add_finetune(p)
+    data = p.add_argument_group("data", "which dataset, which labels, which features")
+    method = p.add_argument_group("method", "what trains: the training method and its loss")
+    training = p.add_argument_group("training")
+    finetune = p.add_argument_group("fine-tuning", "the methods that train the backbone end "
+                                    "to end on images")
+    output = p.add_argument_group("output")
+    _add_common(p, data, training)
+    method.add_argument("--loss", default="an", help="registered loss (spml list losses)")
+    data.add_argument("--regime", default=None, help="full | 1p_alln | 1p_1n | 1p | mlml:<rate> | "
+                      "given (your own observed training labels: --data train_labels=observed); "
+                      "default 1p, or given with --data train_labels=observed")
+    method.add_argument("--hp", action="append", metavar="KEY=VALUE",
+                        help="loss hyperparameter, e.g. --hp lam=2 (repeatable)")
+    method.add_argument("--reg", action="append", metavar="NAME:WEIGHT",
+                        help="add a regulariser to the loss, e.g. --reg highrank:1e-3")
+    training.add_argument("--batch-size", type=_whole(1), default=None,
+                          help="default 8 (Cole et al.'s linear and fine-tuned runs); 32 with "
+                               "--mode lac (Xie et al.)")
+    training.add_argument("--lr", type=_positive, default=None,
+                          help="learning rate (default: the value the paper selected for the loss "
+                               "where known, else the method's default: 1e-3 for a linear head, "
+                               "1e-4 fine-tuned; the value used and why are printed)")
+    training.add_argument("--seed", type=SEED, default=0)
+    method.add_argument("--k", type=_positive, default=None,
+                        help="expected positives per example (default: the train split's mean)")
+    method.add_argument("--k-estimate", type=_whole(1), default=None, metavar="M",
+                        help="estimate k from M fully labelled train rows (Cole et al. App. B; val "
+                             "rows with --regime given)")
+    output.add_argument("--out", default="runs", help="parent folder of the run folder")
+    output.add_argument("--quiet", action="store_true", help="no progress bar")
+    output.add_argument("--save-train-probs", action="store_true",
+                        help="store the train probabilities after every epoch (train_probs.npy, "
+                             "float16) for `spml analyze histograms`")
+    method.add_argument("--head", choices=["linear", "mlp"], default=None,
+                        help="linear mode: the head on the features, linear (default) or mlp (one "
+                             "hidden ReLU layer, the tabular SPML protocol's MLP)")
+    method.add_argument("--hidden", type=_whole(1), default=None,
+                        help="--head mlp: hidden units (default 256)")
+    _add_backbone(p, group=data)
+    _add_finetune(method, training, finetune)
     p.set_defaults(func=cmd_train)
