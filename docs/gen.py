@@ -99,8 +99,8 @@ def _option(action) -> str | None:
         name = action.metavar or action.dest
     parts = [code(name)]
     helptext = action.help or ""
-    if "%(" in helptext:
-        helptext = helptext % {"default": action.default, "prog": "spml"}
+    # as argparse shows it (a help made from the registries, cli.common.LazyHelp, is made here)
+    helptext = helptext % {"default": action.default, "prog": "spml"}
     if helptext:
         parts.append(text(helptext))
     if action.choices and action.option_strings and action.nargs != 0:

@@ -154,15 +154,94 @@ def _metric(text: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+class LazyHelp(str):
+    """A help text made from the registries by ``make()`` when it is shown (argparse formats
+    help as ``help % params``; ``docs/gen.py`` does the same), not when the parser is built: the
+    method, loss and backbone registries import torch, which parsing a command does not need."""
+
+    def __new__(cls, make):
+        self = super().__new__(cls, "(listed from the registry when shown)")
+        self.make = make
+        return self
+
+    def __mod__(self, params):
+        return self.make().replace("%", "%%") % params
+
+
+def _join(names, last: str = "") -> str:
+    return ", ".join(names) + last
+
+
+def _methods_help() -> str:
+    from ..methods import list_methods
+
+    methods = list_methods()
+    many = " / ".join(m.name for m in methods if m.processes)
+    return ("the training method (default linear): " + "; ".join(
+        f"{m.name}: {m.description}" for m in methods) + f". {many} run under torchrun "
+        "--nproc_per_node=N; a method's options are given with --option KEY=VALUE (LAC's also "
+        "with --lac; spml list methods lists each method's options)")
+
+
+def _losses_help() -> str:
+    from ..losses import LOSSES
+
+    return f"registered loss: {_join(LOSSES.names())} (spml list losses describes each)"
+
+
+def _datasets_help() -> str:
+    from ..data import DATASETS
+
+    return (f"registered dataset: {_join(DATASETS.names())} (spml list datasets); default "
+            "yeast, and required with a source's --data options (e.g. --dataset tabular for "
+            "your own CSV / Parquet table)")
+
+
+def _regimes_help() -> str:
+    from ..labels import REGIMES
+
+    return (" | ".join(REGIMES) + " (spml list regimes; given: your own observed training "
+            "labels, --data train_labels=observed); default 1p, or given with --data "
+            "train_labels=observed")
+
+
+def _metric_help() -> str:
+    from ..metrics import METRICS
+
+    def names(up):
+        return _join(f"{n} (default)" if n == "map" else n
+                     for n, (higher, _, _) in METRICS.items() if higher == up)
+    return ("the val metric the best epoch (and grid point) is selected on: "
+            f"{names(True)} (higher is better) or {names(False)} (lower is better)")
+
+
+def _threads_help() -> str:
+    from ..methods import list_methods
+
+    images = " / ".join(m.name for m in list_methods() if m.inputs == "images")
+    return ("torch threads per process (default: 1 for the feature modes, where a linear head "
+            "on small batches is bound by per-operation overhead and extra threads only add "
+            f"contention; the machine's cores for the image modes --mode {images}, whose "
+            "convolutions use them)")
+
+
+def _backbone_help(default: str | None) -> str:
+    from ..models.backbones import list_backbones
+
+    names = _join(name for name, _ in list_backbones())
+    if default is None:
+        return ("image sources: train on this backbone's cached features, extracted first if "
+                f"missing: {names} (spml list backbones)")
+    return f"backbone: {names} (spml list backbones; timm:<model> with timm installed)"
+
+
 def _add_common(p: argparse.ArgumentParser, data=None, training=None) -> None:
     """``--dataset`` and ``--data`` (into the ``data`` group), the epochs, early stopping, the
     selection metric, ``--drop-last`` and ``--threads`` (into ``training``); without groups,
     into ``p``."""
     data, training = data or p, training or p
     data.add_argument("--dataset", default=None,
-                      help="registered dataset (spml list datasets); default yeast, and required "
-                           "with a source's --data options (e.g. --dataset tabular for your own "
-                           "CSV / Parquet table)")
+                      help=LazyHelp(_datasets_help))
     data.add_argument("--data", action="append", metavar="KEY=VALUE",
                       help="dataset option, e.g. --data root=/data/pascal (repeatable)")
     training.add_argument("--epochs", type=_whole(1), default=None,
@@ -171,21 +250,14 @@ def _add_common(p: argparse.ArgumentParser, data=None, training=None) -> None:
                           help="none | patience:N | drop:X (default none: fixed epochs, Cole et "
                                "al.)")
     training.add_argument("--metric", default="map", type=_metric,
-                          help="the val metric the best epoch (and grid point) is selected on: map "
-                               "(default), lrap, micro_f1, macro_f1 (higher is better) or "
-                               "ranking_loss, coverage, coverage_norm, one_error, hamming_loss "
-                               "(lower is better)")
+                          help=LazyHelp(_metric_help))
     training.add_argument("--drop-last", action="store_true",
                           help="train without each epoch's last, shorter batch, as Cole et al.'s "
                                "and Xie et al.'s loaders (drop_last=True); default: every row "
                                "trains. Validation and test always score every row (a subset that "
                                "depends on the batch size would make grid points incomparable)")
     training.add_argument("--threads", type=_whole(1), default=None,
-                          help="torch threads per process (default: 1 for the feature modes, "
-                               "where a linear head on small batches is bound by per-operation "
-                               "overhead and extra threads only add contention; the machine's "
-                               "cores for the image modes --mode finetune / lac / mime / ..., "
-                               "whose convolutions use them)")
+                          help=LazyHelp(_threads_help))
 
 
 def _add_backbone(p: argparse.ArgumentParser, default: str | None = None,
@@ -194,9 +266,7 @@ def _add_backbone(p: argparse.ArgumentParser, default: str | None = None,
     ``group`` (default ``p``)."""
     p = group or p
     p.add_argument("--backbone", default=default,
-                   help="image sources: train on this backbone's cached features, extracted "
-                        "first if missing (spml list backbones)" if default is None else
-                        "backbone (spml list backbones; timm:<model> with timm installed)")
+                   help=LazyHelp(lambda: _backbone_help(default)))
     g = p.add_mutually_exclusive_group()
     g.add_argument("--float32", dest="feature_dtype", action="store_const", const="float32",
                    default="float32", help="store features as float32 (default)")

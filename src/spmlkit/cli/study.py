@@ -5,7 +5,7 @@ import contextlib
 import json
 import sys
 
-from .common import _whole, _positive, FORCE_HELP, _wrote, _prog, _fail
+from .common import LazyHelp, _whole, _positive, FORCE_HELP, _wrote, _prog, _fail
 
 
 def _study_table(out, fmt: str = "markdown", metric: str = "test_map",
@@ -163,6 +163,15 @@ def cmd_study(args) -> int:
 STUDY_ACTIONS = ("run", "status", "table", "export", "list")
 
 
+def _table_metric_help() -> str:
+    from ..metrics import METRICS
+
+    return ("a results column or a key of the run's metrics (default test_map); or a metric "
+            f"name ({', '.join(METRICS)}): its test value, the grid point selected on its val "
+            "value (lower is better for the losses); or several names, comma-separated: one "
+            "column each")
+
+
 def register(sub) -> None:
     """Add the command's parser to ``sub`` (``spml``'s subparsers)."""
     p = sub.add_parser("study", help="run a study (a YAML spec or preset: datasets x methods x "
@@ -221,12 +230,7 @@ def register(sub) -> None:
                         "over seeds of the best-val grid point; best bold, second underlined)")
     s.add_argument("dir", metavar="DIR")
     s.add_argument("--format", choices=["md", "markdown", "latex", "csv", "html"], default="md")
-    s.add_argument("--metric", default="test_map",
-                   help="a results column or a key of the run's metrics (default test_map); "
-                        "or a metric name (map, lrap, ranking_loss, coverage, coverage_norm, "
-                        "one_error, hamming_loss, micro_f1, macro_f1): its test value, the "
-                        "grid point selected on its val value (lower is better for the "
-                        "losses); or several names, comma-separated: one column each")
+    s.add_argument("--metric", default="test_map", help=LazyHelp(_table_metric_help))
     s.add_argument("--select", default=None, metavar="METRIC",
                    help="with metric names: the val metric the grid point is selected on "
                         "(default: the one shown, or the study's metric for several)")

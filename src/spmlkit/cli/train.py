@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 from .common import (
+    LazyHelp, _losses_help, _methods_help, _regimes_help,
     _pairs, _data, _dataset, _describe_features, _whole, _positive, _nonnegative, _device, SEED,
     _add_common, _add_backbone, _feature_data)
 
@@ -242,16 +243,7 @@ def _add_finetune(method, training, finetune) -> None:
     import os
 
     method.add_argument("--mode", default="linear", metavar="METHOD",
-                        help="linear: a linear head on features (default); finetune: the "
-                             "--backbone end to end on an image source; linear_init: a linear "
-                             "phase on the backbone's cached features, then fine-tuning from that "
-                             "head (Cole et al.). finetune / linear_init run under torchrun "
-                             "--nproc_per_node=N; lac: LAC (Xie et al. 2022), a label-wise "
-                             "embedding model on the --backbone's cached feature maps (default "
-                             "efficientnet_lite0), options via --lac; boostlu: BoostLU (Kim et al. "
-                             "2023), a CAM head on the --backbone's cached feature maps, or on "
-                             "feature vectors as 1x1 maps, e.g. --loss ll_r --option alpha=5 (spml "
-                             "list methods)")
+                        help=LazyHelp(_methods_help))
     method.add_argument("--option", action="append", metavar="KEY=VALUE",
                         help="any option of the --mode's method (spml list methods), e.g. --mode "
                              "smile --option p=0.1 --option bias=true (repeatable)")
@@ -309,10 +301,8 @@ def register(sub) -> None:
                                     "to end on images")
     output = p.add_argument_group("output")
     _add_common(p, data, training)
-    method.add_argument("--loss", default="an", help="registered loss (spml list losses)")
-    data.add_argument("--regime", default=None, help="full | 1p_alln | 1p_1n | 1p | mlml:<rate> | "
-                      "given (your own observed training labels: --data train_labels=observed); "
-                      "default 1p, or given with --data train_labels=observed")
+    method.add_argument("--loss", default="an", help=LazyHelp(_losses_help))
+    data.add_argument("--regime", default=None, help=LazyHelp(_regimes_help))
     method.add_argument("--hp", action="append", metavar="KEY=VALUE",
                         help="loss hyperparameter, e.g. --hp lam=2 (repeatable)")
     method.add_argument("--reg", action="append", metavar="NAME:WEIGHT",
