@@ -99,8 +99,8 @@ def _option(action) -> str | None:
         name = action.metavar or action.dest
     parts = [code(name)]
     helptext = action.help or ""
-    if "%(" in helptext:
-        helptext = helptext % {"default": action.default, "prog": "spml"}
+    # as argparse shows it (a help made from the registries, cli.common.LazyHelp, is made here)
+    helptext = helptext % {"default": action.default, "prog": "spml"}
     if helptext:
         parts.append(text(helptext))
     if action.choices and action.option_strings and action.nargs != 0:
@@ -124,9 +124,20 @@ def _command(parser, title: str, helptext: str, level: int, out: list) -> None:
     usage = "\n".join(line[7:] if i and line.startswith(" " * 7) else line
                       for i, line in enumerate(re.sub(r"^usage: ", "", usage).splitlines()))
     out.append("```text\n" + usage + "\n```\n")
-    options = [o for o in map(_option, parser._actions) if o]
+    # the options in no argument group of their own first (in the order they were added), then
+    # each group's under its title (spml train's data, method, training, ... options)
+    groups = [g for g in parser._action_groups if g not in (parser._positionals,
+                                                             parser._optionals)]
+    grouped = {id(a) for g in groups for a in g._group_actions}
+    options = [o for o in (_option(a) for a in parser._actions if id(a) not in grouped) if o]
     if options:
         out.append("\n".join(options) + "\n")
+    for group in groups:
+        options = [o for o in map(_option, group._group_actions) if o]
+        if options:
+            out.append(f"**{group.title[0].upper() + group.title[1:]}**"
+                       + (f": {text(group.description)}." if group.description else "") + "\n")
+            out.append("\n".join(options) + "\n")
     for name, sub, subhelp in _subparsers(parser):
         _command(sub, f"{title} {name}", subhelp or "", min(level + 1, 4), out)
 

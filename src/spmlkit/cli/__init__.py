@@ -1,0 +1,111 @@
+"""The ``spml`` command line: parses, resolves the configuration, calls the API.
+
+One module per command (:mod:`.train`, :mod:`.predict`, :mod:`.benchmark`, :mod:`.extract`,
+:mod:`.figures` for analyze / figure / report, :mod:`.study`, :mod:`.listing`), each with its
+``cmd_*`` function and a ``register(sub)`` that adds its parser; what they share is in
+:mod:`.common`. Importing this package imports no torch (the commands import it when they run).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import benchmark, extract, figures, listing, predict, study, train
+from .benchmark import cmd_benchmark
+from .common import _fail, _os_message, _prog
+from .study import STUDY_ACTIONS, cmd_study
+from .train import cmd_train
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spml", description="Single-positive multi-label "
+                                     "learning: train and compare the published methods.")
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"spml (spmlkit) {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in (train, predict, benchmark, extract, figures, study, listing):
+        command.register(sub)
+    return parser
+
+
+def _plain_warnings() -> None:
+    """The library's warnings (a source's skipped images, a loss's settings) as one
+    ``warning: ...`` line on stderr, not Python's ``file:line: UserWarning`` and source line."""
+    import warnings
+
+    default = warnings.formatwarning
+    if getattr(default, "spmlkit_plain", False):
+        return
+
+    def plain(message, category, filename, lineno, line=None):
+        if issubclass(category, UserWarning) and "spmlkit" in str(filename):
+            return f"warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    plain.spmlkit_plain = True
+    warnings.formatwarning = plain
+
+
+def _threads(args) -> int | None:
+    """``--threads``, or its default: spml train / benchmark 1 for the feature modes, None
+    (torch's default, the machine's cores) for an image mode (``spml train --mode finetune``
+    and the other methods that train on images, a resumed one too); other commands: None
+    (extraction takes the cores itself, a study sets its workers')."""
+    if getattr(args, "threads", None) or args.func not in (cmd_train, cmd_benchmark):
+        return getattr(args, "threads", None)
+    if args.func is cmd_train:
+        try:
+            if args.resume:
+                from ..runs import read_run
+
+                mode = read_run(args.resume).config.get("mode", "linear")
+            else:
+                mode = args.mode
+            from ..methods import get_method
+
+            if get_method(mode).inputs == "images":
+                return None
+        except (ValueError, OSError):  # the command itself reports it
+            pass
+    return 1
+
+
+def main(argv=None) -> int:
+    """``spml``: parse ``argv``, run the command; a bad input ends in one line
+    ``spml <command>: error: <what is wrong and where>`` on stderr and exit status 2."""
+    import sqlite3
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["study"] and len(argv) > 1 and argv[1] not in STUDY_ACTIONS and \
+            not argv[1].startswith("-"):
+        argv.insert(1, "run")  # `spml study <preset or spec>` is `spml study run ...`
+    args = build_parser().parse_args(argv)
+    prog = _prog(args)
+    if (args.func is cmd_benchmark or (args.func is cmd_study and args.action == "run")) and \
+            getattr(args, "jobs", None) != 1 and not getattr(args, "dask", None) and \
+            not getattr(args, "scheduler", None) and not getattr(args, "scheduler_file", None):
+        from ..experiments.pool import start_worker_server
+
+        start_worker_server()  # its imports run while this process imports and plans
+    _plain_warnings()
+    threads = _threads(args)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    try:
+        return args.func(args)
+    except (ValueError, ModuleNotFoundError, FloatingPointError) as err:
+        return _fail(prog, str(err))  # what is wrong and where, said by the code that found it
+    except OSError as err:  # ours (FileNotFoundError naming the file and what was expected),
+        return _fail(prog, _os_message(err))  # else a file the system refused: path, reason
+    except sqlite3.Error as err:  # last resort: stores turn the known cases into ValueError
+        return _fail(prog, f"the study's results store (SQLite) failed: {err}")
+    except KeyboardInterrupt:
+        print("interrupted; finished work is kept (re-run the same command to resume)",
+              file=sys.stderr)
+        return 130
+

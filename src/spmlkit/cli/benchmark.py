@@ -1,0 +1,100 @@
+"""``spml benchmark``: the paper's grid as a study folder."""
+from __future__ import annotations
+
+import sys
+
+from .common import (
+    _data, _dataset, _describe_features, _floats, _ints, _add_common, _add_backbone, _feature_data)
+
+
+def cmd_benchmark(args) -> int:
+    """``spml benchmark``: the paper's grid as a study in ``--out`` (resumable, one launch at a
+    time), its table printed and written."""
+    from ..experiments.benchmark import run_benchmark
+    from ..experiments.study import DEFAULT_GRID
+
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
+    grid = {"batch_size": tuple(args.batch_sizes or DEFAULT_GRID["batch_size"]),
+            "lr": tuple(args.lrs or DEFAULT_GRID["lr"])}
+    refs = [] if args.no_references else ["bce", "iun"]
+    options = {**_data(args), **_feature_data(args)}
+    args.dataset = _dataset(args)
+    given = {"epochs": args.epochs} if args.epochs is not None else {}  # else the paper's 25
+    if args.dataset == "tabular" and "path" in options:  # the columns, before any run
+        from ..data import load_dataset
+
+        ds = load_dataset(args.dataset, **options)
+        _describe_features(ds.meta, ds.standardize)
+        del ds
+    res = run_benchmark(args.dataset, args.losses, refs, args.seeds, args.out, args.jobs,
+                        grid=grid, early_stop=args.early_stop, dataset_options=options,
+                        metric=args.metric, regime=args.regime, drop_last=args.drop_last,
+                        progress=not args.quiet, argv=sys.argv,
+                        vectorise=not args.no_vectorise, **given)
+    print(res["table"] if res["results"] else "no grid point finished: nothing to tabulate")
+    print(f"wrote {args.out}/results.json and {args.out}/table.md (a study folder: spml study "
+          f"status | table | export {args.out}, spml report {args.out})")
+    groups, missing = res["failure_groups"], res["missing"]
+    if groups:
+        failed = sum(g["count"] for g in groups)
+        print(f"{failed} grid point(s) failed and were left out of the selection"
+              + (", all for the same reason:" if len(groups) == 1 else ":"), file=sys.stderr)
+        for g in groups[:3]:
+            print(f"  {g['count']} run(s): {g['reason']} (first: {g['run_ids'][0]})",
+                  file=sys.stderr)
+        if len(groups) > 3:
+            print(f"  {sum(g['count'] for g in groups[3:])} more run(s) with "
+                  f"{len(groups) - 3} other error(s)", file=sys.stderr)
+        print(f"full tracebacks: spml report {args.out} (grouped), or spml study export "
+              f"{args.out} --format json --output errors.json", file=sys.stderr)
+    if missing:
+        shown = ", ".join(f"{label} (seed {seed})" for label, seed in missing[:6])
+        more = f" and {len(missing) - 6} more" if len(missing) > 6 else ""
+        print(f"spml benchmark: error: no grid point finished for {shown}{more}: the table "
+              f"lacks {'them' if len(missing) > 1 else 'it'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def register(sub) -> None:
+    """Add the command's parser to ``sub`` (``spml``'s subparsers)."""
+    from ..experiments.benchmark import DEFAULT_LOSSES
+
+    p = sub.add_parser("benchmark", help="the paper's grid for several methods and seeds",
+                       description="The paper's grid (batch sizes x learning rates) for every "
+                       "method and seed, selected on val, as a resumable study folder. Exit "
+                       "status 1 when a method x seed has no finished grid point (its row "
+                       "would be missing from the table); failed grid points are listed "
+                       "grouped by their error either way.")
+    data = p.add_argument_group("data", "which dataset, which labels, which features")
+    grid = p.add_argument_group("methods and grid")
+    training = p.add_argument_group("training")
+    output = p.add_argument_group("output")
+    _add_common(p, data, training)
+    grid.add_argument("--losses", default=",".join(DEFAULT_LOSSES),
+                      help="comma-separated losses, loss@regime, or 'all' (default: %(default)s)")
+    grid.add_argument("--no-references", action="store_true",
+                      help="leave out the bce (full labels) and iun reference rows (left out "
+                           "anyway, with a note, on data whose training labels are observed ones)")
+    data.add_argument("--regime", default=None,
+                      help="the regime of every method given without @regime: 1p (default) or "
+                           "another of spml list regimes; given (your own observed training "
+                           "labels) is the default, and the only one that runs, when --data "
+                           "train_labels=observed says the data's training labels are the "
+                           "observed ones (1 / 0 / -1 or empty cells)")
+    grid.add_argument("--seeds", type=int, default=3)
+    grid.add_argument("--batch-sizes", type=_ints, default=None, help="grid, default 8,16")
+    grid.add_argument("--lrs", type=_floats, default=None, help="grid, default 1e-2,1e-3,1e-4,1e-5")
+    training.add_argument("--jobs", type=int, default=None,
+                          help="worker processes (default: cores)")
+    training.add_argument("--no-vectorise", action="store_true",
+                          help="train every grid point alone (default: the linear mode trains the "
+                               "runs that differ only in seed and learning rate together, as one "
+                               "stacked model; same results up to float summation order)")
+    output.add_argument("--out", default="runs/benchmark",
+                        help="output folder, a study folder; re-running with the same folder runs "
+                             "only the grid points it is missing")
+    output.add_argument("--quiet", action="store_true")
+    _add_backbone(p, group=data)
+    p.set_defaults(func=cmd_benchmark)

@@ -1,0 +1,337 @@
+"""What the ``spml`` commands share: argparse value types, the data and backbone options,
+the one-line error."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _pairs(items, what: str) -> dict:
+    """``key=value`` options (``--data``, ``--hp``, ``--lac``) as a dict; a value is read as
+    JSON when it parses as JSON (``0.5``, ``true``, ``[1, 2]``), else kept as text."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{what} {item!r}: expected key=value, e.g. {what} "
+                             f"{'root=/data/pascal' if what == '--data' else 'lam=2'}")
+        out[key.strip().replace("-", "_")] = _value(value)
+    return out
+
+
+def _data(args) -> dict:
+    """The ``--data`` options; the regime has its own flag (``--regime``)."""
+    options = _pairs(args.data, "--data")
+    if "regime" in options:
+        raise ValueError(f"--data regime={options['regime']}: the label regime is not a "
+                         f"dataset option; use --regime")
+    return options
+
+
+def _dataset(args) -> str:
+    """``--dataset``: yeast when neither it nor ``--data`` is given; options for a source need
+    the source named (else they would silently go to yeast, which takes none of them)."""
+    from ..data import PROTOCOL_OPTIONS, check_source_options
+
+    if args.dataset is not None:
+        return args.dataset
+    options = _pairs(args.data, "--data")
+    try:
+        check_source_options("yeast", options, PROTOCOL_OPTIONS, complete=False)
+    except ValueError as err:  # e.g. labels=...: not yeast's, so meant for another source
+        raise ValueError(f"{err} (no --dataset given, so the default yeast; --dataset names "
+                         f"your source, e.g. --dataset tabular)") from None
+    own = [item for item in args.data or []
+           if item.partition("=")[0].strip().replace("-", "_") not in PROTOCOL_OPTIONS]
+    if own:  # yeast's own path / seed: more likely your file (protocol options suit yeast)
+        raise ValueError(f"--data {own[0]}: say which source the options are for with "
+                         f"--dataset (e.g. --dataset tabular for a CSV / Parquet table, "
+                         f"--dataset arrays for .npy files; spml list datasets); without "
+                         f"--dataset the run is on the built-in yeast set")
+    return "yeast"
+
+
+def _describe_features(meta: dict, standardized: bool, out=None) -> None:
+    """For a table source: which columns are the features, and whether they are standardised
+    (a column that should not be a feature is seen before any run)."""
+    cols = (meta or {}).get("feature_columns")
+    if not cols:
+        return
+    from ..data.arrays import _preview
+
+    how = "standardised with the train rows' mean and std (--data standardize=false keeps " \
+          "them as they are)" if standardized else "not standardised (standardize=false)"
+    print(f"features: {len(cols)} column(s) of {meta.get('path')}: {_preview(cols, 12)}; {how}",
+          file=out or sys.stderr)
+
+
+def _floats(text: str) -> list:
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _ints(text: str) -> list:
+    return [int(v) for v in _floats(text)]
+
+
+def _whole(low: int, high: int | None = None):
+    """An argparse type: a whole number >= ``low`` (and <= ``high``)."""
+    want = f"a whole number >= {low}" + (f" and <= {high}" if high is not None else "")
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {value}")
+        return value
+    return parse
+
+
+def _positive(text: str) -> float:
+    """An argparse type: a finite number > 0 (learning rates, k, multipliers)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not np.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def _nonnegative(text: str) -> float:
+    """An argparse type: a finite number >= 0 (weight decay, warm-up epochs)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not np.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def _device(text: str) -> str:
+    """An argparse type: a torch device this machine has (``cpu``, ``cuda``, ``cuda:1``)."""
+    import torch
+
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a device such as cpu, cuda or cuda:1, got "
+                                         f"{text!r}") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count or (dev.index is not None and dev.index >= count):
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA "
+                                             f"device(s)")
+    return text
+
+
+SEED = _whole(0, 2**32 - 1)  # numpy's RandomState takes seeds in [0, 2**32)
+
+
+def _metric(text: str) -> str:
+    """An argparse type: a name of :data:`spmlkit.metrics.METRICS`."""
+    from ..metrics import check_metric
+
+    try:
+        return check_metric(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+class LazyHelp(str):
+    """A help text made from the registries by ``make()`` when it is shown (argparse formats
+    help as ``help % params``; ``docs/gen.py`` does the same), not when the parser is built: the
+    method, loss and backbone registries import torch, which parsing a command does not need."""
+
+    def __new__(cls, make):
+        self = super().__new__(cls, "(listed from the registry when shown)")
+        self.make = make
+        return self
+
+    def __mod__(self, params):
+        return self.make().replace("%", "%%") % params
+
+
+def _join(names, last: str = "") -> str:
+    return ", ".join(names) + last
+
+
+def _methods_help() -> str:
+    from ..methods import list_methods
+
+    methods = list_methods()
+    many = " / ".join(m.name for m in methods if m.processes)
+    return ("the training method (default linear): " + "; ".join(
+        f"{m.name}: {m.description}" for m in methods) + f". {many} run under torchrun "
+        "--nproc_per_node=N; a method's options are given with --option KEY=VALUE (LAC's also "
+        "with --lac; spml list methods lists each method's options)")
+
+
+def _losses_help() -> str:
+    from ..losses import LOSSES
+
+    return f"registered loss: {_join(LOSSES.names())} (spml list losses describes each)"
+
+
+def _datasets_help() -> str:
+    from ..data import DATASETS
+
+    return (f"registered dataset: {_join(DATASETS.names())} (spml list datasets); default "
+            "yeast, and required with a source's --data options (e.g. --dataset tabular for "
+            "your own CSV / Parquet table)")
+
+
+def _regimes_help() -> str:
+    from ..labels import REGIMES
+
+    return (" | ".join(REGIMES) + " (spml list regimes; given: your own observed training "
+            "labels, --data train_labels=observed); default 1p, or given with --data "
+            "train_labels=observed")
+
+
+def _metric_help() -> str:
+    from ..metrics import METRICS
+
+    def names(up):
+        return _join(f"{n} (default)" if n == "map" else n
+                     for n, (higher, _, _) in METRICS.items() if higher == up)
+    return ("the val metric the best epoch (and grid point) is selected on: "
+            f"{names(True)} (higher is better) or {names(False)} (lower is better)")
+
+
+def _threads_help() -> str:
+    from ..methods import list_methods
+
+    images = " / ".join(m.name for m in list_methods() if m.inputs == "images")
+    return ("torch threads per process (default: 1 for the feature modes, where a linear head "
+            "on small batches is bound by per-operation overhead and extra threads only add "
+            f"contention; the machine's cores for the image modes --mode {images}, whose "
+            "convolutions use them)")
+
+
+def _backbone_help(default: str | None) -> str:
+    from ..models.backbones import list_backbones
+
+    names = _join(name for name, _ in list_backbones())
+    if default is None:
+        return ("image sources: train on this backbone's cached features, extracted first if "
+                f"missing: {names} (spml list backbones)")
+    return f"backbone: {names} (spml list backbones; timm:<model> with timm installed)"
+
+
+def _add_common(p: argparse.ArgumentParser, data=None, training=None) -> None:
+    """``--dataset`` and ``--data`` (into the ``data`` group), the epochs, early stopping, the
+    selection metric, ``--drop-last`` and ``--threads`` (into ``training``); without groups,
+    into ``p``."""
+    data, training = data or p, training or p
+    data.add_argument("--dataset", default=None,
+                      help=LazyHelp(_datasets_help))
+    data.add_argument("--data", action="append", metavar="KEY=VALUE",
+                      help="dataset option, e.g. --data root=/data/pascal (repeatable)")
+    training.add_argument("--epochs", type=_whole(1), default=None,
+                          help="default 25 (spml train: the method's, e.g. 40 for --mode lac)")
+    training.add_argument("--early-stop", default="none",
+                          help="none | patience:N | drop:X (default none: fixed epochs, Cole et "
+                               "al.)")
+    training.add_argument("--metric", default="map", type=_metric,
+                          help=LazyHelp(_metric_help))
+    training.add_argument("--drop-last", action="store_true",
+                          help="train without each epoch's last, shorter batch, as Cole et al.'s "
+                               "and Xie et al.'s loaders (drop_last=True); default: every row "
+                               "trains. Validation and test always score every row (a subset that "
+                               "depends on the batch size would make grid points incomparable)")
+    training.add_argument("--threads", type=_whole(1), default=None,
+                          help=LazyHelp(_threads_help))
+
+
+def _add_backbone(p: argparse.ArgumentParser, default: str | None = None,
+                  group=None) -> None:
+    """``--backbone``, ``--float32`` / ``--float16``, ``--cache-dir`` and ``--weights``, into
+    ``group`` (default ``p``)."""
+    p = group or p
+    p.add_argument("--backbone", default=default,
+                   help=LazyHelp(lambda: _backbone_help(default)))
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--float32", dest="feature_dtype", action="store_const", const="float32",
+                   default="float32", help="store features as float32 (default)")
+    g.add_argument("--float16", dest="feature_dtype", action="store_const", const="float16",
+                   help="store features as float16 (half the disk and memory)")
+    p.add_argument("--cache-dir", default=None,
+                   help="feature stores folder (default $SPMLKIT_CACHE/features or "
+                        "~/.cache/spmlkit/features)")
+    p.add_argument("--weights", default=None, metavar="FILE",
+                   help="your own weights for --backbone instead of its pretrained ones: a "
+                        "state dict of that architecture (saved by spmlkit, torchvision or "
+                        "timm; module. / model. prefixes and the ImageNet classifier are "
+                        "handled; keys that do not match are named)")
+
+
+def _feature_data(args, data: dict | None = None) -> dict:
+    """The dataset options of ``--backbone`` / ``--float16`` / ``--cache-dir``, merged with the
+    extraction settings given as ``--data features={...}`` (those win)."""
+    from ..features import feature_options
+
+    options = feature_options(getattr(args, "backbone", None), args.feature_dtype, args.cache_dir,
+                              weights=getattr(args, "weights", None))
+    given = (data or {}).get("features")
+    if options and given is not None:
+        if not isinstance(given, dict):
+            raise ValueError(f"--data features={given!r}: with --backbone, expected a JSON "
+                             f"object of extraction settings, e.g. --data "
+                             f"'features={{\"num_workers\": 0}}'")
+        options["features"] = {**options.get("features", {}), **given}
+    return options
+
+
+FORCE_HELP = "overwrite the output file if it exists (default: write the next free name, " \
+             "e.g. curves-2.png)"
+
+
+def _wrote(path, wanted) -> None:
+    """``wrote PATH``, saying so when an existing file made it take another name."""
+    from pathlib import Path
+
+    note = "" if Path(path) == Path(wanted) else f" ({wanted} exists; --force overwrites it)"
+    print(f"wrote {path}{note}")
+
+
+#: the ``dest`` of each command's own subcommands (``spml study run``, ``spml figure curves``)
+SUBCOMMANDS = {"study": "action", "figure": "figure", "analyze": "analysis"}
+
+
+def _prog(args) -> str:
+    """``spml <command> [<subcommand>]``, as argparse names it in its own error lines."""
+    sub = getattr(args, SUBCOMMANDS.get(args.command, ""), None)
+    return f"spml {args.command}" + (f" {sub}" if sub else "")
+
+
+def _os_message(err: OSError) -> str:
+    """``<path>: <reason>`` of an operating-system error (a file that cannot be written or
+    read), or its own text when it names no file."""
+    if err.filename is None or not err.strerror:
+        return str(err)
+    paths = err.filename if err.filename2 is None else f"{err.filename} -> {err.filename2}"
+    return f"{paths}: {err.strerror}"
+
+
+def _fail(prog: str, message: str) -> int:
+    """Print ``<prog>: error: <message>`` on one line; return exit status 2."""
+    text = "; ".join(line.strip() for line in message.splitlines() if line.strip())
+    print(f"{prog}: error: {text}", file=sys.stderr)
+    return 2

@@ -1,0 +1,52 @@
+"""``spml predict``: label new inputs with a run folder's best model."""
+from __future__ import annotations
+
+import sys
+
+from .common import _whole, _device
+
+
+def cmd_predict(args) -> int:
+    from pathlib import Path
+
+    from ..predict import predict_run, write_predictions
+
+    fmt = args.format or ("json" if args.out and Path(args.out).suffix.lower() == ".json"
+                          else "csv")
+    pred = predict_run(args.run, args.inputs, args.threshold, device=args.device,
+                       batch_size=args.batch_size, num_workers=args.workers,
+                       skip_corrupt=args.skip_corrupt)
+    if pred.skipped:
+        shown = ", ".join(pred.skipped[:5]) + (", ..." if len(pred.skipped) > 5 else "")
+        print(f"skipped {len(pred.skipped)} unreadable image(s): {shown}", file=sys.stderr)
+    text = write_predictions(pred, fmt, args.out, args.run)
+    if args.out:
+        print(f"wrote {args.out} ({len(pred.items)} rows, {fmt}, threshold {pred.threshold_kind})",
+              file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def register(sub) -> None:
+    """Add the command's parser to ``sub`` (``spml``'s subparsers)."""
+    p = sub.add_parser("predict", help="label new inputs with a run folder's best model and "
+                       "the thresholds chosen on val")
+    p.add_argument("run", metavar="RUN", help="a run folder (spml train)")
+    p.add_argument("inputs", nargs="+", metavar="INPUTS",
+                   help="linear runs: .npy/.npz feature files (runs of the tabular source: "
+                        ".csv/.parquet tables too, feature columns by name); fine-tuned runs (and "
+                        "linear runs on --backbone features): image files or folders")
+    p.add_argument("--threshold", default="global",
+                   help="global (maximises val micro-F1, default), per-class (each class's "
+                        "val-F1 maximiser) or a probability, e.g. 0.5")
+    p.add_argument("--format", choices=["csv", "json"], default=None,
+                   help="default: json when --out ends with .json, else csv")
+    p.add_argument("--out", default=None, metavar="FILE", help="default: standard output")
+    p.add_argument("--device", type=_device, default="cpu")
+    p.add_argument("--batch-size", type=_whole(1), default=64)
+    p.add_argument("--workers", type=_whole(0), default=0, help="image-loading processes")
+    p.add_argument("--skip-corrupt", action="store_true",
+                   help="leave out input images that cannot be decoded (listed on stderr and "
+                        "in JSON output) instead of stopping at the first one")
+    p.set_defaults(func=cmd_predict)
