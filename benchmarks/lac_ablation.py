@@ -30,7 +30,8 @@ import torch
 
 from spmlkit.data import load_splits
 from spmlkit.engine import TrainConfig
-from spmlkit.methods.lac import ABLATIONS, CachedMapViews, LACConfig, train_lac
+from spmlkit.methods import train_run
+from spmlkit.methods.lac import ABLATIONS, CachedMapViews, LACConfig
 from spmlkit.models.backbones import create_backbone
 from spmlkit.runs import write_text
 
@@ -82,7 +83,7 @@ def main() -> None:
         if LACConfig(**lac).num_stages == 2:
             lac["stage2_epochs"] = args.stage2_epochs
         t0 = time.perf_counter()
-        res = train_lac(splits, "an", None, config, lac=lac, backbone=args.backbone,
+        res = train_run("lac", splits, "an", None, config, lac=lac, backbone=args.backbone,
                         image_size=args.image_size, cache_dir=args.cache_dir, progress=False,
                         out=args.runs, run_name=f"{row}-s{args.seed}",
                         dataset_options=data)

@@ -263,6 +263,26 @@ def test_missing_files_are_named_with_the_command_that_writes_them(runs, tmp_pat
         an.run_wasserstein(tmp_path / "nowhere")
 
 
+def test_one_reader_of_a_run_folder(runs, tmp_path):
+    """The analyses, the figures and :class:`spmlkit.runs.Run` read through spmlkit.runs: one
+    check of metrics.jsonl, whichever path reads it."""
+    from spmlkit.experiments.figures import curves, histograms, images, landscape
+    from spmlkit.runs import read_metrics, read_run
+
+    for module in (an, curves, histograms, images, landscape):
+        for name in ("run_file", "read_config", "read_metrics", "read_predictions"):
+            reader = getattr(module, name, None)
+            assert reader is None or reader.__module__ == "spmlkit.runs", (module, name)
+    run = tmp_path / "damaged"
+    shutil.copytree(runs["an"]["run_dir"], run)
+    assert read_run(run).metrics() == read_metrics(run) and len(read_metrics(run)) == 3
+    with open(run / "metrics.jsonl", "a") as fh:
+        fh.write('{"epoch": "four"}\n')
+    for read in (read_metrics, lambda r: read_run(r).metrics()):
+        with pytest.raises(ValueError, match=r"metrics\.jsonl, line 4: 'epoch' must be a number"):
+            read(run)
+
+
 # --- command line ------------------------------------------------------------------------------
 def test_every_analyze_subcommand_prints_a_table_and_writes_a_png(runs, tmp_path, capsys):
     a, b, cp = runs["an"]["run_dir"], runs["apl"]["run_dir"], runs["cp"]["run_dir"]

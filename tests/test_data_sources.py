@@ -393,22 +393,18 @@ def test_name_option_reaches_the_source(arrays_files):
     assert load_dataset("arrays", features=x, labels=y, name="mine").name == "mine"
 
 
-def test_one_module_per_source_and_the_old_import_paths():
-    """Every registered source lives in its own module; the modules that used to hold several
-    (``image_sources``, ``offline_sets``) re-export the same objects."""
-    from spmlkit.data import image_sources, offline_sets
+def test_one_module_per_source():
+    """Every registered source lives in a module of its own under spmlkit.data, which
+    registers it when ``spmlkit.data`` imports it (no module holds two sources)."""
+    import importlib
 
-    modules = {e.name: e.factory.__module__.rsplit(".", 1)[1] for e in DATASETS.entries()}
-    assert modules == {"arrays": "arrays", "tabular": "tabular", "cole": "cole",
-                       "fmnist_mosaic": "fmnist_mosaic",
-                       "mdi_icons": "mdi_icons", "yeast": "yeast", "voc": "voc",
-                       "coco": "coco", "cub": "cub", "cole_images": "cole_images",
-                       "nuswide": "nuswide", "csv": "csv_images", "folder": "folder"}
-    for public in image_sources.__all__:
-        assert getattr(image_sources, public) is not None
-    assert image_sources.load_voc is DATASETS.get("voc").factory
-    assert offline_sets.load_mdi_icons is DATASETS.get("mdi_icons").factory
-    assert all(hasattr(offline_sets, n) for n in offline_sets.__all__)
+    data = importlib.import_module("spmlkit.data")
+    modules = [e.factory.__module__ for e in DATASETS.entries()]
+    assert len(modules) >= 13 and len(set(modules)) == len(modules), modules
+    for entry, module in zip(DATASETS.entries(), modules):
+        package, _, leaf = module.rpartition(".")
+        assert package == "spmlkit.data", (entry.name, module)
+        assert getattr(data, leaf) is importlib.import_module(module), (entry.name, module)
 
 
 # ---- the tabular SPML protocol -------------------------------------------------------------

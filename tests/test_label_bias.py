@@ -10,7 +10,7 @@ import pytest
 
 from spmlkit.data import load_splits, make_splits
 from spmlkit.data.base import Dataset, LabelledSet
-from spmlkit.data.offline_sets import FOREGROUND_LEVEL, mosaic_instances
+from spmlkit.data.fmnist_mosaic import FOREGROUND_LEVEL, mosaic_instances
 from spmlkit.labels import NEGATIVE, POSITIVE, UNOBSERVED, make_observed, parse_regime, \
     sample_biased_positive
 
@@ -193,7 +193,7 @@ def test_coco_boxes_become_instances(tmp_path):
     data["annotations"].append({"id": 1, "image_id": 9, "category_id": 1, "iscrowd": 0,
                                 "bbox": [0, 0, 4, 4]})     # a second, larger person
     ann.write_text(json.dumps(data))
-    from spmlkit.data.image_sources import load_coco
+    from spmlkit.data.coco import load_coco
 
     ds = load_coco(tmp_path)
     inst = ds.meta["instances"]

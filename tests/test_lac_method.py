@@ -14,8 +14,9 @@ from _image_toy import toy_splits
 from spmlkit.data import LabelledSet, Splits
 from spmlkit.engine import TrainConfig
 from spmlkit.methods import lac as lac_mod
+from spmlkit.methods import load_run_model, train_run
 from spmlkit.methods.lac import (ABLATIONS, CHECKPOINT_FILE, LACConfig, ablation_config,
-                                 load_lac_model, resolve_train_config, train_lac)
+                                 resolve_train_config)
 from spmlkit.runs import load_torch
 
 BACKBONE = {"width": 4, "num_features": 8, "input_size": 16}
@@ -31,7 +32,7 @@ def toy(tmp_path_factory):
 
 
 def run(toy, lac=None, out=None, epochs=4, on_epoch=None, resume=None, **kw):
-    return train_lac(toy["splits"], "an", None,
+    return train_run("lac", toy["splits"], "an", None,
                      TrainConfig(epochs=epochs, batch_size=8, lr=1e-2, seed=0),
                      lac={**SMALL, **(lac or {})}, backbone="tiny_cnn",
                      backbone_options=BACKBONE, pretrained=False, cache_dir=toy["cache"],
@@ -90,7 +91,7 @@ def test_feature_splits_and_mismatched_resume_are_refused(toy, tmp_path):
     feats = Splits("f", LabelledSet(np.zeros((24, 5), np.float32), s.train.y, s.class_names),
                    s.val, s.test, s.observed, s.val_observed, "1p", s.k)
     with pytest.raises(ValueError, match="feature vectors"):
-        train_lac(feats, lac=SMALL)
+        train_run("lac", feats, "an", lac=SMALL)
     res = run(toy, {"plc": False, "lac": False}, out=tmp_path, epochs=1)
     with pytest.raises(ValueError, match="other settings.*lac"):
         run(toy, {"plc": True, "lac": False}, epochs=1, resume=res["run_dir"])
@@ -283,7 +284,7 @@ class Payload:
 
 
 def test_checkpoints_holding_pickled_code_are_refused(toy, tmp_path):
-    """A run folder received from someone else: resume and load_lac_model load checkpoint.pt /
+    """A run folder received from someone else: resume and load_run_model load checkpoint.pt /
     best.pt with weights_only=True, refuse pickled code with a ValueError and run nothing."""
     lac = {"plc": False, "lac": False}
     with pytest.raises(Stop):
@@ -301,7 +302,7 @@ def test_checkpoints_holding_pickled_code_are_refused(toy, tmp_path):
     done = run(toy, lac, out=tmp_path / "done", epochs=1)["run_dir"]
     torch.save({"mode": "lac", "model": Payload(marker)}, f"{done}/best.pt")
     with pytest.raises(ValueError, match="best.pt: (refused|not a readable)"):
-        load_lac_model(done)
+        load_run_model(done)
     assert not marker.exists()
     torch.load(f"{done}/best.pt", weights_only=False)  # the payload is real: it runs when
     assert marker.exists()                              # loaded the unsafe way
@@ -329,7 +330,7 @@ def test_run_folder_and_model_loader(toy, tmp_path):
     assert pred["probs_test"].shape == (12, 3) and int(pred["best_epoch"]) == res["best_epoch"]
     final = json.load(open(f"{folder}/final.json"))
     assert final["test_map"] == res["test_map"] and final["mode"] == "lac"
-    model, info = load_lac_model(folder)
+    model, info = load_run_model(folder)
     from spmlkit.metrics import map_score
     from spmlkit.data.transforms import eval_transform
     from spmlkit.data.images import open_image
@@ -349,7 +350,8 @@ def test_end_to_end_image_views_run_and_train_the_backbone_or_not(toy, train_bac
 
     net = create_backbone("tiny_cnn", pretrained=False, **BACKBONE)
     start = lac_mod._state(net)
-    res = train_lac(toy["splits"], "an", None, TrainConfig(epochs=2, batch_size=8, lr=1e-2),
+    res = train_run("lac", toy["splits"], "an", None,
+                    TrainConfig(epochs=2, batch_size=8, lr=1e-2),
                     lac={**SMALL, "views": "images", "train_backbone": train_backbone},
                     backbone=net, progress=False)
     assert res["views"] == "images" and res["stage_epochs"] == [1, 1]
@@ -395,7 +397,7 @@ def test_cli_train_mode_lac_and_resume(toy, tmp_path, capsys):
     from spmlkit.predict import predict_run
 
     pred = predict_run(run_dir, s.test.x[:4])
-    model, info = load_lac_model(run_dir)
+    model, info = load_run_model(run_dir)
     from spmlkit.data.images import open_image
     from spmlkit.data.transforms import eval_transform
 
@@ -439,7 +441,8 @@ def test_every_registered_loss_trains_on_the_label_wise_model(toy):
         hp = {"warmup": 1} if name == "em_apl" else None  # pseudo-labels from epoch 1 on
         if getattr(LOSSES.get(name).factory, "needs_scores", False):  # an external scorer's
             hp = {"scores": simulated_scores(toy["splits"].train.y, flip=0.1)}
-        res = train_lac(toy["splits"], name, hp, TrainConfig(epochs=2, batch_size=8, lr=1e-2),
+        res = train_run("lac", toy["splits"], name, hp,
+                        TrainConfig(epochs=2, batch_size=8, lr=1e-2),
                         lac={**SMALL, "plc": False, "lac": False},
                         backbone="tiny_cnn", backbone_options=BACKBONE, pretrained=False,
                         cache_dir=toy["cache"], progress=False, features={"num_workers": 0})

@@ -14,32 +14,31 @@ from PIL import Image
 
 from spmlkit.data import DATASETS, load_dataset
 from spmlkit.data import fmnist_mosaic, mdi_icons
-from spmlkit.data import offline_sets as ofs
 
 
 def _have_fmnist() -> bool:
     try:
-        ofs.fmnist_dir()
+        fmnist_mosaic.fmnist_dir()
     except FileNotFoundError:
         return False
     return True
 
 
 needs_fmnist = pytest.mark.skipif(
-    not _have_fmnist(), reason=f"Fashion-MNIST not installed ({ofs.FMNIST_DIR}); run `make "
-    f"image-data` or: {ofs.FMNIST_INSTALL}")
+    not _have_fmnist(), reason=f"Fashion-MNIST not installed ({fmnist_mosaic.FMNIST_DIR}); run "
+    f"`make image-data` or: {fmnist_mosaic.FMNIST_INSTALL}")
 
 
 def _mdi_package():
     try:
-        return ofs.mdi_svg_dir()
+        return mdi_icons.mdi_svg_dir()
     except FileNotFoundError:
         return None
 
 
 def _have_cairosvg() -> bool:
     try:
-        ofs.require_cairosvg()
+        mdi_icons.require_cairosvg()
     except (ModuleNotFoundError, OSError):
         return False
     return True
@@ -58,7 +57,7 @@ SMALL = dict(n_pool=24, n_test=10)
 @pytest.fixture(scope="module")
 def small_mosaics(tmp_path_factory):
     if not _have_fmnist():
-        pytest.skip(f"Fashion-MNIST not installed; {ofs.FMNIST_INSTALL}")
+        pytest.skip(f"Fashion-MNIST not installed; {fmnist_mosaic.FMNIST_INSTALL}")
     cache = tmp_path_factory.mktemp("cache")
     return cache, load_dataset("fmnist_mosaic", cache_dir=cache, seed=5, **SMALL)
 
@@ -72,7 +71,7 @@ def test_both_sources_are_registered_as_embedded_image_sets():
 def test_mosaic_shapes_paths_and_class_names(small_mosaics):
     cache, ds = small_mosaics
     assert (len(ds.pool), len(ds.test)) == (24, 10)
-    assert ds.class_names == ofs.FMNIST_CLASSES and ds.pool.y.shape == (24, 10)
+    assert ds.class_names == fmnist_mosaic.FMNIST_CLASSES and ds.pool.y.shape == (24, 10)
     for s in (ds.pool, ds.test):
         assert all(os.path.isabs(p) and p.endswith(i) for p, i in zip(s.x, s.ids))
         with Image.open(s.x[0]) as img:
@@ -86,7 +85,7 @@ def test_mosaic_labels_are_the_classes_of_the_tiles_found_in_the_idx_data(small_
     pixels, and compare the official labels with the mosaic's label row."""
     _, ds = small_mosaics
     for labelled, split in ((ds.pool, "train"), (ds.test, "test")):
-        images, labels = ofs.read_fmnist(split)
+        images, labels = fmnist_mosaic.read_fmnist(split)
         owners: dict[bytes, set] = {}
         for img, lab in zip(images, labels):
             owners.setdefault(img.tobytes(), set()).add(int(lab))
@@ -106,12 +105,12 @@ def test_mosaic_labels_are_the_classes_of_the_tiles_found_in_the_idx_data(small_
 def test_cached_tile_indices_rebuild_the_mosaics(small_mosaics):
     _, ds = small_mosaics
     folder = Path(ds.meta["cache"])
-    images, labels = ofs.read_fmnist("train")
+    images, labels = fmnist_mosaic.read_fmnist("train")
     tiles = np.load(folder / "pool_tiles.npy")
     for i in (0, 7, 23):
         with Image.open(ds.pool.x[i]) as img:
-            assert np.array_equal(np.array(img), ofs.compose_mosaic(images, tiles[i]))
-    assert np.array_equal(ofs.mosaic_labels(labels, tiles), ds.pool.y)
+            assert np.array_equal(np.array(img), fmnist_mosaic.compose_mosaic(images, tiles[i]))
+    assert np.array_equal(fmnist_mosaic.mosaic_labels(labels, tiles), ds.pool.y)
 
 
 @needs_fmnist
@@ -153,7 +152,7 @@ def test_a_deleted_cached_file_is_named(small_mosaics, tmp_path):
 
 @needs_fmnist
 def test_a_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
-    real = ofs.read_fmnist
+    real = fmnist_mosaic.read_fmnist
 
     def fail_on_test(split, root=None):
         if split == "test":
@@ -181,20 +180,20 @@ def test_corrupt_idx_file_is_named(tmp_path):
         fh.write(bytes([0, 0, 8, 3]) + (5).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2
                  + bytes(100))
     with pytest.raises(ValueError, match=r"train-images-idx3-ubyte\.gz.*shape \(5, 28, 28\)"):
-        ofs.read_idx(bad)
+        fmnist_mosaic.read_idx(bad)
     bad.write_bytes(b"not gzip at all")
     with pytest.raises(ValueError, match="train-images-idx3-ubyte.gz: cannot read"):
-        ofs.read_idx(bad)
+        fmnist_mosaic.read_idx(bad)
 
 
 def test_draw_mosaics_respects_the_class_range():
     labels = np.repeat(np.arange(10), 5)
     for lo, hi in ((1, 1), (2, 3), (4, 4)):
-        tiles = ofs.draw_mosaics(labels, 40, np.random.RandomState(0), lo, hi)
-        counts = ofs.mosaic_labels(labels, tiles).sum(axis=1)
+        tiles = fmnist_mosaic.draw_mosaics(labels, 40, np.random.RandomState(0), lo, hi)
+        counts = fmnist_mosaic.mosaic_labels(labels, tiles).sum(axis=1)
         assert counts.min() == lo and counts.max() == hi
     with pytest.raises(ValueError, match="min_classes"):
-        ofs.draw_mosaics(labels, 3, np.random.RandomState(0), 3, 2)
+        fmnist_mosaic.draw_mosaics(labels, 3, np.random.RandomState(0), 3, 2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,8 +203,8 @@ def test_draw_mosaics_respects_the_class_range():
 def test_mdi_tiny_build(tmp_path):
     ds = load_dataset("mdi_icons", limit=12, size=32, cache_dir=tmp_path)
     assert (len(ds.pool), len(ds.test)) == (8, 4)          # Cole split, fraction 0.3
-    _, icons = ofs.read_mdi_meta(_mdi_package())
-    _, classes, _ = ofs.mdi_labels(icons, 30)
+    _, icons = mdi_icons.read_mdi_meta(_mdi_package())
+    _, classes, _ = mdi_icons.mdi_labels(icons, 30)
     assert ds.class_names == classes and len(classes) >= 10
     tags = dict(icons)
     for s in (ds.pool, ds.test):
@@ -254,11 +253,11 @@ def test_mdi_broken_icons_are_skipped_and_counted(tmp_path):
 
 
 def test_mdi_missing_package_names_the_npm_command(tmp_path, monkeypatch):
-    monkeypatch.setenv(ofs.MDI_ENV, str(tmp_path / "nowhere"))
+    monkeypatch.setenv(mdi_icons.MDI_ENV, str(tmp_path / "nowhere"))
     with pytest.raises(FileNotFoundError, match=r"nowhere/meta\.json.*npm install --prefix .*"
                                                 r"@mdi/svg"):
         load_dataset("mdi_icons", cache_dir=tmp_path)
-    monkeypatch.delenv(ofs.MDI_ENV)
+    monkeypatch.delenv(mdi_icons.MDI_ENV)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(mdi_icons, "__file__", str(tmp_path / "a" / "b" / "c" / "d.py"))
     with pytest.raises(FileNotFoundError, match=r"@mdi/svg was not found.*npm install --prefix "
@@ -268,8 +267,8 @@ def test_mdi_missing_package_names_the_npm_command(tmp_path, monkeypatch):
 
 def test_mdi_labels_keep_frequent_tags_only():
     icons = [("a", ["X", "Y"]), ("b", ["X"]), ("c", ["Z"]), ("d", ["Y", "X"])]
-    names, classes, y = ofs.mdi_labels(icons, min_count=2)
+    names, classes, y = mdi_icons.mdi_labels(icons, min_count=2)
     assert names == ["a", "b", "d"] and classes == ["X", "Y"]
     assert y.tolist() == [[1, 1], [1, 0], [1, 1]]
     with pytest.raises(ValueError, match="lower min_count"):
-        ofs.mdi_labels(icons, min_count=5)
+        mdi_icons.mdi_labels(icons, min_count=5)

@@ -152,7 +152,7 @@ def test_lac_preset_runs_shrunk_in_pool_workers(tmp_path):
     """The three rows in two pool worker processes, end to end: the workers are daemonic, so
     the feature-map extraction must not start DataLoader workers of its own."""
     pytest.importorskip("spmlkit.methods.lac")
-    from spmlkit.data.offline_sets import fmnist_dir
+    from spmlkit.data.fmnist_mosaic import fmnist_dir
 
     try:
         fmnist_dir()

@@ -23,7 +23,6 @@ training still count as unobserved here, as in the papers.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,86 +30,12 @@ import numpy as np
 
 from .labels import UNOBSERVED, validate_full_labels, validate_observed
 from .metrics import per_class_ap
-from .runs import PREDICTIONS_FILE, TRAIN_PROBS_FILE, load_array, load_arrays
-
-SPLITS = ("train", "val", "test")
-
-#: which command writes each run-folder file (quoted by the errors for a missing file)
-PRODUCERS = {
-    "config.json": "every run folder has it; it is written by `spml train` "
-                   "(spmlkit.methods.train_run(out=...))",
-    "metrics.jsonl": "it is written during training by `spml train` (train_run(out=...))",
-    PREDICTIONS_FILE: "it is written at the end of `spml train` (train_run(out=...)); a run "
-                      "trained before this file existed, or one that did not finish, has to "
-                      "be trained again",
-    TRAIN_PROBS_FILE: "it is written only by `spml train --save-train-probs` "
-                      "(train_run(..., save_train_probs=True)); train the run again with that "
-                      "flag",
-}
+from .runs import SPLITS, TRAIN_PROBS_FILE, load_array, read_config, read_metrics, \
+    read_predictions, run_file
 
 
-# --- reading run folders -----------------------------------------------------------------------
-def run_file(run_dir, name: str) -> Path:
-    """Path of ``name`` in a run folder; ``FileNotFoundError`` naming the file and the command
-    that writes it when it is missing."""
-    run = Path(run_dir)
-    if not run.is_dir():
-        raise FileNotFoundError(f"run folder {run} does not exist (give the folder that "
-                                f"`spml train` printed as 'run folder: ...')")
-    path = run / name
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: {PRODUCERS.get(name, 'no command writes it')}")
-    return path
-
-
-def read_config(run_dir) -> dict:
-    from .runs import read_run
-
-    run_file(run_dir, "config.json")  # missing: says which command writes it
-    return read_run(run_dir).config  # read and checked: damaged entries are named
-
-
-def read_metrics(run_dir) -> list[dict]:
-    """The per-epoch records of ``metrics.jsonl`` (``NaN`` values read back as float NaN)."""
-    path = run_file(run_dir, "metrics.jsonl")
-    records = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}, line {i}: not a JSON record ({err.msg})") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}, line {i}: expected a JSON object, got "
-                             f"{type(record).__name__}")
-        for key in ("epoch", "train_loss", "val_map", "test_map"):
-            value = record.get(key)
-            if value is not None and (isinstance(value, bool)
-                                      or not isinstance(value, (int, float))):
-                raise ValueError(f"{path}, line {i}: {key!r} must be a number, got "
-                                 f"{value!r:.100}")
-        records.append(record)
-    return records
-
-
-def read_predictions(run_dir) -> dict:
-    """The arrays of ``predictions.npz``: ``probs_{train,val,test}``, ``y_{train,val,test}``,
-    ``observed`` and ``best_epoch``."""
-    path = run_file(run_dir, PREDICTIONS_FILE)
-    expected = sorted({f"{p}_{s}" for p in ("probs", "y") for s in SPLITS} | {"observed"})
-    arrays = load_arrays(path, expected, PRODUCERS[PREDICTIONS_FILE])
-    for s in SPLITS:  # what the analyses index: N x L, probabilities and labels alike
-        probs, y = arrays[f"probs_{s}"], arrays[f"y_{s}"]
-        if probs.ndim != 2 or probs.shape != y.shape:
-            raise ValueError(f"{path}: probs_{s} has shape {probs.shape} and y_{s} "
-                             f"{y.shape}; expected the same N x L shape")
-    if arrays["observed"].shape != arrays["y_train"].shape:
-        raise ValueError(f"{path}: observed has shape {arrays['observed'].shape}, y_train "
-                         f"{arrays['y_train'].shape}; expected the same shape")
-    return arrays
-
-
+# --- run folders are read through spmlkit.runs (run_file, read_config, read_metrics,
+# read_predictions: a missing file is named with the command that writes it) ---------------------
 def run_label(run_dir) -> str:
     """How a run is named in tables and legends: its folder name."""
     return Path(run_dir).name

@@ -17,8 +17,10 @@ every file in it is written atomically. Every training method writes the same fi
 - ``failed.json``: written instead when the run raised (the error and its traceback);
 - ``train_probs.npy``: train probabilities after every epoch, when asked for.
 
-:func:`read_run` reads a folder back (:class:`Run`), and every checkpoint load goes through
-:func:`load_torch` (``weights_only=True``).
+:func:`read_run` reads a folder back (:class:`Run`); :func:`read_config`, :func:`read_metrics`,
+:func:`read_predictions` read one file each, checked (a missing file is named with the command
+that writes it: :func:`run_file`); every checkpoint load goes through :func:`load_torch`
+(``weights_only=True``).
 """
 from __future__ import annotations
 
@@ -516,11 +518,10 @@ class Run:
         return best
 
     def metrics(self) -> list[dict]:
-        """The per-epoch records of ``metrics.jsonl`` (``[]`` without the file)."""
+        """The per-epoch records of ``metrics.jsonl`` (``[]`` without the file; checked as
+        :func:`read_metrics`)."""
         path = self.path / METRICS_FILE
-        if not path.is_file():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return _parse_metrics(path) if path.is_file() else []
 
 
 def _read_json(path: Path) -> dict:
@@ -589,3 +590,85 @@ def read_run(path) -> Run:
     return Run(path, config,
                _read_json(final) if final.is_file() else None,
                _read_json(failed) if failed.is_file() else None)
+
+
+# ---- one file of a run folder, checked ---------------------------------------------------------
+#: the splits of ``predictions.npz`` (``probs_<split>``, ``y_<split>``)
+SPLITS = ("train", "val", "test")
+
+#: which command writes each run-folder file (quoted by the errors for a missing file)
+PRODUCERS = {
+    CONFIG_FILE: "every run folder has it; it is written by `spml train` "
+                 "(spmlkit.methods.train_run(out=...))",
+    METRICS_FILE: "it is written during training by `spml train` (train_run(out=...))",
+    PREDICTIONS_FILE: "it is written at the end of `spml train` (train_run(out=...)); a run "
+                      "trained before this file existed, or one that did not finish, has to "
+                      "be trained again",
+    TRAIN_PROBS_FILE: "it is written only by `spml train --save-train-probs` "
+                      "(train_run(..., save_train_probs=True)); train the run again with that "
+                      "flag",
+}
+
+
+def run_file(run_dir, name: str) -> Path:
+    """Path of ``name`` in a run folder; ``FileNotFoundError`` naming the file and the command
+    that writes it when it is missing."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise FileNotFoundError(f"run folder {run} does not exist (give the folder that "
+                                f"`spml train` printed as 'run folder: ...')")
+    path = run / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: {PRODUCERS.get(name, 'no command writes it')}")
+    return path
+
+
+def read_config(run_dir) -> dict:
+    """``config.json``, read and checked (:func:`read_run`: damaged entries are named)."""
+    run_file(run_dir, CONFIG_FILE)  # missing: says which command writes it
+    return read_run(run_dir).config
+
+
+def _parse_metrics(path: Path) -> list[dict]:
+    records = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}, line {i}: not a JSON record ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}, line {i}: expected a JSON object, got "
+                             f"{type(record).__name__}")
+        for key in ("epoch", "train_loss", "val_map", "test_map"):
+            value = record.get(key)
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, (int, float))):
+                raise ValueError(f"{path}, line {i}: {key!r} must be a number, got "
+                                 f"{value!r:.100}")
+        records.append(record)
+    return records
+
+
+def read_metrics(run_dir) -> list[dict]:
+    """The per-epoch records of ``metrics.jsonl`` (``NaN`` values read back as float NaN); a
+    line that is not a JSON object, or whose epoch / loss / mAP is not a number, is named."""
+    return _parse_metrics(run_file(run_dir, METRICS_FILE))
+
+
+def read_predictions(run_dir) -> dict:
+    """The arrays of ``predictions.npz``: ``probs_{train,val,test}``, ``y_{train,val,test}``,
+    ``observed`` and ``best_epoch``; shapes checked (N x L, ``observed`` as ``y_train``)."""
+    path = run_file(run_dir, PREDICTIONS_FILE)
+    expected = sorted({f"{p}_{s}" for p in ("probs", "y") for s in SPLITS} | {"observed"})
+    arrays = load_arrays(path, expected, PRODUCERS[PREDICTIONS_FILE])
+    for s in SPLITS:  # what the analyses index: N x L, probabilities and labels alike
+        probs, y = arrays[f"probs_{s}"], arrays[f"y_{s}"]
+        if probs.ndim != 2 or probs.shape != y.shape:
+            raise ValueError(f"{path}: probs_{s} has shape {probs.shape} and y_{s} "
+                             f"{y.shape}; expected the same N x L shape")
+    if arrays["observed"].shape != arrays["y_train"].shape:
+        raise ValueError(f"{path}: observed has shape {arrays['observed'].shape}, y_train "
+                         f"{arrays['y_train'].shape}; expected the same shape")
+    return arrays

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 # one module per source; importing it registers it (this order is the registry's, which
 # `spml list datasets` and the README's table follow)
-from . import arrays, tabular, cole, offline_sets, yeast  # noqa: F401
+from . import arrays, tabular, cole, fmnist_mosaic, mdi_icons, yeast  # noqa: F401
 from . import voc, coco, cub, cole_images, nuswide, csv_images, folder  # noqa: F401
-from . import image_sources  # noqa: F401  (the image sources' names in one place)
 from .base import Dataset, LabelledSet, Splits, cole_split, make_splits
 from .options import PROTOCOL_OPTIONS, check_source_options, source_parameters
 from .registry import DATASETS

@@ -1,9 +1,47 @@
 """What the image sources share: building a :class:`~spmlkit.data.base.Dataset` of image paths
 whose unusable images are checked, dropped and counted, and the Cole split of one list.
 
-Every image source (:mod:`spmlkit.data.image_sources` lists them) returns a ``Dataset`` whose
-``pool`` is the official training set and whose ``test`` is the official evaluation set; ``x``
-is a list of **absolute** image paths, ``ids`` the paths relative to the dataset's image folder.
+Each image source lives in its own module (:mod:`~spmlkit.data.voc`, :mod:`~spmlkit.data.coco`,
+:mod:`~spmlkit.data.cub`, :mod:`~spmlkit.data.nuswide`, :mod:`~spmlkit.data.cole_images`,
+:mod:`~spmlkit.data.csv_images`, :mod:`~spmlkit.data.folder`); importing it registers it. Every
+one returns a ``Dataset`` whose ``pool`` is the official training set and whose ``test`` is the
+official evaluation set; ``x`` is a list of **absolute** image paths (decode them with
+:func:`spmlkit.data.images.open_image`), ``ids`` the paths relative to the dataset's image
+folder, chosen to equal the entries of the official ``formatted_*_images.npy`` lists. Row order
+follows the official formatting scripts (github.com/elijahcole/single-positive-multi-label,
+``preproc/format_{pascal,coco,cub}.py``), so the protocol's train / val split
+(:func:`~spmlkit.data.base.make_splits`) selects the same images as the papers'.
+
+Sources, the layout each reads, and its pool / test (sizes of the official sets):
+
+``voc``
+    ``VOCdevkit/VOC2012/ImageSets/Main/<class>_{train,val}.txt`` and ``JPEGImages/``; 20 classes
+    in alphabetical order; label ``1`` is a positive, ``0`` (difficult) and ``-1`` negatives;
+    images without a positive dropped; rows sorted by file name. Pool = VOC2012 train (5,717),
+    test = VOC2012 val (5,823).
+``coco``
+    ``annotations/instances_{train,val}2014.json``, ``train2014/``, ``val2014/``; 80 classes in
+    the order of the file's ``categories`` (category-id order); images without an annotation
+    dropped; rows sorted by image id *as a string* (as ``format_coco.py``). Pool = train2014
+    (82,081), test = val2014 (40,137).
+``cub``
+    ``CUB_200_2011/{images.txt, train_test_split.txt, attributes/image_attribute_labels.txt,
+    images/}``, found at any depth (up to 3) below ``root``; 312 attribute labels
+    (``is_present``), names from ``attributes.txt``. Pool = ``is_training_image`` 1 (5,994),
+    test = 0 (5,794).
+``nuswide``
+    the published lists of the re-crawl, ``formatted_{train,val}_{images,labels}.npy``, with
+    the images in ``Flickr/``; rows without a positive kept, as in the lists. Pool / test = the
+    train / val lists (150,000 / 60,260 in the paper's crawl).
+``cole_images``
+    any dataset folder of Cole et al.: ``formatted_{train,val}_{images,labels}.npy`` (with
+    ``formatted_train_labels_obs.npy``, the shipped single-positive draw) and its images.
+``csv``
+    one row per image: its path, then its class names. Test = a second CSV, else 0.3 of the
+    rows (the Cole split, seed 1200, as for yeast).
+``folder``
+    ``<root>/<class>/<image>``: each image's folder is its only known positive. Test = a
+    second tree, else 0.3 of the images (Cole split, seed 1200).
 
 Broken inputs: a missing image raises ``FileNotFoundError`` naming it, unless
 ``skip_missing=True``, which drops the item; with ``skip_corrupt=True`` every image is decoded once

@@ -1,10 +1,10 @@
 """Reading image files, checking image lists, and the small parsers the image sources share.
 
 An *image item* is a path string to an image file. Image sources
-(:mod:`spmlkit.data.image_sources`) return :class:`~spmlkit.data.base.LabelledSet` objects whose
-``x`` is a list of absolute path strings; everything that decodes pixels goes through
-:func:`open_image`, so a corrupt file always fails with a ``ValueError`` that names it, never with
-a decoder error deep inside a data loader.
+(:mod:`spmlkit.data.image_common` lists them) return :class:`~spmlkit.data.base.LabelledSet`
+objects whose ``x`` is a list of absolute path strings; everything that decodes pixels goes
+through :func:`open_image`, so a corrupt file always fails with a ``ValueError`` that names it,
+never with a decoder error deep inside a data loader.
 
 Checking a list of paths (:func:`check_images`) is cheap by default (one directory listing per
 folder, no decoding); with ``skip_corrupt`` (or ``decode=True``) every image is also decoded once,

@@ -46,7 +46,7 @@ def _as_tensor(x, where: str):
 
 def make_linear_head(in_features: int, num_classes: int, seed: int) -> nn.Linear:
     """``nn.Linear`` with PyTorch's default init, drawn from ``seed`` (global RNG untouched;
-    thread-safe: :func:`spmlkit.models.heads.global_rng`)."""
+    thread-safe: :func:`spmlkit.models.rng.global_rng`)."""
     return seeded_linear(in_features, num_classes, seed)
 
 

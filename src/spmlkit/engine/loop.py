@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from ..losses import SPMLLoss
-from ..models.heads import global_rng
+from ..models.rng import global_rng
 from .config import parse_early_stop
 
 __all__ = ["Batch", "FitResult", "GeneratorState", "STATE_FORMAT", "Stage", "StageParts",

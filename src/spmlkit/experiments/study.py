@@ -776,8 +776,9 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
         check_metric(metric)
     except ValueError as err:
         _fail(source, "metric", str(err))
-    runs = sum(len(seeds) * math.prod(len(vary[k]) for k in _axes(None, m, vary))
-               * math.prod(len(grid[k]) for k in _axes(None, m, grid)) for m in methods) \
+    runs = sum(len(seeds) * math.prod(len(vary[k]) for k in _axes(modes[m.label].name, m, vary))
+               * math.prod(len(grid[k]) for k in _axes(modes[m.label].name, m, grid))
+               for m in methods) \
         * len(datasets)
     if runs > MAX_RUNS:
         axes = ", ".join([f"{len(datasets)} dataset(s)", f"{len(methods)} method(s)",
@@ -875,7 +876,9 @@ def run_id_for(config: dict, seed: int, variant: dict) -> str:
     return f"{readable}-{digest[:8]}"
 
 
-def _axes(spec: StudySpec, m: MethodSpec, keys) -> list:
+def _axes(mode: str, m: MethodSpec, keys) -> list:
+    """The keys of ``keys`` (vary or grid axes) that apply to method ``m``, which trains in
+    ``mode``."""
     accepts = _loss_hparams(m.loss)
     out = []
     for key in keys:
@@ -886,7 +889,7 @@ def _axes(spec: StudySpec, m: MethodSpec, keys) -> list:
         elif key == "regime":
             use = not m.fixed_regime
         elif key.startswith("lac."):
-            use = spec.method_mode(m) == "lac"
+            use = mode == "lac"
         else:  # data.<option>, batch_size, lr, other TrainConfig fields
             use = True
         if use:
@@ -905,8 +908,8 @@ def expand(spec: StudySpec) -> list[RunTask]:
     for ds in spec.datasets:
         for m in spec.methods:
             fixed = {**spec.hparams.get(m.loss, {}), **spec.hparams.get(m.label, {})}
-            vary_keys = _axes(spec, m, spec.vary)
-            grid_keys = _axes(spec, m, spec.grid)
+            vary_keys = _axes(spec.method_mode(m), m, spec.vary)
+            grid_keys = _axes(spec.method_mode(m), m, spec.grid)
             for seed in spec.seeds:
                 for variant in _assignments(spec.vary, vary_keys):
                     for point in _assignments(spec.grid, grid_keys):

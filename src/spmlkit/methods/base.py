@@ -98,6 +98,9 @@ class TrainingMethod:
     #: terms, of a run ending near the trivial baseline (:func:`baseline_warning`; None: the
     #: generic learning-rate advice)
     baseline_cause: Callable | None = None
+    #: ``check_run(splits, config, options, resume)``: refuses (ValueError) a run this method
+    #: cannot train, before its run folder is made (a refusal leaves nothing behind)
+    check_run: Callable | None = None
 
     def total_epochs(self, config, options: dict) -> int:
         """How many epoch records a run with ``config`` and ``options`` writes (after
@@ -604,6 +607,8 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
     hparams = resolve_hparams(loss, splits.name, hparams)
     loss_fn = create_loss(loss, **hparams)
     k = splits.k if k is None else resolve_k(k, splits, config.seed)
+    if method.check_run is not None:
+        method.check_run(splits, config, options, resume)
     is_main = dist_utils.current_context(config.device).is_main
     run, state = None, None
     if resume is not None:

@@ -57,17 +57,17 @@ caller's global RNG is left as it was and a resumed run repeats an uninterrupted
 The loop is the engine's (:func:`spmlkit.engine.train_loop`): LAC is its stages (each stage's
 set-up builds AdamW, OneCycle, the EMA and resets the queue; stage 2 starts from the best
 weights), a step hook (PLC and LAC terms with the queue, schedule and EMA steps) and two evaluators
-(the model and its EMA). :func:`fit_lac` runs it on given views; :func:`train_lac` adds the
-run folder.
+(the model and its EMA). :func:`fit_lac` runs it on given views; the registered method (``lac``:
+:func:`spmlkit.methods.train_run`) adds the run folder.
 
 Resuming: after every epoch the run folder gets ``checkpoint.pt`` (written atomically, through
 the loop's ``checkpoint=`` callback) with the loop's whole state: model, EMA, optimiser,
 schedule, loss, queue, stage and epoch, the best weights so far with their score, the history
 and the elapsed time; tensors, numbers and strings only, loaded with ``weights_only=True``
 (:func:`spmlkit.runs.load_torch`: a file holding pickled code is refused, nothing runs).
-``train_lac(..., resume=RUN_DIR)`` (``spml train --mode lac --resume RUN_DIR``, or
-:func:`resume_lac`) continues in either stage and ends with the same weights and metrics as a
-run that was never interrupted.
+``train_run("lac", ..., resume=RUN_DIR)`` (``spml train --resume RUN_DIR``, or
+:func:`spmlkit.methods.resume_run`) continues in either stage and ends with the same weights and
+metrics as a run that was never interrupted.
 """
 from __future__ import annotations
 
@@ -93,11 +93,9 @@ from ..losses import TrainInfo
 from ..losses.lac import LACQueue, lac_term, plc_loss, plc_targets
 from ..models.ema import ModelEMA
 from ..models.label_embedding import LabelEmbeddingModel
-from ..runs import load_torch
 
 __all__ = ["ABLATIONS", "CHECKPOINT_FILE", "LACConfig", "CachedMapViews", "ImageViews",
-           "ablation_config", "fit_lac", "lac_model_from_checkpoint", "load_lac_model",
-           "resume_lac", "train_lac"]
+           "ablation_config", "fit_lac", "lac_model_from_checkpoint"]
 
 CHECKPOINT_FILE = "checkpoint.pt"
 #: the paper's batch size, OneCycle max learning rate and epoch budget (section 4.1)
@@ -719,7 +717,7 @@ def fit_lac(model: LabelEmbeddingModel, loss, views, observed, y_train, y_val, l
             resume: dict | None = None) -> FitResult:
     """Train LAC's label-wise embedding model on the engine's loop; keep the best epoch.
 
-    The loop of :func:`train_lac` without the run folder: the stages of
+    The loop of ``train_run("lac", ...)`` without the run folder: the stages of
     ``lac.stages(config.epochs)``, LAC's step hook, the model and its EMA as evaluators (the
     best epoch's weights are the winner's), ``config.early_stop`` within each stage, dropout
     seeded per epoch from ``mix_seed(config.seed, 0x1AC, epoch)``.
@@ -864,42 +862,6 @@ def fit(ctx):
     return Fitted(result, probs, best, extra)
 
 
-def train_lac(splits: Splits, loss: str = "an", hparams: dict | None = None,
-              config: TrainConfig | None = None, **kwargs) -> dict:
-    """Train LAC (or one of its ablations) on an image source's splits; score the best epoch:
-    ``spmlkit.methods.train_run("lac", ...)``.
-
-    LAC's options (keywords): ``lac`` (:class:`LACConfig` or a dict of its fields; default the
-    full method), ``backbone`` (a registered name or a backbone module), ``pretrained``,
-    ``backbone_options``, ``image_size`` (default ``config.image_size``, else the
-    backbone's), ``cache_dir`` (the feature-map stores), ``progress`` (extraction bars),
-    ``features`` (more :func:`spmlkit.features.extract_features` options: ``num_workers``,
-    ``batch_size``, ``device``), ``image_reader`` (``views="images"``). The rest as
-    :func:`spmlkit.methods.train_run` (``k``, ``out``, ``run_name``, ``on_epoch``,
-    ``dataset_options``, ``resume``: a run folder of an interrupted LAC run with the same
-    arguments). ``config`` defaults to the paper's 40 epochs, batch 32, lr 1e-4; LACConfig's
-    ``batch_size`` / ``lr`` override it and its stages fix the epochs
-    (:func:`resolve_train_config`).
-
-    Returns:
-        :func:`spmlkit.methods.train_run`'s result plus ``best_stage``, ``best_source``
-        (``model`` or ``ema``), ``stage_epochs``, ``stage1_val_map``, ``lac``, ``views``,
-        ``image_size``, ``extract_seconds``. The run folder's ``metrics.jsonl`` has per epoch
-        ``stage``, the losses, ``val_map_model``, ``val_map_ema``, ``val_source``, PLC's
-        ``pl_count`` / ``pl_precision`` (a fraction in [0, 1]) and ``lr``.
-    """
-    from .base import train_run
-
-    return train_run("lac", splits, loss, hparams, config, **kwargs)
-
-
-def resume_lac(run_dir, **kwargs) -> dict:
-    """Continue an interrupted LAC run folder: :func:`spmlkit.methods.resume_run`."""
-    from .base import resume_run
-
-    return resume_run(run_dir, **kwargs)
-
-
 def lac_model_from_checkpoint(info: dict) -> LabelEmbeddingModel:
     """The model of a LAC ``best.pt`` dict, in eval mode on the CPU: the backbone rebuilt by
     name (with the run's own weights when it was trained end to end) and the head."""
@@ -914,26 +876,6 @@ def lac_model_from_checkpoint(info: dict) -> LabelEmbeddingModel:
     else:
         model.head.load_state_dict({key[len("head."):]: v for key, v in state.items()})
     return model.eval()
-
-
-def load_lac_model(run, device: str = "cpu") -> tuple[LabelEmbeddingModel, dict]:
-    """The best model of a LAC run folder, in eval mode (:func:`lac_model_from_checkpoint`).
-    Returns ``(model, info)`` with ``info`` the rest of ``best.pt`` (class names, image size,
-    mean, std, ...). ``model(images)`` gives logits, ``model.attention_maps(images)`` where
-    each label looks.
-
-    ``best.pt`` is loaded with ``weights_only=True`` (:func:`spmlkit.runs.load_torch`): a file
-    holding pickled code (a run folder from someone else) is refused with a ValueError and
-    nothing in it runs."""
-    path = Path(run) / "best.pt"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: is {run} a finished LAC run folder?")
-    info = load_torch(path, map_location="cpu")
-    if info.get("mode") != "lac":
-        raise ValueError(f"{path} is not a LAC checkpoint (mode {info.get('mode', 'linear')!r})")
-    model = lac_model_from_checkpoint(info)
-    info.pop("model")
-    return model.to(device), info
 
 
 # ---- registration ------------------------------------------------------------------------------

@@ -54,24 +54,30 @@ def _probs(model, x) -> np.ndarray:
 MAX_TRAIN_PROBS_BYTES = 8 * 2**30
 
 
+def check_run(splits, config, options: dict, resume=None) -> None:
+    """``save_train_probs`` refused where it cannot work (a resume; more than
+    :data:`MAX_TRAIN_PROBS_BYTES` of probabilities), before the run folder is made."""
+    if not options["save_train_probs"]:
+        return
+    if resume is not None:
+        raise ValueError("a run with save_train_probs cannot resume (the probabilities of the "
+                         "epochs before the interruption are not in its checkpoint); train it "
+                         "again")
+    size = config.epochs * splits.observed.shape[0] * splits.observed.shape[1] * 2  # float16
+    if size > MAX_TRAIN_PROBS_BYTES:  # (held in memory until the run ends)
+        raise ValueError(f"save_train_probs: {config.epochs} epochs of "
+                         f"{splits.observed.shape[0]} x {splits.observed.shape[1]} train "
+                         f"probabilities are {size / 2**30:.1f} GiB, more than the "
+                         f"{MAX_TRAIN_PROBS_BYTES // 2**30} GiB kept in memory; train fewer "
+                         f"epochs or without --save-train-probs")
+
+
 def fit(ctx: RunContext) -> Fitted:
     splits, options = ctx.splits, ctx.options
     save_probs = bool(options["save_train_probs"])
     if save_probs and ctx.run_dir is None:
         raise ValueError("save_train_probs=True stores train_probs.npy in the run folder: give "
                          "out= (the folder the run folder is created in)")
-    if save_probs and ctx.resume is not None:
-        raise ValueError("a run with save_train_probs cannot resume (the probabilities of the "
-                         "epochs before the interruption are not in its checkpoint); train it "
-                         "again")
-    if save_probs:  # epochs x N x L float16, held in memory until the run ends
-        size = ctx.config.epochs * splits.observed.shape[0] * splits.observed.shape[1] * 2
-        if size > MAX_TRAIN_PROBS_BYTES:
-            raise ValueError(f"save_train_probs: {ctx.config.epochs} epochs of "
-                             f"{splits.observed.shape[0]} x {splits.observed.shape[1]} train "
-                             f"probabilities are {size / 2**30:.1f} GiB, more than the "
-                             f"{MAX_TRAIN_PROBS_BYTES // 2**30} GiB kept in memory; train fewer "
-                             f"epochs or without --save-train-probs")
     x_train = _features(splits.train.x)
     head = None  # linear: fit_linear's own nn.Linear, as it always was
     if options["head"] != "linear":
@@ -264,6 +270,7 @@ LINEAR = register_method(TrainingMethod(
     "source's cached backbone features with --backbone); Cole et al.'s linear protocol",
     paper="Cole et al. 2021", inputs="features", fit=fit, load_model=load_model,
     options={"save_train_probs": False, "head": "linear", "hidden": 256}, fit_many=fit_many,
+    check_run=check_run,
     default_lr=1e-3,
     default_lr_source="what Cole et al.'s grid (lr 1e-2 ... 1e-5, batch 8 / 16) "
     "selected for every method of the yeast benchmark (README); 1e-4 under-trains a linear "

@@ -116,7 +116,7 @@ from ..engine import (GeneratorState, Stage, StageParts, StepHook, batch_starts,
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED, validate_full_labels, validate_observed
 from ..losses import SPMLLoss
 from ..metrics import map_score
-from ..models.heads import global_rng
+from ..models.rng import global_rng
 from .base import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
 
 #: the official ``neg_log`` offset: ``-log(p + 1e-5)``

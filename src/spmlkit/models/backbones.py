@@ -61,7 +61,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..registry import Registry
-from .heads import global_rng
+from .rng import global_rng
 
 BACKBONES = Registry("backbone")
 register = BACKBONES.register

@@ -9,39 +9,16 @@ linear phase's ``nn.Linear`` into it.
 """
 from __future__ import annotations
 
-import contextlib
-import threading
-
 import torch
 from torch import nn
 
-#: held while torch's global RNG is forked and seeded: threads of one process (a Dask worker's
-#: ``--nthreads``) share that RNG, and two runs seeding it at once would draw each other's numbers
-_GLOBAL_RNG = threading.RLock()
-
-
-@contextlib.contextmanager
-def global_rng(seed: int | None = None, devices=()):
-    """torch's global RNG forked (CPU and the CUDA ``devices``) and, when ``seed`` is given,
-    seeded with it; restored afterwards. Only one thread of the process is inside at a time, so
-    what is drawn inside (PyTorch's default inits, dropout) depends on ``seed`` alone, whatever
-    other threads do.
-
-    >>> with global_rng(3):
-    ...     a = torch.rand(2)
-    >>> with global_rng(3):
-    ...     bool((torch.rand(2) == a).all())
-    True
-    """
-    with _GLOBAL_RNG, torch.random.fork_rng(devices=list(devices)):
-        if seed is not None:
-            torch.manual_seed(seed)
-        yield
+from .rng import global_rng
 
 
 def seeded_linear(in_features: int, out_features: int, seed: int) -> nn.Linear:
     """``nn.Linear`` with PyTorch's default init drawn from ``seed`` (the global RNG is left as
-    it was, and other threads do not change the draw): :func:`spmlkit.engine.make_linear_head`."""
+    it was, and other threads do not change the draw: :func:`spmlkit.models.rng.global_rng`);
+    :func:`spmlkit.engine.make_linear_head`."""
     with global_rng(seed):
         return nn.Linear(in_features, out_features)
 

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .heads import global_rng
+from .rng import global_rng
 
 __all__ = ["sine_position_encoding", "LabelEmbeddingHead", "LabelEmbeddingModel"]
 

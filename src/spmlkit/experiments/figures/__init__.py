@@ -7,7 +7,7 @@ atomically and never over an existing file unless ``force=True`` (the next free 
 behind a figure come from a pure function (``sweep_points``, ``probability_histograms``,
 ``loss_landscape``, ``class_activation_maps``, the analyses of :mod:`spmlkit.analysis`) so they
 can be tested and printed. The ``*_from_run`` / ``*_from_study`` loaders read run folders
-(:mod:`spmlkit.runs`, models through :func:`spmlkit.predict.load_run_model`) and study folders
+(:mod:`spmlkit.runs`, models through :func:`spmlkit.methods.load_run_model`) and study folders
 (:func:`spmlkit.experiments.study.open_study`). ``spml figure ...`` and ``spml analyze ...``
 wire them.
 

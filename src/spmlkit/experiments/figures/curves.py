@@ -6,7 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ...analysis import read_metrics, run_label
+from ...analysis import run_label
+from ...runs import read_metrics
 from .base import integer_epochs, new_figure, save_figure
 from .sweeps import metric_label
 

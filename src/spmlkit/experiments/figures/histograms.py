@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ...analysis import format_table, read_predictions, run_label
+from ...analysis import format_table, run_label
 from ...labels import POSITIVE, UNOBSERVED
+from ...runs import read_predictions
 from .base import new_figure, save_figure
 
 GROUPS = ("observed positives", "unobserved positives", "negatives")

@@ -2,9 +2,8 @@
 Fig. 6), class activation maps ``CAM_k = sum_c W_kc fmap_c`` (Zhou et al. 2016; OPML Fig. 7) and
 a LAC model's label-wise attention maps (LAC Fig. 6).
 
-Models come from the run folder through :func:`spmlkit.predict.load_run_model` (a LAC run's
-through :func:`spmlkit.methods.lac.load_lac_model`); the images from reloading the run's dataset
-(``config.json``) without its feature cache.
+Models come from the run folder through :func:`spmlkit.methods.load_run_model`; the images from
+reloading the run's dataset (``config.json``) without its feature cache.
 """
 from __future__ import annotations
 
@@ -13,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ...analysis import read_config, read_predictions, run_label
+from ...analysis import run_label
 from ...labels import POSITIVE
+from ...runs import read_config, read_predictions
 from .base import new_figure, pick_rows, save_figure, short_list, source_options
 
 
@@ -332,9 +332,10 @@ def attention_from_run(run, split: str = "test", n: int = 4, seed: int = 0) -> M
         raise ValueError(f"run {run_label(run)} is a {mode} run: attention maps exist only for "
                          f"LAC runs (mode lac, label-wise embedding head); use `spml figure "
                          f"cam` for a linear head")
-    from ...methods.lac import load_lac_model
+    from ...methods import load_run_model
 
-    model, info = load_lac_model(run)
+    model, info = load_run_model(run)
+    best = info["checkpoint"]  # best.pt's record: the epoch, stage and weights it kept
     chosen, load = _run_images(run, split, n, seed)
     x, shown = load(int(info["image_size"]), info["mean"], info["std"])
     with torch.no_grad():
@@ -342,5 +343,5 @@ def attention_from_run(run, split: str = "test", n: int = 4, seed: int = 0) -> M
         probs = torch.sigmoid(model(x))
     return MapOverlays(shown, maps.numpy(), probs.numpy(), list(info["class_names"]), chosen,
                        "attention", f"Label-wise attention maps, {run_label(run)} ({split})",
-                       f"best epoch {info['best_epoch']} (stage {info['best_stage']}, "
-                       f"{info['best_source']})")
+                       f"best epoch {best['best_epoch']} (stage {best['best_stage']}, "
+                       f"{best['best_source']})")

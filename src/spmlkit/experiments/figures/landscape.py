@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ...analysis import run_file, run_label
-from ...runs import load_array
+from ...analysis import run_label
+from ...runs import OBSERVED_FILE, load_array, run_file
 from .base import new_canvas, save_figure, source_options
 
 
@@ -177,7 +177,7 @@ def _best_epoch(run) -> int:
 
 
 def _observed(run, n_expected: int | None = None) -> np.ndarray:
-    z = load_array(run_file(run, "observed.npy"))
+    z = load_array(run_file(run, OBSERVED_FILE))
     if n_expected is not None and len(z) != n_expected:
         raise ValueError(f"{Path(run) / 'observed.npy'} has {len(z)} rows but the reloaded train "
                          f"split has {n_expected}: the dataset changed since the run")
