@@ -146,8 +146,9 @@ def child(args) -> None:
             x = np.asarray(x)   # today's path: the whole matrix in memory
         return LabelledSet(x, np.load(root / name / "labels.npy"))
 
-    ds = Dataset("synthetic", load("pool"), load("test"))
-    splits = make_splits(ds, "1p", seed=1)
+    # the Dataset is let go once split, as load_splits (spml train) lets it go: its pool's full
+    # labels are not kept beside the splits' own
+    splits = make_splits(Dataset("synthetic", load("pool"), load("test")), "1p", seed=1)
     batches = [int(b) for b in args.batches.split(",")]
     grid = [(16, 1e-3)] if args.case == "single" else \
         [(b, lr) for b in batches for lr in (1e-2, 1e-3, 1e-4, 1e-5)]

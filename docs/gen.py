@@ -457,7 +457,8 @@ def _csv_rows(path: Path) -> list:
 GROUPS = {"yeast": "yeast (embedded, tabular features)",
           "tabular": "The tabular SPML protocol",
           "images": "Image sets (fmnist_mosaic, mdi_icons) and image methods",
-          "presets": "Presets"}
+          "presets": "Presets",
+          "large": "Large feature stores (out of core)"}
 
 
 def gen_results() -> str:

@@ -44,6 +44,24 @@ def _where(where: str | None) -> str:
     return f" in {where}" if where else ""
 
 
+#: label entries checked at once by the validators (bounds their temporary masks)
+_CHECK_ENTRIES = 1 << 22
+
+
+def _any_outside(arr: np.ndarray, allowed: tuple) -> bool:
+    """Whether the 2-D ``arr`` holds a value outside ``allowed`` (NaN included), checked over
+    blocks of rows so that a large matrix makes no N x L temporary."""
+    step = max(1, _CHECK_ENTRIES // max(int(arr.shape[1]), 1))
+    for start in range(0, arr.shape[0], step):
+        block = arr[start:start + step]
+        ok = block == allowed[0]
+        for value in allowed[1:]:
+            ok |= block == value
+        if not ok.all():
+            return True
+    return False
+
+
 def _check_numeric(arr: np.ndarray, what: str, where: str | None) -> None:
     """Raise naming the first value that is not a number (strings, None, objects)."""
     if np.issubdtype(arr.dtype, np.number) or arr.dtype == bool:
@@ -58,8 +76,9 @@ def _check_numeric(arr: np.ndarray, what: str, where: str | None) -> None:
                      f"the values to numbers first)")
 
 
-def validate_full_labels(y, where: str | None = None) -> np.ndarray:
-    """Check a full label matrix and return it as ``uint8`` (N x L, values in {0, 1}).
+def validate_full_labels(y, where: str | None = None, *, copy: bool = True) -> np.ndarray:
+    """Check a full label matrix and return it as ``uint8`` (N x L, values in {0, 1}); with
+    ``copy=False`` a ``uint8`` array is returned as it is (not copied).
 
     Raises:
         ValueError: not 2-D, or holds values other than 0 and 1 (the message names them and the
@@ -75,17 +94,19 @@ def validate_full_labels(y, where: str | None = None) -> np.ndarray:
     if arr.dtype == bool:
         return arr.astype(np.uint8)
     _check_numeric(arr, "full labels", where)
-    bad = (arr != 0) & (arr != 1)  # NaN included
-    if bad.any():
+    if _any_outside(arr, (0, 1)):
+        bad = (arr != 0) & (arr != 1)  # NaN included
         row = int(np.argwhere(bad)[0][0])
         values = sorted({float(v) for v in np.unique(arr[bad])})[:5]
         raise ValueError(f"full labels{_where(where)} must hold only 0 and 1; found {values} "
                          f"(first at row {row})")
-    return arr.astype(np.uint8)
+    return arr.astype(np.uint8, copy=copy)
 
 
-def validate_observed(z, where: str | None = None, require_positive: bool = False) -> np.ndarray:
-    """Check an observed label matrix and return it as ``int8`` (values in {1, 0, -1}).
+def validate_observed(z, where: str | None = None, require_positive: bool = False, *,
+                      copy: bool = True) -> np.ndarray:
+    """Check an observed label matrix and return it as ``int8`` (values in {1, 0, -1}); with
+    ``copy=False`` an ``int8`` array is returned as it is (not copied).
 
     Args:
         z: N x L matrix in the observed encoding.
@@ -105,14 +126,14 @@ def validate_observed(z, where: str | None = None, require_positive: bool = Fals
         raise ValueError(f"observed labels{_where(where)} must be a 2-D matrix (examples x "
                          f"classes), got shape {arr.shape}")
     _check_numeric(arr, "observed labels", where)
-    bad = (arr != POSITIVE) & (arr != UNOBSERVED) & (arr != NEGATIVE)  # NaN included
-    if bad.any():
+    if _any_outside(arr, (POSITIVE, UNOBSERVED, NEGATIVE)):
+        bad = (arr != POSITIVE) & (arr != UNOBSERVED) & (arr != NEGATIVE)  # NaN included
         row = int(np.argwhere(bad)[0][0])
         values = sorted({float(v) for v in np.unique(arr[bad])}, key=str)[:5]
         raise ValueError(f"observed labels{_where(where)} must hold only {POSITIVE} (positive), "
                          f"{UNOBSERVED} (unobserved) and {NEGATIVE} (negative); found {values} "
                          f"(first at row {row})")
-    out = arr.astype(np.int8)
+    out = arr.astype(np.int8, copy=copy)
     if require_positive:
         empty = np.flatnonzero((out == POSITIVE).sum(axis=1) == 0)
         if empty.size:
@@ -142,12 +163,19 @@ def observed_counts(z) -> dict:
     >>> observed_counts([[1, 0, -1], [0, 0, -1], [0, 0, 0]])["rows_without_positive"]
     2
     """
-    z = validate_observed(z)
-    pos, neg = (z == POSITIVE), (z == NEGATIVE)
-    return {"rows": int(z.shape[0]), "positives": int(pos.sum()), "negatives": int(neg.sum()),
-            "unobserved": int((z == UNOBSERVED).sum()),
-            "rows_without_positive": int((~pos.any(axis=1)).sum()),
-            "rows_without_label": int((~(pos | neg).any(axis=1)).sum())}
+    z = validate_observed(z, copy=False)
+    out = dict.fromkeys(("positives", "negatives", "unobserved", "rows_without_positive",
+                         "rows_without_label"), 0)
+    step = max(1, _CHECK_ENTRIES // max(int(z.shape[1]), 1))  # blocks of rows: no N x L masks
+    for start in range(0, z.shape[0], step):
+        block = z[start:start + step]
+        pos, neg = (block == POSITIVE), (block == NEGATIVE)
+        out["positives"] += int(pos.sum())
+        out["negatives"] += int(neg.sum())
+        out["unobserved"] += int((block == UNOBSERVED).sum())
+        out["rows_without_positive"] += int((~pos.any(axis=1)).sum())
+        out["rows_without_label"] += int((~(pos | neg).any(axis=1)).sum())
+    return {"rows": int(z.shape[0]), **out}
 
 
 def full_to_observed(y) -> np.ndarray:

@@ -20,10 +20,11 @@ def _as_scores(scores, y, keep_float32: bool = False) -> tuple[np.ndarray, np.nd
     s = np.asarray(scores)
     if not (keep_float32 and s.dtype == np.float32):
         s = s.astype(np.float64, copy=False)
-    y = validate_full_labels(y, "metrics targets")
+    y = validate_full_labels(y, "metrics targets", copy=False)  # read only: not copied
     if s.shape != y.shape:
         raise ValueError(f"scores {s.shape} and labels {y.shape} must have the same shape")
-    if not np.isfinite(s).all():
+    step = max(1, BLOCK_ENTRIES // max(1, int(np.prod(s.shape[1:]))))  # blocks of rows
+    if not all(np.isfinite(s[i:i + step]).all() for i in range(0, len(s), step)):
         raise ValueError(f"scores hold {int((~np.isfinite(s)).sum())} non-finite value(s)")
     return s, y
 
@@ -59,7 +60,7 @@ def average_precision(scores, targets) -> float:
 
 #: entries of the N x L scores handled at once by the metrics (blocks of columns for AP, of rows
 #: for the ranking metrics): their temporaries stay within some tens of MiB however many rows
-BLOCK_ENTRIES = 1 << 21
+BLOCK_ENTRIES = 1 << 20
 
 
 def per_class_ap(scores, y) -> np.ndarray:
@@ -80,19 +81,28 @@ def per_class_ap(scores, y) -> np.ndarray:
 
 
 def _columns_ap(s: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """:func:`per_class_ap` of validated scores and labels, every column from one sort."""
+    """:func:`per_class_ap` of validated scores and labels, every column from one sort (each
+    temporary let go once used: a block of a large split stays within ~40 bytes an entry)."""
     n = s.shape[0]
     order = np.argsort(-s, axis=0)  # tied scores are grouped: their order does not matter
     s = np.take_along_axis(s, order, axis=0)
-    tp = np.cumsum(np.take_along_axis(y > 0, order, axis=0), axis=0, dtype=np.float64)
+    hits = np.take_along_axis(y > 0, order, axis=0)
+    del order
+    tp = np.cumsum(hits, axis=0, dtype=np.float64)
+    del hits
     end = np.ones_like(s, dtype=bool)  # the last row of every group of tied scores
     end[:-1] = s[1:] != s[:-1]
+    del s
     # at each group's end: the recall gained since the previous end times the precision there
     tp_end = np.where(end, tp, 0.0)
-    before = np.zeros_like(tp)
-    before[1:] = np.maximum.accumulate(tp_end, axis=0)[:-1]
+    np.maximum.accumulate(tp_end, axis=0, out=tp_end)
+    gain = np.zeros_like(tp)  # tp at the previous group's end, then the gain
+    gain[1:] = tp_end[:-1]
+    del tp_end
+    np.subtract(tp, gain, out=gain)
     rank = np.arange(1, n + 1, dtype=np.float64)[:, None]
-    gain = np.where(end, (tp - before) * (tp / rank), 0.0).sum(axis=0)
+    gain *= tp / rank
+    gain = np.where(end, gain, 0.0).sum(axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(tp[-1] > 0, gain / tp[-1], np.nan) * 100.0
 
@@ -507,9 +517,44 @@ def best_global_threshold(probs, y) -> tuple[float, float]:
     p, y = _as_scores(probs, y, keep_float32=True)
     if not y.any():
         return 0.5, float("nan")
-    thresholds, f1 = _f1_sweep(p, y)
-    best = int(np.argmax(f1))
-    return float(thresholds[best]), float(f1[best])
+    return _best_f1(p, y)
+
+
+#: sorted scores swept at once by :func:`_best_f1`
+SWEEP_ENTRIES = 1 << 21
+
+
+def _best_f1(scores: np.ndarray, targets: np.ndarray) -> tuple[float, float]:
+    """The best of :func:`_f1_sweep` (the highest threshold of the highest F1) and its F1, the
+    same numbers, from one sorted copy of the scores swept in blocks from the top: the
+    distinct scores' counts are not all held at once (a val split of 200,000 x 80 would need
+    some 500 MB for them)."""
+    s = np.asarray(scores)
+    s = (s if s.dtype == np.float32 else s.astype(np.float64)).ravel()
+    t = np.asarray(targets).ravel().astype(bool)
+    total = int(t.sum())
+    pos = np.sort(s[t])  # the positives' scores: the true positives of a threshold
+    del t
+    s = np.sort(s)
+    n = s.size
+    best, best_f1 = None, -np.inf
+    for hi in range(n, 0, -SWEEP_ENTRIES):  # the highest scores first
+        lo = max(0, hi - SWEEP_ENTRIES)
+        block = s[lo:hi]
+        first = np.empty(len(block), dtype=bool)  # the first of each group of tied scores
+        first[1:] = block[1:] != block[:-1]
+        first[0] = lo == 0 or s[lo] != s[lo - 1]
+        starts = lo + np.flatnonzero(first)
+        if not len(starts):  # every score of the block ties with the one before it
+            continue
+        values = s[starts]
+        predicted = n - starts  # entries scoring >= the value
+        tp = len(pos) - np.searchsorted(pos, values, side="left")  # positives among them
+        f1 = (2.0 * tp / (predicted + total))[::-1]  # highest value first, as _f1_sweep
+        i = int(np.argmax(f1))
+        if f1[i] > best_f1:  # ties: the higher threshold, found first
+            best, best_f1 = values[::-1][i], f1[i]
+    return float(best), float(best_f1)
 
 
 def best_class_thresholds(probs, y, fallback: float | None = None

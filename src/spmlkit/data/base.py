@@ -428,18 +428,20 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
     if ds.standardize:
         (train, val, test), standardize = _standardized(train, val, test)
     k = float((val if given else train).y.sum(axis=1).mean())
+    train_observed = observed[train_idx]  # one copy of the train rows' observed labels
+    counts = observed_counts(train_observed)
     meta = {**{key: v for key, v in ds.meta.items() if key != "instances"},
             "train_rows": train_idx.tolist(), "val_rows": val_idx.tolist(),
             "subsample": 1.0 if subsample is None else float(subsample),
             **({"protocol": "tabular", "test_rows": test_idx.tolist(), "trial_seed": seed}
                if protocol == "tabular" else {}),
-            "observed_labels": int((observed[train_idx] != 0).sum()),
-            "observed_counts": observed_counts(observed[train_idx]),
+            "observed_labels": int(counts["positives"] + counts["negatives"]),
+            "observed_counts": counts,
             "train_labels": "observed" if given else "full", "k_from": "val" if given else "train",
             **extra}
     if standardize is not None:  # what new raw features need to look like these (predict)
         meta["standardize"] = standardize
-    return Splits(ds.name, train, val, test, observed[train_idx], val_observed, regime, k, meta)
+    return Splits(ds.name, train, val, test, train_observed, val_observed, regime, k, meta)
 
 
 def describe_labels(splits: Splits) -> dict:

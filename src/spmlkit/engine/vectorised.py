@@ -93,6 +93,8 @@ MAX_STACK = 96
 SHARE_ROWS = 8
 #: bytes of features gathered at once for the coming steps of every run
 GATHER_BYTES = 32 * 1024 ** 2
+#: rows of the closed-form BCE tables built at once (:func:`_closed_form_tables`)
+TABLE_ROWS = 65536
 
 
 def _fused_adam_available(device: torch.device) -> bool:
@@ -387,32 +389,45 @@ def _closed_form_tables(losses, observed, dtype):
     distinct table once: ``([targets, weights (if any)], offsets, count)`` with the tables
     stacked to G*N x L, ``offsets`` R x 1 (run r's rows start at its offset; None with one
     table) and ``count`` None or the per-run ``(lam, k)`` tensors of the count term (lam 0:
-    none)."""
+    none).
+
+    A table of 0 / 1 only (AN's targets, weights of 1) is held as uint8 and cast back per
+    gathered chunk (exact): a quarter of the memory of N x L float32 per table. The tables are
+    built over blocks of :data:`TABLE_ROWS` rows (``bce_form`` is entry-wise), so no N x L
+    float32 (or bool) temporary of a large train split is made."""
     n = observed[0].shape[0]
     index: dict = {}
-    targets, weights, offsets, lams, ks = [], [], [], [], []
+    sources, offsets, lams, ks = [], [], [], []  # per distinct table: (loss, observed)
+    for loss, z in zip(losses, observed):
+        key = (type(loss), loss.extra_repr(), id(z))
+        if key not in index:
+            index[key] = len(sources)
+            sources.append((loss, z))
+        offsets.append(index[key] * n)
+        count = loss.count_penalty()
+        lams.append(0.0 if count is None else float(count[0]))
+        ks.append(0.0 if count is None else float(count[1]))
+    device = sources[0][1].device
     with torch.no_grad():
-        for loss, z in zip(losses, observed):
-            key = (type(loss), loss.extra_repr(), id(z))
-            if key not in index:
-                t, w = loss.bce_form(z)
-                index[key] = len(targets)
-                targets.append(t.to(dtype))
-                weights.append(None if w is None else w.to(dtype))
-            offsets.append(index[key] * n)
-            count = loss.count_penalty()
-            lams.append(0.0 if count is None else float(count[0]))
-            ks.append(0.0 if count is None else float(count[1]))
-        device = targets[0].device
-        tables = [torch.cat(targets) if len(targets) > 1 else targets[0]]
-        if any(w is not None for w in weights):
-            ones = torch.ones_like(targets[0])
-            tables.append(torch.cat([ones if w is None else w for w in weights]))
-        # a table of 0 / 1 only (AN's targets, weights of 1) is held as uint8 and cast back per
-        # gathered chunk (exact): a quarter of the memory of N x L float32 per table
-        tables = [t.to(torch.uint8) if torch.equal(t, t.to(torch.uint8).to(t.dtype)) else t
-                  for t in tables]
-        offsets = torch.tensor(offsets, device=device).view(-1, 1) if len(targets) > 1 else None
+        weighted = [loss.bce_form(z[:1])[1] is not None for loss, z in sources]
+
+        def blocks(kind: int):  # (table's first row, block of that table in ``dtype``)
+            for g, (loss, z) in enumerate(sources):
+                for i in range(0, n, TABLE_ROWS):
+                    t, w = loss.bce_form(z[i:i + TABLE_ROWS])
+                    block = t if kind == 0 else torch.ones_like(t, dtype=dtype) if w is None \
+                        else w
+                    yield g * n + i, block.to(dtype)
+
+        tables = []
+        for kind in ([0, 1] if any(weighted) else [0]):
+            exact = all(torch.equal(b, b.to(torch.uint8).to(dtype)) for _, b in blocks(kind))
+            table = torch.empty((len(sources) * n, *observed[0].shape[1:]),
+                                dtype=torch.uint8 if exact else dtype, device=device)
+            for start, b in blocks(kind):
+                table[start:start + len(b)] = b
+            tables.append(table)
+        offsets = torch.tensor(offsets, device=device).view(-1, 1) if len(sources) > 1 else None
     count = None
     if any(lams):
         count = (torch.tensor(lams, dtype=dtype, device=device).view(-1),

@@ -96,8 +96,11 @@ def fit(ctx: RunContext) -> Fitted:
                                x_val=splits.val.x, y_val=splits.val.y, k=ctx.k,
                                on_epoch=on_epoch, checkpoint=ctx.checkpoint, resume=ctx.resume,
                                model=head)
-    probs = {"train": _probs(model, x_train), "val": _probs(model, splits.val.x),
-             "test": _probs(model, splits.test.x)}
+    sets = {"train": x_train, "val": splits.val.x, "test": splits.test.x}
+    # stored features: each split's probabilities computed when the run's scoring first reads
+    # them (the train split's N x L float32 last, after the val threshold sweep)
+    probs = _LazyProbs(model, sets) if is_stored(x_train) else \
+        {split: _probs(model, x) for split, x in sets.items()}
     best = {"model": model.state_dict(), "in_features": int(np.shape(splits.train.x)[1]),
             "preprocess": feature_preprocess(splits)}
     if head is not None:
