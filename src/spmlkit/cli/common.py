@@ -102,26 +102,23 @@ def _whole(low: int, high: int | None = None):
     return parse
 
 
-def _positive(text: str) -> float:
-    """An argparse type: a finite number > 0 (learning rates, k, multipliers)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not np.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return value
+def _real(above_zero: bool):
+    """An argparse type: a finite number > 0 (``above_zero``) or >= 0."""
+    want = "> 0" if above_zero else ">= 0"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number {want}, got {text!r}") from None
+        if not np.isfinite(value) or value < 0 or (above_zero and value == 0):
+            raise argparse.ArgumentTypeError(f"expected a finite number {want}, got {text!r}")
+        return value
+    return parse
 
 
-def _nonnegative(text: str) -> float:
-    """An argparse type: a finite number >= 0 (weight decay, warm-up epochs)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not np.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
+#: finite numbers > 0 (learning rates, k, multipliers) and >= 0 (weight decay, warm-up epochs)
+_positive, _nonnegative = _real(True), _real(False)
 
 
 def _device(text: str) -> str:
