@@ -629,15 +629,21 @@ def read_config(run_dir) -> dict:
     return read_run(run_dir).config
 
 
-def _parse_metrics(path: Path) -> list[dict]:
-    records = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+def json_lines(path: Path):
+    """``(line number, record)`` of each non-blank line of a JSON-lines file; a ValueError
+    names a line that is not JSON."""
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            yield i, json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}, line {i}: not a JSON record ({err.msg})") from None
+
+
+def _parse_metrics(path: Path) -> list[dict]:
+    records = []
+    for i, record in json_lines(path):
         if not isinstance(record, dict):
             raise ValueError(f"{path}, line {i}: expected a JSON object, got "
                              f"{type(record).__name__}")

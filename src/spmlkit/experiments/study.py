@@ -84,7 +84,7 @@ from pathlib import Path
 
 import yaml
 
-from ..runs import make_folder, write_text
+from ..runs import json_lines, make_folder, write_text
 from .pool import InProcessExecutor, LocalExecutor, cached_splits, default_jobs, run_tasks
 from .store import StudyStore
 
@@ -1679,17 +1679,7 @@ class StudyFolder:
         path = self.path / LAUNCHES_FILE
         if not path.is_file():
             return []
-        out = []
-        for i, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}, line {i}: not a JSON record ({err.msg})") from None
-            if isinstance(record, dict):
-                out.append(record)
-        return out
+        return [record for _, record in json_lines(path) if isinstance(record, dict)]
 
     def export(self, path, fmt: str = "csv", *, selected: bool = False,
                include_stale: bool = False, force: bool = False) -> Path:
