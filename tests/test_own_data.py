@@ -306,3 +306,33 @@ def test_data_without_dataset_is_refused(own, capsys):
         assert main([cmd, "--data", path, "--quiet"]) == 2  # yeast takes path=: still refused
         err = capsys.readouterr().err
         assert f"spml {cmd}: error: --data {path}: say which source" in err
+
+
+def test_compressed_tables_train_and_predict_as_the_plain_ones(own, tmp_path, capsys):
+    """A user's ``train.csv.gz`` / ``test.csv.bz2`` (pandas reads the compression from the
+    name): the same run as from the plain files, and ``spml predict`` takes a ``.csv.gz``."""
+    import shutil
+
+    frames = {name: pd.read_csv(own["dir"] / f"{name}.csv") for name in ("train", "test")}
+    frames["train"].to_csv(tmp_path / "train.csv.gz", index=False)
+    frames["test"].to_csv(tmp_path / "test.csv.bz2", index=False)
+    data = [str(a).replace(str(own["dir"] / "train.csv"), str(tmp_path / "train.csv.gz"))
+            .replace(str(own["dir"] / "test.csv"), str(tmp_path / "test.csv.bz2"))
+            for a in own["data"]]
+    assert data != own["data"]
+    finals = []
+    for d, out in ((own["data"], tmp_path / "plain"), (data, tmp_path / "packed")):
+        assert main(["train", *d, "--loss", "an", "--epochs", "2", "--quiet",
+                     "--out", str(out)]) == 0
+        (run,) = out.iterdir()
+        finals.append(json.loads((run / "final.json").read_text())["test_map"])
+    assert finals[0] == finals[1]
+    shutil.copy(own["dir"] / "test.csv", tmp_path / "new.csv")
+    frames["test"].to_csv(tmp_path / "new.csv.gz", index=False)
+    outs = []
+    for name in ("new.csv", "new.csv.gz"):
+        assert main(["predict", str(run), str(tmp_path / name), "--out",
+                     str(tmp_path / f"{name}.out.csv")]) == 0
+        outs.append((tmp_path / f"{name}.out.csv").read_text())
+    assert outs[0] == outs[1]
+    capsys.readouterr()

@@ -28,11 +28,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .data.tabular import table_kind
 from .methods import load_run_model, preprocess_features
 from .runs import PREDICTIONS_FILE, THRESHOLDS_FILE, write_text
 
 FEATURE_SUFFIXES = (".npy", ".npz")
-TABLE_SUFFIXES = (".csv", ".tsv", ".parquet", ".pq")
 
 
 @dataclass
@@ -231,7 +231,7 @@ def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
     elif len(thresholds) != num_classes:
         raise ValueError(f"{Path(run) / THRESHOLDS_FILE} has {len(thresholds)} per-class "
                          f"thresholds for {num_classes} classes")
-    features = [i for i in inputs if i.lower().endswith(FEATURE_SUFFIXES + TABLE_SUFFIXES)]
+    features = [i for i in inputs if i.lower().endswith(FEATURE_SUFFIXES) or table_kind(i)]
     if features and len(features) != len(inputs):
         raise ValueError("give either feature files (.npy/.npz) or tables (.csv/.parquet), or "
                          "images, not both")
@@ -243,7 +243,7 @@ def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
                              f"files{tables} as inputs")
         mats, items = [], []
         for f in features:
-            if f.lower().endswith(TABLE_SUFFIXES):
+            if table_kind(f):
                 if not info.get("feature_columns"):
                     raise ValueError(f"{f}: this run was not trained on a table's columns (the "
                                      f"tabular source), so it cannot pick features from a "

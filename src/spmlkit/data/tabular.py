@@ -57,11 +57,28 @@ from .arrays import TEST_FRACTION, Part, _preview, check_features, features_data
 from .base import Dataset, check_train_labels
 from .registry import register
 
-__all__ = ["TABLE_SUFFIXES", "SPLIT_VALUES", "load_tabular", "read_table", "select_columns",
-           "table_features", "table_labels"]
+__all__ = ["TABLE_SUFFIXES", "table_kind", "SPLIT_VALUES", "load_tabular", "read_table",
+           "select_columns", "table_features", "table_labels"]
 
 #: file endings the tabular source reads
 TABLE_SUFFIXES = (".csv", ".tsv", ".parquet", ".pq")
+#: compressions pandas reads a CSV / TSV in (from the extension: ``rows.csv.gz``)
+COMPRESSED = (".gz", ".bz2", ".xz", ".zip", ".zst")
+
+
+def table_kind(path) -> str | None:
+    """The table format of ``path`` from its name: one of :data:`TABLE_SUFFIXES` (a compressed
+    CSV / TSV, ``x.csv.gz``, is ``.csv`` / ``.tsv``), or None for other files.
+
+    >>> table_kind("rows.csv.gz"), table_kind("x.PARQUET"), table_kind("x.npy")
+    ('.csv', '.parquet', None)
+    """
+    name = Path(path).name.lower()
+    for ext in COMPRESSED:
+        if name.endswith((".csv" + ext, ".tsv" + ext)):
+            name = name[:-len(ext)]
+    suffix = Path(name).suffix
+    return suffix if suffix in TABLE_SUFFIXES else None
 #: the values a split column may hold (any case) and the set each means
 SPLIT_VALUES = {"train": "train", "training": "train", "val": "val", "valid": "val",
                 "validation": "val", "test": "test", "testing": "test"}
@@ -92,9 +109,10 @@ def read_table(path, what: str = "table"):
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} file {path} does not exist")
-    suffix = path.suffix.lower()
-    if suffix not in TABLE_SUFFIXES:
-        raise ValueError(f"{path}: a {what} must be a {', '.join(TABLE_SUFFIXES)} file, got "
+    suffix = table_kind(path)
+    if suffix is None:
+        raise ValueError(f"{path}: a {what} must be a {', '.join(TABLE_SUFFIXES)} file (a .csv "
+                         f"or .tsv also compressed: {', '.join(COMPRESSED)}), got "
                          f"{path.suffix or 'no'} extension")
     try:
         if suffix in (".parquet", ".pq"):
