@@ -123,3 +123,36 @@ def test_metrics_in_blocks_equal_the_whole_computation(monkeypatch):
     monkeypatch.setattr(metrics, "BLOCK_ENTRIES", 600)   # blocks of 2 columns / 85 rows
     assert metrics.classic_metrics(probs, y) == pytest.approx(whole, rel=1e-12)
     np.testing.assert_allclose(metrics.per_class_ap(probs, y), ap, rtol=1e-12)
+
+
+class _CountedBase:
+    """A stored matrix that records the rows of every read."""
+
+    def __init__(self, base):
+        self.base, self.reads = base, []
+        self.shape, self.dtype, self.ndim = base.shape, base.dtype, base.ndim
+
+    def __getitem__(self, key):
+        rows = np.arange(self.shape[0])[key]
+        self.reads.append(rows)
+        return self.base[key]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_a_row_asked_for_several_times_is_read_once(tmp_path, dtype):
+    """The runs of a stack that draw the same batches ask for every row R times: each stored
+    row is read (and cast, standardised) once, in file order, and copied to every place."""
+    stored, _ = _store(tmp_path, 200, 6, 3, 0, dtype)
+    base = _CountedBase(stored)
+    part = Rows(base, np.arange(10, 190)[::-1]).standardized(np.full(6, 0.5), np.full(6, 2.0))
+    idx = np.concatenate([np.array([5, 170, 3, 44])] * 3)       # 3 runs, the same rows
+    got = part.take(idx)
+    want = (np.asarray(stored, np.float32)[np.arange(10, 190)[::-1][idx]] - 0.5) / 2.0
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == np.float32 and got.flags.writeable
+    (read,) = base.reads
+    assert read.tolist() == sorted(set(read.tolist())) and len(read) == 4
+    got[:] = 0                                                   # a copy, never the store
+    assert np.asarray(stored).any()
+    chunk = Rows(base).take(np.arange(20, 30))                   # rows in order: one slice
+    np.testing.assert_array_equal(chunk, np.asarray(stored[20:30], np.float32))

@@ -87,17 +87,30 @@ class Rows:
 
     def take(self, idx) -> np.ndarray:
         """Rows ``idx`` (positions in this part) as a float32 ``len(idx) x D`` array, in the
-        order given; the stored rows are read in file order."""
-        idx = np.asarray(idx, dtype=np.int64)
+        order given; the stored rows are read in file order, each distinct row once.
+
+        A row asked for several times (the runs of a stack that draw the same batches) is read,
+        cast and standardised once and then copied; the cast from a half-precision store is
+        torch's (numpy's float16 conversion is ~4x slower), the same values."""
+        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
         src = idx if self.rows is None else self.rows[idx]
-        order = np.argsort(src, kind="stable")
-        block = self.base[src[order]]
-        out = np.empty((len(idx), self.base.shape[1]), dtype=np.float32)
-        out[order] = block
+        width = int(self.base.shape[1])
+        if len(src) == 0:
+            return np.empty((0, width), dtype=np.float32)
+        ordered = bool((src[1:] > src[:-1]).all())
+        if ordered:  # already in file order, each row once (a chunk of a part read in order)
+            unique, inverse = src, None
+        else:
+            unique, inverse = np.unique(src, return_inverse=True)
+        if unique[-1] - unique[0] + 1 == len(unique):  # consecutive rows: one slice
+            block = self.base[int(unique[0]):int(unique[-1]) + 1]
+        else:
+            block = self.base[unique]
+        block = _as_float32(block)
         if self.shift is not None:
-            out -= self.shift
-            out /= self.scale
-        return out
+            block -= self.shift
+            block /= self.scale
+        return block if inverse is None else np.take(block, inverse.reshape(-1), axis=0)
 
     def __getitem__(self, key) -> np.ndarray:
         if isinstance(key, slice):
@@ -126,6 +139,18 @@ class Rows:
         size = size or CHUNK_ROWS
         for start in range(0, len(self), size):
             yield start, self.take(np.arange(start, min(start + size, len(self))))
+
+
+def _as_float32(block: np.ndarray) -> np.ndarray:
+    """``block`` as a new float32 array (never a view of the store). Half precision goes
+    through torch's conversion (vectorised; numpy's is ~4x slower here), exact like numpy's."""
+    if block.dtype == np.float16:
+        import torch
+
+        if not block.flags.writeable or not block.flags.c_contiguous:
+            block = np.array(block, order="C")  # a slice of a read-only map: torch wants a copy
+        return torch.from_numpy(block).float().numpy()
+    return np.array(block, dtype=np.float32, order="C")
 
 
 def as_rows(x) -> Rows:

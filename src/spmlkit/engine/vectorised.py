@@ -93,6 +93,9 @@ MAX_STACK = 96
 SHARE_ROWS = 8
 #: bytes of features gathered at once for the coming steps of every run
 GATHER_BYTES = 32 * 1024 ** 2
+#: stored val rows: every run's val logits (R x N x L float32) from one read of the rows up to
+#: this size, else one run's at a time (:func:`_stored_val_logits`)
+STORED_VAL_BYTES = 64 * 1024 ** 2
 #: rows of the closed-form BCE tables built at once (:func:`_closed_form_tables`)
 TABLE_ROWS = 65536
 
@@ -355,6 +358,17 @@ def gather(t, index: torch.Tensor) -> torch.Tensor:
         block = as_rows(t).take(index.reshape(-1).cpu().numpy())
         return to_device(block, index.device).view(*index.shape, t.shape[1])
     return t.index_select(0, index.reshape(-1)).view(*index.shape, *t.shape[1:])
+
+
+def _stored_val_logits(model: StackedLinear, views, xv) -> Callable[[int], torch.Tensor]:
+    """Run ``r``'s val logits of stored val rows ``xv``, as a function of ``r``: every run's
+    from one read of the rows (one product per chunk) when R x N x L float32 take at most
+    :data:`STORED_VAL_BYTES`, else each run's from its own read (one run's N x L at a time)."""
+    runs, classes, _ = model.weight.shape
+    if runs * len(xv) * classes * 4 <= STORED_VAL_BYTES:
+        logits = model.predict(xv)
+        return lambda r: logits[r]
+    return lambda r: predict_logits(views[r], xv)
 
 
 def _rows_on(block, device: torch.device) -> torch.Tensor:
@@ -749,9 +763,11 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
             live = [r for r in live if books[r].error is None]
             scores = {}
             if has_val and live and is_stored(xv):
-                # stored val rows: one run's val logits at a time (R x N x L would not fit)
-                scores = {r: val_map(predict_logits(views[r], xv), yv, config.map_convention,
-                                     metric) for r in live}
+                # stored val rows: the runs' val logits from one read, or one run's at a time
+                # (:func:`_stored_val_logits`); each run scored alone (no R x N x L float64)
+                logits_of = _stored_val_logits(model, views, xv)
+                scores = {r: val_map(logits_of(r), yv, config.map_convention, metric)
+                          for r in live}
             elif has_val and live:
                 logits_v = model.predict(xv)[live]
                 if metric == "map":
