@@ -171,6 +171,36 @@ def test_linear_init_carries_head_and_role_estimator(images):
                         y_val=images["y_val"])
 
 
+def test_linear_init_writes_the_features_it_computes_to_a_file(images, tmp_path, monkeypatch):
+    """Without features given, linear_init's linear phase reads the backbone's features from a
+    memory map of a temporary file (in the feature cache's folder), written batch by batch:
+    the features of a large set are never held in memory; the values are predict_items'."""
+    import spmlkit.engine.finetune as finetune
+
+    monkeypatch.setenv("SPMLKIT_CACHE", str(tmp_path / "cache"))
+    seen = {}
+    fit = finetune.fit_linear
+
+    def recorded(x, *args, x_val=None, **kw):
+        seen.update(train=x, val=x_val)
+        return fit(x, *args, x_val=x_val, **kw)
+
+    monkeypatch.setattr(finetune, "fit_linear", recorded)
+    model = tiny_model(seed=4)
+    want = {s: predict_items(model.backbone, images[s], cfg(eval_batch_size=7)).numpy()
+            for s in ("train", "val")}
+    fit_linear_init(model, images["train"], images["observed"], create_loss("an"),
+                    cfg(epochs=1, eval_batch_size=7), linear_config=cfg(epochs=1),
+                    val_items=images["val"], y_val=images["y_val"], k=1.5)
+    for s in ("train", "val"):
+        assert isinstance(seen[s], np.memmap) and seen[s].dtype == np.float32, s
+        np.testing.assert_array_equal(np.asarray(seen[s]), want[s])
+    assert list((tmp_path / "cache" / "features").iterdir()) == []   # nameless, gone
+    with pytest.raises(ValueError, match=r"\(40, 8\) do not fit model.head \(5 inputs\)"):
+        finetune._backbone_features(model.backbone, images["train"], 5, cfg(), None, None,
+                                    "train")
+
+
 def test_amp_on_cuda_only_and_loss_scaler():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert amp_dtype("bf16", cpu) is None and amp_dtype("auto", cpu) is None

@@ -156,3 +156,25 @@ def test_a_row_asked_for_several_times_is_read_once(tmp_path, dtype):
     assert np.asarray(stored).any()
     chunk = Rows(base).take(np.arange(20, 30))                   # rows in order: one slice
     np.testing.assert_array_equal(chunk, np.asarray(stored[20:30], np.float32))
+
+
+@pytest.mark.parametrize("in_memory", [False, True])
+def test_save_train_probs_writes_each_epoch_to_a_file(tmp_path, in_memory):
+    """save_train_probs: each epoch's train probabilities go to a file in the run folder as they
+    come (never epochs x N x L in memory); train_probs.npy holds the epochs run (early stopping:
+    fewer than asked for), the best one equal to the run's own train probabilities, and no
+    temporary file stays behind."""
+    from spmlkit.methods import train_run
+
+    splits = make_splits(_dataset(tmp_path, in_memory=in_memory), "1p", seed=1)
+    config = TrainConfig(epochs=30, batch_size=16, lr=5e-2, seed=1, early_stop="patience:2")
+    res = train_run("linear", splits, "an", config=config, out=tmp_path / "runs",
+                    save_train_probs=True)
+    folder = tmp_path / "runs" / res["run_dir"].split("/")[-1]
+    probs = np.load(folder / "train_probs.npy")
+    epochs = len(open(folder / "metrics.jsonl").read().splitlines())
+    assert epochs < 30 and probs.shape == (epochs, *splits.observed.shape)
+    with np.load(folder / "predictions.npz") as pred:
+        np.testing.assert_array_equal(probs[res["best_epoch"] - 1],
+                                      pred["probs_train"].astype(np.float16))
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]

@@ -274,15 +274,17 @@ class WeightDecay(StepHook):
 
 def predict_items(model: nn.Module, items: Sequence, config: TrainConfig, *,
                   transform: Callable | None = None,
-                  image_reader: Callable | None = None) -> torch.Tensor:
+                  image_reader: Callable | None = None, out=None) -> torch.Tensor:
     """Eval-mode outputs (float32, on ``config.device``) of ``model`` on every image item, in
     row order; gathered across processes when running under ``torchrun``. ``transform``
-    defaults to the eval transform at the model's size, mean and std."""
+    defaults to the eval transform at the model's size, mean and std. ``out``: a writable
+    N x ... numpy array (a memory map of a file) the outputs are written into batch by batch
+    and which is returned (one process only; :class:`~spmlkit.engine.images.ItemPredictor`)."""
     ctx = dist_utils.current_context(config.device)
     _, eval_t, shape = _transforms(model, config, None, transform, train=False)
     model = model.to(ctx.device)
     return ItemPredictor(check_items(items, "items"), eval_t, config, shape, ctx.device,
-                         image_reader, ctx)(model)
+                         image_reader, ctx)(model, out=out)
 
 
 # ---- linear_init ------------------------------------------------------------------------------
@@ -392,14 +394,47 @@ def _linear_init_features(model, head, train_items, val_items, config, train_fea
             raise ValueError("linear_init without features needs model.backbone to compute them")
         _, eval_t, _ = _transforms(model, config, None, eval_transform, train=False)
         if train_features is None:
-            train_features = predict_items(backbone, train_items, config, transform=eval_t,
-                                           image_reader=image_reader).cpu()
+            train_features = _backbone_features(backbone, train_items, head.in_features,
+                                                config, eval_t, image_reader, "train")
         if val_items is not None and val_features is None:
-            val_features = predict_items(backbone, val_items, config, transform=eval_t,
-                                         image_reader=image_reader).cpu()
+            val_features = _backbone_features(backbone, val_items, head.in_features, config,
+                                              eval_t, image_reader, "validation")
     width = int(np.shape(train_features)[1]) if np.ndim(train_features) == 2 else -1
     if width != head.in_features:
         raise ValueError(f"train features of shape {tuple(np.shape(train_features))} do not fit "
                          f"model.head ({head.in_features} inputs): compute them with this "
                          f"model's backbone")
     return train_features, val_features
+
+
+def _backbone_features(backbone: nn.Module, items, width: int, config: TrainConfig, eval_t,
+                       image_reader, what: str):
+    """The backbone's pooled features of ``items`` for the linear phase, written batch by batch
+    into a memory map of a nameless temporary file in the feature cache's folder
+    (:func:`spmlkit.features.default_cache_dir`: on disk, where /tmp may be memory; the file is
+    gone when the map is let go), so the N x D float32 features of a large image set are read
+    by the linear engine chunk by chunk (:mod:`spmlkit.data.rows`) and never held in memory.
+    Under ``torchrun`` (every process needs every row) they are gathered in memory instead."""
+    if dist_utils.current_context(config.device).world_size > 1:
+        return predict_items(backbone, items, config, transform=eval_t,
+                             image_reader=image_reader).cpu()
+    import tempfile
+
+    from ..data.rows import nonfinite_rows
+    from ..features import default_cache_dir
+
+    n = len(check_items(items, f"{what} items"))
+    given = getattr(backbone, "num_features", None)
+    if isinstance(given, int) and given != width:
+        raise ValueError(f"{what} features of shape ({n}, {given}) do not fit model.head "
+                         f"({width} inputs): compute them with this model's backbone")
+    folder = default_cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(prefix="spmlkit-features-", dir=folder) as f:
+        store = np.memmap(f, dtype=np.float32, mode="w+", shape=(max(n, 1), width))[:n]
+    predict_items(backbone, items, config, transform=eval_t, image_reader=image_reader,
+                  out=store)
+    bad = nonfinite_rows(store)
+    if len(bad):
+        raise ValueError(f"{what} features hold NaN or inf (first rows: {bad[:5].tolist()})")
+    return store

@@ -209,7 +209,8 @@ class ItemPredictor:
     Each process predicts a contiguous share of the rows (eval transform, no randomness,
     ``config.num_workers`` workers started for each pass); the shares are all-gathered, so
     every process gets the full ``N x ...`` output. AMP on CUDA as in training; outputs are
-    float32.
+    float32, written batch by batch into one N x ... tensor (no list of batches joined at the
+    end: the output exists once), or into ``out`` (:meth:`__call__`).
     """
 
     def __init__(self, items: Sequence, transform: Callable, config: TrainConfig,
@@ -228,15 +229,34 @@ class ItemPredictor:
                               shape, device, persistent=False) if len(rows) else None
 
     @torch.no_grad()
-    def __call__(self, module: nn.Module) -> torch.Tensor:
+    def __call__(self, module: nn.Module, out=None):
+        """The outputs of ``module`` on every item: an N x ... float32 tensor on the device, or,
+        with ``out`` (a writable N x ... numpy array, e.g. a memory map of a file; one process
+        only), written into ``out`` on the CPU batch by batch and ``out`` returned, so the
+        outputs of a large set never sit in memory."""
+        if out is not None and self.ctx.world_size > 1:
+            raise ValueError("ItemPredictor: out= is for one process (under torchrun every "
+                             "process gets every row)")
+        if out is not None and len(out) != self.n:
+            raise ValueError(f"ItemPredictor: out has {len(out)} rows for {self.n} items")
         was = module.training
         module.eval()
-        outs = []
+        local, start = out, 0
         for inputs, _ in (self.loader or ()):
-            out = run_model(module, inputs, self.device, self.amp, self.channels_last)
-            outs.append(out.float())
+            part = run_model(module, inputs, self.device, self.amp, self.channels_last).float()
+            if local is None:
+                local = torch.empty((self.sizes[self.ctx.rank], *part.shape[1:]),
+                                    dtype=torch.float32, device=part.device)
+            if tuple(part.shape[1:]) != tuple(local.shape[1:]):
+                raise ValueError(f"the module gives outputs of shape {tuple(part.shape[1:])} "
+                                 f"per item; they are written into an array of "
+                                 f"{tuple(local.shape[1:])} per row")
+            if out is None:
+                local[start:start + len(part)] = part
+            else:
+                local[start:start + len(part)] = part.cpu().numpy()
+            start += len(part)
         module.train(was)
-        local = torch.cat(outs) if outs else None
         if self.ctx.world_size == 1:
             return local
         return dist_utils.all_gather_rows(local, self.sizes, device=self.device)

@@ -50,7 +50,52 @@ def _probs(model, x) -> np.ndarray:
     return out
 
 
-#: the most memory ``save_train_probs`` may take (the probabilities of every epoch)
+@torch.no_grad()
+def _prob_chunks(model, x):
+    """``(start, probabilities)`` of ``x``'s rows chunk by chunk
+    (:data:`~spmlkit.data.rows.CHUNK_ROWS` rows, float32), the values :func:`_probs` gives."""
+    from ..data import rows as stored_rows
+
+    device = next(model.parameters()).device
+    x = _features(x)
+    chunk = stored_rows.CHUNK_ROWS
+    if is_stored(x):
+        was = model.training
+        model.eval()
+        for start, block in as_rows(x).chunks(chunk):
+            yield start, torch.sigmoid(model(to_device(block, device)).float()).cpu().numpy()
+        model.train(was)
+        return
+    for start in range(0, len(x), chunk):
+        yield start, torch.sigmoid(predict_logits(model, x[start:start + chunk].to(device),
+                                                  chunk)).cpu().numpy()
+
+
+class _EpochProbs:
+    """``save_train_probs``: each epoch's eval-mode train probabilities (float16), written chunk
+    by chunk into a memory map of a nameless temporary file in the run folder (gone when let
+    go), so the epochs x N x L probabilities are never in memory; :meth:`written` is what
+    ``train_probs.npy`` gets (the epochs run, in order)."""
+
+    def __init__(self, folder, epochs: int, shape: tuple):
+        import tempfile
+
+        with tempfile.TemporaryFile(prefix=".train-probs-", dir=folder) as f:
+            self.array = np.memmap(f, dtype=np.float16, mode="w+",
+                                   shape=(max(int(epochs), 1), *shape))
+        self.count = 0
+
+    def add(self, model, x) -> None:
+        out = self.array[self.count]
+        for start, p in _prob_chunks(model, x):
+            out[start:start + len(p)] = p.astype(np.float16)
+        self.count += 1
+
+    def written(self) -> np.ndarray:
+        return self.array[:self.count]
+
+
+#: the most ``save_train_probs`` may write (the probabilities of every epoch)
 MAX_TRAIN_PROBS_BYTES = 8 * 2**30
 
 
@@ -64,12 +109,12 @@ def check_run(splits, config, options: dict, resume=None) -> None:
                          "epochs before the interruption are not in its checkpoint); train it "
                          "again")
     size = config.epochs * splits.observed.shape[0] * splits.observed.shape[1] * 2  # float16
-    if size > MAX_TRAIN_PROBS_BYTES:  # (held in memory until the run ends)
+    if size > MAX_TRAIN_PROBS_BYTES:  # (a file in the run folder, twice: then train_probs.npy)
         raise ValueError(f"save_train_probs: {config.epochs} epochs of "
                          f"{splits.observed.shape[0]} x {splits.observed.shape[1]} train "
                          f"probabilities are {size / 2**30:.1f} GiB, more than the "
-                         f"{MAX_TRAIN_PROBS_BYTES // 2**30} GiB kept in memory; train fewer "
-                         f"epochs or without --save-train-probs")
+                         f"{MAX_TRAIN_PROBS_BYTES // 2**30} GiB written to the run folder; "
+                         f"train fewer epochs or without --save-train-probs")
 
 
 def fit(ctx: RunContext) -> Fitted:
@@ -85,11 +130,12 @@ def fit(ctx: RunContext) -> Fitted:
 
         head = make_head(options["head"], x_train.shape[1], splits.observed.shape[1],
                          ctx.config.seed, options["hidden"])
-    epoch_probs = []
+    epoch_probs = _EpochProbs(ctx.run_dir, ctx.config.epochs, splits.observed.shape) \
+        if save_probs else None
 
     def on_epoch(record, model, loss_module):
         if save_probs:
-            epoch_probs.append(_probs(model, x_train).astype(np.float16))
+            epoch_probs.add(model, x_train)
         ctx.on_epoch(record, model, loss_module)
 
     model, result = fit_linear(splits.train.x, splits.observed, ctx.loss, ctx.config,
@@ -105,7 +151,7 @@ def fit(ctx: RunContext) -> Fitted:
             "preprocess": feature_preprocess(splits)}
     if head is not None:
         best.update(head=options["head"], hidden=int(options["hidden"]))
-    files = {TRAIN_PROBS_FILE: np.stack(epoch_probs)} if save_probs else {}
+    files = {TRAIN_PROBS_FILE: epoch_probs.written()} if save_probs else {}
     return Fitted(result, probs, best, files=files)
 
 
