@@ -75,16 +75,16 @@ def check_images(splits, method: str) -> None:
 
 
 def linear_features(splits, backbone, *, size: int | None, progress: bool = True,
-                    **store_options) -> tuple[np.ndarray, np.ndarray]:
+                    **store_options) -> tuple[np.memmap, np.memmap]:
     """Train and val features of ``splits`` for linear_init's linear phase: ``backbone`` (the
     fine-tuning model's own backbone module, so the linear head fits it exactly) on the eval
-    transform at ``size``, through the feature store (computed once, reused afterwards)."""
+    transform at ``size``, through the feature store (computed once, reused afterwards),
+    memory-mapped: the linear phase reads them chunk by chunk, as float32."""
     from ..features import extract_features
 
-    return tuple(np.asarray(extract_features(getattr(splits, s).x, backbone, "eval", size,
-                                             progress=progress,
-                                             desc=f"{splits.name} {s} features",
-                                             **store_options), dtype=np.float32)
+    return tuple(extract_features(getattr(splits, s).x, backbone, "eval", size,
+                                  progress=progress, desc=f"{splits.name} {s} features",
+                                  **store_options)
                  for s in ("train", "val"))
 
 
