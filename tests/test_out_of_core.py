@@ -178,3 +178,21 @@ def test_save_train_probs_writes_each_epoch_to_a_file(tmp_path, in_memory):
         np.testing.assert_array_equal(probs[res["best_epoch"] - 1],
                                       pred["probs_train"].astype(np.float16))
     assert not [p for p in folder.iterdir() if p.name.startswith(".")]
+
+
+def test_the_tabular_protocol_joins_stored_rows_without_reading_them(tmp_path, monkeypatch):
+    """protocol=tabular splits the pool and test rows together: on stored features the joined
+    rows are a view of both files (nothing read whole), with the in-memory path's values."""
+    def refused(self, dtype=None, copy=None):
+        raise AssertionError("a stored part was read whole (np.asarray)")
+
+    memory = make_splits(_dataset(tmp_path, in_memory=True), "1p", seed=3, protocol="tabular")
+    monkeypatch.setattr(Rows, "__array__", refused)
+    stored = make_splits(_dataset(tmp_path), "1p", seed=3, protocol="tabular")
+    monkeypatch.undo()
+    for split in ("train", "val", "test"):
+        a, b = getattr(stored, split), getattr(memory, split)
+        assert isinstance(a.x, Rows) and a.x.base.__class__.__name__ == "JoinedRows"
+        np.testing.assert_array_equal(np.asarray(a.x), np.asarray(b.x, np.float32))
+        np.testing.assert_array_equal(a.y, b.y)
+    assert stored.meta["test_rows"] == memory.meta["test_rows"]

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..labels import OFFICIAL_SEED, POSITIVE, full_to_observed, make_observed, \
     observed_counts, parse_regime, validate_full_labels, validate_observed
-from .rows import Rows, holds_vectors, is_stored, nonfinite_rows, streaming_stats
+from .rows import JoinedRows, Rows, holds_vectors, is_stored, nonfinite_rows, streaming_stats
 
 #: what a source's ``train_labels`` option takes
 TRAIN_LABELS = ("full", "observed")
@@ -298,7 +298,10 @@ def tabular_split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
 def _all_rows(ds: Dataset) -> LabelledSet:
     """The pool's rows followed by the test rows, as one labelled set."""
     pool, test = ds.pool, ds.test
-    if holds_vectors(pool.x) and holds_vectors(test.x):  # (the tabular sets fit in memory)
+    if holds_vectors(pool.x) and holds_vectors(test.x) and \
+            (is_stored(pool.x) or is_stored(test.x)):  # read on demand, never joined in memory
+        x = Rows(JoinedRows(pool.x, test.x))
+    elif holds_vectors(pool.x) and holds_vectors(test.x):
         x = np.concatenate([np.asarray(pool.x), np.asarray(test.x)])
     else:
         x = list(pool.x) + list(test.x)

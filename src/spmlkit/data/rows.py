@@ -113,6 +113,10 @@ class Rows:
         return block if inverse is None else np.take(block, inverse.reshape(-1), axis=0)
 
     def __getitem__(self, key) -> np.ndarray:
+        if isinstance(key, tuple):  # rows, then columns of those rows (``x[:, 0]``)
+            return self[key[0]][(slice(None), *key[1:])]
+        if isinstance(key, (int, np.integer)):
+            return self.take([np.arange(len(self))[key]])[0]
         if isinstance(key, slice):
             key = np.arange(len(self))[key]
         return self.take(key)
@@ -139,6 +143,39 @@ class Rows:
         size = size or CHUNK_ROWS
         for start in range(0, len(self), size):
             yield start, self.take(np.arange(start, min(start + size, len(self))))
+
+
+class JoinedRows:
+    """Two stored matrices (memory maps or :class:`Rows`) of the same width, one after the
+    other, read on demand: the base of a :class:`Rows` over both (the tabular protocol's
+    pool-then-test rows, :func:`spmlkit.data.base.make_splits`), never concatenated."""
+
+    ndim = 2
+    filename = None
+
+    def __init__(self, first, second):
+        if first.shape[1] != second.shape[1]:
+            raise ValueError(f"stored matrices of {first.shape[1]} and {second.shape[1]} "
+                             f"columns cannot be joined")
+        self.parts = (first, second)
+        self.split = int(first.shape[0])
+        self.shape = (self.split + int(second.shape[0]), int(first.shape[1]))
+        self.dtype = np.result_type(first.dtype, second.dtype)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key) -> np.ndarray:
+        key = np.arange(self.shape[0])[key] if isinstance(key, slice) else \
+            np.asarray(key, dtype=np.int64)
+        out = np.empty((len(key), self.shape[1]), dtype=self.dtype)
+        first = key < self.split
+        for part, where, offset in ((self.parts[0], first, 0),
+                                    (self.parts[1], ~first, self.split)):
+            if where.any():
+                rows = key[where] - offset
+                out[where] = part.take(rows) if isinstance(part, Rows) else part[rows]
+        return out
 
 
 def _as_float32(block: np.ndarray) -> np.ndarray:

@@ -211,7 +211,11 @@ def table_features(df, columns: Sequence[str], where: str) -> np.ndarray:
         if col.isna().any():
             raise ValueError(f"{where}: feature column {c!r} has an empty / NaN cell (first at "
                              f"row {int(np.flatnonzero(col.isna().to_numpy())[0])})")
-    x = df[list(columns)].to_numpy(dtype=np.float64)
+    # column by column into the float32 matrix (the same values as casting an N x D float64
+    # copy, which is never made: one column's float64 at a time)
+    x = np.empty((len(df), len(columns)), dtype=np.float32)
+    for j, c in enumerate(columns):
+        x[:, j] = df[c].to_numpy(dtype=np.float64)
     return check_features(x, where)
 
 
