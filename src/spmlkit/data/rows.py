@@ -182,11 +182,16 @@ def _as_float32(block: np.ndarray) -> np.ndarray:
     """``block`` as a new float32 array (never a view of the store). Half precision goes
     through torch's conversion (vectorised; numpy's is ~4x slower here), exact like numpy's."""
     if block.dtype == np.float16:
+        import warnings
+
         import torch
 
-        if not block.flags.writeable or not block.flags.c_contiguous:
-            block = np.array(block, order="C")  # a slice of a read-only map: torch wants a copy
-        return torch.from_numpy(block).float().numpy()
+        out = np.empty(block.shape, dtype=np.float32)  # numpy's memory, torch's conversion
+        with warnings.catch_warnings():  # a slice of a read-only map, only read here
+            warnings.simplefilter("ignore", UserWarning)
+            source = torch.from_numpy(np.ascontiguousarray(block))
+        torch.from_numpy(out).copy_(source)
+        return out
     return np.array(block, dtype=np.float32, order="C")
 
 
