@@ -378,13 +378,14 @@ def _annotation(field) -> str:
 
 def gen_schema() -> str:
     from spmlkit.engine import TrainConfig
-    from spmlkit.experiments.study import METHOD_KEYS, SPEC_KEYS, _OWN_KEYS, _validate
+    from spmlkit.experiments.study.schema import METHOD_KEYS, OWN_KEYS, SPEC_KEYS
+    from spmlkit.experiments.study.validate import validate
     from spmlkit.methods import list_methods
 
     missing = [k for k in SPEC_KEYS if k not in SCHEMA]
     if missing:
         raise SystemExit(f"docs/gen.py SCHEMA does not describe the study key(s) {missing}")
-    resolved = _validate({"datasets": ["yeast"], "methods": ["an"]}, "<minimal>", "mine")
+    resolved = validate({"datasets": ["yeast"], "methods": ["an"]}, "<minimal>", "mine")
     defaults = resolved.to_dict()
     defaults.update({"mode_options": {}, "mlflow": False, "metric": resolved.metric,
                      "name": "the file's stem", "title": "the name"})
@@ -415,12 +416,12 @@ def gen_schema() -> str:
     out.append("## `train:` keys (`TrainConfig`)\n")
     rows = []
     for f in dataclasses.fields(TrainConfig):
-        if f.name in _OWN_KEYS:
+        if f.name in OWN_KEYS:
             continue
         rows.append([f"`{f.name}`", code(_annotation(f)), code(show(f.default))])
     out.append(table(["key", "type", "default"], rows))
     out.append("The keys with their own top-level entry: " +
-               ", ".join(f"`{k}`" for k in _OWN_KEYS) + ".\n")
+               ", ".join(f"`{k}`" for k in OWN_KEYS) + ".\n")
     out.append("## `mode_options:` per training method\n")
     for m in list_methods():
         opts = ", ".join(code(f"{k}={show(v)}") for k, v in m.options.items()) or "none"
