@@ -101,6 +101,19 @@ class TrainingMethod:
     #: ``check_run(splits, config, options, resume)``: refuses (ValueError) a run this method
     #: cannot train, before its run folder is made (a refusal leaves nothing behind)
     check_run: Callable | None = None
+    #: ``stack_refusal(options) -> str | None``: why runs with these options (defaults filled
+    #: in) cannot train stacked by ``fit_many``, None when they can (:meth:`can_stack`)
+    stack_refusal: Callable | None = None
+
+    def can_stack(self, options: dict) -> str | None:
+        """None when runs with ``options`` can train together (``fit_many``), else the reason
+        they train one by one (as :func:`spmlkit.engine.vectorised.can_stack` says for a loss).
+        A method without ``fit_many`` never stacks."""
+        if self.fit_many is None:
+            return f"method {self.name!r} trains one run at a time"
+        if self.stack_refusal is None:
+            return None
+        return self.stack_refusal({**self.options, **options})
 
     def total_epochs(self, config, options: dict) -> int:
         """How many epoch records a run with ``config`` and ``options`` writes (after

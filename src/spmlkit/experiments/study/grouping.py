@@ -15,7 +15,7 @@ def group_tasks(tasks: list[RunTask], jobs: int = 1) -> list:
     regime, method, loss and hyperparameters, ``k`` as resolved for the run (an
     ``estimate:`` / ``interval:`` k is resolved here, with the run's seed), batch size and the
     rest of the train config, mode options), their mode can train several at once
-    (``TrainingMethod.fit_many``, no ``save_train_probs``) and their loss can be stacked
+    with their options (``TrainingMethod.can_stack``) and their loss can be stacked
     (:func:`spmlkit.engine.vectorised.can_stack`). Runs of closed-form losses
     (:func:`spmlkit.engine.vectorised.closed_form`: AN, AN-LS, WAN, EPR, BCE, ...) group across
     losses, hyperparameters, regimes and ``k`` too (one stack for the BCE family of a batch
@@ -38,8 +38,7 @@ def group_tasks(tasks: list[RunTask], jobs: int = 1) -> list:
     out: list = []
     for t in tasks:
         method = get_method(t.mode)
-        if method.fit_many is None or t.mode_options.get("save_train_probs") or \
-                t.mode_options.get("head", "linear") != "linear":
+        if method.can_stack(t.mode_options) is not None:  # the method trains it alone
             out.append(t)
             continue
         k = t.k
