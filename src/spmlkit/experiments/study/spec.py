@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from .schema import DEFAULT_GRID
+from .schema import default
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,8 @@ class MethodSpec:
 
 @dataclass
 class StudySpec:
-    """A validated study spec (see the module docstring); :meth:`to_dict` is its resolved form,
+    """A validated study spec (see the package docstring; its keys, defaults and help:
+    :mod:`spmlkit.experiments.study.schema`); :meth:`to_dict` is its resolved form,
     written to ``<out>/study.yaml`` and readable by :func:`load_study` again."""
 
     name: str
@@ -37,18 +38,18 @@ class StudySpec:
     methods: list
     title: str = ""
     description: str = ""
-    mode: str = "linear"
-    seeds: list = field(default_factory=lambda: [0, 1, 2])
-    epochs: int = 25
-    early_stop: str = "none"
-    grid: dict = field(default_factory=lambda: dict(DEFAULT_GRID))
+    mode: str = default("mode")
+    seeds: list = field(default_factory=lambda: list(range(default("seeds"))))
+    epochs: int = default("epochs")
+    early_stop: str = default("early_stop")
+    grid: dict = field(default_factory=lambda: default("grid"))
     hparams: dict = field(default_factory=dict)
     vary: dict = field(default_factory=dict)
     train: dict = field(default_factory=dict)
     mode_options: dict = field(default_factory=dict)
-    mlflow: bool = False
+    mlflow: bool = default("mlflow")
     source: str = "<dict>"
-    metric: str = "map"
+    metric: str = default("metric")
 
     def to_dict(self) -> dict:
         out = {"name": self.name, "title": self.title or self.name,
@@ -63,7 +64,7 @@ class StudySpec:
             out["mode_options"] = self.mode_options
         if self.mlflow:
             out["mlflow"] = True
-        if self.metric != "map":
+        if self.metric != default("metric"):
             out["metric"] = self.metric
         return out
 

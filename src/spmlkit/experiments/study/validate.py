@@ -1,4 +1,10 @@
-"""Validation of a raw study spec (a dict from YAML) into a :class:`StudySpec`."""
+"""Validation of a raw study spec (a dict from YAML) into a :class:`StudySpec`.
+
+:func:`validate` checks the keys one at a time, in the order an error is most useful (names
+before numbers, numbers before the run count), each check its own function; the known keys,
+the required ones, the defaults and the "expected ..." wording come from the schema table
+(:mod:`spmlkit.experiments.study.schema`). Every error is a ``ValueError`` that names the
+spec's source, the key (``methods[2].mode_options``) and what is expected."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +15,7 @@ import re
 from .expand import applicable_axes
 from .grammar import REFERENCES, accepted_hparams, parse_methods
 from .schema import (DEFAULT_GRID, K_BOUNDS, MAX_RUNS, METHOD_KEYS, OWN_KEYS, REQUIRED_KEYS,
-                     SPEC_KEYS)
+                     SPEC_KEYS, default, expected, method_mapping_form)
 from .spec import DatasetSpec, MethodSpec, StudySpec, merged
 
 
@@ -74,11 +80,8 @@ def _check_k(value, source: str, key: str):
 
 
 def validate(raw: dict, source: str, stem: str | None) -> StudySpec:
-    from ...data import DATASETS
-    from ...data.options import PROTOCOL_OPTIONS, check_source_options
-    from ...engine import TrainConfig, parse_early_stop
-    from ...labels import parse_regime
-
+    """The :class:`StudySpec` of the raw spec ``raw`` (read from ``source``; ``stem``: the
+    name of a spec without ``name``), or a ``ValueError`` naming the source and the key."""
     unknown = sorted(set(raw) - set(SPEC_KEYS))
     if unknown:
         raise ValueError(f"{source}: unknown key(s) {unknown}; a study spec has "
@@ -88,8 +91,60 @@ def validate(raw: dict, source: str, stem: str | None) -> StudySpec:
             _fail(source, key, "missing (required)")
     name = str(raw.get("name") or stem or "")
     if not name or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        _fail(source, "name", f"expected a folder-safe name (letters, digits, . _ -), got "
-                              f"{name!r}")
+        _fail(source, "name", f"expected {expected('name')}, got {name!r}")
+    datasets = _datasets(raw, source)
+    methods = _methods(raw, source)
+    mode = raw.get("mode", default("mode"))
+    method, modes = _modes(mode, methods, source)
+    _backbones(raw, datasets, modes, source)
+    seeds = _seeds(raw.get("seeds", default("seeds")), source)
+    epochs = _number(raw.get("epochs", default("epochs")), source, "epochs", int)
+    early_stop = str(raw.get("early_stop", default("early_stop")))
+    _early_stop(early_stop, source, "early_stop")
+    train, config_fields = _train(raw, source)
+    accepts = {m.label: accepted_hparams(m.loss) for m in methods}
+    grid = _grid(raw, accepts, config_fields, source)
+    hparams = _hparams(raw, methods, accepts, source)
+    vary = _vary(raw, datasets, methods, method, modes, accepts, source)
+    mode_options = _mapping(raw.get("mode_options"), source, "mode_options")
+    for where, trainer, opts in [("mode_options", method, mode_options)] + [
+            (f"methods[{i}].mode_options", modes[m.label], m.mode_options)
+            for i, m in enumerate(methods)]:
+        try:
+            trainer.check_options(opts)
+        except ValueError as err:
+            _fail(source, where, str(err))
+    mlflow = raw.get("mlflow", default("mlflow"))
+    if not isinstance(mlflow, bool):
+        _fail(source, "mlflow", f"expected {expected('mlflow')}, got {mlflow!r}")
+    from ...metrics import check_metric
+
+    metric = raw.get("metric", default("metric"))
+    try:
+        check_metric(metric)
+    except ValueError as err:
+        _fail(source, "metric", str(err))
+    _check_run_count(datasets, methods, modes, seeds, vary, grid, source)
+    return StudySpec(name=name, datasets=datasets, methods=methods,
+                     title=str(raw.get("title") or name),
+                     description=str(raw.get("description") or default("description")).strip(),
+                     mode=mode, seeds=seeds, epochs=epochs, early_stop=early_stop, grid=grid,
+                     hparams=hparams, vary=vary, train=train, mode_options=mode_options,
+                     mlflow=mlflow, source=source, metric=metric)
+
+
+def _early_stop(text: str, source: str, key: str) -> None:
+    from ...engine import parse_early_stop
+
+    try:
+        parse_early_stop(text)
+    except ValueError as err:
+        _fail(source, key, str(err))
+
+
+def _datasets(raw: dict, source: str) -> list:
+    from ...data import DATASETS
+    from ...data.options import PROTOCOL_OPTIONS, check_source_options
 
     datasets = []
     for i, item in enumerate(_list(raw["datasets"], source, "datasets")):
@@ -111,6 +166,11 @@ def validate(raw: dict, source: str, stem: str | None) -> StudySpec:
         datasets.append(DatasetSpec(str(item["name"]), options))
     if len({(d.name, json.dumps(d.options, sort_keys=True)) for d in datasets}) < len(datasets):
         _fail(source, "datasets", "a dataset is listed twice")
+    return datasets
+
+
+def _methods(raw: dict, source: str) -> list:
+    from ...labels import parse_regime
 
     methods = []
     for i, item in enumerate(_list(raw["methods"], source, "methods")):
@@ -119,8 +179,7 @@ def validate(raw: dict, source: str, stem: str | None) -> StudySpec:
         if isinstance(item, dict):
             if "spec" not in item or set(item) - set(METHOD_KEYS) or \
                     ("mode" in item and not isinstance(item["mode"], str)):
-                _fail(source, key, f"expected a method spec or {{label: ..., spec: ..., "
-                                   f"mode: ..., mode_options: {{...}}, early_stop: ...}} (spec "
+                _fail(source, key, f"expected a method spec or {method_mapping_form()} (spec "
                                    f"required), got {item!r}")
             spec = str(item["spec"])
             label = str(item.get("label") or spec)
@@ -128,12 +187,7 @@ def validate(raw: dict, source: str, stem: str | None) -> StudySpec:
             own_mode = item.get("mode")
             own_stop = None if item.get("early_stop") is None else str(item["early_stop"])
             if own_stop is not None:
-                from ...engine import parse_early_stop as _parse_stop
-
-                try:
-                    _parse_stop(own_stop)
-                except ValueError as err:
-                    _fail(source, f"{key}.early_stop", str(err))
+                _early_stop(own_stop, source, f"{key}.early_stop")
         elif isinstance(item, str):
             label = spec = item
             options = {}
@@ -151,32 +205,40 @@ def validate(raw: dict, source: str, stem: str | None) -> StudySpec:
     labels = [m.label for m in methods]
     if len(set(labels)) < len(labels):
         _fail(source, "methods", f"labels must be unique, got {labels}")
+    return methods
 
-    from ...methods import get_method, list_methods
 
-    mode = raw.get("mode", "linear")
-    known_modes = ", ".join(m.name for m in list_methods())
+def _modes(mode, methods: list, source: str):
+    """The study mode's TrainingMethod and ``{method label: its TrainingMethod}``."""
+    from ...methods import get_method
+
     try:
         method = get_method(str(mode))
     except ValueError:
-        _fail(source, "mode", f"expected one of {known_modes}, got {mode!r}")
+        _fail(source, "mode", f"expected {expected('mode')}, got {mode!r}")
     modes = {}  # method label -> its TrainingMethod
     for i, m in enumerate(methods):
         try:
             modes[m.label] = get_method(m.mode) if m.mode else method
         except ValueError:
-            _fail(source, f"methods[{i}].mode", f"expected one of {known_modes}, got "
+            _fail(source, f"methods[{i}].mode", f"expected {expected('mode')}, got "
                                                 f"{m.mode!r}")
         trainer = modes[m.label]
         if m.mode and trainer.losses is not None and m.loss not in trainer.losses:
             _fail(source, f"methods[{i}]", f"mode {trainer.name!r} trains with the loss(es) "
                                            f"{list(trainer.losses)}, got {m.loss!r}")
+    return method, modes
+
+
+def _backbones(raw: dict, datasets: list, modes: dict, source: str) -> None:
+    """An image source needs a backbone's features when a mode trains on feature vectors."""
+    from ...data import DATASETS
 
     backbone_varies = "data.backbone" in (raw.get("vary") or {})
     for trainer in {t.name: t for t in modes.values()}.values():  # the modes the rows use
         if trainer.inputs != "features" or backbone_varies:
             continue
-        for i, ds in enumerate(datasets):  # an image source needs a backbone's features
+        for i, ds in enumerate(datasets):
             if "images" in DATASETS.get(ds.name).tags and not ds.options.get("backbone"):
                 _fail(source, f"datasets[{i}]", f"dataset {ds.name!r} holds images and mode "
                       f"{trainer.name!r} trains on feature vectors: give the dataset a backbone "
@@ -184,24 +246,24 @@ def validate(raw: dict, source: str, stem: str | None) -> StudySpec:
                       f"--backbone NAME; spml list backbones), or use an image mode (mode: "
                       f"finetune / lac with mode_options: {{backbone: NAME}})")
 
-    seeds = raw.get("seeds", 3)
+
+def _seeds(seeds, source: str) -> list:
     if isinstance(seeds, (list, tuple)):
         seeds = [_number(s, source, "seeds", int, positive=False) for s in
                  _list(seeds, source, "seeds")]
         if len(set(seeds)) < len(seeds) or min(seeds) < 0 or max(seeds) >= 2**32:
             _fail(source, "seeds", f"expected distinct integers in [0, 2**32), got "
                                    f"{_short(seeds)}")
-    else:
-        count = _number(seeds, source, "seeds", int)
-        if count > MAX_RUNS:
-            _fail(source, "seeds", f"{count} seeds: a study has at most {MAX_RUNS} runs")
-        seeds = list(range(count))
-    epochs = _number(raw.get("epochs", 25), source, "epochs", int)
-    early_stop = str(raw.get("early_stop", "none"))
-    try:
-        parse_early_stop(early_stop)
-    except ValueError as err:
-        _fail(source, "early_stop", str(err))
+        return seeds
+    count = _number(seeds, source, "seeds", int)
+    if count > MAX_RUNS:
+        _fail(source, "seeds", f"{count} seeds: a study has at most {MAX_RUNS} runs")
+    return list(range(count))
+
+
+def _train(raw: dict, source: str):
+    """The ``train:`` mapping (TrainConfig fields), and the TrainConfig field names."""
+    from ...engine import TrainConfig
 
     config_fields = {f.name for f in dataclasses.fields(TrainConfig)}
     train = _mapping(raw.get("train"), source, "train")
@@ -216,10 +278,12 @@ def validate(raw: dict, source: str, stem: str | None) -> StudySpec:
         TrainConfig(**train)
     except (TypeError, ValueError) as err:
         _fail(source, "train", str(err))
+    return train, config_fields
 
-    accepts = {m.label: accepted_hparams(m.loss) for m in methods}
+
+def _grid(raw: dict, accepts: dict, config_fields: set, source: str) -> dict:
     grid_raw = raw.get("grid")
-    grid = dict(DEFAULT_GRID) if grid_raw is None else _mapping(grid_raw, source, "grid")
+    grid = default("grid") if grid_raw is None else _mapping(grid_raw, source, "grid")
     for k in ("batch_size", "lr"):
         grid.setdefault(k, DEFAULT_GRID[k])
     for k in list(grid):
@@ -238,7 +302,11 @@ def validate(raw: dict, source: str, stem: str | None) -> StudySpec:
         if len(set(map(json.dumps, values))) < len(values):
             _fail(source, f"grid.{k}", f"values repeat: {values}")
         grid[k] = values
+    return grid
 
+
+def _hparams(raw: dict, methods: list, accepts: dict, source: str) -> dict:
+    labels = [m.label for m in methods]
     hparams = _mapping(raw.get("hparams"), source, "hparams")
     for key, hp in hparams.items():
         hp = _mapping(hp, source, f"hparams.{key}")
@@ -252,7 +320,11 @@ def validate(raw: dict, source: str, stem: str | None) -> StudySpec:
                 _fail(source, f"hparams.{key}", f"loss {m.loss!r} has no hyperparameter(s) "
                                                 f"{bad}; it takes {sorted(accepts[m.label])}")
         hparams[key] = hp
+    return hparams
 
+
+def _vary(raw: dict, datasets: list, methods: list, method, modes: dict, accepts: dict,
+          source: str) -> dict:
     vary = _mapping(raw.get("vary"), source, "vary")
     for key in list(vary):
         values = _list(vary[key], source, f"vary.{key}")
@@ -263,63 +335,64 @@ def validate(raw: dict, source: str, stem: str | None) -> StudySpec:
                 _fail(source, f"vary.{key}", f"no method's loss has the hyperparameter "
                                              f"{key[8:]!r}")
         elif key.startswith("data.") and len(key) > 5:
-            for ds in datasets:  # the key and each value (completeness: when a run loads)
-                for v in values:
-                    try:
-                        check_source_options(ds.name, {key[5:]: v}, PROTOCOL_OPTIONS,
-                                             complete=False)
-                    except ValueError as err:
-                        _fail(source, f"vary.{key}", str(err))
+            _vary_data(key, values, datasets, source)
         elif key.startswith("lac.") and len(key) > 4:
-            lac_rows = [m for m in methods if modes[m.label].name == "lac"]
-            if not lac_rows:
-                _fail(source, f"vary.{key}", "no method trains in mode lac")
-            from ...methods.lac import LACConfig
-
-            study_options = _mapping(raw.get("mode_options"), source, "mode_options")
-            for m in lac_rows:
-                own = merged(study_options, m.mode_options) if modes[m.label] is method \
-                    else m.mode_options
-                base = own.get("lac") or {}
-                for v in values:
-                    try:
-                        LACConfig.from_dict({**base, key[4:]: v})
-                    except (TypeError, ValueError) as err:
-                        _fail(source, f"vary.{key}", f"{m.label}: {err}")
+            _vary_lac(raw, key, values, methods, method, modes, source)
         elif key == "k":
             values = [_check_k(v, source, "vary.k") for v in values]
             if not any("k" in a for a in accepts.values()):
                 _fail(source, "vary.k", "no method's loss takes k (epr, role do)")
         elif key == "regime":
-            for v in values:
-                try:
-                    parse_regime(str(v))
-                except ValueError as err:
-                    _fail(source, "vary.regime", str(err))
-            values = [str(v) for v in values]
+            values = _vary_regime(values, source)
         else:
-            _fail(source, f"vary.{key}", "expected hparams.<name>, data.<option>, k, regime "
-                                         "or lac.<field>")
+            _fail(source, f"vary.{key}", f"expected {expected('vary')}")
         vary[key] = values
+    return vary
 
-    mode_options = _mapping(raw.get("mode_options"), source, "mode_options")
-    for where, trainer, opts in [("mode_options", method, mode_options)] + [
-            (f"methods[{i}].mode_options", modes[m.label], m.mode_options)
-            for i, m in enumerate(methods)]:
+
+def _vary_data(key: str, values: list, datasets: list, source: str) -> None:
+    from ...data.options import PROTOCOL_OPTIONS, check_source_options
+
+    for ds in datasets:  # the key and each value (completeness: when a run loads)
+        for v in values:
+            try:
+                check_source_options(ds.name, {key[5:]: v}, PROTOCOL_OPTIONS, complete=False)
+            except ValueError as err:
+                _fail(source, f"vary.{key}", str(err))
+
+
+def _vary_lac(raw: dict, key: str, values: list, methods: list, method, modes: dict,
+              source: str) -> None:
+    lac_rows = [m for m in methods if modes[m.label].name == "lac"]
+    if not lac_rows:
+        _fail(source, f"vary.{key}", "no method trains in mode lac")
+    from ...methods.lac import LACConfig
+
+    study_options = _mapping(raw.get("mode_options"), source, "mode_options")
+    for m in lac_rows:
+        own = merged(study_options, m.mode_options) if modes[m.label] is method \
+            else m.mode_options
+        base = own.get("lac") or {}
+        for v in values:
+            try:
+                LACConfig.from_dict({**base, key[4:]: v})
+            except (TypeError, ValueError) as err:
+                _fail(source, f"vary.{key}", f"{m.label}: {err}")
+
+
+def _vary_regime(values: list, source: str) -> list:
+    from ...labels import parse_regime
+
+    for v in values:
         try:
-            trainer.check_options(opts)
+            parse_regime(str(v))
         except ValueError as err:
-            _fail(source, where, str(err))
-    mlflow = raw.get("mlflow", False)
-    if not isinstance(mlflow, bool):
-        _fail(source, "mlflow", f"expected true or false, got {mlflow!r}")
-    from ...metrics import check_metric
+            _fail(source, "vary.regime", str(err))
+    return [str(v) for v in values]
 
-    metric = raw.get("metric", "map")
-    try:
-        check_metric(metric)
-    except ValueError as err:
-        _fail(source, "metric", str(err))
+
+def _check_run_count(datasets, methods, modes, seeds, vary, grid, source: str) -> None:
+    """A spec that expands to more than :data:`MAX_RUNS` runs is refused, naming its axes."""
     runs = sum(len(seeds)
                * math.prod(len(vary[k]) for k in applicable_axes(modes[m.label].name, m, vary))
                * math.prod(len(grid[k]) for k in applicable_axes(modes[m.label].name, m, grid))
@@ -330,10 +403,3 @@ def validate(raw: dict, source: str, stem: str | None) -> StudySpec:
                           *(f"grid.{k}: {len(v)}" for k, v in grid.items())])
         raise ValueError(f"{source}: the study expands to {runs} runs ({axes}); a study has at "
                          f"most {MAX_RUNS}: fewer seeds, vary or grid values")
-    return StudySpec(name=name, datasets=datasets, methods=methods,
-                     title=str(raw.get("title") or name),
-                     description=str(raw.get("description") or "").strip(),
-                     mode=mode, seeds=seeds, epochs=epochs, early_stop=early_stop, grid=grid,
-                     hparams=hparams, vary=vary, train=train, mode_options=mode_options,
-                     mlflow=mlflow, source=source, metric=metric)
-
