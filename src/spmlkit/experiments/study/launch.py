@@ -9,6 +9,7 @@ import shutil
 import signal
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from ...runs import make_folder, write_text
@@ -200,84 +201,192 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
             mid-study (a ConnectionError; the finished runs are in the store, the same call
             against a running scheduler runs the missing ones).
     """
-    from tqdm import tqdm
+    options = LaunchOptions(out=out, jobs=jobs, progress=progress, mlflow=mlflow, argv=argv,
+                            retry_failed=retry_failed, threads=threads, retries=retries,
+                            checkpoint_seconds=checkpoint_seconds, dask=dask,
+                            scheduler_file=scheduler_file, executor=executor,
+                            vectorise=vectorise, connect_timeout=connect_timeout)
+    return Launch(load_study(spec), options).run()
 
-    from ...methods import get_method
 
-    spec = load_study(spec)
-    mlflow_module = _import_mlflow() if (mlflow or spec.mlflow) else None
-    if checkpoint_seconds is not None and not checkpoint_seconds >= 0:
-        raise ValueError(f"checkpoint_seconds (seconds between checkpoints) must be >= 0, got "
-                         f"{checkpoint_seconds}")
-    if dask is not None and scheduler_file is not None:
-        raise ValueError("give --dask (local or a scheduler address) or --scheduler-file, not "
-                         "both")
-    if connect_timeout is not None and scheduler_file is None and dask in (None, "local"):
-        raise ValueError("connect_timeout is for a running Dask cluster (--scheduler, "
-                         "--scheduler-file)")
-    cluster = None  # a running Dask cluster's executor, connected before anything is written
-    if dask is not None or scheduler_file is not None:
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How a study is launched: :func:`run_study`'s keywords (see there), checked by
+    :meth:`check` before anything is written."""
+
+    out: object = None
+    jobs: int | None = None
+    progress: bool = True
+    mlflow: bool = False
+    argv: object = None
+    retry_failed: bool = False
+    threads: int | None = None
+    retries: int = 1
+    checkpoint_seconds: float | None = None
+    dask: str | None = None
+    scheduler_file: object = None
+    executor: object = None
+    vectorise: bool = True
+    connect_timeout: float | None = None
+
+    def check(self) -> None:
+        """Refuse options that contradict each other (a ``ValueError`` naming them)."""
+        if self.checkpoint_seconds is not None and not self.checkpoint_seconds >= 0:
+            raise ValueError(f"checkpoint_seconds (seconds between checkpoints) must be >= 0, "
+                             f"got {self.checkpoint_seconds}")
+        if self.dask is not None and self.scheduler_file is not None:
+            raise ValueError("give --dask (local or a scheduler address) or --scheduler-file, "
+                             "not both")
+        if self.connect_timeout is not None and self.scheduler_file is None and \
+                self.dask in (None, "local"):
+            raise ValueError("connect_timeout is for a running Dask cluster (--scheduler, "
+                             "--scheduler-file)")
+
+    @property
+    def on_dask(self) -> bool:
+        return self.dask is not None or self.scheduler_file is not None
+
+    def connect(self):
+        """A running Dask cluster's executor, connected (before anything is written), or None
+        (the local pool, a Dask LocalCluster made later, or the given ``executor``)."""
+        if not self.on_dask:
+            return None
         from ..dask_executor import DaskExecutor, import_distributed
 
         import_distributed()  # before anything is written: says how to install it
-        if executor is None and dask != "local":
-            options = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
-            cluster = DaskExecutor(dask, scheduler_file=scheduler_file, **options)
-            if jobs is not None:  # (after the address is checked: the more basic error first)
-                raise ValueError(f"jobs ({jobs}) is the size of a local pool or a Dask "
-                                 f"LocalCluster; a running Dask cluster has the workers it has")
-            cluster.connect()
-    out = Path(out) if out is not None else STUDIES_ROOT / spec.name
-    created = not out.exists()
-    out = make_folder(out)
-    with _closing(cluster), _study_lock(out), _unless_refused(out, created):
-        write_text(out / SPEC_FILE, spec.to_yaml())
-        make_folder(out / RUNS_DIR)  # a file in its place: refused here, not by every run
-        store = StudyStore(out / RESULTS_FILE)
-        tasks = expand(spec)
-        status = {r["run_id"]: r["status"] for r in store.rows()}
-        skip = {"done"} if retry_failed else {"done", "failed"}
-        todo = [t for t in tasks if status.get(t.run_id) not in skip]
-        finished_before = len(tasks) - len(todo)
-        # longest first (small batches, stateful losses), for a balanced pool
-        todo.sort(key=lambda t: (t.batch_size, t.loss != "role"))
-        jobs = default_jobs(jobs, len(todo)) if cluster is None else cluster.slots()
-        threads_given = threads is not None
-        # feature-vector runs only (every method's mode): one thread each
-        on_features = all(get_method(t.mode).inputs == "features" for t in todo or tasks)
-        if threads is None:
-            threads = 1 if on_features else \
-                max(1, (os.cpu_count() or 1) // jobs)
-        from ...methods import versions
+        if self.executor is not None or self.dask == "local":
+            return None
+        options = {} if self.connect_timeout is None else \
+            {"connect_timeout": self.connect_timeout}
+        cluster = DaskExecutor(self.dask, scheduler_file=self.scheduler_file, **options)
+        if self.jobs is not None:  # (after the address is checked: the more basic error first)
+            raise ValueError(f"jobs ({self.jobs}) is the size of a local pool or a Dask "
+                             f"LocalCluster; a running Dask cluster has the workers it has")
+        cluster.connect()
+        return cluster
 
+
+class Launch:
+    """One launch of a study (what :func:`run_study` does), step by step: :meth:`run` checks
+    the options and reaches a Dask cluster before anything is written, then, holding the study
+    folder's lock, writes the spec, finds the runs still to do (:meth:`plan`), picks the
+    workers (:meth:`place`), records the launch in ``launches.jsonl`` (:meth:`record`),
+    prepares the runs' data (:meth:`prepare`), cuts them into worker tasks
+    (:meth:`payloads`) and stores every row that comes back (:meth:`execute`)."""
+
+    def __init__(self, spec: StudySpec, options: LaunchOptions):
+        self.spec, self.options = spec, options
+        self.mlflow = _import_mlflow() if (options.mlflow or spec.mlflow) else None
+        options.check()
+        self.out = Path(options.out) if options.out is not None else STUDIES_ROOT / spec.name
+        self.cluster = None    # a running Dask cluster's executor
+        self.executor = options.executor
+        self.store = None
+        self.tasks: list = []  # every run of the spec
+        self.todo: list = []   # the runs this launch runs
+        self.jobs = self.threads = None
+        self.launch_record: dict = {}
+
+    def run(self) -> dict:
+        self.cluster = self.options.connect()
+        created = not self.out.exists()
+        self.out = make_folder(self.out)
+        with _closing(self.cluster), _study_lock(self.out), \
+                _unless_refused(self.out, created):
+            self.plan()
+            self.place()
+            self.record()
+            self.prepare()
+            groups = self.execute(self.payloads())
+        return {"out": str(self.out),
+                **{k: self.launch_record[k] for k in ("runs_total", "runs_done_before", "runs_run",
+                                                "failures", "seconds", "jobs", "executor")},
+                "failure_groups": groups}
+
+    @property
+    def launches(self) -> Path:
+        return self.out / LAUNCHES_FILE
+
+    @property
+    def runs_root(self) -> Path:
+        return self.out / RUNS_DIR
+
+    def plan(self) -> None:
+        """Write the spec, open the store, and find the runs to do (not done; not failed
+        either, unless ``retry_failed``), the longest first."""
+        write_text(self.out / SPEC_FILE, self.spec.to_yaml())
+        make_folder(self.runs_root)  # a file in its place: refused here, not by every run
+        self.store = StudyStore(self.out / RESULTS_FILE)
+        self.tasks = expand(self.spec)
+        status = {r["run_id"]: r["status"] for r in self.store.rows()}
+        skip = {"done"} if self.options.retry_failed else {"done", "failed"}
+        self.todo = [t for t in self.tasks if status.get(t.run_id) not in skip]
+        # longest first (small batches, stateful losses), for a balanced pool
+        self.todo.sort(key=lambda t: (t.batch_size, t.loss != "role"))
+
+    def place(self) -> None:
+        """How many workers (``jobs``), torch threads each, and the executor."""
+        from ...methods import get_method
+
+        opts, cluster = self.options, self.cluster
+        self.jobs = default_jobs(opts.jobs, len(self.todo)) if cluster is None else \
+            cluster.slots()
+        # feature-vector runs only (every method's mode): one thread each
+        on_features = all(get_method(t.mode).inputs == "features"
+                          for t in self.todo or self.tasks)
+        threads = opts.threads
+        if threads is None:
+            threads = 1 if on_features else max(1, (os.cpu_count() or 1) // self.jobs)
         if cluster is not None:
-            if not threads_given:  # the worker machines' cores are theirs to count
+            if opts.threads is None:  # the worker machines' cores are theirs to count
                 threads = 1 if on_features else None
             cluster.threads = threads
-            executor = cluster  # jobs: its worker threads now, for the launch record
-        elif executor is None and dask == "local":
-            executor = DaskExecutor(n_workers=jobs, threads=threads)
-        where = executor.describe() if executor is not None else \
-            InProcessExecutor().describe() if jobs <= 1 else LocalExecutor(jobs).describe()
-        launch = {"launch_id": uuid.uuid4().hex, "argv": list(argv) if argv else None,
-                  "started": _now(), "finished": None, "runs_total": len(tasks),
-                  "runs_done_before": finished_before, "runs_run": 0, "failures": 0,
-                  "seconds": None, "jobs": jobs, "executor": where, "versions": versions()}
-        launches = out / LAUNCHES_FILE
-        with open(launches, "a") as fh:
-            fh.write(json.dumps(launch) + "\n")
-        runs_root = out / RUNS_DIR
+            self.executor = cluster  # jobs: its worker threads now, for the launch record
+        elif self.executor is None and opts.dask == "local":
+            from ..dask_executor import DaskExecutor
+
+            self.executor = DaskExecutor(n_workers=self.jobs, threads=threads)
+        self.threads = threads
+
+    def record(self) -> None:
+        """Append this launch's record to ``launches.jsonl`` (updated as runs come back)."""
+        from ...methods import versions
+
+        if self.executor is not None:
+            where = self.executor.describe()
+        elif self.jobs <= 1:
+            where = InProcessExecutor().describe()
+        else:
+            where = LocalExecutor(self.jobs).describe()
+        argv = self.options.argv
+        self.launch_record = {"launch_id": uuid.uuid4().hex, "argv": list(argv) if argv else None,
+                        "started": _now(), "finished": None, "runs_total": len(self.tasks),
+                        "runs_done_before": len(self.tasks) - len(self.todo), "runs_run": 0,
+                        "failures": 0, "seconds": None, "jobs": self.jobs, "executor": where,
+                        "versions": versions()}
+        with open(self.launches, "a") as fh:
+            fh.write(json.dumps(self.launch_record) + "\n")
+
+    def prepare(self) -> None:
+        """Before the workers start: the trash of stale run folders goes (when empty), image
+        sources' backbone features are extracted once, MLflow gets the study's experiment."""
+        from ...methods import get_method
+
         with contextlib.suppress(OSError):
-            (runs_root / ".stale").rmdir()  # when empty
-        on_vectors = [t for t in todo if get_method(t.mode).inputs == "features"]
+            (self.runs_root / ".stale").rmdir()  # when empty
+        on_vectors = [t for t in self.todo if get_method(t.mode).inputs == "features"]
         if on_vectors:
-            _prepare_features(spec, on_vectors, progress)
-        if mlflow_module is not None and todo:
-            mlflow_module.set_experiment(spec.name)
-        by_id = {t.run_id: t for t in todo}
-        units = group_tasks(todo, jobs) if vectorise else list(todo)
+            _prepare_features(self.spec, on_vectors, self.options.progress)
+        if self.mlflow is not None and self.todo:
+            self.mlflow.set_experiment(self.spec.name)
+
+    def payloads(self) -> list:
+        """The worker tasks: stacked groups (:func:`group_tasks`, unless ``vectorise`` is
+        False) first, then single runs, as dicts."""
+        units = group_tasks(self.todo, self.jobs) if self.options.vectorise else \
+            list(self.todo)
         units.sort(key=lambda u: -len(u) if isinstance(u, list) else 0)  # groups first
-        root = str(runs_root.resolve())
+        root = str(self.runs_root.resolve())
         payloads = []
         for u in units:
             if isinstance(u, list):
@@ -286,32 +395,44 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
                                  "runs_root": root})
             else:
                 payloads.append({**dataclasses.asdict(u), "runs_root": root,
-                                 "checkpoint_seconds": checkpoint_seconds})
-        bar = tqdm(total=len(tasks), initial=finished_before, desc=f"study {spec.name}",
+                                 "checkpoint_seconds": self.options.checkpoint_seconds})
+        return payloads
+
+    def execute(self, payloads: list) -> list:
+        """Run the tasks; store each row as it comes back (and log it to MLflow); keep the
+        launch record true after every task, and at the end, however it ends. Returns this
+        launch's failed runs grouped by their error (:func:`failure_groups`)."""
+        from tqdm import tqdm
+
+        launch, spec, progress = self.launch_record, self.spec, self.options.progress
+        finished_before = launch["runs_done_before"]
+        by_id = {t.run_id: t for t in self.todo}
+        bar = tqdm(total=len(self.tasks), initial=finished_before, desc=f"study {spec.name}",
                    unit="run", disable=not progress)
         if finished_before and progress:
-            bar.write(f"resuming {out}: {finished_before} of {len(tasks)} run(s) already "
-                      f"finished")
+            bar.write(f"resuming {self.out}: {finished_before} of {len(self.tasks)} run(s) "
+                      f"already finished")
         start = time.perf_counter()
         failed_rows = []
         try:
             with _sigterm_as_exit():
-                for rows in run_tasks(run_task, payloads, jobs, threads, retries=retries,
-                                      on_lost=lost_rows, executor=executor):
-                    store.put_many(rows)  # a group's rows in one transaction
+                for rows in run_tasks(run_task, payloads, self.jobs, self.threads,
+                                      retries=self.options.retries, on_lost=lost_rows,
+                                      executor=self.executor):
+                    self.store.put_many(rows)  # a group's rows in one transaction
                     for row in rows:
                         launch["runs_run"] += 1
                         launch["failures"] += row["status"] == "failed"
                         if row["status"] == "failed":
                             failed_rows.append(row)
-                        if mlflow_module is not None:
-                            _log_mlflow(mlflow_module, by_id[row["run_id"]], row)
+                        if self.mlflow is not None:
+                            _log_mlflow(self.mlflow, by_id[row["run_id"]], row)
                         val = row.get("val_map")
                         last = f"val {val:.1f}" if isinstance(val, float) else row["status"]
                         bar.set_postfix_str(f"failed {launch['failures']}, last "
                                             f"{row['method']} {last}")
                         bar.update()
-                    _update_launch(launches, launch)  # a killed launch's record stays true
+                    _update_launch(self.launches, launch)  # a killed launch's record stays true
             launch["finished"] = _now()
         finally:
             bar.close()
@@ -320,11 +441,8 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
             if groups:
                 launch["failure_reasons"] = [{"reason": g["reason"], "count": g["count"],
                                               "first": g["run_ids"][0]} for g in groups]
-            _update_launch(launches, launch)
-    return {"out": str(out), **{k: launch[k] for k in ("runs_total", "runs_done_before",
-                                                       "runs_run", "failures", "seconds",
-                                                       "jobs", "executor")},
-            "failure_groups": groups}
+            _update_launch(self.launches, launch)
+        return groups
 
 
 def _prepare_features(spec: StudySpec, todo, progress: bool = True) -> None:
