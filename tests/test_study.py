@@ -577,6 +577,27 @@ def test_cli_study_run_passes_retries(tmp_path, monkeypatch):
     assert main(args) == 130 and seen["retries"] == 1
 
 
+def test_cli_study_run_options_are_in_groups():
+    """``spml study run --help`` shows its options under argument groups, as train and
+    benchmark do: none is left under the generic heading but --help."""
+    import argparse
+
+    from spmlkit.cli import build_parser
+
+    def sub(parser, name):
+        action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        return action.choices[name]
+
+    run = sub(sub(build_parser(), "study"), "run")
+    titles = [g.title for g in run._action_groups if g._group_actions]
+    assert titles[-4:] == ["the study", "runs", "workers", "output"]
+    loose = [a.dest for g in run._action_groups if g.title in ("options", "positional arguments")
+             for a in g._group_actions]
+    assert loose == ["help"]
+    args = run.parse_args(["x", "--dask", "local", "--retries", "2", "--quiet"])
+    assert (args.spec, args.dask, args.retries, args.quiet) == ("x", "local", 2, True)
+
+
 def test_a_launch_whose_runs_all_fail_alike_says_so_at_the_end(tmp_path, capsys):
     """Every run fails for one reason (a required dataset option left out): the launch ends
     with that error and how many runs share it; launches.jsonl and the report group them."""
