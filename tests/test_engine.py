@@ -333,17 +333,17 @@ def test_resume_from_every_epoch_and_from_a_finished_run():
 
 
 def test_checkpoint_is_called_once_per_epoch_and_builds_nothing_unless_asked(monkeypatch):
-    from spmlkit.engine import loop
+    from spmlkit.engine import selection
 
     built = []
-    real = loop.snapshot
+    real = selection.snapshot
 
     def counting(obj, where="state"):
         if where == "state":
             built.append(1)
         return real(obj, where)
 
-    monkeypatch.setattr(loop, "snapshot", counting)
+    monkeypatch.setattr(selection, "snapshot", counting)
     x, y = toy(n=40)
     z = make_observed(y, "1p")
     cfg = TrainConfig(epochs=3, batch_size=8, lr=1e-2)
