@@ -44,18 +44,9 @@ def average_precision(scores, targets) -> float:
     if not np.isfinite(s).all():
         raise ValueError(f"average_precision: {int((~np.isfinite(s)).sum())} non-finite score(s)")
     t = t.astype(bool)
-    n_pos = int(t.sum())
-    if n_pos == 0:
+    if not t.any():
         return float("nan")
-    order = np.argsort(-s, kind="mergesort")
-    s, t = s[order], t[order]
-    tp = np.cumsum(t)
-    # last index of every group of tied scores
-    ends = np.r_[np.flatnonzero(np.diff(s)), s.size - 1]
-    tp = tp[ends]
-    precision = tp / (ends + 1)
-    recall_gain = np.diff(np.r_[0, tp]) / n_pos
-    return float(np.sum(recall_gain * precision))
+    return float(_columns_ap(s[:, None], t[:, None])[0])
 
 
 #: entries of the N x L scores handled at once by the metrics (blocks of columns for AP, of rows
@@ -66,45 +57,73 @@ BLOCK_ENTRIES = 1 << 20
 def per_class_ap(scores, y) -> np.ndarray:
     """AP (x100) of every class; NaN where a class has no positive: :func:`average_precision`
     of every column at once (one sort of all columns, in blocks of columns of at most
-    :data:`BLOCK_ENTRIES` entries; equal to it up to summation order)."""
-    # float32 scores (a run's probabilities) are cast block by block: the same values and ties
-    # as one float64 copy, without that copy of a large split
+    :data:`BLOCK_ENTRIES` entries, then :func:`ranked_ap`; equal to it up to summation order).
+
+    ``scores`` N x L, or R x N x L: R runs' scores against the same labels ``y`` (N x L),
+    scored as the columns of one N x R*L matrix; returns R x L then, each run's row equal to
+    its own ``per_class_ap`` bit for bit (what the stacked linear engine scores every epoch).
+    """
+    if np.ndim(scores) == 3:
+        s = np.asarray(scores)
+        runs, n, classes = s.shape
+        y = validate_full_labels(y, "metrics targets", copy=False)
+        if y.shape != (n, classes):
+            raise ValueError(f"scores {s.shape} (runs x rows x classes) and labels {y.shape} "
+                             f"must have the same rows and classes")
+        wide = s.transpose(1, 0, 2).reshape(n, runs * classes)  # run r: columns r*L ...
+        return per_class_ap(wide, np.tile(y, (1, runs))).reshape(runs, classes)
+    # float32 scores (a run's probabilities) are sorted as they are: only their order and ties
+    # count, the same as a float64 copy's (no such copy of a large split; a faster sort)
     s, y = _as_scores(scores, y, keep_float32=True)
     n, classes = s.shape
     if n == 0:
         return np.full(classes, np.nan)
     step = max(1, BLOCK_ENTRIES // n)
-    if step < classes or s.dtype != np.float64:
-        return np.concatenate([_columns_ap(s[:, j:j + step].astype(np.float64), y[:, j:j + step])
-                               for j in range(0, classes, step)])
-    return _columns_ap(s, y)
+    if step < classes:
+        return np.concatenate([_columns_ap(s[:, j:j + step], y[:, j:j + step])
+                               for j in range(0, classes, step)]) * 100.0
+    return _columns_ap(s, y) * 100.0
 
 
 def _columns_ap(s: np.ndarray, y: np.ndarray) -> np.ndarray:
     """:func:`per_class_ap` of validated scores and labels, every column from one sort (each
     temporary let go once used: a block of a large split stays within ~40 bytes an entry)."""
-    n = s.shape[0]
     order = np.argsort(-s, axis=0)  # tied scores are grouped: their order does not matter
     s = np.take_along_axis(s, order, axis=0)
     hits = np.take_along_axis(y > 0, order, axis=0)
     del order
-    tp = np.cumsum(hits, axis=0, dtype=np.float64)
-    del hits
     end = np.ones_like(s, dtype=bool)  # the last row of every group of tied scores
     end[:-1] = s[1:] != s[:-1]
     del s
+    return ranked_ap(hits, end)
+
+
+def ranked_ap(hits: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The AP core (a fraction, NaN for a column without positive) of every column of ``hits``
+    (N x K, whether each entry is a positive) whose rows are in descending order of the
+    column's scores; ``end`` (N x K) marks the last row of every group of tied scores: AP =
+    sum over groups of (R_g - R_{g-1}) * P_g at the group's end (:func:`average_precision`).
+    Every AP of spmlkit comes from here (:func:`average_precision` and :func:`per_class_ap`
+    sort with numpy; the stacked linear engine on a GPU sorts there,
+    :func:`spmlkit.engine.vectorised.stacked_val_map`)."""
+    n = hits.shape[0]
+    # the counts in integers (exact, and a faster cumulative sum than into float64)
+    count = np.cumsum(hits, axis=0, dtype=np.intp)
     # at each group's end: the recall gained since the previous end times the precision there
-    tp_end = np.where(end, tp, 0.0)
-    np.maximum.accumulate(tp_end, axis=0, out=tp_end)
-    gain = np.zeros_like(tp)  # tp at the previous group's end, then the gain
-    gain[1:] = tp_end[:-1]
-    del tp_end
-    np.subtract(tp, gain, out=gain)
+    at_end = np.where(end, count, 0)
+    np.maximum.accumulate(at_end, axis=0, out=at_end)
+    gain = np.zeros_like(count)  # tp at the previous group's end, then the group's positives
+    gain[1:] = at_end[:-1]
+    del at_end
+    np.subtract(count, gain, out=gain)
+    tp = count.astype(np.float64)
+    del count
+    gain = gain.astype(np.float64)
     rank = np.arange(1, n + 1, dtype=np.float64)[:, None]
     gain *= tp / rank
     gain = np.where(end, gain, 0.0).sum(axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(tp[-1] > 0, gain / tp[-1], np.nan) * 100.0
+        return np.where(tp[-1] > 0, gain / tp[-1], np.nan)
 
 
 @dataclass
@@ -128,15 +147,26 @@ def mean_average_precision(scores, y, convention: str = "present") -> MAPResult:
     >>> float(mean_average_precision([[0.9, 0.2], [0.1, 0.3]], [[1, 0], [0, 0]]))
     100.0
     """
-    if convention not in ("present", "official"):
-        raise ValueError(f"convention must be 'present' or 'official', got {convention!r}")
+    check_convention(convention)
     ap = per_class_ap(scores, y)
     missing = np.flatnonzero(np.isnan(ap)).tolist()
+    return MAPResult(map_from_ap(ap, convention), ap, missing, convention)
+
+
+def check_convention(convention: str) -> None:
+    """Refuse a mAP convention other than ``"present"`` and ``"official"``."""
+    if convention not in ("present", "official"):
+        raise ValueError(f"convention must be 'present' or 'official', got {convention!r}")
+
+
+def map_from_ap(ap: np.ndarray, convention: str = "present") -> float:
+    """mAP x100 from per-class AP (:func:`per_class_ap`, NaN for a class without positive):
+    ``"present"`` averages the classes with positives (NaN when none has one), ``"official"``
+    scores the others 0 and averages all."""
+    check_convention(convention)
     if convention == "official":
-        value = float(np.nan_to_num(ap, nan=0.0).mean())
-    else:
-        value = float(np.nanmean(ap)) if len(missing) < ap.size else float("nan")
-    return MAPResult(value, ap, missing, convention)
+        return float(np.nan_to_num(ap, nan=0.0).mean())
+    return float(np.nanmean(ap)) if not np.isnan(ap).all() else float("nan")
 
 
 def map_score(scores, y, convention: str = "present") -> float:

@@ -54,6 +54,7 @@ from torch import nn
 from ..losses import SPMLLoss, TrainInfo
 from ..losses.base import observed_validated
 from ..losses.cole import expected_positive_penalty_grad
+from ..metrics import BLOCK_ENTRIES, check_convention, map_from_ap, per_class_ap, ranked_ap
 from ..data import rows as stored_rows
 from ..data.rows import as_rows, is_stored
 from .config import TrainConfig, batch_starts, epoch_rows
@@ -69,7 +70,7 @@ __all__ = [
     "can_stack",
     "fit_linear_stacked",
     "stack_limit",
-    "stacked_map",
+    "stacked_val_map",
 ]
 
 #: memory the stacked tensors of one group may take (weights, Adam moments, gradients, batches,
@@ -238,46 +239,48 @@ class StackedLinear(nn.Module):
         return head
 
 
-def stacked_map(scores: torch.Tensor, y: torch.Tensor, convention: str) -> list[float]:
-    """Val mAP (x100) of each of R score matrices (R x N x L logits or probabilities) against
-    the same full labels ``y`` (N x L, 0/1): :func:`spmlkit.metrics.map_score` of each, computed
-    for all runs and classes at once (float64; ties grouped as there; equal to it up to
-    summation order). A run with a non-finite score gets NaN (no score for the epoch), as
-    :func:`spmlkit.engine.val_map`.
+def stacked_val_map(scores: torch.Tensor, y, convention: str) -> list[float]:
+    """Val mAP (x100) of each of R score matrices (R x N x L logits) against the same full
+    labels ``y`` (N x L, 0/1): :func:`spmlkit.engine.val_map` of each (sigmoid in float32, then
+    the AP core :func:`spmlkit.metrics.ranked_ap`), for all runs and classes at once; equal
+    to it bit for bit. On a CPU the scores are sorted by :func:`spmlkit.metrics.per_class_ap`
+    (numpy); on a device there, in blocks of columns, and only the sorted labels and tie ends
+    come back. A run with a non-finite score gets NaN (no score for the epoch), as ``val_map``.
     """
-    # the single run's scores: float32 probabilities (their ties are the ties it sees)
-    s = torch.sigmoid(scores.float())
-    runs, n, classes = s.shape
-    finite = torch.isfinite(s).flatten(1).all(dim=1)
-    s = torch.nan_to_num(s, nan=0.0).transpose(1, 2).reshape(runs * classes, n)
-    t = y.to(s.device).double().T.repeat(runs, 1)
-    # the order within a group of tied scores does not matter (groups are scored at their ends):
-    # numpy's introsort on a CPU (~6x torch.sort's time here), torch's sort on a device
-    if s.device.type == "cpu":
-        order = torch.from_numpy(np.argsort(-s.numpy(), axis=1))
-        s = torch.gather(s, 1, order)
+    check_convention(convention)
+    probs = torch.sigmoid(scores.float())  # the single run's scores (their ties are its ties)
+    runs, n, classes = probs.shape
+    finite = torch.isfinite(probs).flatten(1).all(dim=1).tolist()
+    ok = [r for r in range(runs) if finite[r]]
+    out = [float("nan")] * runs
+    if not ok:
+        return out
+    probs = probs[ok] if len(ok) < runs else probs
+    if probs.device.type == "cpu":
+        ap = per_class_ap(probs.numpy(), y)
     else:
-        s, order = torch.sort(s, dim=1, descending=True)
-    t = torch.gather(t, 1, order)
-    tp = torch.cumsum(t, dim=1)
-    n_pos = tp[:, -1]
-    end = torch.ones_like(t, dtype=torch.bool)  # the last index of every group of tied scores
-    end[:, :-1] = s[:, 1:] != s[:, :-1]
-    tp_end = torch.where(end, tp, torch.zeros_like(tp))
-    before = torch.zeros_like(tp)  # tp at the previous group's end (tp never decreases)
-    before[:, 1:] = torch.cummax(tp_end, dim=1).values[:, :-1]
-    rank = torch.arange(1, n + 1, dtype=tp.dtype, device=tp.device)
-    gain = torch.where(end, (tp - before) * (tp / rank), torch.zeros_like(tp))
-    ap = (gain.sum(dim=1) / n_pos * 100.0).view(runs, classes)  # NaN without positives
-    if convention == "official":
-        ap = torch.nan_to_num(ap, nan=0.0)
-        value = ap.mean(dim=1)
-    elif convention == "present":
-        value = torch.nanmean(ap, dim=1)
-    else:
-        raise ValueError(f"convention must be 'present' or 'official', got {convention!r}")
-    out = value.cpu().tolist()
-    return [v if ok else float("nan") for v, ok in zip(out, finite.cpu().tolist())]
+        ap = _device_ap(probs, torch.as_tensor(np.asarray(y), device=probs.device))
+    for r, a in zip(ok, ap):
+        out[r] = map_from_ap(a, convention)
+    return out
+
+
+def _device_ap(probs: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+    """Per-class AP x100 (R x L) of ``probs`` (R x N x L) against ``y`` (N x L): sorted on
+    their device in blocks of columns (:data:`spmlkit.metrics.BLOCK_ENTRIES` entries), each
+    block's sorted labels and tie ends scored by :func:`spmlkit.metrics.ranked_ap`."""
+    runs, n, classes = probs.shape
+    wide = probs.transpose(0, 1).reshape(n, runs * classes)  # run r: columns r*L ...
+    hits_all = (y > 0).repeat(1, runs)
+    step = max(1, BLOCK_ENTRIES // max(n, 1))
+    parts = []
+    for j in range(0, runs * classes, step):
+        s, order = torch.sort(wide[:, j:j + step], dim=0, descending=True)
+        hits = torch.gather(hits_all[:, j:j + step], 0, order)
+        end = torch.ones_like(hits)  # the last row of every group of tied scores
+        end[:-1] = s[1:] != s[:-1]
+        parts.append(ranked_ap(hits.cpu().numpy(), end.cpu().numpy()))
+    return (np.concatenate(parts) * 100.0).reshape(runs, classes)
 
 
 class _StackedAdam:
@@ -546,8 +549,6 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
                 raise ValueError(f"stacked runs' observed labels differ in shape: "
                                  f"{tuple(z.shape)} and {tuple(z_of[id(z_)].shape)}")
     has_val = xv is not None
-    if has_val:
-        yv_t = torch.as_tensor(yv, device=device)
     n, num_classes = z.shape
     # runs of one seed draw the same batches: with at least SHARE_ROWS runs per seed, and as
     # many for every seed, they share their rows (StackedLinear's ``shared``: one product per
@@ -736,7 +737,7 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
             elif has_val and live:
                 logits_v = model.predict(xv)[live]
                 if metric == "map":
-                    vals = stacked_map(logits_v, yv_t, config.map_convention)
+                    vals = stacked_val_map(logits_v, yv, config.map_convention)
                 else:  # another metric: each run's own (the single run's val_map)
                     vals = [val_map(s_, yv, config.map_convention, metric) for s_ in logits_v]
                 scores = dict(zip(live, vals))
