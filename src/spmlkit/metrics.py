@@ -46,7 +46,7 @@ def average_precision(scores, targets) -> float:
     t = t.astype(bool)
     if not t.any():
         return float("nan")
-    return float(_columns_ap(s[:, None], t[:, None])[0])
+    return float(_columns_ap(s[None], t[None])[0])
 
 
 #: entries of the N x L scores handled at once by the metrics (blocks of columns for AP, of rows
@@ -59,9 +59,9 @@ def per_class_ap(scores, y) -> np.ndarray:
     of every column at once (one sort of all columns, in blocks of columns of at most
     :data:`BLOCK_ENTRIES` entries, then :func:`ranked_ap`; equal to it up to summation order).
 
-    ``scores`` N x L, or R x N x L: R runs' scores against the same labels ``y`` (N x L),
-    scored as the columns of one N x R*L matrix; returns R x L then, each run's row equal to
-    its own ``per_class_ap`` bit for bit (what the stacked linear engine scores every epoch).
+    ``scores`` N x L, or R x N x L: R runs' scores against the same labels ``y`` (N x L);
+    returns R x L then, each run's row equal to its own ``per_class_ap`` bit for bit (what
+    the stacked linear engine scores every epoch).
     """
     if np.ndim(scores) == 3:
         s = np.asarray(scores)
@@ -70,8 +70,14 @@ def per_class_ap(scores, y) -> np.ndarray:
         if y.shape != (n, classes):
             raise ValueError(f"scores {s.shape} (runs x rows x classes) and labels {y.shape} "
                              f"must have the same rows and classes")
-        wide = s.transpose(1, 0, 2).reshape(n, runs * classes)  # run r: columns r*L ...
-        return per_class_ap(wide, np.tile(y, (1, runs))).reshape(runs, classes)
+        if not np.isfinite(s).all():
+            raise ValueError(f"scores hold {int((~np.isfinite(s)).sum())} non-finite value(s)")
+        if n == 0:
+            return np.full((runs, classes), np.nan)
+        # runs at once (one class: one run, summed as its own per_class_ap, see ranked_ap)
+        per = 1 if classes == 1 else max(1, BLOCK_ENTRIES // (n * classes))
+        return np.concatenate([_columns_ap(s[r:r + per].transpose(0, 2, 1), y.T)
+                               for r in range(0, runs, per)]) * 100.0
     # float32 scores (a run's probabilities) are sorted as they are: only their order and ties
     # count, the same as a float64 copy's (no such copy of a large split; a faster sort)
     s, y = _as_scores(scores, y, keep_float32=True)
@@ -79,51 +85,54 @@ def per_class_ap(scores, y) -> np.ndarray:
     if n == 0:
         return np.full(classes, np.nan)
     step = max(1, BLOCK_ENTRIES // n)
-    if step < classes:
-        return np.concatenate([_columns_ap(s[:, j:j + step], y[:, j:j + step])
-                               for j in range(0, classes, step)]) * 100.0
-    return _columns_ap(s, y) * 100.0
+    return np.concatenate([_columns_ap(s[:, j:j + step].T, y[:, j:j + step].T)
+                           for j in range(0, classes, step)]) * 100.0
 
 
 def _columns_ap(s: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """:func:`per_class_ap` of validated scores and labels, every column from one sort (each
-    temporary let go once used: a block of a large split stays within ~40 bytes an entry)."""
-    order = np.argsort(-s, axis=0)  # tied scores are grouped: their order does not matter
-    s = np.take_along_axis(s, order, axis=0)
-    hits = np.take_along_axis(y > 0, order, axis=0)
+    """:func:`ranked_ap` of validated scores ``s`` (... x K x N: a column's N scores along the
+    last axis) and labels ``y`` (K x N), every column from one sort (each temporary let go
+    once used: a block of a large split stays within ~40 bytes an entry)."""
+    s = np.ascontiguousarray(s)  # (the sort and everything after: along contiguous rows)
+    order = np.argsort(-s, axis=-1)  # tied scores are grouped: their order does not matter
+    s = np.take_along_axis(s, order, axis=-1)
+    hits = np.take_along_axis(np.broadcast_to(y > 0, order.shape), order, axis=-1)
     del order
-    end = np.ones_like(s, dtype=bool)  # the last row of every group of tied scores
-    end[:-1] = s[1:] != s[:-1]
+    end = np.ones_like(s, dtype=bool)  # the last entry of every group of tied scores
+    end[..., :-1] = s[..., 1:] != s[..., :-1]
     del s
     return ranked_ap(hits, end)
 
 
 def ranked_ap(hits: np.ndarray, end: np.ndarray) -> np.ndarray:
     """The AP core (a fraction, NaN for a column without positive) of every column of ``hits``
-    (N x K, whether each entry is a positive) whose rows are in descending order of the
-    column's scores; ``end`` (N x K) marks the last row of every group of tied scores: AP =
-    sum over groups of (R_g - R_{g-1}) * P_g at the group's end (:func:`average_precision`).
-    Every AP of spmlkit comes from here (:func:`average_precision` and :func:`per_class_ap`
-    sort with numpy; the stacked linear engine on a GPU sorts there,
-    :func:`spmlkit.engine.vectorised.stacked_val_map`)."""
-    n = hits.shape[0]
+    (... x N, whether each entry is a positive), its entries along the last axis in descending
+    order of the column's scores; ``end`` (same shape) marks the last entry of every group of
+    tied scores: AP = sum over groups of (R_g - R_{g-1}) * P_g at the group's end
+    (:func:`average_precision`), summed in rank order. Every AP of spmlkit comes from here
+    (:func:`average_precision` and :func:`per_class_ap` sort with numpy; the stacked linear
+    engine on a GPU sorts there, :func:`spmlkit.engine.vectorised.stacked_val_map`)."""
+    n = hits.shape[-1]
     # the counts in integers (exact, and a faster cumulative sum than into float64)
-    count = np.cumsum(hits, axis=0, dtype=np.intp)
+    count = np.cumsum(hits, axis=-1, dtype=np.intp)
     # at each group's end: the recall gained since the previous end times the precision there
     at_end = np.where(end, count, 0)
-    np.maximum.accumulate(at_end, axis=0, out=at_end)
+    np.maximum.accumulate(at_end, axis=-1, out=at_end)
     gain = np.zeros_like(count)  # tp at the previous group's end, then the group's positives
-    gain[1:] = at_end[:-1]
+    gain[..., 1:] = at_end[..., :-1]
     del at_end
     np.subtract(count, gain, out=gain)
     tp = count.astype(np.float64)
     del count
     gain = gain.astype(np.float64)
-    rank = np.arange(1, n + 1, dtype=np.float64)[:, None]
-    gain *= tp / rank
-    gain = np.where(end, gain, 0.0).sum(axis=0)
+    gain *= tp / np.arange(1, n + 1, dtype=np.float64)
+    gain = np.where(end, gain, 0.0)
+    # summed one by one in rank order, as numpy sums the rows of an N x K matrix (the layout
+    # before; the same numbers to the last bit); one column alone: numpy's pairwise sum, as
+    # it summed an N x 1 matrix
+    total = gain.sum(axis=-1) if gain.size == n else np.cumsum(gain, axis=-1, out=gain)[..., -1]
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(tp[-1] > 0, gain / tp[-1], np.nan)
+        return np.where(tp[..., -1] > 0, total / tp[..., -1], np.nan)
 
 
 @dataclass

@@ -244,7 +244,7 @@ def stacked_val_map(scores: torch.Tensor, y, convention: str) -> list[float]:
     labels ``y`` (N x L, 0/1): :func:`spmlkit.engine.val_map` of each (sigmoid in float32, then
     the AP core :func:`spmlkit.metrics.ranked_ap`), for all runs and classes at once; equal
     to it bit for bit. On a CPU the scores are sorted by :func:`spmlkit.metrics.per_class_ap`
-    (numpy); on a device there, in blocks of columns, and only the sorted labels and tie ends
+    (numpy); on a device there, in blocks of runs, and only the sorted labels and tie ends
     come back. A run with a non-finite score gets NaN (no score for the epoch), as ``val_map``.
     """
     check_convention(convention)
@@ -267,20 +267,19 @@ def stacked_val_map(scores: torch.Tensor, y, convention: str) -> list[float]:
 
 def _device_ap(probs: torch.Tensor, y: torch.Tensor) -> np.ndarray:
     """Per-class AP x100 (R x L) of ``probs`` (R x N x L) against ``y`` (N x L): sorted on
-    their device in blocks of columns (:data:`spmlkit.metrics.BLOCK_ENTRIES` entries), each
+    their device in blocks of runs (:data:`spmlkit.metrics.BLOCK_ENTRIES` entries), each
     block's sorted labels and tie ends scored by :func:`spmlkit.metrics.ranked_ap`."""
     runs, n, classes = probs.shape
-    wide = probs.transpose(0, 1).reshape(n, runs * classes)  # run r: columns r*L ...
-    hits_all = (y > 0).repeat(1, runs)
-    step = max(1, BLOCK_ENTRIES // max(n, 1))
+    hits_all = (y > 0).T.unsqueeze(0)  # 1 x L x N
+    per = 1 if classes == 1 else max(1, BLOCK_ENTRIES // max(n * classes, 1))
     parts = []
-    for j in range(0, runs * classes, step):
-        s, order = torch.sort(wide[:, j:j + step], dim=0, descending=True)
-        hits = torch.gather(hits_all[:, j:j + step], 0, order)
-        end = torch.ones_like(hits)  # the last row of every group of tied scores
-        end[:-1] = s[1:] != s[:-1]
+    for r in range(0, runs, per):
+        s, order = torch.sort(probs[r:r + per].transpose(1, 2), dim=-1, descending=True)
+        hits = torch.gather(hits_all.expand(len(s), -1, -1), -1, order)
+        end = torch.ones_like(hits)  # the last entry of every group of tied scores
+        end[..., :-1] = s[..., 1:] != s[..., :-1]
         parts.append(ranked_ap(hits.cpu().numpy(), end.cpu().numpy()))
-    return (np.concatenate(parts) * 100.0).reshape(runs, classes)
+    return np.concatenate(parts) * 100.0
 
 
 class _StackedAdam:
