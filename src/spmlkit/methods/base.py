@@ -101,6 +101,10 @@ class TrainingMethod:
     #: ``check_run(splits, config, options, resume)``: refuses (ValueError) a run this method
     #: cannot train, before its run folder is made (a refusal leaves nothing behind)
     check_run: Callable | None = None
+    #: ``id_options(options) -> dict``: the options as a study's run id hashes them, where
+    #: their spelling changed after ids were given out (LAC's fields, flat now, hashed nested
+    #: under ``lac`` as before), so that the ids stay; None: as they are
+    id_options: Callable | None = None
 
     def total_epochs(self, config, options: dict) -> int:
         """How many epoch records a run with ``config`` and ``options`` writes (after

@@ -13,7 +13,8 @@ the method's flat options. Here, once:
   (:func:`backbone_record`), and the way back (:func:`rebuild_backbone`,
   :func:`image_model_info`);
 - a dataclass config from a dict or from the method's options, with named ablations
-  (:func:`config_from_dict`, :func:`config_from_options`);
+  (:func:`config_from_dict`, :func:`config_from_options`), and the checks a label-wise head's
+  config shares (:func:`check_head_config`);
 - the training views of image splits: :class:`CachedMapViews` (a frozen backbone's cached
   feature maps of weak / strong draws, the CPU path), :class:`EvalMapViews` (its eval-view maps
   only, the store every method on that backbone shares) and :class:`ImageViews` (the images
@@ -34,9 +35,9 @@ from torch import nn
 from ..engine import ItemPredictor, TrainConfig, loader_workers, mix_seed
 
 __all__ = ["MAP_DTYPES", "CachedMapViews", "EvalMapViews", "ImageViews", "backbone_record",
-           "config_fields", "config_from_dict", "config_from_options", "image_model_info",
-           "image_options", "rebuild_backbone", "run_backbone", "run_device", "run_geometry",
-           "smoke_image_options"]
+           "check_head_config", "config_fields", "config_from_dict", "config_from_options",
+           "image_model_info", "image_options", "rebuild_backbone", "run_backbone",
+           "run_device", "run_geometry", "smoke_image_options"]
 
 #: the dtypes a feature-map store is written in (option ``map_dtype``)
 MAP_DTYPES = ("float16", "float32")
@@ -157,14 +158,71 @@ def config_from_dict(cls, values: dict | None, *, what: str, ablations: dict | N
     return cls(**values)
 
 
-def config_from_options(cls, options: dict, *, what: str, ablations: dict | None = None):
+def config_from_options(cls, options: dict, *, what: str, ablations: dict | None = None,
+                        more: dict | None = None):
     """A ``cls`` dataclass from a method's flat options: every field of ``cls`` that is not
-    None there (None: the ablation's value, else the field's default) and ``ablation``; the
-    method's other options are not the dataclass's and are left out."""
+    None there (None: the ablation's value, else the field's default) and ``ablation``, with
+    the fields ``more`` on top (an unknown one refused); the method's other options are not the
+    dataclass's and are left out."""
     given = {k: options[k] for k in config_fields(cls) if options.get(k) is not None}
     if ablations is not None and options.get("ablation") is not None:
         given["ablation"] = options["ablation"]
-    return config_from_dict(cls, given, what=what, ablations=ablations)
+    return config_from_dict(cls, {**given, **(more or {})}, what=what, ablations=ablations)
+
+
+#: the label-wise embedding head's integer fields and their least values
+_HEAD_INTEGERS = (("dim", 4), ("heads", 1), ("encoder_layers", 0), ("decoder_layers", 1),
+                  ("weak_views", 1))
+
+
+def check_head_config(cfg, *, views: Sequence[str], flags: Sequence[str] = (),
+                      integers: Sequence[tuple[str, int]] = (),
+                      optional: Sequence[str] = ("ffn",), maxima: dict | None = None) -> None:
+    """The checks a config of a label-wise embedding head shares (:class:`LACConfig
+    <spmlkit.methods.lac.LACConfig>`, :class:`MIMEConfig <spmlkit.methods.mime.MIMEConfig>`):
+    ``flags`` and ``train_backbone`` true or false; the head's sizes (``dim`` a multiple of 4
+    and of ``heads``, ``encoder_layers``, ``decoder_layers``, ``dropout`` in [0, 1)),
+    ``weak_views`` and ``integers`` ``(name, least)`` whole numbers, ``optional`` ones (``ffn``)
+    None or >= 1, each at most ``maxima[name]`` where given (checked before anything is
+    allocated); ``views`` one of ``views``, ``map_dtype`` one of :data:`MAP_DTYPES`, and
+    ``train_backbone`` only with ``views="images"``.
+
+    Raises:
+        ValueError: ``<Class>.<field> <why>, got <value>``, the first field found wrong.
+    """
+    maxima = maxima or {}
+
+    def bad(name, why):
+        raise ValueError(f"{type(cfg).__name__}.{name} {why}, got {getattr(cfg, name)!r}")
+
+    def whole(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    for name in (*flags, "train_backbone"):
+        if not isinstance(getattr(cfg, name), bool):
+            bad(name, "must be true or false")
+    for name, low in (*_HEAD_INTEGERS, *integers):
+        value = getattr(cfg, name)
+        if not whole(value) or value < low:
+            bad(name, f"must be an integer >= {low}")
+        if value > maxima.get(name, value):
+            bad(name, f"must be at most {maxima[name]} (a size; the paper's is far smaller)")
+    for name in optional:
+        value = getattr(cfg, name)
+        if value is not None and (not whole(value) or value < 1):
+            bad(name, "must be an integer >= 1 or None")
+        if value is not None and value > maxima.get(name, value):
+            bad(name, f"must be at most {maxima[name]}")
+    if cfg.dim % 4 or cfg.dim % cfg.heads:
+        bad("dim", f"must be a multiple of 4 and of heads ({cfg.heads})")
+    if not 0.0 <= cfg.dropout < 1.0:
+        bad("dropout", "must be in [0, 1)")
+    if cfg.views not in views:
+        bad("views", f"must be one of {tuple(views)}")
+    if cfg.map_dtype not in MAP_DTYPES:
+        bad("map_dtype", "must be 'float16' or 'float32'")
+    if cfg.train_backbone and cfg.views != "images":
+        bad("train_backbone", "needs views='images' (cached maps come from a frozen backbone)")
 
 
 # ---- views of image splits -----------------------------------------------------------------------

@@ -75,7 +75,7 @@ import contextlib
 import dataclasses
 import functools
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 import numpy as np
@@ -91,12 +91,14 @@ from ..losses import TrainInfo
 from ..losses.lac import LACQueue, lac_term, plc_loss, plc_targets
 from ..models.ema import ModelEMA
 from ..models.label_embedding import LabelEmbeddingModel
-from .image_methods import (MAP_DTYPES, CachedMapViews, ImageViews, backbone_record,
-                            image_model_info, image_options, rebuild_backbone, run_backbone,
-                            run_device, run_geometry, smoke_image_options)
+from .image_methods import (CachedMapViews, ImageViews, backbone_record, check_head_config,
+                            config_fields, config_from_dict, config_from_options,
+                            image_model_info,
+                            image_options, rebuild_backbone, run_backbone, run_device,
+                            run_geometry, smoke_image_options)
 
-__all__ = ["ABLATIONS", "CHECKPOINT_FILE", "LACConfig", "ablation_config", "fit_lac",
-           "lac_model_from_checkpoint"]
+__all__ = ["ABLATIONS", "CHECKPOINT_FILE", "CONFIG_KEYS", "LACConfig", "ablation_config",
+           "config_of", "fit_lac", "id_options", "lac_model_from_checkpoint", "upgrade_options"]
 
 CHECKPOINT_FILE = "checkpoint.pt"
 #: the paper's batch size, OneCycle max learning rate and epoch budget (section 4.1)
@@ -195,29 +197,10 @@ class LACConfig:
         def bad(name, why):
             raise ValueError(f"LACConfig.{name} {why}, got {getattr(self, name)!r}")
 
-        for name in ("plc", "lac", "two_stage", "train_backbone"):
-            if not isinstance(getattr(self, name), bool):
-                bad(name, "must be true or false")
-        for name, low in (("dim", 4), ("heads", 1), ("encoder_layers", 0),
-                          ("decoder_layers", 1), ("proj_dim", 1), ("queue_size", 0),
-                          ("weak_views", 1), ("strong_views", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                bad(name, f"must be an integer >= {low}")
-            if value > _LAC_MAX.get(name, value):  # checked before anything is allocated
-                bad(name, f"must be at most {_LAC_MAX[name]} (a size; the paper's is far "
-                          f"smaller)")
-        for name in ("ffn", "stage1_epochs", "stage2_epochs", "batch_size"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                      or value < 1):
-                bad(name, "must be an integer >= 1 or None")
-            if value is not None and value > _LAC_MAX.get(name, value):
-                bad(name, f"must be at most {_LAC_MAX[name]}")
-        if self.dim % 4 or self.dim % self.heads:
-            bad("dim", f"must be a multiple of 4 and of heads ({self.heads})")
-        if not 0.0 <= self.dropout < 1.0:
-            bad("dropout", "must be in [0, 1)")
+        check_head_config(self, views=VIEWS, flags=("plc", "lac", "two_stage"),
+                          integers=(("proj_dim", 1), ("queue_size", 0), ("strong_views", 1)),
+                          optional=("ffn", "stage1_epochs", "stage2_epochs", "batch_size"),
+                          maxima=_LAC_MAX)
         for name in ("delta1", "delta2"):
             if not 0.5 <= float(getattr(self, name)) <= 1.0:
                 bad(name, "must be in [0.5, 1] (the paper's range is 0.5 .. 0.9)")
@@ -232,15 +215,8 @@ class LACConfig:
             bad("pct_start", "must be in (0, 1)")
         if not 0.0 <= self.ema_decay <= 1.0:
             bad("ema_decay", "must be in [0, 1]")
-        if self.views not in VIEWS:
-            bad("views", f"must be one of {VIEWS}")
-        if self.map_dtype not in MAP_DTYPES:
-            bad("map_dtype", "must be 'float16' or 'float32'")
         if self.stage2_epochs is not None and self.num_stages == 1:
             bad("stage2_epochs", "needs a second stage (lac=True and two_stage=True)")
-        if self.train_backbone and self.views != "images":
-            bad("train_backbone", "needs views='images' (cached maps come from a frozen "
-                                  "backbone)")
 
     @property
     def num_stages(self) -> int:
@@ -273,24 +249,57 @@ class LACConfig:
 
     @classmethod
     def from_dict(cls, values: dict | None) -> "LACConfig":
-        """A config from a dict (``--lac KEY=VALUE`` pairs, a study's options); unknown keys
-        raise."""
-        values = dict(values or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown LAC option(s) {unknown}; known: {', '.join(sorted(known))}")
-        return cls(**values)
+        """A config from a dict of its fields; ``ablation=NAME`` applies :data:`ABLATIONS`
+        first; unknown keys raise (:func:`spmlkit.methods.image_methods.config_from_dict`)."""
+        return config_from_dict(cls, values, what="LAC", ablations=ABLATIONS)
 
-    @classmethod
-    def coerce(cls, lac) -> "LACConfig":
-        if lac is None:
-            return cls()
-        if isinstance(lac, cls):
-            return lac
-        if isinstance(lac, dict):
-            return cls.from_dict(lac)
-        raise ValueError(f"lac must be a LACConfig, a dict or None, got {type(lac).__name__}")
+
+
+#: LACConfig's fields: each a method option (None: the ablation's value, else the default)
+CONFIG_KEYS = config_fields(LACConfig)
+
+
+def upgrade_options(options: dict) -> dict:
+    """LAC's options in their flat form: the nested ``lac={FIELD: VALUE, ...}`` of earlier
+    versions (deprecated; study specs and run folders written with it still load) spread into
+    the fields, where a flat field given beside it (not None) wins.
+
+    Raises:
+        ValueError: a nested key that is no LACConfig field.
+
+    >>> upgrade_options({"lac": {"dim": 64, "lac": False}, "backbone": "tiny_cnn"})
+    {'dim': 64, 'lac': False, 'backbone': 'tiny_cnn'}
+    """
+    nested = options.get("lac")
+    if not isinstance(nested, dict):
+        return options
+    unknown = sorted(set(nested) - {*CONFIG_KEYS, "ablation"})
+    if unknown:
+        raise ValueError(f"unknown LAC option(s) {unknown} in lac={{...}}; known: ablation, "
+                         f"{', '.join(sorted(CONFIG_KEYS))}")
+    rest = {k: v for k, v in options.items() if k != "lac" and (v is not None or k not in nested)}
+    return {**nested, **rest}
+
+
+def config_of(options: dict, **fields) -> LACConfig:
+    """The run's :class:`LACConfig` from the method's options (``--option KEY=VALUE``, a
+    study's ``mode_options``): ``ablation`` (a name of :data:`ABLATIONS`) and every field not
+    None there (:func:`upgrade_options` reads the deprecated nested form), ``fields`` on top."""
+    return config_from_options(LACConfig, upgrade_options(options), what="LAC",
+                               ablations=ABLATIONS, more=fields)
+
+
+def id_options(options: dict) -> dict:
+    """LAC's options as a study's run id hashes them: its LACConfig fields (and ``ablation``)
+    nested under ``lac``, the spelling the ids were first given out with, so that a study's ids
+    stay what they were before the options went flat; the other options as they are.
+
+    >>> id_options({"backbone": "tiny_cnn", "dim": 64, "lac": False})
+    {'backbone': 'tiny_cnn', 'lac': {'dim': 64, 'lac': False}}
+    """
+    options = upgrade_options(options)
+    own = {k: v for k, v in options.items() if k in CONFIG_KEYS or k == "ablation"}
+    return {**{k: v for k, v in options.items() if k not in own}, **({"lac": own} if own else {})}
 
 
 def ablation_config(name: str, **overrides) -> LACConfig:
@@ -299,9 +308,7 @@ def ablation_config(name: str, **overrides) -> LACConfig:
     >>> ablation_config("an").num_stages, ablation_config("an_plc_lac").num_stages
     (1, 2)
     """
-    if name not in ABLATIONS:
-        raise ValueError(f"unknown LAC ablation {name!r}; known: {', '.join(ABLATIONS)}")
-    return LACConfig.from_dict({**ABLATIONS[name], **overrides})
+    return LACConfig.from_dict({"ablation": name, **overrides})
 
 
 def resolve_train_config(config: TrainConfig | None, lac: LACConfig) -> TrainConfig:
@@ -586,7 +593,7 @@ def _check_images(splits: Splits) -> None:
 
 def run_config(ctx) -> dict:
     """LAC's entries of ``config.json``: the backbone, the input geometry, LACConfig, stages."""
-    lac = LACConfig.coerce(ctx.options["lac"])
+    lac = config_of(ctx.options)
     return {**backbone_record(ctx), "lac": asdict(lac),
             "stages": [list(s) for s in lac.stages(ctx.config.epochs)]}
 
@@ -598,7 +605,7 @@ def fit(ctx):
 
     splits, config, o = ctx.splits, ctx.config, ctx.options
     _check_images(splits)
-    lac = LACConfig.coerce(o["lac"])
+    lac = config_of(o)
     device = run_device(config)
     net, name = run_backbone(ctx)
     size, mean, std = run_geometry(ctx)
@@ -685,12 +692,12 @@ LAC = register_method(TrainingMethod(
     "and an EMA",
     paper="Xie et al. 2022", inputs="images", fit=fit, load_model=_load_model,
     run_config=run_config,
-    options={"lac": None, **image_options()},
+    options={**{k: None for k in CONFIG_KEYS}, "ablation": None, **image_options()},
     default_batch_size=OFFICIAL_BATCH_SIZE, default_epochs=OFFICIAL_EPOCHS,
     default_lr=OFFICIAL_LR,
     default_lr_source="the OneCycle max lr of Xie et al. 2022",
     checkpoint_seconds=0.0, baseline_cause=baseline_cause,
-    resolve_config=lambda config, o: resolve_train_config(config, LACConfig.coerce(o["lac"])),
-    smoke_options=smoke_image_options(lac={"dim": 8, "heads": 2, "ffn": 16, "proj_dim": 8,
-                                           "queue_size": 16, "weak_views": 2,
-                                           "strong_views": 2, "ema_decay": 0.9})))
+    resolve_config=lambda config, o: resolve_train_config(config, config_of(o)),
+    id_options=id_options,
+    smoke_options=smoke_image_options(dim=8, heads=2, ffn=16, proj_dim=8, queue_size=16,
+                                      weak_views=2, strong_views=2, ema_decay=0.9)))

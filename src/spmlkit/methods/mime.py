@@ -94,7 +94,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -107,9 +107,11 @@ from ..labels import POSITIVE, validate_observed
 from ..losses import SPMLLoss
 from ..models.label_embedding import LabelEmbeddingModel
 from .base import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
-from .image_methods import (MAP_DTYPES, CachedMapViews, EvalMapViews, ImageViews,
-                            backbone_record, image_model_info, image_options, rebuild_backbone,
-                            run_backbone, run_device, run_geometry, smoke_image_options)
+from .image_methods import (CachedMapViews, EvalMapViews, ImageViews, backbone_record,
+                            check_head_config, config_fields, config_from_dict,
+                            config_from_options, image_model_info, image_options,
+                            rebuild_backbone, run_backbone, run_device, run_geometry,
+                            smoke_image_options)
 from .smile import LOG_EPSILON, neg_log
 
 __all__ = ["ABLATIONS", "MIMEConfig", "MIMEModel", "MIMEObjective", "VectorViews",
@@ -222,22 +224,8 @@ class MIMEConfig:
         def bad(name, why):
             raise ValueError(f"MIMEConfig.{name} {why}, got {getattr(self, name)!r}")
 
-        for name in ("vib", "pseudo_labels", "train_backbone"):
-            if not isinstance(getattr(self, name), bool):
-                bad(name, "must be true or false")
-        for name, low in (("dim", 4), ("heads", 1), ("encoder_layers", 0),
-                          ("decoder_layers", 1), ("z_dim", 1), ("samples", 1),
-                          ("warmup_epoch", 1), ("weak_views", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                bad(name, f"must be an integer >= {low}")
-        if self.ffn is not None and (not isinstance(self.ffn, int) or isinstance(self.ffn, bool)
-                                     or self.ffn < 1):
-            bad("ffn", "must be an integer >= 1 or None")
-        if self.dim % 4 or self.dim % self.heads:
-            bad("dim", f"must be a multiple of 4 and of heads ({self.heads})")
-        if not 0.0 <= self.dropout < 1.0:
-            bad("dropout", "must be in [0, 1)")
+        check_head_config(self, views=VIEWS, flags=("vib", "pseudo_labels"),
+                          integers=(("z_dim", 1), ("samples", 1), ("warmup_epoch", 1)))
         for name in ("beta", "head_lr_mult"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or \
@@ -247,13 +235,6 @@ class MIMEConfig:
             bad("temperature", "must be > 0")
         if isinstance(self.theta, bool) or not 0.0 <= self.theta <= 1.0:
             bad("theta", "must be in [0, 1]")
-        if self.views not in VIEWS:
-            bad("views", f"must be one of {VIEWS}")
-        if self.map_dtype not in MAP_DTYPES:
-            bad("map_dtype", "must be 'float16' or 'float32'")
-        if self.train_backbone and self.views != "images":
-            bad("train_backbone", "needs views='images' (cached maps come from a frozen "
-                                  "backbone)")
 
     def head_kwargs(self) -> dict:
         """The :class:`spmlkit.models.LabelEmbeddingHead` arguments (its projector outputs
@@ -265,31 +246,9 @@ class MIMEConfig:
     @classmethod
     def from_dict(cls, values: dict | None) -> "MIMEConfig":
         """A config from a dict (``--option KEY=VALUE`` pairs, a study's options);
-        ``ablation=NAME`` applies :data:`ABLATIONS` first; unknown keys raise."""
-        values = dict(values or {})
-        ablation = values.pop("ablation", None)
-        if ablation is not None:
-            if ablation not in ABLATIONS:
-                raise ValueError(f"unknown MIME ablation {ablation!r}; known: "
-                                 f"{', '.join(ABLATIONS)}")
-            values = {**ABLATIONS[ablation], **values}
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown MIME option(s) {unknown}; known: ablation, "
-                             f"{', '.join(sorted(known))}")
-        return cls(**values)
-
-    @classmethod
-    def coerce(cls, value) -> "MIMEConfig":
-        if value is None:
-            return cls()
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, dict):
-            return cls.from_dict(value)
-        raise ValueError(f"mime must be a MIMEConfig, a dict or None, got "
-                         f"{type(value).__name__}")
+        ``ablation=NAME`` applies :data:`ABLATIONS` first; unknown keys raise
+        (:func:`spmlkit.methods.image_methods.config_from_dict`)."""
+        return config_from_dict(cls, values, what="MIME", ablations=ABLATIONS)
 
 
 # ---- the model ---------------------------------------------------------------------------------
@@ -501,16 +460,13 @@ class VectorViews:
 
 # ---- the method ----------------------------------------------------------------------------------
 #: MIMEConfig's fields: each a method option (None: the ablation's, else the default value)
-CONFIG_KEYS = tuple(f.name for f in fields(MIMEConfig))
+CONFIG_KEYS = config_fields(MIMEConfig)
 
 
 def config_of(options: dict) -> MIMEConfig:
     """The run's :class:`MIMEConfig` from the method options: ``ablation`` (a name of
     :data:`ABLATIONS`, or None) and every option of :data:`CONFIG_KEYS` that is not None."""
-    given = {k: options[k] for k in CONFIG_KEYS if options.get(k) is not None}
-    if options.get("ablation") is not None:
-        given["ablation"] = options["ablation"]
-    return MIMEConfig.from_dict(given)
+    return config_from_options(MIMEConfig, options, what="MIME", ablations=ABLATIONS)
 
 
 def _config(ctx) -> MIMEConfig:
