@@ -108,12 +108,14 @@ class TrainingMethod:
 
     def total_epochs(self, config, options: dict) -> int:
         """How many epoch records a run with ``config`` and ``options`` writes (after
-        ``resolve_config``: LAC's stage epochs fix its total)."""
+        ``resolve_config``: LAC's stage epochs fix its total); an unknown option is refused
+        first (:meth:`check_options`)."""
+        options = self.check_options(options)
         if self.resolve_config is not None:
-            config = self.resolve_config(config, {**self.options, **options})
+            config = self.resolve_config(config, options)
         if self.count_epochs is None:
             return int(config.epochs)
-        return int(self.count_epochs(config, {**self.options, **options}))
+        return int(self.count_epochs(config, options))
 
     def check_options(self, options: dict, where: str = "options") -> dict:
         """``options`` over the defaults; an unknown key is a ``ValueError`` naming it."""
