@@ -42,7 +42,7 @@ hyperparameter, ``k`` to losses with a ``k`` (EPR, ROLE), ``regime`` to methods 
 their regime with ``@``; ``data.<option>`` (passed to :func:`spmlkit.data.load_splits`) to all.
 ``lac.<field>`` (a :class:`spmlkit.methods.lac.LACConfig` field: ``lac.queue_size``,
 ``lac.temperature``, Xie et al. Figs. 4-5) to the methods that train in mode ``lac``, laid over
-their ``mode_options.lac``.
+their ``mode_options`` (LAC's options are flat: ``mode_options: {queue_size: 512}``).
 ``k`` is a number, ``true`` (the train split's mean, Cole et al.'s k*),
 ``estimate:M:lower|point|upper`` (the estimate, or an end of its normal 95%
 interval, from M fully labelled train rows drawn with the run's seed) or
@@ -730,16 +730,15 @@ def _validate(raw: dict, source: str, stem: str | None) -> StudySpec:
             lac_rows = [m for m in methods if modes[m.label].name == "lac"]
             if not lac_rows:
                 _fail(source, f"vary.{key}", "no method trains in mode lac")
-            from ..methods.lac import LACConfig
+            from ..methods.lac import config_of
 
             study_options = _mapping(raw.get("mode_options"), source, "mode_options")
             for m in lac_rows:
                 own = merged(study_options, m.mode_options) if modes[m.label] is method \
                     else m.mode_options
-                base = own.get("lac") or {}
                 for v in values:
                     try:
-                        LACConfig.from_dict({**base, key[4:]: v})
+                        config_of(own, **{key[4:]: v})
                     except (TypeError, ValueError) as err:
                         _fail(source, f"vary.{key}", f"{m.label}: {err}")
         elif key == "k":
@@ -858,6 +857,11 @@ def result_config(config: dict) -> dict:
     for where in ("dataset_options", "mode_options"):  # emptied by the above: as if absent
         if isinstance(out.get(where), dict) and out[where].get("features") == {}:
             del out[where]["features"]
+    from ..methods import METHODS, get_method
+
+    spelled = get_method(out["mode"]) if out.get("mode") in METHODS else None
+    if spelled is not None and spelled.id_options and isinstance(out.get("mode_options"), dict):
+        out["mode_options"] = spelled.id_options(out["mode_options"])  # LAC: ids kept
     return out
 
 
@@ -924,8 +928,7 @@ def expand(spec: StudySpec) -> list[RunTask]:
                             if key.startswith("hparams."):
                                 hp[key[8:]] = value
                             elif key.startswith("lac."):
-                                mode_options = {**mode_options, "lac": {
-                                    **(mode_options.get("lac") or {}), key[4:]: value}}
+                                mode_options = {**mode_options, key[4:]: value}
                             elif key.startswith("data."):
                                 options[key[5:]] = value
                             elif key not in ("k", "regime"):

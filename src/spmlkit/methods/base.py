@@ -101,15 +101,21 @@ class TrainingMethod:
     #: ``check_run(splits, config, options, resume)``: refuses (ValueError) a run this method
     #: cannot train, before its run folder is made (a refusal leaves nothing behind)
     check_run: Callable | None = None
+    #: ``id_options(options) -> dict``: the options as a study's run id hashes them, where
+    #: their spelling changed after ids were given out (LAC's fields, flat now, hashed nested
+    #: under ``lac`` as before), so that the ids stay; None: as they are
+    id_options: Callable | None = None
 
     def total_epochs(self, config, options: dict) -> int:
         """How many epoch records a run with ``config`` and ``options`` writes (after
-        ``resolve_config``: LAC's stage epochs fix its total)."""
+        ``resolve_config``: LAC's stage epochs fix its total); an unknown option is refused
+        first (:meth:`check_options`)."""
+        options = self.check_options(options)
         if self.resolve_config is not None:
-            config = self.resolve_config(config, {**self.options, **options})
+            config = self.resolve_config(config, options)
         if self.count_epochs is None:
             return int(config.epochs)
-        return int(self.count_epochs(config, {**self.options, **options}))
+        return int(self.count_epochs(config, options))
 
     def check_options(self, options: dict, where: str = "options") -> dict:
         """``options`` over the defaults; an unknown key is a ``ValueError`` naming it."""
