@@ -101,6 +101,10 @@ class TrainingMethod:
     #: ``check_run(splits, config, options, resume)``: refuses (ValueError) a run this method
     #: cannot train, before its run folder is made (a refusal leaves nothing behind)
     check_run: Callable | None = None
+    #: ``id_options(options) -> dict``: the options as a study's run id hashes them, where
+    #: their spelling changed after ids were given out (LAC's fields, flat now, hashed nested
+    #: under ``lac`` as before), so that the ids stay; None: as they are
+    id_options: Callable | None = None
     #: ``stack_refusal(options) -> str | None``: why runs with these options (defaults filled
     #: in) cannot train stacked by ``fit_many``, None when they can (:meth:`can_stack`)
     stack_refusal: Callable | None = None
@@ -117,12 +121,14 @@ class TrainingMethod:
 
     def total_epochs(self, config, options: dict) -> int:
         """How many epoch records a run with ``config`` and ``options`` writes (after
-        ``resolve_config``: LAC's stage epochs fix its total)."""
+        ``resolve_config``: LAC's stage epochs fix its total); an unknown option is refused
+        first (:meth:`check_options`)."""
+        options = self.check_options(options)
         if self.resolve_config is not None:
-            config = self.resolve_config(config, {**self.options, **options})
+            config = self.resolve_config(config, options)
         if self.count_epochs is None:
             return int(config.epochs)
-        return int(self.count_epochs(config, {**self.options, **options}))
+        return int(self.count_epochs(config, options))
 
     def check_options(self, options: dict, where: str = "options") -> dict:
         """``options`` over the defaults; an unknown key is a ``ValueError`` naming it."""
@@ -555,6 +561,35 @@ def _fresh_config(method: TrainingMethod, ctx: RunContext, dataset_options) -> d
     return out
 
 
+def default_run_name(method: TrainingMethod, splits, loss: str, config: TrainConfig) -> str:
+    """A run folder's default name: ``{dataset}-{loss}[-{method}]-{regime}-s{seed}`` (no
+    method for the default one, linear; ``:`` of a regime such as ``1p_biased:2`` as ``_``)."""
+    parts = [splits.name, loss, *([] if method.name == "linear" else [method.name]),
+             splits.regime, f"s{config.seed}"]
+    return "-".join(parts).replace(":", "_")
+
+
+def _run_settings(method: TrainingMethod, splits, loss: str, hparams, config, k, options,
+                  resume=None):
+    """What a run of ``method`` trains with, checked: ``(config, hparams, loss module, k)``
+    (the loss among the method's, the method's config defaults and rules, the loss's
+    per-dataset hyperparameters, k resolved on the splits, the method's own refusals)."""
+    if method.losses is not None and loss not in method.losses:
+        raise ValueError(f"method {method.name!r} trains with its own objective and takes only "
+                         f"the loss(es) {list(method.losses)}, got {loss!r}")
+    config = config or TrainConfig(epochs=method.default_epochs,
+                                   batch_size=method.default_batch_size,
+                                   lr=method.default_lr)
+    if method.resolve_config is not None:
+        config = method.resolve_config(config, options)
+    hparams = resolve_hparams(loss, splits.name, hparams)
+    loss_fn = create_loss(loss, **hparams)
+    k = splits.k if k is None else resolve_k(k, splits, config.seed)
+    if method.check_run is not None:
+        method.check_run(splits, config, options, resume)
+    return config, hparams, loss_fn, k
+
+
 def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | None = None,
               config: TrainConfig | None = None, *, k: float | None = None, out=None,
               run_name: str | None = None, on_epoch=None, dataset_options: dict | None = None,
@@ -608,20 +643,9 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
 
     method = method if isinstance(method, TrainingMethod) else get_method(method)
     options = method.check_options(options)
-    if method.losses is not None and loss not in method.losses:
-        raise ValueError(f"method {method.name!r} trains with its own objective and takes only "
-                         f"the loss(es) {list(method.losses)}, got {loss!r}")
-    config = config or TrainConfig(epochs=method.default_epochs,
-                                   batch_size=method.default_batch_size,
-                                   lr=method.default_lr)
-    if method.resolve_config is not None:
-        config = method.resolve_config(config, options)
     check_inputs(method, splits)  # e.g. an image source without a backbone: says what to add
-    hparams = resolve_hparams(loss, splits.name, hparams)
-    loss_fn = create_loss(loss, **hparams)
-    k = splits.k if k is None else resolve_k(k, splits, config.seed)
-    if method.check_run is not None:
-        method.check_run(splits, config, options, resume)
+    config, hparams, loss_fn, k = _run_settings(method, splits, loss, hparams, config, k,
+                                                options, resume)
     is_main = dist_utils.current_context(config.device).is_main
     run, state = None, None
     if resume is not None:
@@ -633,9 +657,7 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
             except ValueError as err:  # an unreadable checkpoint.pt
                 raise ResumeError(f"cannot resume {run.path}: {err}") from err
     elif out is not None and is_main:
-        parts = [splits.name, loss, *([] if method.name == "linear" else [method.name]),
-                 splits.regime, f"s{config.seed}"]
-        run = RunDir.create(out, run_name or "-".join(parts).replace(":", "_"))
+        run = RunDir.create(out, run_name or default_run_name(method, splits, loss, config))
     pseudo: dict = {}  # epoch -> pl_count / pl_precision (the epochs before a resume too)
     for record in (state or {}).get("history") or []:
         pseudo[record["epoch"]] = {key: record[key] for key in ("pl_count", "pl_precision")
@@ -828,19 +850,14 @@ def train_runs(method: str | TrainingMethod, splits, loss, hparams, configs, *,
                     checked[id(sp)] = err
             if checked[id(sp)] is not None:
                 raise checked[id(sp)]
-            hp = resolve_hparams(ls, sp.name, hp)
-            if method.resolve_config is not None:
-                config = method.resolve_config(config, options)
-            run_k = sp.k if k_ is None else resolve_k(k_, sp, config.seed)
+            config, hp, loss_fn, run_k = _run_settings(method, sp, ls, hp, config, k_, options)
             if out is not None:
-                parts = [sp.name, ls, *([] if method.name == "linear" else [method.name]),
-                         sp.regime, f"s{config.seed}"]
-                run = RunDir.create(out, name or "-".join(parts).replace(":", "_"))
+                run = RunDir.create(out, name or default_run_name(method, sp, ls, config))
             pseudo: dict = {}
             log_epoch = _epoch_logger(sp, run, pseudo)
             # no checkpoint.pt: a group that stopped is trained again as a whole (a study
             # replaces its folders), and a folder without one restarts when resumed alone
-            ctx = RunContext(method, sp, ls, hp, create_loss(ls, **hp), run_k, config, options,
+            ctx = RunContext(method, sp, ls, hp, loss_fn, run_k, config, options,
                              log_epoch, None, None, True, run.path if run is not None else None)
             if run is not None:
                 run.start(_fresh_config(method, ctx, dataset_options), sp.observed)

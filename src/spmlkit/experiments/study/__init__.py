@@ -42,7 +42,7 @@ hyperparameter, ``k`` to losses with a ``k`` (EPR, ROLE), ``regime`` to methods 
 their regime with ``@``; ``data.<option>`` (passed to :func:`spmlkit.data.load_splits`) to all.
 ``lac.<field>`` (a :class:`spmlkit.methods.lac.LACConfig` field: ``lac.queue_size``,
 ``lac.temperature``, Xie et al. Figs. 4-5) to the methods that train in mode ``lac``, laid over
-their ``mode_options.lac``.
+their ``mode_options`` (LAC's options are flat: ``mode_options: {queue_size: 512}``).
 ``k`` is a number, ``true`` (the train split's mean, Cole et al.'s k*),
 ``estimate:M:lower|point|upper`` (the estimate, or an end of its normal 95%
 interval, from M fully labelled train rows drawn with the run's seed) or

@@ -74,6 +74,11 @@ def result_config(config: dict) -> dict:
     for where in ("dataset_options", "mode_options"):  # emptied by the above: as if absent
         if isinstance(out.get(where), dict) and out[where].get("features") == {}:
             del out[where]["features"]
+    from ...methods import METHODS, get_method
+
+    spelled = get_method(out["mode"]) if out.get("mode") in METHODS else None
+    if spelled is not None and spelled.id_options and isinstance(out.get("mode_options"), dict):
+        out["mode_options"] = spelled.id_options(out["mode_options"])  # LAC: ids kept
     return out
 
 
@@ -140,8 +145,7 @@ def expand(spec: StudySpec) -> list[RunTask]:
                             if key.startswith("hparams."):
                                 hp[key[8:]] = value
                             elif key.startswith("lac."):
-                                mode_options = {**mode_options, "lac": {
-                                    **(mode_options.get("lac") or {}), key[4:]: value}}
+                                mode_options = {**mode_options, key[4:]: value}
                             elif key.startswith("data."):
                                 options[key[5:]] = value
                             elif key not in ("k", "regime"):

@@ -366,16 +366,15 @@ def _vary_lac(raw: dict, key: str, values: list, methods: list, method, modes: d
     lac_rows = [m for m in methods if modes[m.label].name == "lac"]
     if not lac_rows:
         _fail(source, f"vary.{key}", "no method trains in mode lac")
-    from ...methods.lac import LACConfig
+    from ...methods.lac import config_of
 
     study_options = _mapping(raw.get("mode_options"), source, "mode_options")
     for m in lac_rows:
         own = merged(study_options, m.mode_options) if modes[m.label] is method \
             else m.mode_options
-        base = own.get("lac") or {}
         for v in values:
             try:
-                LACConfig.from_dict({**base, key[4:]: v})
+                config_of(own, **{key[4:]: v})
             except (TypeError, ValueError) as err:
                 _fail(source, f"vary.{key}", f"{m.label}: {err}")
 
