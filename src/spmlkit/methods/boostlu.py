@@ -73,7 +73,7 @@ from ..data.rows import holds_vectors
 from ..labels import validate_full_labels, validate_observed
 from ..losses import TrainInfo
 from ..models.heads import BoostLUClassifier, BoostLUHead, check_alpha
-from .base import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
+from .contract import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
 from .image_methods import (MAP_DTYPES, EvalMapViews, backbone_record, image_model_info,
                             image_options, rebuild_backbone, run_backbone, run_geometry,
                             smoke_image_options)

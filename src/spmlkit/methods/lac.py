@@ -601,7 +601,7 @@ def run_config(ctx) -> dict:
 def fit(ctx):
     """LAC's fit for :func:`spmlkit.methods.train_run`: views (cached feature maps or images),
     the label-wise embedding model, :func:`fit_lac`; the best epoch's predictions."""
-    from .base import Fitted
+    from .contract import Fitted
 
     splits, config, o = ctx.splits, ctx.config, ctx.options
     _check_images(splits)
@@ -674,11 +674,11 @@ def _load_model(best: dict, config: dict):
     return lac_model_from_checkpoint(best), image_model_info(best)
 
 
-from .base import TrainingMethod, register_method  # noqa: E402
+from .contract import TrainingMethod, register_method  # noqa: E402
 
 def baseline_cause(config: TrainConfig, options: dict) -> str:
     """Why a LAC run may end near the trivial baseline: the paper's learning rate on a short
-    schedule (:func:`spmlkit.methods.base.baseline_warning`)."""
+    schedule (:func:`spmlkit.methods.driver.baseline_warning`)."""
     lr = float(config.lr)
     if lr <= 1e-4:
         return (f"LAC's lr {lr:g} is the paper's OneCycle peak for 40 epochs on a GPU; on a "

@@ -23,7 +23,7 @@ from ..engine import fit_linear, predict_logits
 from ..engine.linear import to_device
 from ..engine.vectorised import fit_linear_stacked
 from ..runs import TRAIN_PROBS_FILE
-from .base import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
+from .contract import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
 
 
 def _features(x):

@@ -106,7 +106,7 @@ from ..data.rows import holds_vectors
 from ..labels import POSITIVE, validate_observed
 from ..losses import SPMLLoss
 from ..models.label_embedding import LabelEmbeddingModel
-from .base import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
+from .contract import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
 from .image_methods import (CachedMapViews, EvalMapViews, ImageViews, backbone_record,
                             check_head_config, config_fields, config_from_dict,
                             config_from_options, image_model_info, image_options,
@@ -625,7 +625,7 @@ def _check_options(config: TrainConfig, options: dict) -> TrainConfig:
 
 def baseline_cause(config: TrainConfig, options: dict) -> str:
     """Why a MIME run may end near the trivial baseline: its head's learning rate
-    (:func:`spmlkit.methods.base.baseline_warning`)."""
+    (:func:`spmlkit.methods.driver.baseline_warning`)."""
     lr, mult = float(config.lr), float(config_of(options).head_lr_mult)
     head = lr * mult
     if head >= 1e-3:

@@ -167,7 +167,7 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
             was stopped.
         checkpoint_seconds: how often a run writes its resumable checkpoint (seconds between
             writes, after an epoch; default
-            :data:`spmlkit.methods.base.CHECKPOINT_SECONDS`; 0: every epoch).
+            :data:`spmlkit.methods.driver.CHECKPOINT_SECONDS`; 0: every epoch).
         dask: run on Dask distributed (``pip install -e ".[dask]"`` in the clone): ``"local"`` for a
             ``LocalCluster`` of ``jobs`` worker processes on this machine, or a scheduler's
             address (``"tcp://host:8786"``); the study folder must be visible to the workers at

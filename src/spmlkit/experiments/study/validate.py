@@ -64,7 +64,7 @@ def _check_k(value, source: str, key: str):
     if value == "true":
         return value
     if isinstance(value, str):
-        from ...methods.base import interval_position
+        from ...methods.contract import interval_position
 
         parts = value.split(":")
         ok = (len(parts) == 3 and parts[1].isdigit() and int(parts[1]) > 0
