@@ -14,10 +14,11 @@ time $spml train "${fm[@]}" --mode finetune --backbone efficientnet_lite0 --imag
 time $spml train "${fm[@]}" --mode linear_init --backbone efficientnet_lite0 --image-size 224 \
     --epochs 8 --linear-epochs 25 --linear-lr 1e-3 --batch-size 64 --lr 1e-4 --loss an \
     --workers 12 --out "$out/ft" --quiet
-lac=(--lac views=images --lac train_backbone=true --lac dim=2048 --lac heads=8 --lac ema_decay=0.999)
-for row in "plc=false --lac lac=false" "plc=true --lac lac=false" "plc=true --lac lac=true"; do
-  # shellcheck disable=SC2086  # $row holds two --lac options
-  time $spml train "${fm[@]}" --mode lac "${lac[@]}" --lac $row --backbone efficientnet_lite0 \
+lac=(--option views=images --option train_backbone=true --option dim=2048 --option heads=8
+     --option ema_decay=0.999)
+for row in "plc=false --option lac=false" "plc=true --option lac=false" "plc=true --option lac=true"; do
+  # shellcheck disable=SC2086  # $row holds two --option options
+  time $spml train "${fm[@]}" --mode lac "${lac[@]}" --option $row --backbone efficientnet_lite0 \
       --image-size 224 --epochs 6 --batch-size 32 --lr 1e-4 --loss an --workers 12 --amp bf16 \
       --out "$out/lac" --quiet
 done

@@ -31,7 +31,8 @@ import torch
 from spmlkit.data import load_splits
 from spmlkit.engine import TrainConfig
 from spmlkit.methods import train_run
-from spmlkit.methods.lac import ABLATIONS, CachedMapViews, LACConfig
+from spmlkit.methods.image_methods import CachedMapViews
+from spmlkit.methods.lac import ABLATIONS, LACConfig
 from spmlkit.models.backbones import create_backbone
 from spmlkit.runs import write_text
 
@@ -71,8 +72,10 @@ def main() -> None:
     common = {"dim": args.dim, "ema_decay": args.ema_decay, "queue_size": args.queue_size}
     # extraction once, outside the timed runs (a no-op when the stores exist)
     t0 = time.perf_counter()
+    spec = LACConfig(**common)
     views = CachedMapViews(splits, create_backbone(args.backbone), args.image_size,
-                           LACConfig(**common), seed=args.seed, device=torch.device("cpu"),
+                           weak_views=spec.weak_views, strong_views=spec.strong_views,
+                           map_dtype=spec.map_dtype, seed=args.seed, device=torch.device("cpu"),
                            cache_dir=args.cache_dir, progress=True)
     extract = time.perf_counter() - t0
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,

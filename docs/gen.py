@@ -9,9 +9,8 @@ Generated (never edit them by hand; edit the source named in each page's first l
 - ``docs/methods/catalogue.md`` from the loss and training-method registries, with
   ``docs/provenance.yaml`` (official code, commit, parity tests, deviations);
 - ``docs/reproduce/presets.md`` from the preset YAMLs (and ``results/preset-times.csv``);
-- ``docs/studies/schema.md`` from the study spec's keys and defaults
-  (``spmlkit.experiments.study``),
-  ``TrainConfig`` and the training methods' options;
+- ``docs/studies/schema.md`` from the study spec's schema table
+  (``spmlkit.experiments.study.schema``), ``TrainConfig`` and the training methods' options;
 - ``docs/results.md``          from ``results/index.yaml`` and the CSV files it lists;
 - the methods table of ``README.md`` (between its markers) from the registries.
 
@@ -325,102 +324,56 @@ def gen_presets() -> str:
 
 
 # ---- study schema -------------------------------------------------------------------------------
-SCHEMA = {  # key -> (type, meaning); a new spec key fails the generator until it is described
-    "name": ("string (letters, digits, . _ -)",
-             "the study's name; its folder is `runs/studies/<name>` unless `--out` says "
-             "otherwise. Default: the YAML file's stem."),
-    "title": ("string", "a one-line title shown by `spml study list`, tables and the report."),
-    "description": ("string", "free text, shown in the report."),
-    "datasets": ("list of names or `{name, options}` (required)",
-                 "registered datasets (`spml list datasets`); `options` are the source's "
-                 "`--data` options (`spml list datasets NAME --details`), e.g. "
-                 "`{name: fmnist_mosaic, options: {backbone: efficientnet_lite0}}`."),
-    "methods": ("list of specs or `{label, spec, mode, mode_options, early_stop}` (required)",
-                "a spec is `loss[+reg:weight...][@regime]` (`an`, `bce@full`, "
-                "`an+highrank:1e-3`); `bce` and `iun` are the reference rows. A mapping gives "
-                "the row a `label`, and may train it in its own `mode` with its own "
-                "`mode_options`, and with its own `early_stop` (a table of two papers' rows, "
-                "each with its paper's protocol)."),
-    "mode": ("training method", "how every row trains unless it names its own mode "
-             "(`spml list methods`)."),
-    "seeds": ("integer or list of integers", "a count (seeds 0..n-1) or the seeds themselves; "
-              "the seeds change the initialisation and the batch order, not the observed "
-              "labels."),
-    "epochs": ("integer >= 1", "epochs per run; the best epoch on val is kept."),
-    "early_stop": ("string", "`none`, `patience:N` (Zhou et al.: `patience:1`) or `drop:X` "
-                   "(Kim et al.: stop X points below the best val mAP)."),
-    "grid": ("mapping of lists", "what is *selected over* on val: `batch_size`, `lr`, "
-             "`hparams.<name>` or another `TrainConfig` field; missing `batch_size` / `lr` take "
-             "the paper grid."),
-    "hparams": ("mapping: method label or loss name -> mapping",
-                "fixed loss hyperparameters, e.g. `{em: {alpha: 0.1}}`; unknown names are "
-                "refused with the loss's list."),
-    "vary": ("mapping of lists", "what is *reported* (one column or figure point per value): "
-             "`hparams.<name>`, `data.<option>`, `k` (a number, `true`, "
-             "`estimate:M:lower|point|upper` or `interval:M:lower|upper|I/N`: Cole et al. App. "
-             "B's interval I_M), `regime` or `lac.<field>` (a LACConfig field of the methods in "
-             "mode `lac`, e.g. `lac.queue_size`)."),
-    "train": ("mapping", "more `TrainConfig` fields (table below); `epochs`, `batch_size`, "
-              "`lr`, `seed`, `early_stop` and `metric` have their own keys."),
-    "mode_options": ("mapping", "the study mode's own options (table below), e.g. "
-                     "`{backbone: efficientnet_lite0}`."),
-    "mlflow": ("boolean", "also log every run to MLflow (when it is installed)."),
-    "metric": ("metric name", "what epochs and grid points are selected on, on val "
-               "(`spml list metrics`); lower is better for the losses."),
-}
-
-
 def _annotation(field) -> str:
     t = field.type if isinstance(field.type, str) else getattr(field.type, "__name__",
                                                                str(field.type))
     return t.replace("None", "none")
 
 
+def _schema_rows(keys) -> list:
+    """The rows (key, type, default, meaning) of schema entries (``schema.Key``)."""
+    rows = []
+    for k in keys:
+        if k.required:
+            shown = "required"
+        elif k.default_text is not None:
+            shown = text(k.default_text)
+        else:
+            shown = code(show(k.default))
+        meaning = k.help.replace("|", "/")
+        if k.choices is not None:
+            meaning += " One of " + ", ".join(code(c) for c in k.choices()) + "."
+        rows.append([f"`{k.name}`", text(k.type).replace("\\|", "/"), shown, meaning])
+    return rows
+
+
 def gen_schema() -> str:
     from spmlkit.engine import TrainConfig
-    from spmlkit.experiments.study import METHOD_KEYS, SPEC_KEYS, _OWN_KEYS, _validate
+    from spmlkit.experiments.study.schema import METHOD_SCHEMA, OWN_KEYS, SPEC_SCHEMA
     from spmlkit.methods import list_methods
 
-    missing = [k for k in SPEC_KEYS if k not in SCHEMA]
-    if missing:
-        raise SystemExit(f"docs/gen.py SCHEMA does not describe the study key(s) {missing}")
-    resolved = _validate({"datasets": ["yeast"], "methods": ["an"]}, "<minimal>", "mine")
-    defaults = resolved.to_dict()
-    defaults.update({"mode_options": {}, "mlflow": False, "metric": resolved.metric,
-                     "name": "the file's stem", "title": "the name"})
-    out = [HEADER.format(source="spmlkit.experiments.study (SPEC_KEYS, defaults), TrainConfig "
-                                "and the training methods' options"),
+    out = [HEADER.format(source="spmlkit.experiments.study.schema (SPEC_SCHEMA, METHOD_SCHEMA), "
+                                "TrainConfig and the training methods' options"),
            "# Study YAML schema\n",
-           "Every key of a study spec, its type and its default (the defaults are those of a "
-           "spec that gives only the two required keys, resolved by the same code that runs "
-           "studies). Unknown keys, unknown loss hyperparameters and options are refused with "
-           "an error naming the key. A resolved spec is written to `<study>/study.yaml`; any "
-           "key can be overridden from the command line with `--set KEY=VALUE` (dotted keys "
-           "for nested ones: `--set grid.lr=[1e-3]`).\n",
+           "Every key of a study spec, its type, its default (what a spec that leaves the key "
+           "out gets) and what it means: the table validation reads its keys, defaults and "
+           "error wording from. Unknown keys, unknown loss hyperparameters and options are "
+           "refused with an error naming the key. A resolved spec is written to "
+           "`<study>/study.yaml`; any key can be overridden from the command line with "
+           "`--set KEY=VALUE` (dotted keys for nested ones: `--set grid.lr=[1e-3]`).\n",
            "## Top-level keys\n"]
-    rows = []
-    for key in SPEC_KEYS:
-        kind, meaning = SCHEMA[key]
-        default = defaults.get(key, "")
-        shown = code(show(default)) if key not in ("name", "title") else text(default)
-        if key in ("datasets", "methods"):
-            shown = "required"
-        rows.append([f"`{key}`", text(kind).replace("\\|", "/"), shown, meaning.replace("|", "/")])
-    out.append(table(["key", "type", "default", "meaning"], rows))
+    out.append(table(["key", "type", "default", "meaning"], _schema_rows(SPEC_SCHEMA)))
     out.append("## A method given as a mapping\n")
-    out.append("Keys: " + ", ".join(f"`{k}`" for k in METHOD_KEYS) + " (`spec` required; "
-               "`label` defaults to the spec; `mode` defaults to the study's; its "
-               "`mode_options` are merged over the study's when it trains in the study's "
-               "mode).\n")
+    out.append(table(["key", "type", "default", "meaning"], _schema_rows(METHOD_SCHEMA)))
     out.append("## `train:` keys (`TrainConfig`)\n")
     rows = []
     for f in dataclasses.fields(TrainConfig):
-        if f.name in _OWN_KEYS:
+        if f.name in OWN_KEYS:
             continue
         rows.append([f"`{f.name}`", code(_annotation(f)), code(show(f.default))])
     out.append(table(["key", "type", "default"], rows))
     out.append("The keys with their own top-level entry: " +
-               ", ".join(f"`{k}`" for k in _OWN_KEYS) + ".\n")
+               ", ".join(f"`{k}`" for k in OWN_KEYS) + ".\n")
     out.append("## `mode_options:` per training method\n")
     for m in list_methods():
         opts = ", ".join(code(f"{k}={show(v)}") for k, v in m.options.items()) or "none"

@@ -283,6 +283,27 @@ def test_one_reader_of_a_run_folder(runs, tmp_path):
             read(run)
 
 
+def test_a_run_being_written_is_read_to_its_last_whole_line(runs, tmp_path):
+    """The study report reads runs that may still train: with ``growing`` a half-written last
+    line is left out, anywhere else (or without ``growing``) it is named."""
+    from spmlkit.experiments import report
+    from spmlkit.runs import read_metrics
+
+    run = tmp_path / "growing"
+    shutil.copytree(runs["an"]["run_dir"], run)
+    whole = read_metrics(run)
+    with open(run / "metrics.jsonl", "a") as fh:
+        fh.write('{"epoch": 4, "val_m')
+    assert read_metrics(run, growing=True) == whole == report._epochs(run)
+    with pytest.raises(ValueError, match=r"metrics\.jsonl, line 4: not a JSON record"):
+        read_metrics(run)
+    text = (run / "metrics.jsonl").read_text()
+    (run / "metrics.jsonl").write_text('{"epoch": 0, "val_m\n' + text)  # damaged, not growing
+    with pytest.raises(ValueError, match=r"line 1: not a JSON record"):
+        read_metrics(run, growing=True)
+    assert report._epochs(run) == []  # the report leaves a damaged run out of its curves
+
+
 # --- command line ------------------------------------------------------------------------------
 def test_every_analyze_subcommand_prints_a_table_and_writes_a_png(runs, tmp_path, capsys):
     a, b, cp = runs["an"]["run_dir"], runs["apl"]["run_dir"], runs["cp"]["run_dir"]

@@ -122,7 +122,7 @@ def test_benchmark_in_an_old_folder_says_its_results_are_not_reused(tmp_path, ca
 
 
 def test_benchmark_refuses_a_second_launch_on_the_same_folder(tmp_path, capsys):
-    from spmlkit.experiments.study import _study_lock
+    from spmlkit.experiments.study.launch import _study_lock
 
     out = tmp_path / "bench"
     out.mkdir()

@@ -282,9 +282,9 @@ CASES = [
     case(TRAIN + "--dataset folder --data root={d}/img --mode linear_init --backbone tiny_cnn "
          "--random-init --workers 0 --linear-epochs -1", "spml train",
          "argument --linear-epochs: expected a whole number >= 1, got -1"),
-    case(TRAIN + "--mode lac --lac nope=1", "spml train", "'nope'"),
+    case(TRAIN + "--mode lac --option nope=1", "spml train", "'nope'"),
     case(TRAIN + "--mode lac --lac novalue", "spml train", "--lac 'novalue'"),
-    case(TRAIN + "--mode lac --lac dim=abc", "spml train",
+    case(TRAIN + "--mode lac --option dim=abc", "spml train",
          "dim must be an integer >= 4, got 'abc'"),
     case(TRAIN + "--resume {d}/missing", "spml train", "missing"),
     case(TRAIN + "--resume {d}/afile", "spml train", "afile"),

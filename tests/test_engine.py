@@ -333,17 +333,17 @@ def test_resume_from_every_epoch_and_from_a_finished_run():
 
 
 def test_checkpoint_is_called_once_per_epoch_and_builds_nothing_unless_asked(monkeypatch):
-    from spmlkit.engine import loop
+    from spmlkit.engine import selection
 
     built = []
-    real = loop.snapshot
+    real = selection.snapshot
 
     def counting(obj, where="state"):
         if where == "state":
             built.append(1)
         return real(obj, where)
 
-    monkeypatch.setattr(loop, "snapshot", counting)
+    monkeypatch.setattr(selection, "snapshot", counting)
     x, y = toy(n=40)
     z = make_observed(y, "1p")
     cfg = TrainConfig(epochs=3, batch_size=8, lr=1e-2)
@@ -594,3 +594,38 @@ def test_seeded_heads_are_the_same_when_threads_make_them_at_once():
     for t in threads:
         t.join()
     assert wrong == []
+
+
+# ---- training states written before engine/selection.py (issue 22) still resume -----------------
+def test_resume_of_states_written_before_the_selection_object():
+    """``tests/fixtures/train-states-v1.pt``: checkpoints that the code before
+    :class:`spmlkit.engine.Selection` wrote (``fit_linear`` with ``patience:2`` after epoch 2
+    and with ``drop:0.5`` after epoch 3, run 0 of a ``fit_linear_stacked`` pair with
+    ``patience:1`` after epoch 3; each run stops early later); resumed now, each ends as the
+    uninterrupted run of today's code."""
+    from spmlkit.engine import fit_linear_stacked
+    from spmlkit.runs import load_torch
+
+    states = load_torch(Path(__file__).parent / "fixtures" / "train-states-v1.pt")
+    rng = np.random.default_rng(0)  # the data the states were trained on
+    x = rng.normal(size=(60, 6)).astype(np.float32)
+    y = (x @ rng.normal(size=(6, 4)) > 0.3).astype(np.uint8)
+    y[y.sum(1) == 0, 0] = 1
+    z = make_observed(y, "1p", seed=0)
+    val = dict(x_val=x[:30], y_val=y[:30])
+    cases = [(TrainConfig(epochs=8, batch_size=8, lr=0.1, seed=seed, early_stop=rule),
+              states[f"single {rule}"], None) for rule, seed in (("patience:2", 0),
+                                                                  ("drop:0.5", 1))]
+    cfgs = [TrainConfig(epochs=8, batch_size=8, lr=lr, seed=1, early_stop="patience:1")
+            for lr in (0.1, 0.03)]
+    stacked = fit_linear_stacked(x, z, [create_loss("an"), create_loss("an")], cfgs, **val)
+    cases.append((cfgs[0], states["stacked run 0"], stacked[0]))
+    for cfg, state, done in cases:
+        whole, ref = done or fit_linear(x, z, create_loss("an"), cfg, **val)
+        assert ref.stopped_early and len(ref.history) < cfg.epochs  # the rule stops the run
+        model, res = fit_linear(x, z, create_loss("an"), cfg, **val, resume=state)
+        assert res.best_epoch == ref.best_epoch and res.stopped_early
+        assert [h["best"] for h in res.history] == [h["best"] for h in ref.history]
+        np.testing.assert_allclose([h["val_map"] for h in res.history],
+                                   [h["val_map"] for h in ref.history], rtol=1e-6)
+        torch.testing.assert_close(model.weight, whole.weight, rtol=1e-4, atol=1e-5)

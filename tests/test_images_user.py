@@ -252,6 +252,7 @@ def test_lac_bar_total_is_the_sum_of_its_stages():
 
     lac = get_method("lac")
     config = TrainConfig(epochs=40)
+    assert lac.total_epochs(config, {"stage1_epochs": 6, "stage2_epochs": 4}) == 10
     assert lac.total_epochs(config, {"lac": {"stage1_epochs": 6, "stage2_epochs": 4}}) == 10
     assert lac.total_epochs(config, {}) == 40
 
@@ -282,7 +283,7 @@ def test_figure_cam_on_lac_and_boostlu_runs(name, tagged, capsys):
     source = {"path": str(root / "test.csv")}  # fully labelled: a 1p run on it
     options = {**get_method(name).smoke_options, "cache_dir": str(root / "cache")}
     if name == "lac":
-        options["lac"] = {**options["lac"], "stage1_epochs": 1, "stage2_epochs": 1}
+        options.update(stage1_epochs=1, stage2_epochs=1)
     run = train_run(name, load_splits("csv", **source), "an", {},
                     TrainConfig(epochs=2, batch_size=8, lr=1e-2), out=root / "runs",
                     dataset_options=source, **options)["run_dir"]
@@ -398,16 +399,16 @@ def test_cli_fine_tuning_flags_reach_the_run(tagged, capsys):
 # ---- B: a run that ends near the trivial baseline says so ------------------------------------
 def test_lac_run_near_the_trivial_baseline_warns_with_the_cause(tagged, monkeypatch):
     from spmlkit.engine import TrainConfig
-    from spmlkit.methods import base, get_method, train_run
-    from spmlkit.methods.base import trivial_map
+    from spmlkit.methods import driver, get_method, train_run
+    from spmlkit.methods.driver import trivial_map
 
     root, _ = tagged
     s = load_splits("csv", path=str(root / "test.csv"))
     options = {**get_method("lac").smoke_options, "cache_dir": str(root / "cache")}
-    options["lac"] = {**options["lac"], "stage1_epochs": 1, "stage2_epochs": 1}
+    options.update(stage1_epochs=1, stage2_epochs=1)
     # 5 toy test images make any mAP noisy: the bar is raised so that this run counts as near
     # the baseline (the rule itself: test_mime_collapse_names_the_head_learning_rate)
-    monkeypatch.setattr(base, "BASELINE_LIFT", 1.0)
+    monkeypatch.setattr(driver, "BASELINE_LIFT", 1.0)
     res = train_run("lac", s, "an", config=TrainConfig(epochs=2, batch_size=8, lr=1e-5),
                     **options)
     monkeypatch.undo()
@@ -425,7 +426,7 @@ def test_lac_run_near_the_trivial_baseline_warns_with_the_cause(tagged, monkeypa
 def test_mime_collapse_names_the_head_learning_rate():
     from spmlkit.engine import TrainConfig
     from spmlkit.methods import get_method
-    from spmlkit.methods.base import baseline_warning, trivial_map
+    from spmlkit.methods.driver import baseline_warning, trivial_map
 
     y = np.array([[1, 0], [0, 1], [1, 1], [0, 0]])
     assert trivial_map(y) == pytest.approx(100 * (0.5 + 0.5) / 2)  # AP = prevalence

@@ -16,7 +16,7 @@ from spmlkit.engine import TrainConfig
 from spmlkit.methods import lac as lac_mod
 from spmlkit.methods import load_run_model, train_run
 from spmlkit.methods.lac import (ABLATIONS, CHECKPOINT_FILE, LACConfig, ablation_config,
-                                 resolve_train_config)
+                                 config_of, id_options, resolve_train_config)
 from spmlkit.runs import load_torch
 
 BACKBONE = {"width": 4, "num_features": 8, "input_size": 16}
@@ -34,7 +34,7 @@ def toy(tmp_path_factory):
 def run(toy, lac=None, out=None, epochs=4, on_epoch=None, resume=None, **kw):
     return train_run("lac", toy["splits"], "an", None,
                      TrainConfig(epochs=epochs, batch_size=8, lr=1e-2, seed=0),
-                     lac={**SMALL, **(lac or {})}, backbone="tiny_cnn",
+                     **{**SMALL, **(lac or {})}, backbone="tiny_cnn",
                      backbone_options=BACKBONE, pretrained=False, cache_dir=toy["cache"],
                      progress=False, out=out, on_epoch=on_epoch, resume=resume,
                      features={"num_workers": 0}, **kw)
@@ -86,12 +86,31 @@ def test_config_dicts_stages_and_train_config():
     assert (grid.epochs, grid.batch_size, grid.lr) == (5, 8, 1e-3)
 
 
+def test_options_are_flat_and_the_nested_form_reads_the_same():
+    """LAC's options are flat, as every method's (``--option dim=64``, ``mode_options: {dim:
+    64}``); the nested ``lac={...}`` of earlier versions reads into the same config, and a
+    study's run id hashes both as it always did (nested), so ids stay."""
+    assert config_of({"dim": 64, "lac": False}) == LACConfig(dim=64, lac=False)
+    assert config_of({"lac": {"dim": 64, "lac": False}}) == LACConfig(dim=64, lac=False)
+    assert config_of({"lac": {"queue_size": 512}, "queue_size": 64}).queue_size == 64  # flat wins
+    assert config_of({"ablation": "an", "dim": 8}) == LACConfig(plc=False, lac=False, dim=8)
+    assert config_of({"dim": None}) == LACConfig()  # None: the default
+    with pytest.raises(ValueError, match=r"unknown LAC option\(s\) \['dimm'\] in lac="):
+        config_of({"lac": {"dimm": 8}})
+    with pytest.raises(ValueError, match="unknown LAC option.*'dimm'"):
+        config_of({}, dimm=8)
+    flat = {"backbone": "tiny_cnn", "dim": 8, "lac": False}
+    nested = {"backbone": "tiny_cnn", "lac": {"dim": 8, "lac": False}}
+    assert id_options(flat) == id_options(nested) == nested
+    assert id_options({"backbone": "tiny_cnn"}) == {"backbone": "tiny_cnn"}
+
+
 def test_feature_splits_and_mismatched_resume_are_refused(toy, tmp_path):
     s = toy["splits"]
     feats = Splits("f", LabelledSet(np.zeros((24, 5), np.float32), s.train.y, s.class_names),
                    s.val, s.test, s.observed, s.val_observed, "1p", s.k)
     with pytest.raises(ValueError, match="feature vectors"):
-        train_run("lac", feats, "an", lac=SMALL)
+        train_run("lac", feats, "an", **SMALL)
     res = run(toy, {"plc": False, "lac": False}, out=tmp_path, epochs=1)
     with pytest.raises(ValueError, match="other settings.*lac"):
         run(toy, {"plc": True, "lac": False}, epochs=1, resume=res["run_dir"])
@@ -352,7 +371,7 @@ def test_end_to_end_image_views_run_and_train_the_backbone_or_not(toy, train_bac
     start = lac_mod._state(net)
     res = train_run("lac", toy["splits"], "an", None,
                     TrainConfig(epochs=2, batch_size=8, lr=1e-2),
-                    lac={**SMALL, "views": "images", "train_backbone": train_backbone},
+                    **{**SMALL, "views": "images", "train_backbone": train_backbone},
                     backbone=net, progress=False)
     assert res["views"] == "images" and res["stage_epochs"] == [1, 1]
     assert 0 <= res["test_map"] <= 100
@@ -374,7 +393,7 @@ def test_cli_train_mode_lac_and_resume(toy, tmp_path, capsys):
             "--backbone", "tiny_cnn", "--random-init", "--image-size", "16", "--epochs", "2",
             "--batch-size", "8", "--lr", "0.01", "--workers", "0", "--quiet",
             "--cache-dir", str(toy["cache"]), "--out", str(tmp_path / "runs")]
-    lac = [f"--lac={k}={v}" for k, v in {**SMALL, "plc": "false"}.items()]
+    lac = [f"--option={k}={v}" for k, v in {**SMALL, "plc": "false"}.items()]
     assert main(args + lac) == 0
     out = capsys.readouterr().out
     run_dir = out.split("run folder: ")[1].strip()
@@ -408,8 +427,10 @@ def test_cli_train_mode_lac_and_resume(toy, tmp_path, capsys):
     assert np.allclose(pred.probs, direct.numpy(), atol=1e-5)
     assert main(["predict", run_dir, *s.test.x[:2], "--format", "json"]) == 0
     assert '"labels"' in capsys.readouterr().out
-    assert main(args + ["--lac", "dimm=8"]) == 2
-    assert "unknown LAC option" in capsys.readouterr().err
+    assert main(args + ["--option", "dimm=8"]) == 2
+    assert "no option(s) ['dimm'] (did you mean 'dim'?)" in capsys.readouterr().err
+    assert main(args + ["--lac", "dim=10"]) == 2  # the deprecated flag: --option's
+    assert "LACConfig.dim must be a multiple of 4" in capsys.readouterr().err
 
 
 def test_cached_maps_average_to_the_pooled_features(toy):
@@ -443,7 +464,7 @@ def test_every_registered_loss_trains_on_the_label_wise_model(toy):
             hp = {"scores": simulated_scores(toy["splits"].train.y, flip=0.1)}
         res = train_run("lac", toy["splits"], name, hp,
                         TrainConfig(epochs=2, batch_size=8, lr=1e-2),
-                        lac={**SMALL, "plc": False, "lac": False},
+                        **{**SMALL, "plc": False, "lac": False},
                         backbone="tiny_cnn", backbone_options=BACKBONE, pretrained=False,
                         cache_dir=toy["cache"], progress=False, features={"num_workers": 0})
         assert np.isfinite(res["val_map"]) and np.isfinite(res["test_map"]), name

@@ -69,6 +69,30 @@ def test_estimate_k_runs_stack_per_seed():
     assert sum(len(g) for g in groups) == 3 * 8
 
 
+def test_grouping_asks_the_method_whether_its_runs_stack():
+    """group_tasks asks ``TrainingMethod.can_stack(options)``: linear heads stack, an MLP head or
+    ``save_train_probs`` keeps a linear run alone, a method without ``fit_many`` never stacks."""
+    from spmlkit.methods import get_method, list_methods
+
+    linear = get_method("linear")
+    assert linear.can_stack({}) is None and linear.can_stack({"head": "linear"}) is None
+    assert "head 'mlp'" in linear.can_stack({"head": "mlp"})
+    assert "save_train_probs" in linear.can_stack({"save_train_probs": True})
+    for method in list_methods():
+        if method.fit_many is None:
+            assert "one run at a time" in method.can_stack({})
+    rows = [{"label": label, "spec": "role", "mode_options": options}
+            for label, options in [("lin", {}), ("mlp", {"head": "mlp"}),
+                                   ("probs", {"save_train_probs": True})]]
+    spec = load_study({"datasets": ["yeast"], "methods": rows, "seeds": 2, "epochs": 1,
+                       "grid": {"batch_size": [16], "lr": [1e-2, 1e-3]}, "name": "g"})
+    units = group_tasks(expand(spec))
+    stacked = [u for u in units if isinstance(u, list)]
+    assert [sorted(t.method for t in u) for u in stacked] == [["lin"] * 4]
+    assert sorted(u.method for u in units if not isinstance(u, list)) == ["mlp"] * 4 + \
+        ["probs"] * 4
+
+
 def test_stacked_role_refuses_two_k():
     import torch
 

@@ -127,8 +127,8 @@ def test_cole_fig1_runs_shrunk_with_subsample(tmp_path):
 
 
 def test_lac_preset_matches_the_lac_trainer():
-    """``mode: lac`` passes ``mode_options`` to the lac method (its options); its ``lac`` entry
-    must be a valid LACConfig, and each row of Table 3 (a method with its own ``mode_options``
+    """``mode: lac`` passes ``mode_options`` to the lac method (its options, flat: LACConfig's
+    fields beside the backbone's), and each row of Table 3 (a method with its own ``mode_options``
     merged over the study's) must be the matching :data:`ABLATIONS` configuration."""
     lac = pytest.importorskip("spmlkit.methods.lac")
     spec = load_study("lac-ablation")
@@ -141,7 +141,7 @@ def test_lac_preset_matches_the_lac_trainer():
     for label, name in zip(tasks, ["an", "an_plc", "an_plc_lac"]):
         options = tasks[label].mode_options
         assert options["backbone"] == "efficientnet_lite0"  # the study's keys are kept
-        cfg, expected = lac.LACConfig.coerce(options["lac"]), lac.ablation_config(name)
+        cfg, expected = lac.config_of(options), lac.ablation_config(name)
         assert (cfg.plc, cfg.lac, cfg.num_stages) == (expected.plc, expected.lac,
                                                       expected.num_stages), label
         assert cfg.dim == 128 and cfg.queue_size == 512, label  # merged, not replaced
@@ -160,12 +160,12 @@ def test_lac_preset_runs_shrunk_in_pool_workers(tmp_path):
         pytest.skip(str(err))
     spec = load_study("lac-ablation", ["datasets=[{name: fmnist_mosaic, options: "
                                        "{n_pool: 60, n_test: 30}}]", "epochs=2",
-                                       "mode_options.lac.dim=16", "train.image_size=32",
-                                       "mode_options.lac.stage1_epochs=1",
-                                       "methods=[{label: AN, spec: an, mode_options: {lac: "
-                                       "{plc: false, lac: false}}}, {label: AN + PLC, spec: an,"
-                                       " mode_options: {lac: {lac: false}}}, {label: LAC, "
-                                       "spec: an, mode_options: {lac: {stage2_epochs: 1}}}]",
+                                       "mode_options.dim=16", "train.image_size=32",
+                                       "mode_options.stage1_epochs=1",
+                                       "methods=[{label: AN, spec: an, mode_options: "
+                                       "{plc: false, lac: false}}, {label: AN + PLC, spec: an,"
+                                       " mode_options: {lac: false}}, {label: LAC, "
+                                       "spec: an, mode_options: {stage2_epochs: 1}}]",
                                        "mode_options.cache_dir=" + str(tmp_path / "cache")])
     res = run_study(spec, out=tmp_path / "study", jobs=2, progress=False)
     assert (res["runs_run"], res["failures"]) == (3, 0)
@@ -189,12 +189,40 @@ def test_lac_preset_varies_queue_size_and_temperature():
                                        "lac.temperature: [0.1, 0.5]}",
                                        "methods=[{label: LAC, spec: an}]"])
     tasks = expand(spec)
-    got = sorted((t.mode_options["lac"]["queue_size"], t.mode_options["lac"]["temperature"])
-                 for t in tasks)
+    got = sorted((t.mode_options["queue_size"], t.mode_options["temperature"]) for t in tasks)
     assert got == [(64, 0.1), (64, 0.5), (1024, 0.1), (1024, 0.5)]
-    assert all(t.mode_options["lac"]["dim"] == 128 for t in tasks)   # the rest kept
+    assert all(t.mode_options["dim"] == 128 for t in tasks)   # the rest kept
     assert len({t.run_id for t in tasks}) == 4
     for bad, why in (("lac.bogus: [1]", "unknown LAC option"),
                      ("lac.temperature: [0]", "temperature must be > 0")):
         with pytest.raises(ValueError, match=why):
             load_study("lac-ablation", ["vary={" + bad + "}"])
+
+
+#: the run ids of lac-ablation as its spec expanded when LAC's options were nested (``mode_options:
+#: {lac: {...}}``, before they went flat): the flat spec keeps them
+LAC_ABLATION_IDS = ["fmnist_mosaic-AN-1p-s0-b32-lr0.001-938dd3cd",
+                    "fmnist_mosaic-AN_PLC-1p-s0-b32-lr0.001-9357049b",
+                    "fmnist_mosaic-AN_PLC_LAC-1p-s0-b32-lr0.001-9f886cfe"]
+LAC_VARY_IDS = ["fmnist_mosaic-AN-1p-s0-b32-lr0.001-queue_size64-temperature0.1-ebcfcff7",
+                "fmnist_mosaic-AN_PLC_LAC-1p-s0-b32-lr0.001-queue_size1024-temperature0.5-34dd5189"]
+
+
+def test_lac_ablation_keeps_its_run_ids_with_flat_options():
+    """The preset (flat ``mode_options``) and the same spec in the old nested spelling (a study
+    folder's ``study.yaml`` written before) expand to the ids the nested spec always had."""
+    pytest.importorskip("spmlkit.methods.lac")
+    assert [t.run_id for t in expand(load_study("lac-ablation"))] == LAC_ABLATION_IDS
+    vary = ["vary={lac.queue_size: [64, 1024], lac.temperature: [0.1, 0.5]}"]
+    ids = [t.run_id for t in expand(load_study("lac-ablation", vary))]
+    assert len(ids) == 12 and set(LAC_VARY_IDS) <= set(ids)
+    nested = ["mode_options={backbone: efficientnet_lite0, lac: {dim: 128, stage1_epochs: 40, "
+              "plc: true, lac: true, two_stage: true, delta1: 0.6, delta2: 0.9, lambda_plc: 1.0, "
+              "lambda_lac: 1.0, queue_size: 512, temperature: 0.5, ema_decay: 0.99, "
+              "views: cached}}",
+              "methods=[{label: AN, spec: an, mode_options: {lac: {plc: false, lac: false}}}, "
+              "{label: AN + PLC, spec: an, mode_options: {lac: {plc: true, lac: false}}}, "
+              "{label: AN + PLC + LAC, spec: an, mode_options: {lac: {stage2_epochs: 20}}}]"]
+    assert [t.run_id for t in expand(load_study("lac-ablation", nested))] == LAC_ABLATION_IDS
+    assert set(LAC_VARY_IDS) <= {t.run_id for t in expand(load_study("lac-ablation",
+                                                                      nested + vary))}

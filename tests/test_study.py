@@ -51,6 +51,29 @@ def test_spec_errors_name_the_key(changes, message):
         load_study(spec(**changes))
 
 
+def test_the_schema_table_is_what_validation_reads():
+    """The spec's keys, required keys and defaults come from one table
+    (``study.schema.SPEC_SCHEMA``): a spec of only the required keys resolves to the table's
+    defaults, an unknown key is refused with the table's list, and every key has help text."""
+    from spmlkit.experiments.study.schema import (METHOD_SCHEMA, REQUIRED_KEYS, SPEC_KEYS,
+                                                  SPEC_SCHEMA, default)
+
+    assert SPEC_KEYS == tuple(k.name for k in SPEC_SCHEMA) and REQUIRED_KEYS == ("datasets",
+                                                                                  "methods")
+    assert all(k.help and k.type for k in SPEC_SCHEMA + METHOD_SCHEMA)
+    s = load_study({"name": "t", "datasets": ["yeast"], "methods": ["an"]})
+    resolved = {**s.to_dict(), "mode_options": s.mode_options, "mlflow": s.mlflow,
+                "metric": s.metric}
+    for key in SPEC_SCHEMA:
+        if key.required or key.default is None:
+            continue
+        want = list(range(default("seeds"))) if key.name == "seeds" else default(key.name)
+        assert resolved[key.name] == want, key.name
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['sedes'\]; a study spec has "
+                                         + ", ".join(SPEC_KEYS)):
+        load_study({"name": "t", "datasets": ["yeast"], "methods": ["an"], "sedes": 1})
+
+
 def test_spec_files_presets_and_overrides(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text("datasets: [yeast]\nmethods: [an]\ngrid: {lr: [1e-3, 2.5e-4]}\n")
@@ -552,6 +575,27 @@ def test_cli_study_run_passes_retries(tmp_path, monkeypatch):
     args = ["study", "run", "smoke", "--out", str(tmp_path / "s"), "--quiet"]
     assert main(args + ["--retries", "3"]) == 130 and seen["retries"] == 3
     assert main(args) == 130 and seen["retries"] == 1
+
+
+def test_cli_study_run_options_are_in_groups():
+    """``spml study run --help`` shows its options under argument groups, as train and
+    benchmark do: none is left under the generic heading but --help."""
+    import argparse
+
+    from spmlkit.cli import build_parser
+
+    def sub(parser, name):
+        action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        return action.choices[name]
+
+    run = sub(sub(build_parser(), "study"), "run")
+    titles = [g.title for g in run._action_groups if g._group_actions]
+    assert titles[-4:] == ["the study", "runs", "workers", "output"]
+    loose = [a.dest for g in run._action_groups if g.title in ("options", "positional arguments")
+             for a in g._group_actions]
+    assert loose == ["help"]
+    args = run.parse_args(["x", "--dask", "local", "--retries", "2", "--quiet"])
+    assert (args.spec, args.dask, args.retries, args.quiet) == ("x", "local", 2, True)
 
 
 def test_a_launch_whose_runs_all_fail_alike_says_so_at_the_end(tmp_path, capsys):

@@ -17,11 +17,10 @@ from spmlkit.engine.vectorised import (
     closed_form,
     fit_linear_stacked,
     stack_limit,
-    stacked_map,
+    stacked_val_map,
 )
 from spmlkit.losses import LOSSES, create_loss
 from spmlkit.losses.scorer import simulated_scores
-from spmlkit.metrics import map_score
 
 
 def _data(n=60, d=7, classes=5, seed=0):
@@ -280,17 +279,30 @@ def test_stack_limit_rule():
     assert 8 * 2048 * 80 > CPU_STACK_WORK >= 8 * 103 * 14
 
 
-def test_stacked_map_equals_map_score():
+def test_stacked_val_map_is_val_map_of_each_run_bit_for_bit():
+    """One AP core (metrics.ranked_ap): the stacked scoring (numpy's sort on a CPU, the
+    device's sort elsewhere: run here on CPU tensors) gives each run's own val_map exactly."""
+    from spmlkit.engine import val_map
+    from spmlkit.engine.vectorised import _device_ap
+    from spmlkit.metrics import map_from_ap, per_class_ap
+
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 30, 5, generator=g)
     logits[1, :10] = 20.0  # saturated sigmoid: ties
-    y = torch.as_tensor(YV)
+    y = YV.copy()
+    y[:, 4] = 0  # a class without positive: left out ("present") or scored 0 ("official")
     for conv in ("present", "official"):
-        got = stacked_map(logits, y, conv)
-        want = [map_score(torch.sigmoid(s).numpy(), YV, conv) for s in logits]
-        assert got == pytest.approx(want, abs=1e-9)
+        want = [val_map(s, y, conv) for s in logits]
+        assert stacked_val_map(logits, y, conv) == want
+        ap = _device_ap(torch.sigmoid(logits), torch.as_tensor(y))
+        assert [map_from_ap(a, conv) for a in ap] == want
+    probs = torch.sigmoid(logits).numpy()
+    np.testing.assert_array_equal(per_class_ap(probs, y), [per_class_ap(p, y) for p in probs])
     logits[2, 0, 0] = float("nan")
-    assert np.isnan(stacked_map(logits, y, "present")[2])
+    got = stacked_val_map(logits, y, "present")
+    assert np.isnan(got[2]) and got[:2] == [val_map(s, y, "present") for s in logits[:2]]
+    with pytest.raises(ValueError, match="same rows and classes"):
+        per_class_ap(probs, y[:, :4])
 
 
 def test_checkpoint_state_resumes_as_a_single_run():

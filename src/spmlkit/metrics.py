@@ -44,18 +44,9 @@ def average_precision(scores, targets) -> float:
     if not np.isfinite(s).all():
         raise ValueError(f"average_precision: {int((~np.isfinite(s)).sum())} non-finite score(s)")
     t = t.astype(bool)
-    n_pos = int(t.sum())
-    if n_pos == 0:
+    if not t.any():
         return float("nan")
-    order = np.argsort(-s, kind="mergesort")
-    s, t = s[order], t[order]
-    tp = np.cumsum(t)
-    # last index of every group of tied scores
-    ends = np.r_[np.flatnonzero(np.diff(s)), s.size - 1]
-    tp = tp[ends]
-    precision = tp / (ends + 1)
-    recall_gain = np.diff(np.r_[0, tp]) / n_pos
-    return float(np.sum(recall_gain * precision))
+    return float(_columns_ap(s[None], t[None])[0])
 
 
 #: entries of the N x L scores handled at once by the metrics (blocks of columns for AP, of rows
@@ -66,45 +57,82 @@ BLOCK_ENTRIES = 1 << 20
 def per_class_ap(scores, y) -> np.ndarray:
     """AP (x100) of every class; NaN where a class has no positive: :func:`average_precision`
     of every column at once (one sort of all columns, in blocks of columns of at most
-    :data:`BLOCK_ENTRIES` entries; equal to it up to summation order)."""
-    # float32 scores (a run's probabilities) are cast block by block: the same values and ties
-    # as one float64 copy, without that copy of a large split
+    :data:`BLOCK_ENTRIES` entries, then :func:`ranked_ap`; equal to it up to summation order).
+
+    ``scores`` N x L, or R x N x L: R runs' scores against the same labels ``y`` (N x L);
+    returns R x L then, each run's row equal to its own ``per_class_ap`` bit for bit (what
+    the stacked linear engine scores every epoch).
+    """
+    if np.ndim(scores) == 3:
+        s = np.asarray(scores)
+        runs, n, classes = s.shape
+        y = validate_full_labels(y, "metrics targets", copy=False)
+        if y.shape != (n, classes):
+            raise ValueError(f"scores {s.shape} (runs x rows x classes) and labels {y.shape} "
+                             f"must have the same rows and classes")
+        if not np.isfinite(s).all():
+            raise ValueError(f"scores hold {int((~np.isfinite(s)).sum())} non-finite value(s)")
+        if n == 0:
+            return np.full((runs, classes), np.nan)
+        # runs at once (one class: one run, summed as its own per_class_ap, see ranked_ap)
+        per = 1 if classes == 1 else max(1, BLOCK_ENTRIES // (n * classes))
+        return np.concatenate([_columns_ap(s[r:r + per].transpose(0, 2, 1), y.T)
+                               for r in range(0, runs, per)]) * 100.0
+    # float32 scores (a run's probabilities) are sorted as they are: only their order and ties
+    # count, the same as a float64 copy's (no such copy of a large split; a faster sort)
     s, y = _as_scores(scores, y, keep_float32=True)
     n, classes = s.shape
     if n == 0:
         return np.full(classes, np.nan)
     step = max(1, BLOCK_ENTRIES // n)
-    if step < classes or s.dtype != np.float64:
-        return np.concatenate([_columns_ap(s[:, j:j + step].astype(np.float64), y[:, j:j + step])
-                               for j in range(0, classes, step)])
-    return _columns_ap(s, y)
+    return np.concatenate([_columns_ap(s[:, j:j + step].T, y[:, j:j + step].T)
+                           for j in range(0, classes, step)]) * 100.0
 
 
 def _columns_ap(s: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """:func:`per_class_ap` of validated scores and labels, every column from one sort (each
-    temporary let go once used: a block of a large split stays within ~40 bytes an entry)."""
-    n = s.shape[0]
-    order = np.argsort(-s, axis=0)  # tied scores are grouped: their order does not matter
-    s = np.take_along_axis(s, order, axis=0)
-    hits = np.take_along_axis(y > 0, order, axis=0)
+    """:func:`ranked_ap` of validated scores ``s`` (... x K x N: a column's N scores along the
+    last axis) and labels ``y`` (K x N), every column from one sort (each temporary let go
+    once used: a block of a large split stays within ~40 bytes an entry)."""
+    s = np.ascontiguousarray(s)  # (the sort and everything after: along contiguous rows)
+    order = np.argsort(-s, axis=-1)  # tied scores are grouped: their order does not matter
+    s = np.take_along_axis(s, order, axis=-1)
+    hits = np.take_along_axis(np.broadcast_to(y > 0, order.shape), order, axis=-1)
     del order
-    tp = np.cumsum(hits, axis=0, dtype=np.float64)
-    del hits
-    end = np.ones_like(s, dtype=bool)  # the last row of every group of tied scores
-    end[:-1] = s[1:] != s[:-1]
+    end = np.ones_like(s, dtype=bool)  # the last entry of every group of tied scores
+    end[..., :-1] = s[..., 1:] != s[..., :-1]
     del s
+    return ranked_ap(hits, end)
+
+
+def ranked_ap(hits: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The AP core (a fraction, NaN for a column without positive) of every column of ``hits``
+    (... x N, whether each entry is a positive), its entries along the last axis in descending
+    order of the column's scores; ``end`` (same shape) marks the last entry of every group of
+    tied scores: AP = sum over groups of (R_g - R_{g-1}) * P_g at the group's end
+    (:func:`average_precision`), summed in rank order. Every AP of spmlkit comes from here
+    (:func:`average_precision` and :func:`per_class_ap` sort with numpy; the stacked linear
+    engine on a GPU sorts there, :func:`spmlkit.engine.vectorised.stacked_val_map`)."""
+    n = hits.shape[-1]
+    # the counts in integers (exact, and a faster cumulative sum than into float64)
+    count = np.cumsum(hits, axis=-1, dtype=np.intp)
     # at each group's end: the recall gained since the previous end times the precision there
-    tp_end = np.where(end, tp, 0.0)
-    np.maximum.accumulate(tp_end, axis=0, out=tp_end)
-    gain = np.zeros_like(tp)  # tp at the previous group's end, then the gain
-    gain[1:] = tp_end[:-1]
-    del tp_end
-    np.subtract(tp, gain, out=gain)
-    rank = np.arange(1, n + 1, dtype=np.float64)[:, None]
-    gain *= tp / rank
-    gain = np.where(end, gain, 0.0).sum(axis=0)
+    at_end = np.where(end, count, 0)
+    np.maximum.accumulate(at_end, axis=-1, out=at_end)
+    gain = np.zeros_like(count)  # tp at the previous group's end, then the group's positives
+    gain[..., 1:] = at_end[..., :-1]
+    del at_end
+    np.subtract(count, gain, out=gain)
+    tp = count.astype(np.float64)
+    del count
+    gain = gain.astype(np.float64)
+    gain *= tp / np.arange(1, n + 1, dtype=np.float64)
+    gain = np.where(end, gain, 0.0)
+    # summed one by one in rank order, as numpy sums the rows of an N x K matrix (the layout
+    # before; the same numbers to the last bit); one column alone: numpy's pairwise sum, as
+    # it summed an N x 1 matrix
+    total = gain.sum(axis=-1) if gain.size == n else np.cumsum(gain, axis=-1, out=gain)[..., -1]
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(tp[-1] > 0, gain / tp[-1], np.nan) * 100.0
+        return np.where(tp[..., -1] > 0, total / tp[..., -1], np.nan)
 
 
 @dataclass
@@ -128,15 +156,26 @@ def mean_average_precision(scores, y, convention: str = "present") -> MAPResult:
     >>> float(mean_average_precision([[0.9, 0.2], [0.1, 0.3]], [[1, 0], [0, 0]]))
     100.0
     """
-    if convention not in ("present", "official"):
-        raise ValueError(f"convention must be 'present' or 'official', got {convention!r}")
+    check_convention(convention)
     ap = per_class_ap(scores, y)
     missing = np.flatnonzero(np.isnan(ap)).tolist()
+    return MAPResult(map_from_ap(ap, convention), ap, missing, convention)
+
+
+def check_convention(convention: str) -> None:
+    """Refuse a mAP convention other than ``"present"`` and ``"official"``."""
+    if convention not in ("present", "official"):
+        raise ValueError(f"convention must be 'present' or 'official', got {convention!r}")
+
+
+def map_from_ap(ap: np.ndarray, convention: str = "present") -> float:
+    """mAP x100 from per-class AP (:func:`per_class_ap`, NaN for a class without positive):
+    ``"present"`` averages the classes with positives (NaN when none has one), ``"official"``
+    scores the others 0 and averages all."""
+    check_convention(convention)
     if convention == "official":
-        value = float(np.nan_to_num(ap, nan=0.0).mean())
-    else:
-        value = float(np.nanmean(ap)) if len(missing) < ap.size else float("nan")
-    return MAPResult(value, ap, missing, convention)
+        return float(np.nan_to_num(ap, nan=0.0).mean())
+    return float(np.nanmean(ap)) if not np.isnan(ap).all() else float("nan")
 
 
 def map_score(scores, y, convention: str = "present") -> float:

@@ -629,21 +629,25 @@ def read_config(run_dir) -> dict:
     return read_run(run_dir).config
 
 
-def json_lines(path: Path):
+def json_lines(path: Path, growing: bool = False):
     """``(line number, record)`` of each non-blank line of a JSON-lines file; a ValueError
-    names a line that is not JSON."""
-    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+    names a line that is not JSON. ``growing``: the file may be being written (a run that
+    trains now, one killed mid-write), so a last line that is not JSON is left out."""
+    lines = Path(path).read_text().splitlines()
+    for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             yield i, json.loads(line)
         except json.JSONDecodeError as err:
+            if growing and i == len(lines):
+                return
             raise ValueError(f"{path}, line {i}: not a JSON record ({err.msg})") from None
 
 
-def _parse_metrics(path: Path) -> list[dict]:
+def _parse_metrics(path: Path, growing: bool = False) -> list[dict]:
     records = []
-    for i, record in json_lines(path):
+    for i, record in json_lines(path, growing):
         if not isinstance(record, dict):
             raise ValueError(f"{path}, line {i}: expected a JSON object, got "
                              f"{type(record).__name__}")
@@ -657,10 +661,12 @@ def _parse_metrics(path: Path) -> list[dict]:
     return records
 
 
-def read_metrics(run_dir) -> list[dict]:
+def read_metrics(run_dir, growing: bool = False) -> list[dict]:
     """The per-epoch records of ``metrics.jsonl`` (``NaN`` values read back as float NaN); a
-    line that is not a JSON object, or whose epoch / loss / mAP is not a number, is named."""
-    return _parse_metrics(run_file(run_dir, METRICS_FILE))
+    line that is not a JSON object, or whose epoch / loss / mAP is not a number, is named.
+    ``growing``: the run may be training now (a half-written last line is left out,
+    :func:`json_lines`)."""
+    return _parse_metrics(run_file(run_dir, METRICS_FILE), growing)
 
 
 def read_predictions(run_dir) -> dict:

@@ -17,7 +17,7 @@ def _value(text: str):
 
 
 def _pairs(items, what: str) -> dict:
-    """``key=value`` options (``--data``, ``--hp``, ``--lac``) as a dict; a value is read as
+    """``key=value`` options (``--data``, ``--hp``, ``--option``) as a dict; a value is read as
     JSON when it parses as JSON (``0.5``, ``true``, ``[1, 2]``), else kept as text."""
     out = {}
     for item in items or []:
@@ -176,8 +176,8 @@ def _methods_help() -> str:
     many = " / ".join(m.name for m in methods if m.processes)
     return ("the training method (default linear): " + "; ".join(
         f"{m.name}: {m.description}" for m in methods) + f". {many} run under torchrun "
-        "--nproc_per_node=N; a method's options are given with --option KEY=VALUE (LAC's also "
-        "with --lac; spml list methods lists each method's options)")
+        "--nproc_per_node=N; a method's options are given with --option KEY=VALUE (spml list "
+        "methods lists each method's options)")
 
 
 def _losses_help() -> str:

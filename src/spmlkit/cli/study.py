@@ -179,39 +179,42 @@ def register(sub) -> None:
                        "PRESET` is `spml study run PRESET`")
     ssub = p.add_subparsers(dest="action", required=True)
     s = ssub.add_parser("run", help="run a study's missing runs (re-running resumes)")
-    s.add_argument("spec", metavar="SPEC_OR_PRESET", nargs="?", default=None,
-                   help="a study YAML file, a study folder, or a preset (spml study list); "
-                        "without it the study is --datasets x --methods x --seeds")
-    s.add_argument("--datasets", default=None, metavar="A,B",
-                   help="registered datasets, comma-separated (overrides the spec's)")
-    s.add_argument("--methods", default=None, metavar="A,B",
-                   help="method specs, comma-separated, e.g. an,role,bce@full,an+highrank:1e-3 "
-                        "(overrides the spec's)")
-    s.add_argument("--seeds", type=_whole(1), default=None, help="seeds per grid point")
-    s.add_argument("--name", default=None, help="the study's name (folder runs/studies/NAME)")
-    s.add_argument("--out", default=None, help="study folder (default runs/studies/<name>)")
-    s.add_argument("--jobs", type=int, default=None, help="worker processes (default: cores)")
-    s.add_argument("--no-vectorise", action="store_true",
-                   help="train every grid point alone (default: the linear mode trains the "
-                        "runs that differ only in seed and learning rate together, as one "
-                        "stacked model; same results up to float summation order)")
-    s.add_argument("--quiet", action="store_true", help="no progress bar")
-    s.add_argument("--mlflow", action="store_true",
-                   help="also log each run to MLflow (pip install mlflow)")
-    s.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="override spec keys, e.g. --set seeds=1 epochs=5 grid.lr=[1e-3]")
-    s.add_argument("--retry-failed", action="store_true", help="run failed runs again")
-    s.add_argument("--retries", type=_whole(0), default=1, metavar="N",
-                   help="run a run whose worker process died (e.g. out of memory) N more times "
-                        "(in the local pool: alone), resuming from its checkpoint, before "
-                        "recording it as failed (default 1)")
-    s.add_argument("--threads", type=_whole(1), default=None,
-                   help="torch threads per worker (default 1 in linear mode, else cores / "
-                        "jobs; on a Dask cluster the worker machine's cores)")
-    s.add_argument("--checkpoint-seconds", type=float, default=None, metavar="S",
-                   help="write a run's resumable checkpoint after an epoch once S seconds "
-                        "passed since the last (default 10; 0: every epoch)")
-    where = s.add_mutually_exclusive_group()
+    spec = s.add_argument_group("the study", "which spec, and what on the command line "
+                                "changes in it")
+    runs = s.add_argument_group("runs", "which runs this launch runs, and how")
+    workers = s.add_argument_group("workers", "where the runs go: the local pool (default) "
+                                   "or a Dask cluster")
+    output = s.add_argument_group("output")
+    spec.add_argument("spec", metavar="SPEC_OR_PRESET", nargs="?", default=None,
+                      help="a study YAML file, a study folder, or a preset (spml study list); "
+                           "without it the study is --datasets x --methods x --seeds")
+    spec.add_argument("--datasets", default=None, metavar="A,B",
+                      help="registered datasets, comma-separated (overrides the spec's)")
+    spec.add_argument("--methods", default=None, metavar="A,B",
+                      help="method specs, comma-separated, e.g. an,role,bce@full,"
+                           "an+highrank:1e-3 (overrides the spec's)")
+    spec.add_argument("--seeds", type=_whole(1), default=None, help="seeds per grid point")
+    spec.add_argument("--name", default=None, help="the study's name (folder runs/studies/NAME)")
+    spec.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                      help="override spec keys, e.g. --set seeds=1 epochs=5 grid.lr=[1e-3]")
+    runs.add_argument("--retry-failed", action="store_true", help="run failed runs again")
+    runs.add_argument("--retries", type=_whole(0), default=1, metavar="N",
+                      help="run a run whose worker process died (e.g. out of memory) N more "
+                           "times (in the local pool: alone), resuming from its checkpoint, "
+                           "before recording it as failed (default 1)")
+    runs.add_argument("--checkpoint-seconds", type=float, default=None, metavar="S",
+                      help="write a run's resumable checkpoint after an epoch once S seconds "
+                           "passed since the last (default 10; 0: every epoch)")
+    runs.add_argument("--no-vectorise", action="store_true",
+                      help="train every grid point alone (default: the linear mode trains the "
+                           "runs that differ only in seed and learning rate together, as one "
+                           "stacked model; same results up to float summation order)")
+    workers.add_argument("--jobs", type=int, default=None,
+                         help="worker processes (default: cores)")
+    workers.add_argument("--threads", type=_whole(1), default=None,
+                         help="torch threads per worker (default 1 in linear mode, else cores / "
+                              "jobs; on a Dask cluster the worker machine's cores)")
+    where = workers.add_mutually_exclusive_group()
     where.add_argument("--dask", choices=["local"], default=None,
                        help="run on a Dask LocalCluster of --jobs worker processes "
                             "(pip install -e \".[dask]\" in the clone)")
@@ -221,9 +224,13 @@ def register(sub) -> None:
     where.add_argument("--scheduler-file", default=None, metavar="PATH",
                        help="run on the Dask scheduler this JSON file names (dask scheduler "
                             "--scheduler-file PATH, dask-jobqueue)")
-    s.add_argument("--connect-timeout", type=_positive, default=None, metavar="S",
-                   help="seconds the Dask scheduler (--scheduler, --scheduler-file) gets to "
-                        "answer before the launch is refused (default 30)")
+    workers.add_argument("--connect-timeout", type=_positive, default=None, metavar="S",
+                         help="seconds the Dask scheduler (--scheduler, --scheduler-file) gets "
+                              "to answer before the launch is refused (default 30)")
+    output.add_argument("--out", default=None, help="study folder (default runs/studies/<name>)")
+    output.add_argument("--quiet", action="store_true", help="no progress bar")
+    output.add_argument("--mlflow", action="store_true",
+                        help="also log each run to MLflow (pip install mlflow)")
     s = ssub.add_parser("status", help="runs done / failed / missing of a study folder")
     s.add_argument("dir", metavar="DIR")
     s = ssub.add_parser("table", help="the paper-style table of a study folder (mean ± std "

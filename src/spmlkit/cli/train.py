@@ -115,16 +115,15 @@ def _methods():
     return list_methods()
 
 
-def _flag_options(args) -> dict:
+def _flag_options(args, method) -> dict:
     """Every method option a ``spml train`` flag gives (None: not given, the method's default
     stands). A method takes the ones it declares (``TrainingMethod.options``)."""
     return {"save_train_probs": args.save_train_probs or None,
             "head": getattr(args, "head", None), "hidden": getattr(args, "hidden", None),
             "backbone": args.backbone, "pretrained": False if args.random_init else None,
             "linear_epochs": args.linear_epochs, "linear_lr": args.linear_lr,
-            "feature_dtype": args.feature_dtype, "lac": _pairs(args.lac, "--lac") or None,
-            "cache_dir": args.cache_dir,
-            "backbone_options": _weights_option(args),
+            "feature_dtype": args.feature_dtype, "cache_dir": args.cache_dir,
+            "backbone_options": _weights_option(args, method),
             "progress": False if args.quiet else None,
             "augment": getattr(args, "augment", None),
             "weight_decay": getattr(args, "weight_decay", None),
@@ -133,22 +132,25 @@ def _flag_options(args) -> dict:
             "cpu_bf16": getattr(args, "cpu_bf16", None)}
 
 
-def _weights_option(args) -> dict | None:
+def _weights_option(args, method) -> dict | None:
     """``backbone_options`` of ``--weights FILE`` (an absolute path), for the methods that
-    build the backbone themselves (finetune, linear_init, lac)."""
+    build the backbone themselves (finetune, linear_init, lac, mime, boostlu); a method with a
+    backbone of its own by default (its ``backbone`` option: lac, mime) needs no
+    ``--backbone``."""
     if getattr(args, "weights", None) is None:
         return None
     from pathlib import Path
 
-    if not args.backbone and args.mode != "lac":
+    if not args.backbone and method.options.get("backbone") is None:
         raise ValueError(f"--weights {args.weights}: weights are for a backbone; give "
                          f"--backbone NAME too (spml list backbones)")
     return {"weights": str(Path(args.weights).resolve())}
 
 
 def _method_options(args, method) -> dict:
-    given = {k: v for k, v in _flag_options(args).items()
+    given = {k: v for k, v in _flag_options(args, method).items()
              if v is not None and k in method.options}
+    given.update(_pairs(getattr(args, "lac", None), "--lac"))  # deprecated: --option's
     given.update(_pairs(getattr(args, "option", None), "--option"))  # unknown keys: refused
     if method.inputs == "images" and "backbone" in method.options and not args.backbone and \
             method.options.get("backbone") is None and not method.accepts_vectors:
@@ -159,7 +161,7 @@ def _method_options(args, method) -> dict:
 def _resume_overrides(args, method) -> dict:
     """Options a resume may change: what is shown and where caches are, nothing that changes
     results."""
-    flags = _flag_options(args)
+    flags = _flag_options(args, method)
     return {k: flags[k] for k in ("progress", "cache_dir") if k in method.options
             and flags[k] is not None}
 
@@ -248,8 +250,8 @@ def _add_finetune(method, training, finetune) -> None:
                         help="any option of the --mode's method (spml list methods), e.g. --mode "
                              "smile --option p=0.1 --option bias=true (repeatable)")
     method.add_argument("--lac", action="append", metavar="KEY=VALUE",
-                        help="--mode lac: a LACConfig option, e.g. --lac dim=64 --lac plc=false "
-                             "--lac stage1_epochs=10 (repeatable; spmlkit.methods.lac.LACConfig)")
+                        help="deprecated: the same as --option KEY=VALUE (LAC's options are "
+                             "flat, as every method's: --mode lac --option dim=64)")
     training.add_argument("--resume", default=None, metavar="RUN_DIR",
                           help="continue an interrupted run (any --mode) from its checkpoint, with "
                                "the settings in its config.json (--device, --cache-dir and --quiet "

@@ -43,15 +43,15 @@ from .images import (GlobalBatchSampler, ImageItems, ItemPredictor, default_imag
                      loader_workers, mix_seed, shares)
 from .linear import fit_linear, make_linear_head, predict_logits, val_map
 from .loop import (STATE_FORMAT, Batch, FitResult, GeneratorState, Stage, StageParts,
-                   StepBatch, StepHook, check_val_labels, no_finite_val_map, snapshot,
-                   train_loop)
+                   StepBatch, StepHook, check_val_labels, train_loop)
 from .optim import LeanAdam, make_optimizer
+from .selection import Selection, no_finite_val_map, snapshot
 from .vectorised import fit_linear_stacked
 
 __all__ = ["AMP_MODES", "Batch", "amp_dtype", "FitResult", "GeneratorState", "GlobalBatchSampler",
            "ImageItems", "ItemPredictor", "LINEAR_INIT_FORMAT", "LeanAdam", "LossScaler",
-           "STATE_FORMAT", "Stage", "StageParts", "StepBatch", "StepHook", "TrainConfig",
-           "FinetuneOptions", "batch_starts", "check_val_labels", "config_dict",
+           "STATE_FORMAT", "Selection", "Stage", "StageParts", "StepBatch", "StepHook",
+           "TrainConfig", "FinetuneOptions", "batch_starts", "check_val_labels", "config_dict",
            "default_image_reader", "epoch_rows", "fit_finetune",
            "fit_linear", "fit_linear_init", "fit_linear_stacked", "loader_workers",
            "make_linear_head",

@@ -42,7 +42,6 @@ import contextvars
 import copy
 import math
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -52,7 +51,7 @@ from torch import nn
 
 from ..losses import SPMLLoss
 from ..models.rng import global_rng
-from .config import parse_early_stop
+from .selection import Selection, snapshot
 
 __all__ = ["Batch", "FitResult", "GeneratorState", "STATE_FORMAT", "Stage", "StageParts",
            "StepBatch", "StepHook", "batch_progress", "check_val_labels", "snapshot",
@@ -220,51 +219,6 @@ class GeneratorState:
         self.generator.set_state(state["state"])
 
 
-def snapshot(obj, where: str = "state"):
-    """A copy of ``obj`` that ``torch.load(weights_only=True)`` loads: tensors cloned (detached,
-    same device), dicts (OrderedDicts keep their ``_metadata``), lists, tuples, numbers,
-    strings, bools and None as they are, numpy scalars as Python numbers and numpy arrays as
-    tensors.
-
-    Raises:
-        TypeError: any other object (the message names where it is).
-    """
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return torch.from_numpy(obj.copy())
-    if isinstance(obj, dict):
-        items = [(k, snapshot(v, f"{where}[{k!r}]")) for k, v in obj.items()]
-        if isinstance(obj, OrderedDict):
-            out = OrderedDict(items)
-            if hasattr(obj, "_metadata"):
-                out._metadata = copy.deepcopy(obj._metadata)
-            return out
-        return dict(items)
-    if isinstance(obj, (list, tuple)):
-        items = [snapshot(v, f"{where}[{i}]") for i, v in enumerate(obj)]
-        return items if isinstance(obj, list) else tuple(items)
-    raise TypeError(f"{where} is a {type(obj).__name__}, which a training state cannot hold "
-                    f"(torch.load(weights_only=True) loads tensors, numbers, strings, lists and "
-                    f"dicts only); convert it in its state_dict()")
-
-
-def no_finite_val_map(history: list) -> ValueError:
-    """The error of a run in which no epoch got a finite val mAP."""
-    scores = [h.get("val_map") for h in history]
-    return ValueError(
-        f"no epoch got a finite validation mAP (val_map of the {len(scores)} epoch(s): "
-        f"{scores[:5]}{' ...' if len(scores) > 5 else ''}), so there is no best epoch to keep. "
-        f"Either the validation labels have no positive in any class (mAP is undefined under "
-        f"map_convention 'present': use a validation split with positives, "
-        f"map_convention='official', or train without validation to keep the last epoch) or "
-        f"the model's validation scores are not finite (NaN / inf: lower the learning rate)")
-
-
 def check_val_labels(y, convention: str, where: str = "validation labels") -> None:
     """Refuse validation labels under which val mAP is undefined at every epoch: no positive
     in any class with ``convention="present"`` (the official convention scores them 0).
@@ -302,48 +256,31 @@ class _Run:
     def __init__(self, model, loss, stages, *, num_examples, batches, forward, evaluators,
                  weights, early_stop, train_logits, after_epoch, on_epoch, checkpoint,
                  state, epoch_seed, start, metric="map"):
-        from ..metrics import higher_is_better
-
         self.model, self.loss, self.stages = model, loss, stages
-        self.metric = metric
-        self.sign = 1.0 if higher_is_better(metric) else -1.0
         self.num_examples = num_examples
         self.batches, self.forward = batches, forward
         self.evaluators, self.weights = evaluators, weights
-        self.stop_kind, self.stop_arg = parse_early_stop(early_stop)
+        # the best epoch, early stopping, the history (and their part of the state)
+        self.selection = Selection(early_stop, metric, validated=bool(evaluators))
         self.train_logits, self.after_epoch = train_logits, after_epoch
         self.on_epoch, self.checkpoint = on_epoch, checkpoint
         self.run_state, self.epoch_seed, self.start = state, epoch_seed, start
         self.signature = [[s.name, int(s.epochs)] for s in stages]
         self.rng_devices = _cuda_devices(model) if epoch_seed is not None else []
-        # progress
-        self.stage, self.stage_epoch, self.stage_done = 0, 0, False
-        self.best = {"score": float("-inf"), "epoch": 0, "stage": None, "source": None,
-                     "model": None, "loss": None}
-        self.stage_best = {"score": float("-inf"), "epoch": 0}
-        self.history: list = []
+        self.stage = 0  # progress within the stage: self.selection
         self.seconds_before = 0.0
-        self.stopped_early = False
         self.parts: StageParts | None = None
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         parts = self.parts
-        best = dict(self.best)
-        # the best weights are copies the loop never changes in place: shared, not cloned
-        kept = {"model": best.pop("model"), "loss": best.pop("loss")}
-        state = snapshot({
-            "format": STATE_FORMAT, "stages": self.signature, "stage": self.stage,
-            "stage_epoch": self.stage_epoch, "stage_done": self.stage_done,
-            "stopped_early": self.stopped_early,
-            "model": self.model.state_dict(), "loss": self.loss.state_dict(),
-            "optimizer": parts.optimizer.state_dict(),
-            "parts": {name: obj.state_dict() for name, obj in parts.state.items()},
-            "run": {name: obj.state_dict() for name, obj in self.run_state.items()},
-            "best": best, "stage_best": self.stage_best, "history": self.history,
-            "seconds": self.seconds_before + time.perf_counter() - self.start})
-        state["best"].update(kept)
-        return state
+        return self.selection.state_dict(
+            format=STATE_FORMAT, stages=self.signature, stage=self.stage,
+            model=self.model.state_dict(), loss=self.loss.state_dict(),
+            optimizer=parts.optimizer.state_dict(),
+            parts={name: obj.state_dict() for name, obj in parts.state.items()},
+            run={name: obj.state_dict() for name, obj in self.run_state.items()},
+            seconds=self.seconds_before + time.perf_counter() - self.start)
 
     def load_state_dict(self, state) -> None:
         found = state.get("format") if isinstance(state, dict) else type(state).__name__
@@ -369,13 +306,10 @@ class _Run:
                 from None
         for name, obj in self.run_state.items():
             obj.load_state_dict(state["run"][name])
-        self.stage, self.stage_epoch = int(state["stage"]), int(state["stage_epoch"])
-        self.stage_done, self.stopped_early = bool(state["stage_done"]), \
-            bool(state["stopped_early"])
-        self.best, self.stage_best = dict(state["best"]), dict(state["stage_best"])
-        self.history = [dict(h) for h in state["history"]]
+        self.stage = int(state["stage"])
+        self.selection.load_state_dict(state)
         self.seconds_before = float(state["seconds"])
-        if not self.stage_done:  # the stage goes on: its optimiser, schedule ... as they were
+        if not self.selection.stage_done:  # the stage goes on: its optimiser ... as they were
             self.parts = self.stages[self.stage].setup()
             self.parts.optimizer.load_state_dict(state["optimizer"])
             for name, obj in self.parts.state.items():
@@ -385,28 +319,27 @@ class _Run:
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> FitResult:
-        if self.parts is None and not self.stage_done:
+        selection = self.selection
+        if self.parts is None and not selection.stage_done:
             self.parts = self.stages[self.stage].setup()
         while True:
-            if self.stage_done:
+            if selection.stage_done:
                 if self.stage + 1 >= len(self.stages):
                     break
                 self._next_stage()
             stage = self.stages[self.stage]
             offset = sum(s.epochs for s in self.stages[:self.stage])
-            while not self.stage_done:
+            while not selection.stage_done:
                 self._epoch(stage, offset)
         return self._finish()
 
     def _next_stage(self) -> None:
         self.stage += 1
-        self.stage_epoch, self.stage_done = 0, False
-        self.stage_best = {"score": float("-inf"), "epoch": 0}
+        self.selection.new_stage()
         if self.stages[self.stage].from_best:
-            if self.best["model"] is None:
-                raise no_finite_val_map(self.history)
-            self.model.load_state_dict(self.best["model"])
-            self.loss.load_state_dict(self.best["loss"])
+            model, loss = self.selection.best_weights()
+            self.model.load_state_dict(model)
+            self.loss.load_state_dict(loss)
         self.parts = self.stages[self.stage].setup()
 
     def _rng(self, epoch: int):
@@ -415,7 +348,8 @@ class _Run:
         return _seeded(self.epoch_seed(epoch), self.rng_devices)
 
     def _epoch(self, stage: Stage, offset: int) -> None:
-        e = self.stage_epoch
+        selection = self.selection
+        e = selection.stage_epoch
         g = offset + e  # 0-based over the run
         model, loss, parts = self.model, self.loss, self.parts
         hooks = parts.hooks
@@ -475,33 +409,21 @@ class _Run:
         for hook in hooks:
             record.update(hook.epoch_record())
         record.update(stage.info)
-        source = None
+        source = value = None
         if self.evaluators:
             scores = {name: float(ev()) for name, ev in self.evaluators.items()}
-            source = _pick({name: self.sign * s for name, s in scores.items()})
-            key = "val_map" if self.metric == "map" else f"val_{self.metric}"
-            record[key] = scores[source]
-            score = self.sign * scores[source]  # higher is better from here on
+            source = _pick({name: selection.sign * s for name, s in scores.items()})
+            key = selection.key
+            record[key] = value = scores[source]
             if len(scores) > 1:
                 record.update({f"{key}_{name}": s for name, s in scores.items()})
                 record["val_source"] = source
-        else:
-            score = float(g)  # no validation: the last epoch is the best
-        improved = score > self.best["score"]
-        if improved:
-            self.best = {"score": score, "epoch": g + 1, "stage": stage.name, "source": source,
-                         "model": self._weights(source),
-                         "loss": copy.deepcopy(loss.state_dict())}
-        if score > self.stage_best["score"]:
-            self.stage_best = {"score": score, "epoch": e + 1}
-        record["best"] = improved
-        self.history.append(record)
-        stop = bool(self.evaluators) and self._should_stop(e + 1, score)
-        self.stage_epoch = e + 1
-        self.stage_done = self.stage_epoch >= stage.epochs or stop
-        self.stopped_early = self.stopped_early or (stop and self.stage_epoch < stage.epochs)
+        done = selection.end_epoch(
+            record, epoch=g + 1, stage_epochs=stage.epochs, value=value, stage=stage.name,
+            source=source,
+            keep=lambda: (self._weights(source), copy.deepcopy(loss.state_dict())))
         if stage.name is not None:
-            record["stage_done"] = self.stage_done
+            record["stage_done"] = done
         try:
             if self.on_epoch is not None:
                 self.on_epoch(record, model, loss)
@@ -514,26 +436,12 @@ class _Run:
             return self.weights(source)
         return copy.deepcopy(self.model.state_dict())
 
-    def _should_stop(self, stage_epoch: int, score: float) -> bool:
-        if self.stop_kind == "patience":
-            return stage_epoch - self.stage_best["epoch"] >= self.stop_arg
-        if self.stop_kind == "drop":
-            return score < self.stage_best["score"] - self.stop_arg
-        return False
-
     def _finish(self) -> FitResult:
-        if self.best["model"] is None:
-            raise no_finite_val_map(self.history)
-        self.model.load_state_dict(self.best["model"])
-        self.loss.load_state_dict(self.best["loss"])
-        value = self.sign * float(self.best["score"]) if self.evaluators else float("nan")
-        return FitResult(best_epoch=int(self.best["epoch"]),
-                         val_map=value if self.metric == "map" else float("nan"),
-                         metric=self.metric, val_score=value,
-                         history=self.history,
-                         seconds=self.seconds_before + time.perf_counter() - self.start,
-                         stopped_early=self.stopped_early,
-                         best_stage=self.best["stage"], best_source=self.best["source"])
+        model, loss = self.selection.best_weights()
+        self.model.load_state_dict(model)
+        self.loss.load_state_dict(loss)
+        return FitResult(**self.selection.result_fields(),
+                         seconds=self.seconds_before + time.perf_counter() - self.start)
 
 
 def _seeded(seed: int, devices: list[int]):

@@ -45,7 +45,6 @@ import copy
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -55,12 +54,13 @@ from torch import nn
 from ..losses import SPMLLoss, TrainInfo
 from ..losses.base import observed_validated
 from ..losses.cole import expected_positive_penalty_grad
-from ..metrics import higher_is_better
+from ..metrics import BLOCK_ENTRIES, check_convention, map_from_ap, per_class_ap, ranked_ap
 from ..data import rows as stored_rows
 from ..data.rows import as_rows, is_stored
-from .config import TrainConfig, batch_starts, epoch_rows, parse_early_stop
+from .config import TrainConfig, batch_starts, epoch_rows
 from .linear import linear_inputs, make_linear_head, predict_logits, to_device, val_map
-from .loop import STATE_FORMAT, FitResult, no_finite_val_map, snapshot
+from .loop import STATE_FORMAT, FitResult
+from .selection import Selection
 
 __all__ = [
     "CPU_LARGE_STACK",
@@ -70,7 +70,7 @@ __all__ = [
     "can_stack",
     "fit_linear_stacked",
     "stack_limit",
-    "stacked_map",
+    "stacked_val_map",
 ]
 
 #: memory the stacked tensors of one group may take (weights, Adam moments, gradients, batches,
@@ -242,46 +242,47 @@ class StackedLinear(nn.Module):
         return head
 
 
-def stacked_map(scores: torch.Tensor, y: torch.Tensor, convention: str) -> list[float]:
-    """Val mAP (x100) of each of R score matrices (R x N x L logits or probabilities) against
-    the same full labels ``y`` (N x L, 0/1): :func:`spmlkit.metrics.map_score` of each, computed
-    for all runs and classes at once (float64; ties grouped as there; equal to it up to
-    summation order). A run with a non-finite score gets NaN (no score for the epoch), as
-    :func:`spmlkit.engine.val_map`.
+def stacked_val_map(scores: torch.Tensor, y, convention: str) -> list[float]:
+    """Val mAP (x100) of each of R score matrices (R x N x L logits) against the same full
+    labels ``y`` (N x L, 0/1): :func:`spmlkit.engine.val_map` of each (sigmoid in float32, then
+    the AP core :func:`spmlkit.metrics.ranked_ap`), for all runs and classes at once; equal
+    to it bit for bit. On a CPU the scores are sorted by :func:`spmlkit.metrics.per_class_ap`
+    (numpy); on a device there, in blocks of runs, and only the sorted labels and tie ends
+    come back. A run with a non-finite score gets NaN (no score for the epoch), as ``val_map``.
     """
-    # the single run's scores: float32 probabilities (their ties are the ties it sees)
-    s = torch.sigmoid(scores.float())
-    runs, n, classes = s.shape
-    finite = torch.isfinite(s).flatten(1).all(dim=1)
-    s = torch.nan_to_num(s, nan=0.0).transpose(1, 2).reshape(runs * classes, n)
-    t = y.to(s.device).double().T.repeat(runs, 1)
-    # the order within a group of tied scores does not matter (groups are scored at their ends):
-    # numpy's introsort on a CPU (~6x torch.sort's time here), torch's sort on a device
-    if s.device.type == "cpu":
-        order = torch.from_numpy(np.argsort(-s.numpy(), axis=1))
-        s = torch.gather(s, 1, order)
+    check_convention(convention)
+    probs = torch.sigmoid(scores.float())  # the single run's scores (their ties are its ties)
+    runs, n, classes = probs.shape
+    finite = torch.isfinite(probs).flatten(1).all(dim=1).tolist()
+    ok = [r for r in range(runs) if finite[r]]
+    out = [float("nan")] * runs
+    if not ok:
+        return out
+    probs = probs[ok] if len(ok) < runs else probs
+    if probs.device.type == "cpu":
+        ap = per_class_ap(probs.numpy(), y)
     else:
-        s, order = torch.sort(s, dim=1, descending=True)
-    t = torch.gather(t, 1, order)
-    tp = torch.cumsum(t, dim=1)
-    n_pos = tp[:, -1]
-    end = torch.ones_like(t, dtype=torch.bool)  # the last index of every group of tied scores
-    end[:, :-1] = s[:, 1:] != s[:, :-1]
-    tp_end = torch.where(end, tp, torch.zeros_like(tp))
-    before = torch.zeros_like(tp)  # tp at the previous group's end (tp never decreases)
-    before[:, 1:] = torch.cummax(tp_end, dim=1).values[:, :-1]
-    rank = torch.arange(1, n + 1, dtype=tp.dtype, device=tp.device)
-    gain = torch.where(end, (tp - before) * (tp / rank), torch.zeros_like(tp))
-    ap = (gain.sum(dim=1) / n_pos * 100.0).view(runs, classes)  # NaN without positives
-    if convention == "official":
-        ap = torch.nan_to_num(ap, nan=0.0)
-        value = ap.mean(dim=1)
-    elif convention == "present":
-        value = torch.nanmean(ap, dim=1)
-    else:
-        raise ValueError(f"convention must be 'present' or 'official', got {convention!r}")
-    out = value.cpu().tolist()
-    return [v if ok else float("nan") for v, ok in zip(out, finite.cpu().tolist())]
+        ap = _device_ap(probs, torch.as_tensor(np.asarray(y), device=probs.device))
+    for r, a in zip(ok, ap):
+        out[r] = map_from_ap(a, convention)
+    return out
+
+
+def _device_ap(probs: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+    """Per-class AP x100 (R x L) of ``probs`` (R x N x L) against ``y`` (N x L): sorted on
+    their device in blocks of runs (:data:`spmlkit.metrics.BLOCK_ENTRIES` entries), each
+    block's sorted labels and tie ends scored by :func:`spmlkit.metrics.ranked_ap`."""
+    runs, n, classes = probs.shape
+    hits_all = (y > 0).T.unsqueeze(0)  # 1 x L x N
+    per = 1 if classes == 1 else max(1, BLOCK_ENTRIES // max(n * classes, 1))
+    parts = []
+    for r in range(0, runs, per):
+        s, order = torch.sort(probs[r:r + per].transpose(1, 2), dim=-1, descending=True)
+        hits = torch.gather(hits_all.expand(len(s), -1, -1), -1, order)
+        end = torch.ones_like(hits)  # the last entry of every group of tied scores
+        end[..., :-1] = s[..., 1:] != s[..., :-1]
+        parts.append(ranked_ap(hits.cpu().numpy(), end.cpu().numpy()))
+    return np.concatenate(parts) * 100.0
 
 
 class _StackedAdam:
@@ -383,19 +384,6 @@ def _state_tensors(module: nn.Module) -> list[tuple[nn.Module, str, bool]]:
         out += [(sub, n, True) for n, p in sub._parameters.items() if p is not None]
         out += [(sub, n, False) for n, b in sub._buffers.items() if b is not None]
     return out
-
-
-@dataclass
-class _RunBook:
-    """One run's bookkeeping (what :class:`spmlkit.engine.loop._Run` keeps for a single run)."""
-
-    best: dict
-    stage_best: dict
-    history: list
-    done: bool = False
-    stopped_early: bool = False
-    error: BaseException | None = None
-    epochs_run: int = 0
 
 
 def _closed_form_tables(losses, observed, dtype):
@@ -574,8 +562,6 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
                 raise ValueError(f"stacked runs' observed labels differ in shape: "
                                  f"{tuple(z.shape)} and {tuple(z_of[id(z_)].shape)}")
     has_val = xv is not None
-    if has_val:
-        yv_t = torch.as_tensor(yv, device=device)
     n, num_classes = z.shape
     # runs of one seed draw the same batches: with at least SHARE_ROWS runs per seed, and as
     # many for every seed, they share their rows (StackedLinear's ``shared``: one product per
@@ -652,39 +638,34 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
     bs = config.batch_size
     starts = batch_starts(n, bs, config.drop_last)  # (train.drop_last: no last short batch)
     rows_per_epoch = epoch_rows(n, bs, config.drop_last)
-    stop_kind, stop_arg = parse_early_stop(config.early_stop)
     metric = config.metric
-    sign = 1.0 if higher_is_better(metric) else -1.0
     # rows gathered at once for the coming steps (every run's, a multiple of the batch size):
     # one indexing of the features and labels per chunk instead of two per step, within
     # GATHER_BYTES of features (yeast: a whole epoch)
     # (stored features: read from the store in file order, as float32)
     width = x.shape[1] * (4 if is_stored(x) else x.element_size())
     chunk = max(1, GATHER_BYTES // max(1, row_groups * width) // bs) * bs
-    books = [_RunBook(best={"score": float("-inf"), "epoch": 0, "model": None, "loss": None},
-                      stage_best={"score": float("-inf"), "epoch": 0}, history=[])
-             for _ in range(runs)]
+    # each run's best epoch, early stopping and history, as train_loop keeps a single run's
+    books = [Selection(config.early_stop, metric, validated=has_val) for _ in range(runs)]
+    errors: list = [None] * runs  # what ended a run (it diverged, its callback raised)
     views = [model.run_head(r) for r in range(runs)]
 
-    def run_checkpoint_state(r: int) -> dict:
-        book = books[r]
-        best = {k_: v for k_, v in book.best.items() if k_ not in ("model", "loss")}
-        state = snapshot({
-            "format": STATE_FORMAT, "stages": [[None, int(cfgs[r].epochs)]], "stage": 0,
-            "stage_epoch": book.epochs_run, "stage_done": book.done,
-            "stopped_early": book.stopped_early,
-            "model": {"weight": model.weight.detach()[r], "bias": model.bias.detach()[r]},
-            "loss": loss_list[r].state_dict(), "optimizer": opt.run_state(r, run_groups[r]),
-            "parts": {}, "run": {"batch_order": {"state": gens[r // shared].get_state()}},
-            "best": {**best, "stage": None, "source": "model" if has_val else None},
-            "stage_best": book.stage_best, "history": book.history,
-            "seconds": time.perf_counter() - start})
-        state["best"].update(model=book.best["model"], loss=book.best["loss"])
-        return state
+    def run_checkpoint_state(r: int) -> dict:  # the single-run format (train_loop's)
+        return books[r].state_dict(
+            format=STATE_FORMAT, stages=[[None, int(cfgs[r].epochs)]], stage=0,
+            model={"weight": model.weight.detach()[r], "bias": model.bias.detach()[r]},
+            loss=loss_list[r].state_dict(), optimizer=opt.run_state(r, run_groups[r]),
+            parts={}, run={"batch_order": {"state": gens[r // shared].get_state()}},
+            seconds=time.perf_counter() - start)
+
+    def keep(r: int) -> tuple:  # copies of run r's weights and loss state (a new best)
+        return ({"weight": model.weight.detach()[r].clone(),
+                 "bias": model.bias.detach()[r].clone()},
+                copy.deepcopy(loss_list[r].state_dict()))
 
     with observed_validated(stacked):
         for epoch in range(config.epochs):
-            live = [r for r in range(runs) if not books[r].done and books[r].error is None]
+            live = [r for r in range(runs) if not books[r].stage_done and errors[r] is None]
             if not live:
                 break
             for r in live:
@@ -750,17 +731,17 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
             train_all = model.predict(x) if stacked.needs_train_predictions else None
             for r in live:
                 if not np.isfinite(train_loss[r]):
-                    books[r].error = FloatingPointError(
+                    errors[r] = FloatingPointError(
                         f"training diverged at epoch {epoch + 1} (loss {train_loss[r]}); try a "
                         f"smaller learning rate")
                     continue
                 try:
                     loss_list[r].on_epoch_end(epoch, None if train_all is None else train_all[r])
                 except Exception as err:  # noqa: BLE001 (this run fails; the others go on)
-                    books[r].error = err
+                    errors[r] = err
             if stateful:
                 restack()
-            live = [r for r in live if books[r].error is None]
+            live = [r for r in live if errors[r] is None]
             scores = {}
             if has_val and live and is_stored(xv):
                 # stored val rows: the runs' val logits from one read, or one run's at a time
@@ -771,58 +752,38 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
             elif has_val and live:
                 logits_v = model.predict(xv)[live]
                 if metric == "map":
-                    vals = stacked_map(logits_v, yv_t, config.map_convention)
+                    vals = stacked_val_map(logits_v, yv, config.map_convention)
                 else:  # another metric: each run's own (the single run's val_map)
                     vals = [val_map(s_, yv, config.map_convention, metric) for s_ in logits_v]
                 scores = dict(zip(live, vals))
             for r in live:
-                book = books[r]
                 record = {"epoch": epoch + 1, "train_loss": train_loss[r]}
-                score = float(epoch)
                 if has_val:
-                    record["val_map" if metric == "map" else f"val_{metric}"] = scores[r]
-                    score = sign * scores[r]  # higher is better from here on
-                improved = score > book.best["score"]
-                if improved:
-                    book.best = {"score": score, "epoch": epoch + 1, "model": {
-                        "weight": model.weight.detach()[r].clone(),
-                        "bias": model.bias.detach()[r].clone()},
-                        "loss": copy.deepcopy(loss_list[r].state_dict())}
-                if score > book.stage_best["score"]:
-                    book.stage_best = {"score": score, "epoch": epoch + 1}
-                record["best"] = improved
-                book.history.append(record)
-                stop = has_val and (
-                    epoch + 1 - book.stage_best["epoch"] >= stop_arg if stop_kind == "patience"
-                    else score < book.stage_best["score"] - stop_arg if stop_kind == "drop"
-                    else False)
-                book.epochs_run = epoch + 1
-                book.done = book.epochs_run >= cfgs[r].epochs or stop
-                book.stopped_early = stop and book.epochs_run < cfgs[r].epochs
+                    record[books[r].key] = scores[r]
+                books[r].end_epoch(record, epoch=epoch + 1, stage_epochs=cfgs[r].epochs,
+                                   value=scores.get(r), keep=lambda r=r: keep(r),
+                                   source="model" if has_val else None)
                 try:
                     if on_epoch[order[r]] is not None:
                         on_epoch[order[r]](record, views[r], loss_list[r])
                 except Exception as err:  # noqa: BLE001 (the run's own callback)
-                    book.error = err
+                    errors[r] = err
                 finally:
                     if checkpoint[order[r]] is not None:
                         checkpoint[order[r]](lambda r=r: run_checkpoint_state(r))
     seconds = (time.perf_counter() - start) / runs  # each run's share of the group's time
     out: list = [None] * runs
     for r in range(runs):
-        book = books[r]
-        if book.error is None and book.best["model"] is None:
-            book.error = no_finite_val_map(book.history)
-        if book.error is not None:
-            out[order[r]] = book.error
+        if errors[r] is None:
+            try:
+                weights, loss_state = books[r].best_weights()
+            except ValueError as err:  # no epoch had a finite score
+                errors[r] = err
+        if errors[r] is not None:
+            out[order[r]] = errors[r]
             continue
         head = nn.Linear(x.shape[1], num_classes).to(device)
-        head.load_state_dict(book.best["model"])
-        loss_list[r].load_state_dict(book.best["loss"])
-        value = sign * float(book.best["score"]) if has_val else float("nan")
-        out[order[r]] = (head, FitResult(
-            best_epoch=int(book.best["epoch"]),
-            val_map=value if metric == "map" else float("nan"), metric=metric, val_score=value,
-            history=book.history, seconds=seconds, stopped_early=book.stopped_early,
-            best_stage=None, best_source="model" if has_val else None))
+        head.load_state_dict(weights)
+        loss_list[r].load_state_dict(loss_state)
+        out[order[r]] = (head, FitResult(**books[r].result_fields(), seconds=seconds))
     return out

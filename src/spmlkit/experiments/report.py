@@ -32,13 +32,12 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import math
 import shlex
 import tempfile
 from pathlib import Path
 
-from ..runs import write_output
+from ..runs import METRICS_FILE, read_metrics, write_output
 from . import figures as fg
 from .study import StudyFolder, failure_groups, open_study
 from .tables import row_variant
@@ -69,21 +68,18 @@ def _run_dir(study: StudyFolder, row) -> Path | None:
     if row.get("run_id"):
         candidates.append(study.path / "runs" / str(row["run_id"]))
     for p in candidates:
-        if (p / "metrics.jsonl").is_file():
+        if (p / METRICS_FILE).is_file():
             return p
     return None
 
 
 def _epochs(run_dir: Path) -> list:
-    out = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a run cut off mid-line: keep what is complete
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
+    """A run's epoch records, read while it may still train (:func:`spmlkit.runs.read_metrics`
+    with ``growing``); a damaged file leaves the run out of the curves (``[]``)."""
+    try:
+        return read_metrics(run_dir, growing=True)
+    except ValueError:
+        return []
 
 
 # --- labels and numbers ------------------------------------------------------------------------

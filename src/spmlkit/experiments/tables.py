@@ -29,6 +29,7 @@ import io
 import json
 import math
 import re
+from dataclasses import dataclass
 
 from .store import latex_escape
 
@@ -217,6 +218,29 @@ def study_table(selected_rows, fmt: str = "markdown", metric: str = "test_map",
         raise ValueError(f"unknown table format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if group == columns:  # e.g. --columns regime: the regimes are the columns, no row groups
         group = None
+    cells, row_groups, cols, group_values = _cells(selected_rows, metric, rows, columns, group,
+                                                   labels)
+    places = {c: (decimals.get(c, 2) if isinstance(decimals, dict) else decimals) for c in cols}
+    upward = {c: (higher_is_better.get(c, True) if isinstance(higher_is_better, dict)
+                  else higher_is_better) for c in cols}
+    groups = _group_order(group_values) if group else [None]
+    wanted = [str((labels or {}).get(str(o), o)) for o in order or []]
+    layout = []  # (group, [labels])
+    for g in groups:
+        shown = list(dict.fromkeys(row_groups[g]))
+        shown.sort(key=lambda lab: (wanted.index(lab) if lab in wanted else len(wanted)))
+        layout.append((g, shown))
+    stats = {(key, c): _mean_std(vals) for key, by_col in cells.items()
+             for c, vals in by_col.items()}
+    table = _Table(rows, columns, group, title, cols, layout, stats, places,
+                   _ranks(stats, layout, cols, places, upward, rank_group))
+    return _RENDER[fmt](table)
+
+
+def _cells(selected_rows, metric, rows, columns, group, labels):
+    """The values of each table cell: ``({(group, row label): {column: [values]}}, {group:
+    [row labels]}, the columns in order, the groups as met)``; a row without the column axis
+    (a reference method) is put in every column."""
     skip = {rows, columns, group}
     cells: dict = {}
     row_groups: dict = {}
@@ -240,7 +264,6 @@ def study_table(selected_rows, fmt: str = "markdown", metric: str = "test_map",
                 group_values.append(grp)
                 row_groups.setdefault(grp, []).append(label)
                 continue
-            label = _label(r, rows, skip, labels)
         except KeyError as err:
             raise ValueError(f"a row has no {err.args[0]!r} (neither a column nor a vary key): "
                              f"{ {k: r.get(k) for k in ('run_id', 'method', 'variant')} }") \
@@ -257,29 +280,23 @@ def study_table(selected_rows, fmt: str = "markdown", metric: str = "test_map",
     if not cells:
         raise ValueError(f"no selected run has a value for {metric!r}: nothing to tabulate")
     cols = _ordered(col_values)
-    places = {c: (decimals.get(c, 2) if isinstance(decimals, dict) else decimals) for c in cols}
-    upward = {c: (higher_is_better.get(c, True) if isinstance(higher_is_better, dict)
-                  else higher_is_better) for c in cols}
     for grp, label, value in everywhere:
         for col in cols:
             cells.setdefault((grp, label), {}).setdefault(col, []).append(value)
-    groups = _group_order(group_values) if group else [None]
-    wanted = [str((labels or {}).get(str(o), o)) for o in order or []]
-    layout = []  # (group, [labels])
-    for g in groups:
-        labels = list(dict.fromkeys(row_groups[g]))
-        labels.sort(key=lambda lab: (wanted.index(lab) if lab in wanted else len(wanted)))
-        layout.append((g, labels))
+    return cells, row_groups, cols, group_values
 
-    stats = {}
-    for key, by_col in cells.items():
-        for c, vals in by_col.items():
-            n = len(vals)
-            mean = sum(vals) / n
-            std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else 0.0
-            stats[key, c] = (mean, std, n)
 
-    # best / second best per column, on the shown (rounded) means
+def _mean_std(vals) -> tuple:
+    """``(mean, sample standard deviation (0 for one value), count)``."""
+    n = len(vals)
+    mean = sum(vals) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else 0.0
+    return mean, std, n
+
+
+def _ranks(stats, layout, cols, places, upward, rank_group) -> dict:
+    """``{((group, label), column): 1 | 2}``: best and second best per column among the rows of
+    ``rank_group`` (all rows when it has none, or for ``None``), on the shown (rounded) means."""
     rank_keys = [(g, lab) for g, labs in layout for lab in labs
                  if rank_group is None or g == rank_group]
     if rank_group is not None and not rank_keys:
@@ -295,102 +312,127 @@ def study_table(selected_rows, fmt: str = "markdown", metric: str = "test_map",
                 ranks[k, c] = 1
             elif len(levels) > 1 and v == levels[1]:
                 ranks[k, c] = 2
+    return ranks
 
-    def text(key, c, pm: str) -> str | None:
-        if (key, c) not in stats:
+
+@dataclass
+class _Table:
+    """A table ready to render: its axes, layout (``[(group, [row labels])]``), cell
+    statistics ``{((group, label), column): (mean, std, n)}``, decimals per column and
+    ranks."""
+
+    rows: str
+    columns: str
+    group: str | None
+    title: str | None
+    cols: list
+    layout: list
+    stats: dict
+    places: dict
+    ranks: dict
+
+    def text(self, key, c, pm: str) -> str | None:
+        """A cell's ``mean<pm>std`` (the mean alone for one seed); None when empty."""
+        if (key, c) not in self.stats:
             return None
-        mean, std, n = stats[key, c]
-        d = places[c]
+        mean, std, n = self.stats[key, c]
+        d = self.places[c]
         return f"{mean:.{d}f}" + (f"{pm}{std:.{d}f}" if n > 1 else "")
 
-    def heading(c) -> str:
-        return str(c) if columns in ("dataset", "regime", "method", "mode", "metric") \
-            else f"{_short(columns)}={c}"
+    def cell(self, key, c, pm: str, marks: dict, empty: str, escape=str) -> str:
+        """A cell's text, marked when it ranks best / second (``marks``), ``empty`` if none."""
+        t = self.text(key, c, pm)
+        r = self.ranks.get((key, c))
+        return empty if t is None else marks[r].format(escape(t)) if r else escape(t)
 
-    def group_title(g) -> str:
-        return REGIME_TITLES.get(g, str(g)) if group == "regime" else f"{group}={g}"
+    def heading(self, c) -> str:
+        return str(c) if self.columns in ("dataset", "regime", "method", "mode", "metric") \
+            else f"{_short(self.columns)}={c}"
 
-    first = rows.capitalize()
-    if fmt == "csv":
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        head = [group or "group", rows] if group else [rows]
-        for c in cols:
-            head += [f"{heading(c)} mean", f"{heading(c)} std", f"{heading(c)} n",
-                     f"{heading(c)} rank"]
-        w.writerow(head)
-        for g, labels in layout:
-            for lab in labels:
-                line = [g, lab] if group else [lab]
-                for c in cols:
-                    s = stats.get(((g, lab), c))
-                    line += ([round(s[0], places[c] + 2), round(s[1], places[c] + 2), s[2],
-                              ranks.get(((g, lab), c), "")] if s else ["", "", 0, ""])
-                w.writerow(line)
-        return buf.getvalue()
+    def group_title(self, g) -> str:
+        return REGIME_TITLES.get(g, str(g)) if self.group == "regime" else f"{self.group}={g}"
 
-    if fmt == "markdown":
-        marks = {1: "**{}**", 2: "<u>{}</u>"}
-        esc = (lambda s: str(s).replace("|", "\\|"))
-        lines = ([f"**{esc(title)}**", ""] if title else [])
-        lines += ["| " + " | ".join([first] + [esc(heading(c)) for c in cols]) + " |",
-                  "|" + "---|" * (len(cols) + 1)]
-        for g, labels in layout:
-            if group:
-                lines.append(f"| *{esc(group_title(g))}* |" + " |" * len(cols))
-            for lab in labels:
-                out = []
-                for c in cols:
-                    t = text((g, lab), c, " ± ")
-                    r = ranks.get(((g, lab), c))
-                    out.append("–" if t is None else marks[r].format(t) if r else t)
-                lines.append("| " + " | ".join([esc(lab)] + out) + " |")
-        return "\n".join(lines) + "\n"
+    @property
+    def first(self) -> str:
+        return self.rows.capitalize()
 
-    if fmt == "latex":
-        marks = {1: r"\textbf{{{}}}", 2: r"\underline{{{}}}"}
-        lines = [f"% {title}"] if title else []
-        lines += [r"\begin{tabular}{l" + "c" * len(cols) + "}", r"\toprule",
-                  " & ".join([latex_escape(first)] + [latex_escape(heading(c)) for c in cols])
-                  + r" \\", r"\midrule"]
-        for i, (g, labels) in enumerate(layout):
-            if group:
-                if i:
-                    lines.append(r"\midrule")
-                lines.append(rf"\multicolumn{{{len(cols) + 1}}}{{l}}"
-                             rf"{{\textit{{{latex_escape(group_title(g))}}}}} \\")
-            for lab in labels:
-                out = []
-                for c in cols:
-                    t = text((g, lab), c, r" $\pm$ ")
-                    r = ranks.get(((g, lab), c))
-                    out.append("--" if t is None else marks[r].format(t) if r else t)
-                lines.append(" & ".join([latex_escape(lab)] + out) + r" \\")
-        lines += [r"\bottomrule", r"\end{tabular}"]
-        return "\n".join(lines) + "\n"
 
-    # html
+def _csv(t: _Table) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    head = [t.group or "group", t.rows] if t.group else [t.rows]
+    for c in t.cols:
+        h = t.heading(c)
+        head += [f"{h} mean", f"{h} std", f"{h} n", f"{h} rank"]
+    w.writerow(head)
+    for g, labels in t.layout:
+        for lab in labels:
+            line = [g, lab] if t.group else [lab]
+            for c in t.cols:
+                s = t.stats.get(((g, lab), c))
+                line += ([round(s[0], t.places[c] + 2), round(s[1], t.places[c] + 2), s[2],
+                          t.ranks.get(((g, lab), c), "")] if s else ["", "", 0, ""])
+            w.writerow(line)
+    return buf.getvalue()
+
+
+def _markdown(t: _Table) -> str:
+    marks = {1: "**{}**", 2: "<u>{}</u>"}
+    esc = (lambda s: str(s).replace("|", "\\|"))
+    lines = ([f"**{esc(t.title)}**", ""] if t.title else [])
+    lines += ["| " + " | ".join([t.first] + [esc(t.heading(c)) for c in t.cols]) + " |",
+              "|" + "---|" * (len(t.cols) + 1)]
+    for g, labels in t.layout:
+        if t.group:
+            lines.append(f"| *{esc(t.group_title(g))}* |" + " |" * len(t.cols))
+        for lab in labels:
+            out = [t.cell((g, lab), c, " ± ", marks, "–") for c in t.cols]
+            lines.append("| " + " | ".join([esc(lab)] + out) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _latex(t: _Table) -> str:
+    marks = {1: r"\textbf{{{}}}", 2: r"\underline{{{}}}"}
+    lines = [f"% {t.title}"] if t.title else []
+    lines += [r"\begin{tabular}{l" + "c" * len(t.cols) + "}", r"\toprule",
+              " & ".join([latex_escape(t.first)] + [latex_escape(t.heading(c)) for c in t.cols])
+              + r" \\", r"\midrule"]
+    for i, (g, labels) in enumerate(t.layout):
+        if t.group:
+            if i:
+                lines.append(r"\midrule")
+            lines.append(rf"\multicolumn{{{len(t.cols) + 1}}}{{l}}"
+                         rf"{{\textit{{{latex_escape(t.group_title(g))}}}}} \\")
+        for lab in labels:
+            out = [t.cell((g, lab), c, r" $\pm$ ", marks, "--") for c in t.cols]
+            lines.append(" & ".join([latex_escape(lab)] + out) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def _html(t: _Table) -> str:
     marks = {1: "<strong>{}</strong>", 2: "<u>{}</u>"}
     e = html.escape
     parts = ['<table class="study">']
-    if title:
-        parts.append(f"<caption>{e(title)}</caption>")
+    if t.title:
+        parts.append(f"<caption>{e(t.title)}</caption>")
     parts.append("<thead><tr>" + "".join(f"<th>{e(str(h))}</th>"
-                                         for h in [first] + [heading(c) for c in cols])
+                                         for h in [t.first] + [t.heading(c) for c in t.cols])
                  + "</tr></thead>")
     parts.append("<tbody>")
-    for g, labels in layout:
-        if group:
-            parts.append(f'<tr class="group"><th colspan="{len(cols) + 1}">'
-                         f"{e(group_title(g))}</th></tr>")
+    for g, labels in t.layout:
+        if t.group:
+            parts.append(f'<tr class="group"><th colspan="{len(t.cols) + 1}">'
+                         f"{e(t.group_title(g))}</th></tr>")
         for lab in labels:
             tds = []
-            for c in cols:
-                t = text((g, lab), c, " ± ")
-                r = ranks.get(((g, lab), c))
-                n = stats.get(((g, lab), c), (0, 0, 0))[2]
-                body = "–" if t is None else marks[r].format(e(t)) if r else e(t)
+            for c in t.cols:
+                n = t.stats.get(((g, lab), c), (0, 0, 0))[2]
+                body = t.cell((g, lab), c, " ± ", marks, "–", e)
                 tds.append(f'<td title="{n} seed(s)">{body}</td>')
             parts.append(f'<tr><th scope="row">{e(lab)}</th>{"".join(tds)}</tr>')
     parts.append("</tbody></table>")
     return "\n".join(parts) + "\n"
+
+
+_RENDER = {"csv": _csv, "markdown": _markdown, "latex": _latex, "html": _html}

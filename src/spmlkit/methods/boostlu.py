@@ -73,7 +73,10 @@ from ..data.rows import holds_vectors
 from ..labels import validate_full_labels, validate_observed
 from ..losses import TrainInfo
 from ..models.heads import BoostLUClassifier, BoostLUHead, check_alpha
-from .base import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
+from .contract import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
+from .image_methods import (MAP_DTYPES, EvalMapViews, backbone_record, image_model_info,
+                            image_options, rebuild_backbone, run_backbone, run_geometry,
+                            smoke_image_options)
 
 #: the official default of ``--alpha`` (config.py)
 OFFICIAL_ALPHA = 5.0
@@ -193,13 +196,9 @@ def fit_boostlu(train: MapRows, observed, loss, config: TrainConfig, *, val: Map
 
 
 # ---- the training method ---------------------------------------------------------------------
-def _is_vectors(splits) -> bool:
-    return holds_vectors(splits.train.x)
-
-
 def _check(ctx) -> bool:
     """True for feature vectors (1 x 1 maps), False for an image source with a backbone."""
-    vectors = _is_vectors(ctx.splits)
+    vectors = holds_vectors(ctx.splits.train.x)
     given = ctx.options["backbone"]
     if vectors and given is not None:
         raise ValueError(f"dataset {ctx.splits.name!r} holds feature vectors, which --mode "
@@ -212,8 +211,8 @@ def _check(ctx) -> bool:
     check_alpha(ctx.options["alpha"])
     if ctx.options["eval_alpha"] is not None:
         check_alpha(ctx.options["eval_alpha"])
-    if ctx.options["map_dtype"] not in ("float16", "float32"):
-        raise ValueError(f"map_dtype must be 'float16' or 'float32', got "
+    if ctx.options["map_dtype"] not in MAP_DTYPES:
+        raise ValueError(f"map_dtype must be one of {MAP_DTYPES}, got "
                          f"{ctx.options['map_dtype']!r}")
     return vectors
 
@@ -226,17 +225,11 @@ def _eval_alpha(options) -> dict:
 
 def run_config(ctx) -> dict:
     """BoostLU's entries of ``config.json``: alpha, the inputs, the backbone and geometry."""
-    from .lac import _backbone, _geometry
-
     o = ctx.options
     out = {"alpha": float(o["alpha"]), **_eval_alpha(o)}
     if _check(ctx):
         return {**out, "inputs": "vectors as 1 x 1 maps"}
-    _, name = _backbone(ctx)
-    size, mean, std = _geometry(ctx)
-    return {**out, "inputs": "feature maps", "backbone": name, "pretrained": o["pretrained"],
-            "backbone_options": o["backbone_options"] or {}, "image_size": size, "mean": mean,
-            "std": std, "map_dtype": o["map_dtype"]}
+    return {**out, "inputs": "feature maps", **backbone_record(ctx), "map_dtype": o["map_dtype"]}
 
 
 def _inputs(ctx, device) -> tuple[dict, dict]:
@@ -245,24 +238,14 @@ def _inputs(ctx, device) -> tuple[dict, dict]:
     if _check(ctx):
         return ({s: MapRows(getattr(splits, s).x, device) for s in ("train", "val", "test")},
                 {"inputs": "vectors"})
-    from ..features import extract_feature_maps
-    from .lac import _backbone, _geometry
-
-    net, name = _backbone(ctx)
-    size, _, _ = _geometry(ctx)
-    t0 = time.perf_counter()
-    stores = {s: extract_feature_maps(getattr(splits, s).x, net, "eval", size,
-                                      dtype=o["map_dtype"], cache_dir=o["cache_dir"],
-                                      progress=o["progress"],
-                                      desc=f"{splits.name} {s} feature maps",
-                                      **(o["features"] or {}))
-              for s in ("train", "val", "test")}
-    from pathlib import Path
-
-    info = {"inputs": "feature maps", "backbone": name,
-            "stores": [str(Path(m.filename).parent) for m in stores.values()],
-            "extract_seconds": round(time.perf_counter() - t0, 3)}
-    return {s: MapRows(m, device) for s, m in stores.items()}, info
+    net, name = run_backbone(ctx)
+    size, _, _ = run_geometry(ctx)
+    views = EvalMapViews(splits, net, size, dtype=o["map_dtype"], seed=0, device=device,
+                         cache_dir=o["cache_dir"], progress=o["progress"],
+                         **(o["features"] or {}))
+    info = {"inputs": "feature maps", "backbone": name, "stores": views.describe()["stores"],
+            "extract_seconds": round(views.seconds, 3)}
+    return {s: MapRows(m, device) for s, m in views.eval.items()}, info
 
 
 def fit(ctx: RunContext) -> Fitted:
@@ -283,11 +266,8 @@ def fit(ctx: RunContext) -> Fitted:
     if info["inputs"] == "vectors":
         best["preprocess"] = feature_preprocess(splits)
     else:
-        from .lac import _geometry
-
-        size, mean, std = _geometry(ctx)
-        best.update(pretrained=o["pretrained"], backbone_options=o["backbone_options"] or {},
-                    image_size=size, mean=mean, std=std)
+        record = backbone_record(ctx)
+        best.update({k: v for k, v in record.items() if k != "backbone"})
     extra = {"alpha": float(o["alpha"]), **_eval_alpha(o), "map_shape": shape, **info}
     return Fitted(result, probs, best, extra)
 
@@ -302,13 +282,7 @@ def load_model(best: dict, config: dict):
     head.load_state_dict(state)
     if best.get("inputs") == "vectors":
         return head, {"inputs": "features", "in_features": int(channels)}
-    from ..models.backbones import create_backbone
-
-    net = create_backbone(best["backbone"], pretrained=best.get("pretrained", True),
-                          **(best.get("backbone_options") or {}))
-    return BoostLUClassifier(net, head), {
-        "inputs": "images", "image_size": int(best["image_size"]), "mean": tuple(best["mean"]),
-        "std": tuple(best["std"])}
+    return BoostLUClassifier(rebuild_backbone(best), head), image_model_info(best)
 
 
 BOOSTLU = register_method(TrainingMethod(
@@ -318,12 +292,9 @@ BOOSTLU = register_method(TrainingMethod(
     "--loss ll_r",
     paper="Kim et al. 2023 (BoostLU)", inputs="images", accepts_vectors=True, fit=fit,
     load_model=load_model, run_config=run_config,
-    options={"alpha": OFFICIAL_ALPHA, "eval_alpha": None, "backbone": None, "pretrained": True,
-             "backbone_options": None, "image_size": None, "map_dtype": "float16",
-             "cache_dir": None, "progress": True, "features": None},
+    options={"alpha": OFFICIAL_ALPHA, "eval_alpha": None, "map_dtype": "float16",
+             **image_options(backbone=None, without=("image_reader",))},
     default_lr=1e-3,
     default_lr_source="the linear mode's (a head on frozen features; the official 1e-5 with "
     "a 10x head lr is for a ResNet-50 fine-tuned end to end)",
-    smoke_options={"backbone": "tiny_cnn", "pretrained": False, "progress": False,
-                   "backbone_options": {"width": 4, "num_features": 8, "input_size": 16},
-                   "features": {"num_workers": 0}}))
+    smoke_options=smoke_image_options()))

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..engine import TrainConfig, fit_finetune, fit_linear_init, predict_items
-from .base import Fitted, RunContext, TrainingMethod, register_method
+from .contract import Fitted, RunContext, TrainingMethod, register_method
 
 OPTIONS = {"backbone": "efficientnet_lite0", "pretrained": True, "backbone_options": {},
            "linear_epochs": 25, "linear_lr": None, "feature_dtype": "float32",

@@ -75,27 +75,30 @@ import contextlib
 import dataclasses
 import functools
 import math
-import time
-from dataclasses import asdict, dataclass, fields
-from pathlib import Path
-from typing import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 from torch import nn
 
 from ..data import Splits
-from ..engine import (FitResult, GlobalBatchSampler, ItemPredictor, LossScaler,
-                      Stage, StageParts, StepBatch, StepHook, TrainConfig, amp_dtype,
-                      check_val_labels, loader_workers, mix_seed, train_loop, val_map)
+from ..engine import (FitResult, GlobalBatchSampler, LossScaler, Stage, StageParts, StepBatch,
+                      StepHook, TrainConfig, amp_dtype, check_val_labels, mix_seed, train_loop,
+                      val_map)
 from ..labels import validate_observed
 from ..losses import TrainInfo
 from ..losses.lac import LACQueue, lac_term, plc_loss, plc_targets
 from ..models.ema import ModelEMA
 from ..models.label_embedding import LabelEmbeddingModel
+from .image_methods import (CachedMapViews, ImageViews, backbone_record, check_head_config,
+                            config_fields, config_from_dict, config_from_options,
+                            image_model_info,
+                            image_options, rebuild_backbone, run_backbone, run_device,
+                            run_geometry, smoke_image_options)
 
-__all__ = ["ABLATIONS", "CHECKPOINT_FILE", "LACConfig", "CachedMapViews", "ImageViews",
-           "ablation_config", "fit_lac", "lac_model_from_checkpoint"]
+__all__ = ["ABLATIONS", "CHECKPOINT_FILE", "CONFIG_KEYS", "LACConfig", "ablation_config",
+           "config_of", "fit_lac", "id_options", "lac_model_from_checkpoint", "upgrade_options"]
 
 CHECKPOINT_FILE = "checkpoint.pt"
 #: the paper's batch size, OneCycle max learning rate and epoch budget (section 4.1)
@@ -194,29 +197,10 @@ class LACConfig:
         def bad(name, why):
             raise ValueError(f"LACConfig.{name} {why}, got {getattr(self, name)!r}")
 
-        for name in ("plc", "lac", "two_stage", "train_backbone"):
-            if not isinstance(getattr(self, name), bool):
-                bad(name, "must be true or false")
-        for name, low in (("dim", 4), ("heads", 1), ("encoder_layers", 0),
-                          ("decoder_layers", 1), ("proj_dim", 1), ("queue_size", 0),
-                          ("weak_views", 1), ("strong_views", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                bad(name, f"must be an integer >= {low}")
-            if value > _LAC_MAX.get(name, value):  # checked before anything is allocated
-                bad(name, f"must be at most {_LAC_MAX[name]} (a size; the paper's is far "
-                          f"smaller)")
-        for name in ("ffn", "stage1_epochs", "stage2_epochs", "batch_size"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                      or value < 1):
-                bad(name, "must be an integer >= 1 or None")
-            if value is not None and value > _LAC_MAX.get(name, value):
-                bad(name, f"must be at most {_LAC_MAX[name]}")
-        if self.dim % 4 or self.dim % self.heads:
-            bad("dim", f"must be a multiple of 4 and of heads ({self.heads})")
-        if not 0.0 <= self.dropout < 1.0:
-            bad("dropout", "must be in [0, 1)")
+        check_head_config(self, views=VIEWS, flags=("plc", "lac", "two_stage"),
+                          integers=(("proj_dim", 1), ("queue_size", 0), ("strong_views", 1)),
+                          optional=("ffn", "stage1_epochs", "stage2_epochs", "batch_size"),
+                          maxima=_LAC_MAX)
         for name in ("delta1", "delta2"):
             if not 0.5 <= float(getattr(self, name)) <= 1.0:
                 bad(name, "must be in [0.5, 1] (the paper's range is 0.5 .. 0.9)")
@@ -231,15 +215,8 @@ class LACConfig:
             bad("pct_start", "must be in (0, 1)")
         if not 0.0 <= self.ema_decay <= 1.0:
             bad("ema_decay", "must be in [0, 1]")
-        if self.views not in VIEWS:
-            bad("views", f"must be one of {VIEWS}")
-        if self.map_dtype not in ("float16", "float32"):
-            bad("map_dtype", "must be 'float16' or 'float32'")
         if self.stage2_epochs is not None and self.num_stages == 1:
             bad("stage2_epochs", "needs a second stage (lac=True and two_stage=True)")
-        if self.train_backbone and self.views != "images":
-            bad("train_backbone", "needs views='images' (cached maps come from a frozen "
-                                  "backbone)")
 
     @property
     def num_stages(self) -> int:
@@ -272,24 +249,57 @@ class LACConfig:
 
     @classmethod
     def from_dict(cls, values: dict | None) -> "LACConfig":
-        """A config from a dict (``--lac KEY=VALUE`` pairs, a study's options); unknown keys
-        raise."""
-        values = dict(values or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown LAC option(s) {unknown}; known: {', '.join(sorted(known))}")
-        return cls(**values)
+        """A config from a dict of its fields; ``ablation=NAME`` applies :data:`ABLATIONS`
+        first; unknown keys raise (:func:`spmlkit.methods.image_methods.config_from_dict`)."""
+        return config_from_dict(cls, values, what="LAC", ablations=ABLATIONS)
 
-    @classmethod
-    def coerce(cls, lac) -> "LACConfig":
-        if lac is None:
-            return cls()
-        if isinstance(lac, cls):
-            return lac
-        if isinstance(lac, dict):
-            return cls.from_dict(lac)
-        raise ValueError(f"lac must be a LACConfig, a dict or None, got {type(lac).__name__}")
+
+
+#: LACConfig's fields: each a method option (None: the ablation's value, else the default)
+CONFIG_KEYS = config_fields(LACConfig)
+
+
+def upgrade_options(options: dict) -> dict:
+    """LAC's options in their flat form: the nested ``lac={FIELD: VALUE, ...}`` of earlier
+    versions (deprecated; study specs and run folders written with it still load) spread into
+    the fields, where a flat field given beside it (not None) wins.
+
+    Raises:
+        ValueError: a nested key that is no LACConfig field.
+
+    >>> upgrade_options({"lac": {"dim": 64, "lac": False}, "backbone": "tiny_cnn"})
+    {'dim': 64, 'lac': False, 'backbone': 'tiny_cnn'}
+    """
+    nested = options.get("lac")
+    if not isinstance(nested, dict):
+        return options
+    unknown = sorted(set(nested) - {*CONFIG_KEYS, "ablation"})
+    if unknown:
+        raise ValueError(f"unknown LAC option(s) {unknown} in lac={{...}}; known: ablation, "
+                         f"{', '.join(sorted(CONFIG_KEYS))}")
+    rest = {k: v for k, v in options.items() if k != "lac" and (v is not None or k not in nested)}
+    return {**nested, **rest}
+
+
+def config_of(options: dict, **fields) -> LACConfig:
+    """The run's :class:`LACConfig` from the method's options (``--option KEY=VALUE``, a
+    study's ``mode_options``): ``ablation`` (a name of :data:`ABLATIONS`) and every field not
+    None there (:func:`upgrade_options` reads the deprecated nested form), ``fields`` on top."""
+    return config_from_options(LACConfig, upgrade_options(options), what="LAC",
+                               ablations=ABLATIONS, more=fields)
+
+
+def id_options(options: dict) -> dict:
+    """LAC's options as a study's run id hashes them: its LACConfig fields (and ``ablation``)
+    nested under ``lac``, the spelling the ids were first given out with, so that a study's ids
+    stay what they were before the options went flat; the other options as they are.
+
+    >>> id_options({"backbone": "tiny_cnn", "dim": 64, "lac": False})
+    {'backbone': 'tiny_cnn', 'lac': {'dim': 64, 'lac': False}}
+    """
+    options = upgrade_options(options)
+    own = {k: v for k, v in options.items() if k in CONFIG_KEYS or k == "ablation"}
+    return {**{k: v for k, v in options.items() if k not in own}, **({"lac": own} if own else {})}
 
 
 def ablation_config(name: str, **overrides) -> LACConfig:
@@ -298,9 +308,7 @@ def ablation_config(name: str, **overrides) -> LACConfig:
     >>> ablation_config("an").num_stages, ablation_config("an_plc_lac").num_stages
     (1, 2)
     """
-    if name not in ABLATIONS:
-        raise ValueError(f"unknown LAC ablation {name!r}; known: {', '.join(ABLATIONS)}")
-    return LACConfig.from_dict({**ABLATIONS[name], **overrides})
+    return LACConfig.from_dict({"ablation": name, **overrides})
 
 
 def resolve_train_config(config: TrainConfig | None, lac: LACConfig) -> TrainConfig:
@@ -313,188 +321,6 @@ def resolve_train_config(config: TrainConfig | None, lac: LACConfig) -> TrainCon
     return dataclasses.replace(config, epochs=total,
                                batch_size=lac.batch_size or config.batch_size,
                                lr=lac.lr or config.lr)
-
-
-# ---- views ---------------------------------------------------------------------------------
-def _view_choice(seed: int, epoch: int, rows, n_weak: int, n_strong: int):
-    """Which cached weak / strong view each row takes this epoch (from mix_seed(seed, epoch,
-    row))."""
-    draws = [mix_seed(seed, epoch, int(r)) for r in rows]
-    return (np.array([d % n_weak for d in draws]),
-            np.array([(d // n_weak) % max(n_strong, 1) for d in draws]))  # 0: no strong views
-
-
-class CachedMapViews:
-    """Views from cached feature maps of a frozen backbone (the CPU path).
-
-    Args:
-        splits: image splits (``x`` are paths).
-        backbone: the backbone module (its ``cache_key`` names the stores).
-        size: input side.
-        lac: ``weak_views``, ``strong_views``, ``map_dtype``.
-        seed: the run seed (the view choice per epoch; the cached views themselves are seeded
-            ``0 .. n - 1`` and shared by every run).
-        store_options: :func:`spmlkit.features.extract_features` options (``cache_dir``,
-            ``progress``, ``num_workers``, ``batch_size``, ``device``).
-    """
-
-    kind = "cached"
-
-    def __init__(self, splits: Splits, backbone: nn.Module, size: int, lac: LACConfig, *,
-                 seed: int, device: torch.device, **store_options):
-        from ..features import extract_feature_maps
-
-        t0 = time.perf_counter()
-        self.seed, self.device = int(seed), device
-        self.n_weak, self.n_strong = lac.weak_views, lac.strong_views
-        opts = {"dtype": lac.map_dtype, **store_options}
-        name = splits.name
-
-        def maps(items, transform, what, seed=0):
-            return extract_feature_maps(items, backbone, transform, size, seed=seed,
-                                        desc=f"{name} {what}", **opts)
-
-        self.weak = [maps(splits.train.x, "weak", f"train weak view {v + 1}/{self.n_weak}", v)
-                     for v in range(self.n_weak)]
-        self.strong = [maps(splits.train.x, "strong",
-                            f"train strong view {v + 1}/{self.n_strong}", v)
-                       for v in range(self.n_strong)]
-        self.eval = {s: maps(getattr(splits, s).x, "eval", f"{s} eval view")
-                     for s in ("train", "val", "test")}
-        self.in_channels = int(self.eval["train"].shape[1])
-        self.map_shape = tuple(int(v) for v in self.eval["train"].shape[1:])
-        self.seconds = time.perf_counter() - t0
-
-    def describe(self) -> dict:
-        stores = [str(Path(m.filename).parent) for m in (*self.weak, *self.strong,
-                                                         *self.eval.values())]
-        return {"kind": self.kind, "weak_views": self.n_weak, "strong_views": self.n_strong,
-                "map_shape": list(self.map_shape), "stores": stores}
-
-    @staticmethod
-    def _gather(stores, choice, rows) -> torch.Tensor:
-        out = np.empty((len(rows), *stores[0].shape[1:]), dtype=stores[0].dtype)
-        for v in np.unique(choice):
-            take = choice == v
-            out[take] = stores[v][rows[take]]
-        return torch.from_numpy(out).float()
-
-    def train_epoch(self, batches: Sequence[torch.Tensor], epoch: int, strong: bool):
-        """Yields ``(weak B x C x h x w, strong or None, rows)`` for each batch of rows."""
-        for rows in batches:
-            r = rows.numpy()
-            w_choice, s_choice = _view_choice(self.seed, epoch, r, self.n_weak, self.n_strong)
-            weak = self._gather(self.weak, w_choice, r).to(self.device)
-            stro = self._gather(self.strong, s_choice, r).to(self.device) if strong else None
-            yield weak, stro, rows
-
-    @torch.no_grad()
-    def predict(self, module: nn.Module, split: str, batch_size: int = 256) -> torch.Tensor:
-        """Eval-mode logits (float32, CPU) of ``module`` on ``split``'s eval view, row order."""
-        was = module.training
-        module.eval()
-        maps = self.eval[split]
-        outs = [module(torch.from_numpy(np.asarray(maps[i:i + batch_size], dtype=np.float32))
-                       .to(self.device)).float().cpu()
-                for i in range(0, len(maps), batch_size)]
-        module.train(was)
-        return torch.cat(outs)
-
-    def close(self) -> None:
-        pass
-
-
-class _TwoViewItems(torch.utils.data.Dataset):
-    """Train images through the weak and (optionally) the strong transform; key ``(row,
-    epoch, strong)``; generators seeded from ``mix_seed(seed, epoch, row, 0 | 1)``."""
-
-    def __init__(self, items, weak, strong, read, seed: int):
-        self.items, self.weak, self.strong, self.read, self.seed = items, weak, strong, read, seed
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, key):
-        row, epoch, strong = key
-        item = self.items[row]
-        img = self.read(item) if isinstance(item, (str, bytes)) or hasattr(item, "__fspath__") \
-            else item
-        gen = torch.Generator().manual_seed
-        w = self.weak(img, gen(mix_seed(self.seed, epoch, row, 0)))
-        s = self.strong(img, gen(mix_seed(self.seed, epoch, row, 1))) if strong else None
-        return w, s, row
-
-
-def _collate_two(batch):
-    weak = torch.stack([b[0] for b in batch])
-    strong = torch.stack([b[1] for b in batch]) if batch[0][1] is not None else None
-    return weak, strong, torch.tensor([b[2] for b in batch], dtype=torch.long)
-
-
-class _Batches:
-    """A batch sampler whose batches the trainer sets before each epoch (iterated in the main
-    process, so persistent workers see every epoch's keys)."""
-
-    def __init__(self):
-        self.batches = []
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __iter__(self):
-        return iter(self.batches)
-
-
-class ImageViews:
-    """Views computed from the images at every step (the end-to-end path, for a GPU).
-
-    Weak view (:func:`spmlkit.data.transforms.weak_view`) and strong view
-    (:func:`~spmlkit.data.transforms.strong_view`) at the backbone's normalisation, in
-    ``config.num_workers`` DataLoader workers; val / test / train predictions through the eval
-    transform (:class:`spmlkit.engine.ItemPredictor`, autocast on CUDA).
-    """
-
-    kind = "images"
-
-    def __init__(self, splits: Splits, size: int, mean, std, config: TrainConfig, *,
-                 seed: int, device: torch.device, image_reader: Callable | None = None):
-        from ..data import transforms as T
-        from ..engine import default_image_reader
-
-        read = image_reader or default_image_reader()
-        self.device, self.seconds = device, 0.0
-        self.size = int(size)
-        weak, strong = T.weak_view(size, mean, std), T.strong_view(size, mean, std)
-        self.sampler = _Batches()
-        workers = loader_workers(config.num_workers)
-        self.loader = torch.utils.data.DataLoader(
-            _TwoViewItems(list(splits.train.x), weak, strong, read, seed),
-            batch_sampler=self.sampler, num_workers=workers, collate_fn=_collate_two,
-            pin_memory=device.type == "cuda", persistent_workers=workers > 0,
-            generator=torch.Generator())  # its workers' base seed: not from the global RNG
-        eval_t = T.eval_transform(size, mean, std)
-        self.predictors = {s: ItemPredictor(list(getattr(splits, s).x), eval_t, config,
-                                            (3, size, size), device, read)
-                           for s in ("train", "val", "test")}
-        self.channels_last = device.type == "cuda" and config.channels_last
-
-    def describe(self) -> dict:
-        return {"kind": self.kind, "image_size": self.size}
-
-    def train_epoch(self, batches: Sequence[torch.Tensor], epoch: int, strong: bool):
-        self.sampler.batches = [[(int(r), int(epoch), bool(strong)) for r in b] for b in batches]
-        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
-        for weak, stro, rows in self.loader:
-            weak = weak.to(self.device, non_blocking=True).contiguous(memory_format=fmt)
-            if stro is not None:
-                stro = stro.to(self.device, non_blocking=True).contiguous(memory_format=fmt)
-            yield weak, stro, rows
-
-    def predict(self, module: nn.Module, split: str, batch_size: int = 0) -> torch.Tensor:
-        return self.predictors[split](module).float().cpu()
-
-    def close(self) -> None:
-        self.loader = None
 
 
 # ---- LAC on the engine's loop ------------------------------------------------------------------
@@ -765,60 +591,29 @@ def _check_images(splits: Splits) -> None:
                          f"backbone is LAC's own (backbone=...)")
 
 
-def _device(config: TrainConfig) -> torch.device:
-    device = torch.device(config.device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def _backbone(ctx) -> tuple[nn.Module, str]:
-    """The run's backbone module and its name, built once (run_config and fit both need it)."""
-    from ..models.backbones import create_backbone
-
-    if "backbone" not in ctx.prepared:
-        o = ctx.options
-        given = o["backbone"]
-        net = given if isinstance(given, nn.Module) else \
-            create_backbone(given, pretrained=o["pretrained"], **(o["backbone_options"] or {}))
-        name = given if isinstance(given, str) else getattr(net, "name", type(net).__name__)
-        ctx.prepared["backbone"] = (net, name)
-    return ctx.prepared["backbone"]
-
-
-def _geometry(ctx) -> tuple[int, list, list]:
-    net, _ = _backbone(ctx)
-    size = int(ctx.options["image_size"] or ctx.config.image_size or net.input_size)
-    return size, [float(v) for v in net.mean], [float(v) for v in net.std]
-
-
 def run_config(ctx) -> dict:
     """LAC's entries of ``config.json``: the backbone, the input geometry, LACConfig, stages."""
-    lac = LACConfig.coerce(ctx.options["lac"])
-    _, name = _backbone(ctx)
-    size, mean, std = _geometry(ctx)
-    o = ctx.options
-    return {"backbone": name, "pretrained": o["pretrained"],
-            "backbone_options": o["backbone_options"] or {}, "image_size": size, "mean": mean,
-            "std": std, "lac": asdict(lac),
+    lac = config_of(ctx.options)
+    return {**backbone_record(ctx), "lac": asdict(lac),
             "stages": [list(s) for s in lac.stages(ctx.config.epochs)]}
 
 
 def fit(ctx):
     """LAC's fit for :func:`spmlkit.methods.train_run`: views (cached feature maps or images),
     the label-wise embedding model, :func:`fit_lac`; the best epoch's predictions."""
-    from .base import Fitted
+    from .contract import Fitted
 
     splits, config, o = ctx.splits, ctx.config, ctx.options
     _check_images(splits)
-    lac = LACConfig.coerce(o["lac"])
-    device = _device(config)
-    net, name = _backbone(ctx)
-    size, mean, std = _geometry(ctx)
+    lac = config_of(o)
+    device = run_device(config)
+    net, name = run_backbone(ctx)
+    size, mean, std = run_geometry(ctx)
     if lac.views == "cached":
-        views = CachedMapViews(splits, net, size, lac, seed=config.seed, device=device,
-                               cache_dir=o["cache_dir"], progress=o["progress"],
-                               **(o["features"] or {}))
+        views = CachedMapViews(splits, net, size, weak_views=lac.weak_views,
+                               strong_views=lac.strong_views, map_dtype=lac.map_dtype,
+                               seed=config.seed, device=device, cache_dir=o["cache_dir"],
+                               progress=o["progress"], **(o["features"] or {}))
         model = LabelEmbeddingModel(None, len(splits.class_names),
                                     in_channels=views.in_channels, seed=config.seed,
                                     **lac.head_kwargs())
@@ -853,9 +648,8 @@ def fit(ctx):
              "views": views.kind, "image_size": size,
              "extract_seconds": round(float(getattr(views, "seconds", 0.0)), 3)}
     state = {n: t.detach().cpu().contiguous() for n, t in model.state_dict().items()}
-    best = {"model": state, "views": views_info, "backbone": name,
-            "pretrained": o["pretrained"], "backbone_options": o["backbone_options"] or {},
-            "image_size": size, "mean": mean, "std": std, "in_channels": model.head.in_channels,
+    best = {"model": state, "views": views_info, **backbone_record(ctx),
+            "in_channels": model.head.in_channels,
             "head": {**lac.head_kwargs(), "seed": config.seed},
             "best_epoch": int(result.best_epoch), "best_stage": int(result.best_stage),
             "best_source": result.best_source}
@@ -865,11 +659,8 @@ def fit(ctx):
 def lac_model_from_checkpoint(info: dict) -> LabelEmbeddingModel:
     """The model of a LAC ``best.pt`` dict, in eval mode on the CPU: the backbone rebuilt by
     name (with the run's own weights when it was trained end to end) and the head."""
-    from ..models.backbones import create_backbone
-
-    net = create_backbone(info["backbone"], pretrained=info.get("pretrained", True),
-                          **(info.get("backbone_options") or {}))
-    model = LabelEmbeddingModel(net, info["num_classes"], freeze_backbone=True, **info["head"])
+    model = LabelEmbeddingModel(rebuild_backbone(info), info["num_classes"],
+                                freeze_backbone=True, **info["head"])
     state = info["model"]
     if any(key.startswith("backbone.") for key in state):
         model.load_state_dict(state)
@@ -880,16 +671,14 @@ def lac_model_from_checkpoint(info: dict) -> LabelEmbeddingModel:
 
 # ---- registration ------------------------------------------------------------------------------
 def _load_model(best: dict, config: dict):
-    return lac_model_from_checkpoint(best), {
-        "inputs": "images", "image_size": int(best["image_size"]), "mean": tuple(best["mean"]),
-        "std": tuple(best["std"])}
+    return lac_model_from_checkpoint(best), image_model_info(best)
 
 
-from .base import TrainingMethod, register_method  # noqa: E402
+from .contract import TrainingMethod, register_method  # noqa: E402
 
 def baseline_cause(config: TrainConfig, options: dict) -> str:
     """Why a LAC run may end near the trivial baseline: the paper's learning rate on a short
-    schedule (:func:`spmlkit.methods.base.baseline_warning`)."""
+    schedule (:func:`spmlkit.methods.driver.baseline_warning`)."""
     lr = float(config.lr)
     if lr <= 1e-4:
         return (f"LAC's lr {lr:g} is the paper's OneCycle peak for 40 epochs on a GPU; on a "
@@ -903,16 +692,12 @@ LAC = register_method(TrainingMethod(
     "and an EMA",
     paper="Xie et al. 2022", inputs="images", fit=fit, load_model=_load_model,
     run_config=run_config,
-    options={"lac": None, "backbone": "efficientnet_lite0", "image_size": None,
-             "cache_dir": None, "progress": True, "pretrained": True, "backbone_options": None,
-             "features": None, "image_reader": None},
+    options={**{k: None for k in CONFIG_KEYS}, "ablation": None, **image_options()},
     default_batch_size=OFFICIAL_BATCH_SIZE, default_epochs=OFFICIAL_EPOCHS,
     default_lr=OFFICIAL_LR,
     default_lr_source="the OneCycle max lr of Xie et al. 2022",
     checkpoint_seconds=0.0, baseline_cause=baseline_cause,
-    resolve_config=lambda config, o: resolve_train_config(config, LACConfig.coerce(o["lac"])),
-    smoke_options={"backbone": "tiny_cnn", "pretrained": False, "progress": False,
-                   "backbone_options": {"width": 4, "num_features": 8, "input_size": 16},
-                   "features": {"num_workers": 0},
-                   "lac": {"dim": 8, "heads": 2, "ffn": 16, "proj_dim": 8, "queue_size": 16,
-                           "weak_views": 2, "strong_views": 2, "ema_decay": 0.9}}))
+    resolve_config=lambda config, o: resolve_train_config(config, config_of(o)),
+    id_options=id_options,
+    smoke_options=smoke_image_options(dim=8, heads=2, ffn=16, proj_dim=8, queue_size=16,
+                                      weak_views=2, strong_views=2, ema_decay=0.9)))

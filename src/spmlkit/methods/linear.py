@@ -23,7 +23,7 @@ from ..engine import fit_linear, predict_logits
 from ..engine.linear import to_device
 from ..engine.vectorised import fit_linear_stacked
 from ..runs import TRAIN_PROBS_FILE
-from .base import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
+from .contract import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
 
 
 def _features(x):
@@ -183,6 +183,17 @@ def _fitted(ctx: RunContext, model, result, x_train) -> Fitted:
     return Fitted(result, probs, best)
 
 
+def stack_refusal(options: dict) -> str | None:
+    """Why runs with these options (defaults filled in) train one by one, None when
+    :func:`fit_many` can stack them: a stack is linear heads that store no per-epoch train
+    probabilities (``TrainingMethod.can_stack``; the study groups its runs by it)."""
+    if options["save_train_probs"]:
+        return "save_train_probs stores one run's probabilities per epoch"
+    if options["head"] != "linear":
+        return f"head {options['head']!r}: only linear heads are stacked"
+    return None
+
+
 def fit_many(contexts: list[RunContext]) -> list:
     """Several runs at once (:func:`spmlkit.engine.vectorised.fit_linear_stacked`): per context
     its ``Fitted`` or the exception that ended it. The runs share their features (runs whose
@@ -196,8 +207,7 @@ def fit_many(contexts: list[RunContext]) -> list:
     raises in the stacked step or when its labels are set) trains each of its runs alone
     (:func:`fit`), so every other run ends as ``train_run`` would end it."""
     for ctx in contexts:
-        if ctx.options["save_train_probs"] or ctx.resume is not None or \
-                ctx.options["head"] != "linear":
+        if stack_refusal(ctx.options) is not None or ctx.resume is not None:
             raise ValueError("stacked linear runs take neither save_train_probs, an MLP head "
                              "nor resume; train these runs one by one (train_run)")
     stacks: list[list[int]] = []  # runs on the same features
@@ -316,7 +326,7 @@ LINEAR = register_method(TrainingMethod(
     "source's cached backbone features with --backbone); Cole et al.'s linear protocol",
     paper="Cole et al. 2021", inputs="features", fit=fit, load_model=load_model,
     options={"save_train_probs": False, "head": "linear", "hidden": 256}, fit_many=fit_many,
-    check_run=check_run,
+    check_run=check_run, stack_refusal=stack_refusal,
     default_lr=1e-3,
     default_lr_source="what Cole et al.'s grid (lr 1e-2 ... 1e-5, batch 8 / 16) "
     "selected for every method of the yeast benchmark (README); 1e-4 under-trains a linear "

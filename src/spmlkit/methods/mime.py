@@ -47,12 +47,12 @@ Views (``MIMEConfig.views``; the backbone is ``efficientnet_lite0`` unless ``bac
 
 - ``"cached"`` (default for images; a CPU): the backbone is frozen and LAC's cached feature maps
   of ``weak_views`` weak draws (flip + resize, the official training transform) of every train
-  image are reused (:class:`spmlkit.methods.lac.CachedMapViews`, no strong views);
+  image are reused (:class:`spmlkit.methods.image_methods.CachedMapViews`, no strong views);
 - ``"eval"``: the frozen backbone's eval-view maps only (no augmentation), the store every
   other method on the same backbone and size shares (fmnist_mosaic at 224 px: 1280 x 7 x 7);
 - ``"images"`` (a GPU): the weak view computed at every step (LAC's
-  :class:`~spmlkit.methods.lac.ImageViews`), ``train_backbone=true`` fine-tunes the backbone
-  (BatchNorm frozen) at ``lr`` while the head trains at ``head_lr_mult * lr``;
+  :class:`~spmlkit.methods.image_methods.ImageViews`), ``train_backbone=true`` fine-tunes the
+  backbone (BatchNorm frozen) at ``lr`` while the head trains at ``head_lr_mult * lr``;
 - feature vectors (yeast, or an image source with a dataset backbone): each vector is a
   ``D x 1 x 1`` map. With one spatial token the head's cross-attention has a single key, so all
   label-wise embeddings of an example coincide: the head is then a shared transformer-block
@@ -94,8 +94,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, fields
-from types import SimpleNamespace
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -107,12 +106,16 @@ from ..data.rows import holds_vectors
 from ..labels import POSITIVE, validate_observed
 from ..losses import SPMLLoss
 from ..models.label_embedding import LabelEmbeddingModel
-from .base import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
-from .lac import CachedMapViews, ImageViews, _backbone, _device, _geometry
+from .contract import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
+from .image_methods import (CachedMapViews, EvalMapViews, ImageViews, backbone_record,
+                            check_head_config, config_fields, config_from_dict,
+                            config_from_options, image_model_info, image_options,
+                            rebuild_backbone, run_backbone, run_device, run_geometry,
+                            smoke_image_options)
 from .smile import LOG_EPSILON, neg_log
 
 __all__ = ["ABLATIONS", "MIMEConfig", "MIMEModel", "MIMEObjective", "VectorViews",
-           "EvalMapViews", "config_of", "mime_an_loss", "vib_kl", "vib_statistics",
+           "config_of", "mime_an_loss", "vib_kl", "vib_statistics",
            "pseudo_positives"]
 
 #: the official schedule (train_mime.py at 06e15de; see the module docstring)
@@ -221,22 +224,8 @@ class MIMEConfig:
         def bad(name, why):
             raise ValueError(f"MIMEConfig.{name} {why}, got {getattr(self, name)!r}")
 
-        for name in ("vib", "pseudo_labels", "train_backbone"):
-            if not isinstance(getattr(self, name), bool):
-                bad(name, "must be true or false")
-        for name, low in (("dim", 4), ("heads", 1), ("encoder_layers", 0),
-                          ("decoder_layers", 1), ("z_dim", 1), ("samples", 1),
-                          ("warmup_epoch", 1), ("weak_views", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                bad(name, f"must be an integer >= {low}")
-        if self.ffn is not None and (not isinstance(self.ffn, int) or isinstance(self.ffn, bool)
-                                     or self.ffn < 1):
-            bad("ffn", "must be an integer >= 1 or None")
-        if self.dim % 4 or self.dim % self.heads:
-            bad("dim", f"must be a multiple of 4 and of heads ({self.heads})")
-        if not 0.0 <= self.dropout < 1.0:
-            bad("dropout", "must be in [0, 1)")
+        check_head_config(self, views=VIEWS, flags=("vib", "pseudo_labels"),
+                          integers=(("z_dim", 1), ("samples", 1), ("warmup_epoch", 1)))
         for name in ("beta", "head_lr_mult"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or \
@@ -246,13 +235,6 @@ class MIMEConfig:
             bad("temperature", "must be > 0")
         if isinstance(self.theta, bool) or not 0.0 <= self.theta <= 1.0:
             bad("theta", "must be in [0, 1]")
-        if self.views not in VIEWS:
-            bad("views", f"must be one of {VIEWS}")
-        if self.map_dtype not in ("float16", "float32"):
-            bad("map_dtype", "must be 'float16' or 'float32'")
-        if self.train_backbone and self.views != "images":
-            bad("train_backbone", "needs views='images' (cached maps come from a frozen "
-                                  "backbone)")
 
     def head_kwargs(self) -> dict:
         """The :class:`spmlkit.models.LabelEmbeddingHead` arguments (its projector outputs
@@ -264,31 +246,9 @@ class MIMEConfig:
     @classmethod
     def from_dict(cls, values: dict | None) -> "MIMEConfig":
         """A config from a dict (``--option KEY=VALUE`` pairs, a study's options);
-        ``ablation=NAME`` applies :data:`ABLATIONS` first; unknown keys raise."""
-        values = dict(values or {})
-        ablation = values.pop("ablation", None)
-        if ablation is not None:
-            if ablation not in ABLATIONS:
-                raise ValueError(f"unknown MIME ablation {ablation!r}; known: "
-                                 f"{', '.join(ABLATIONS)}")
-            values = {**ABLATIONS[ablation], **values}
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown MIME option(s) {unknown}; known: ablation, "
-                             f"{', '.join(sorted(known))}")
-        return cls(**values)
-
-    @classmethod
-    def coerce(cls, value) -> "MIMEConfig":
-        if value is None:
-            return cls()
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, dict):
-            return cls.from_dict(value)
-        raise ValueError(f"mime must be a MIMEConfig, a dict or None, got "
-                         f"{type(value).__name__}")
+        ``ablation=NAME`` applies :data:`ABLATIONS` first; unknown keys raise
+        (:func:`spmlkit.methods.image_methods.config_from_dict`)."""
+        return config_from_dict(cls, values, what="MIME", ablations=ABLATIONS)
 
 
 # ---- the model ---------------------------------------------------------------------------------
@@ -461,7 +421,7 @@ class _Record(StepHook):
         return record
 
 
-# ---- views of feature vectors and of eval maps -------------------------------------------------
+# ---- views of feature vectors -------------------------------------------------------
 class VectorViews:
     """Feature-vector splits as views: rows B x D (the model reads them as D x 1 x 1 maps)."""
 
@@ -498,45 +458,15 @@ class VectorViews:
         pass
 
 
-class EvalMapViews(CachedMapViews):
-    """The frozen backbone's eval-view maps of every split, the train rows trained on as they
-    are (no augmentation): the store any method on the same backbone, size and dtype shares."""
-
-    kind = "eval"
-
-    def __init__(self, splits, backbone: nn.Module, size: int, *, dtype: str, seed: int,
-                 device: torch.device, **store_options):
-        from ..features import extract_feature_maps
-
-        t0 = time.perf_counter()
-        self.seed, self.device = int(seed), device
-        self.eval = {s: extract_feature_maps(getattr(splits, s).x, backbone, "eval", size,
-                                             dtype=dtype, desc=f"{splits.name} {s} eval view",
-                                             **store_options)
-                     for s in ("train", "val", "test")}
-        self.weak, self.strong = [self.eval["train"]], []
-        self.n_weak, self.n_strong = 1, 0
-        self.in_channels = int(self.eval["train"].shape[1])
-        self.map_shape = tuple(int(v) for v in self.eval["train"].shape[1:])
-        self.seconds = time.perf_counter() - t0
-
-
 # ---- the method ----------------------------------------------------------------------------------
-def _is_vectors(splits) -> bool:
-    return holds_vectors(splits.train.x)
-
-
 #: MIMEConfig's fields: each a method option (None: the ablation's, else the default value)
-CONFIG_KEYS = tuple(f.name for f in fields(MIMEConfig))
+CONFIG_KEYS = config_fields(MIMEConfig)
 
 
 def config_of(options: dict) -> MIMEConfig:
     """The run's :class:`MIMEConfig` from the method options: ``ablation`` (a name of
     :data:`ABLATIONS`, or None) and every option of :data:`CONFIG_KEYS` that is not None."""
-    given = {k: options[k] for k in CONFIG_KEYS if options.get(k) is not None}
-    if options.get("ablation") is not None:
-        given["ablation"] = options["ablation"]
-    return MIMEConfig.from_dict(given)
+    return config_from_options(MIMEConfig, options, what="MIME", ablations=ABLATIONS)
 
 
 def _config(ctx) -> MIMEConfig:
@@ -545,20 +475,18 @@ def _config(ctx) -> MIMEConfig:
 
 def _views(ctx, mime: MIMEConfig, device):
     o, splits, config = ctx.options, ctx.splits, ctx.config
-    if _is_vectors(splits):
+    if holds_vectors(splits.train.x):
         return VectorViews(splits, device), None
-    net, _ = _backbone(ctx)
-    size, _, _ = _geometry(ctx)
+    net, _ = run_backbone(ctx)
+    size, mean, std = run_geometry(ctx)
     store = {"cache_dir": o["cache_dir"], "progress": o["progress"], **(o["features"] or {})}
     if mime.views == "cached":
-        spec = SimpleNamespace(weak_views=mime.weak_views, strong_views=0,
-                               map_dtype=mime.map_dtype)
-        return CachedMapViews(splits, net, size, spec, seed=config.seed, device=device,
+        return CachedMapViews(splits, net, size, weak_views=mime.weak_views, strong_views=0,
+                              map_dtype=mime.map_dtype, seed=config.seed, device=device,
                               **store), net
     if mime.views == "eval":
         return EvalMapViews(splits, net, size, dtype=mime.map_dtype, seed=config.seed,
                             device=device, **store), net
-    _, mean, std = _geometry(ctx)
     return ImageViews(splits, size, mean, std, config, seed=config.seed, device=device,
                       image_reader=o["image_reader"]), net
 
@@ -577,19 +505,18 @@ def run_config(ctx) -> dict:
     backbone and input size)."""
     mime = _config(ctx)
     out = {"mime": asdict(mime)}
-    if not _is_vectors(ctx.splits):
-        _, name = _backbone(ctx)
-        size, mean, std = _geometry(ctx)
-        out.update(backbone=name, image_size=size, mean=mean, std=std)
+    if not holds_vectors(ctx.splits.train.x):
+        record = backbone_record(ctx)
+        out.update({k: record[k] for k in ("backbone", "image_size", "mean", "std")})
     return out
 
 
 def fit(ctx: RunContext) -> Fitted:
     """MIME's fit for :func:`spmlkit.methods.train_run` (module docstring)."""
     start = time.perf_counter()
-    splits, config, o = ctx.splits, ctx.config, ctx.options
+    splits, config = ctx.splits, ctx.config
     mime = _config(ctx)
-    device = _device(config)
+    device = run_device(config)
     z = torch.as_tensor(validate_observed(splits.observed, "train observed labels")).to(device)
     check_val_labels(splits.val.y, config.map_convention)
     y_train = torch.as_tensor(np.asarray(splits.train.y) > 0).to(device)
@@ -654,12 +581,8 @@ def fit(ctx: RunContext) -> Fitted:
     if views.kind == "vectors":
         best.update(inputs="features", preprocess=feature_preprocess(splits))
     else:
-        _, name = _backbone(ctx)
-        size, mean, std = _geometry(ctx)
-        best.update(inputs="images", backbone=name, pretrained=o["pretrained"],
-                    backbone_options=o["backbone_options"] or {}, image_size=size, mean=mean,
-                    std=std)
-        extra["backbone"] = name
+        best.update(inputs="images", **backbone_record(ctx))
+        extra["backbone"] = best["backbone"]
     return Fitted(result, probs, best, extra,
                   files={"pseudo_labels.npy": pseudo.numpy().astype(np.uint8)}
                   if ctx.run_dir is not None else {})
@@ -677,11 +600,7 @@ def model_from_checkpoint(best: dict) -> MIMEModel:
         model = MIMEModel(None, best["num_classes"], in_channels=best["in_channels"], **common)
         model.load_state_dict(state)
         return model.eval()
-    from ..models.backbones import create_backbone
-
-    net = create_backbone(best["backbone"], pretrained=best.get("pretrained", True),
-                          **(best.get("backbone_options") or {}))
-    model = MIMEModel(net, best["num_classes"], freeze_backbone=True, **common)
+    model = MIMEModel(rebuild_backbone(best), best["num_classes"], freeze_backbone=True, **common)
     if any(k.startswith("net.backbone.") for k in state):
         model.load_state_dict(state)
     else:
@@ -695,8 +614,7 @@ def load_model(best: dict, config: dict):
     model = model_from_checkpoint(best)
     if best["inputs"] == "features":
         return model, {"inputs": "features", "in_features": int(best["in_channels"])}
-    return model, {"inputs": "images", "image_size": int(best["image_size"]),
-                   "mean": tuple(best["mean"]), "std": tuple(best["std"])}
+    return model, image_model_info(best)
 
 
 def _check_options(config: TrainConfig, options: dict) -> TrainConfig:
@@ -707,7 +625,7 @@ def _check_options(config: TrainConfig, options: dict) -> TrainConfig:
 
 def baseline_cause(config: TrainConfig, options: dict) -> str:
     """Why a MIME run may end near the trivial baseline: its head's learning rate
-    (:func:`spmlkit.methods.base.baseline_warning`)."""
+    (:func:`spmlkit.methods.driver.baseline_warning`)."""
     lr, mult = float(config.lr), float(config_of(options).head_lr_mult)
     head = lr * mult
     if head >= 1e-3:
@@ -725,17 +643,11 @@ MIME = register_method(TrainingMethod(
     "maps; --loss an)",
     paper="Liu et al. 2023", inputs="images", fit=fit, load_model=load_model,
     run_config=run_config,
-    options={**{k: None for k in CONFIG_KEYS}, "ablation": None,
-             "backbone": "efficientnet_lite0", "image_size": None, "cache_dir": None,
-             "progress": True, "pretrained": True, "backbone_options": None,
-             "features": None, "image_reader": None},
+    options={**{k: None for k in CONFIG_KEYS}, "ablation": None, **image_options()},
     default_batch_size=OFFICIAL_BATCH_SIZE, default_epochs=OFFICIAL_EPOCHS,
     default_lr=OFFICIAL_LR, losses=("an",), accepts_vectors=True,
     default_lr_source="the official Adamax rate of the backbone (palm-biaoliu/mime "
                       "train_mime.py); the head trains at 10 x",
     checkpoint_seconds=0.0, resolve_config=_check_options, baseline_cause=baseline_cause,
-    smoke_options={"backbone": "tiny_cnn", "pretrained": False, "progress": False,
-                   "backbone_options": {"width": 4, "num_features": 8, "input_size": 16},
-                   "features": {"num_workers": 0},
-                   "dim": 8, "heads": 2, "ffn": 16, "z_dim": 4, "samples": 2,
-                   "warmup_epoch": 1, "theta": 0.5}))
+    smoke_options=smoke_image_options(dim=8, heads=2, ffn=16, z_dim=4, samples=2,
+                                      warmup_epoch=1, theta=0.5)))

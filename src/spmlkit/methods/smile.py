@@ -117,7 +117,7 @@ from ..labels import NEGATIVE, POSITIVE, UNOBSERVED, validate_full_labels, valid
 from ..losses import SPMLLoss
 from ..metrics import map_score
 from ..models.rng import global_rng
-from .base import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
+from .contract import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
 
 #: the official ``neg_log`` offset: ``-log(p + 1e-5)``
 LOG_EPSILON = 1e-5

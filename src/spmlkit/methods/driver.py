@@ -1,187 +1,39 @@
-"""Training methods: the registry, and the one driver that turns a method's fit into a run.
-
-A *training method* says how a model is trained on a dataset's splits with a loss: ``linear``
-(a linear head on feature vectors, Cole et al.'s linear protocol), ``finetune`` and
-``linear_init`` (a backbone end to end on images), ``lac`` (Xie et al.'s label-wise embedding
-model), ``smile`` (Xu et al.), ``boostlu`` (Kim et al. 2023's CAM head). Each is one
-:class:`TrainingMethod` in :data:`METHODS`, registered by the module that
-implements it, with:
-
-- ``fit(ctx) -> Fitted``: trains and predicts (the engine's loop does the epochs);
-- ``load_model(best, config) -> (model, info)``: rebuilds the trained model from ``best.pt``
-  (``spml predict``, the figures);
-- ``options``: its own settings with their defaults (``--backbone``, ``linear_epochs``, LAC's
-  options, ...), as the CLI's flags and a study's ``mode_options`` give them;
-- what it needs (feature vectors or images), its default batch size, whether it runs under
-  ``torchrun``.
+"""The one driver that turns a method's fit into a run (:mod:`spmlkit.methods.contract` says
+what a method is).
 
 :func:`train_run` is the one driver of every method: it resolves the loss and its
 hyperparameters, creates the run folder (:class:`spmlkit.runs.RunDir`) and writes its config,
 logs every epoch, hands the method a checkpoint writer and, for ``resume``, the saved state, then
 scores the best epoch's predictions the same way for every method and finishes the folder.
-:func:`resume_run` continues an interrupted run folder with its own settings.
-
-Adding a method: one module with its ``fit`` and ``load_model`` and one :func:`register_method`
-call; the CLI (``spml train --mode``), studies (``mode:``), ``spml predict``, the figures and the
-generated tests (tests/test_methods.py) pick it up.
+:func:`train_runs` trains several runs of one method at once where the method can (the linear
+mode's stacked runs); :func:`resume_run` continues an interrupted run folder with its own
+settings; :func:`load_run_model` rebuilds a finished run's model.
 """
 from __future__ import annotations
 
-import os
 import platform
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Callable
+from dataclasses import asdict
 
 import numpy as np
 import torch
 
 from ..engine import TrainConfig
-from ..losses import LOSSES, create_loss
+from ..losses import create_loss
 from ..metrics import (THRESHOLD_POLICY, classic_metrics, evaluate, map_score,
                        pseudo_label_stats, select_thresholds)
-from ..registry import Registry
 from ..data.base import describe_labels
-from ..data.rows import holds_vectors
 from ..runs import RunDir, read_run, sync_files
+from .contract import (RunContext, TrainingMethod, check_inputs, feature_record, get_method,
+                       resolve_hparams, resolve_k)
+
+
 
 #: the run folder's record of the images the source dropped (skip_missing / skip_corrupt)
 SKIPPED_FILE = "skipped_images.json"
 
 #: runs of a method whose epochs take longer than this write a resumable checkpoint
 CHECKPOINT_SECONDS = 10.0
-
-
-@dataclass(frozen=True)
-class TrainingMethod:
-    """One training method (see the module docstring)."""
-
-    name: str
-    description: str
-    paper: str
-    inputs: str                                   # "features" or "images"
-    fit: Callable[["RunContext"], "Fitted"]
-    load_model: Callable[[dict, dict], tuple]
-    options: dict = field(default_factory=dict)   # option -> default
-    run_config: Callable[["RunContext"], dict] | None = None  # extra config.json keys
-    default_batch_size: int = 8
-    processes: bool = False                       # runs under torchrun --nproc_per_node=N
-    default_epochs: int = 25
-    #: the learning rate of a run that names none (``spml train`` without ``--lr``) and the
-    #: loss has no selected value for (:data:`SELECTED_LR`), and where it comes from
-    default_lr: float = 1e-4
-    default_lr_source: str = "no selected value for this loss is known here; Adam at 1e-4, " \
-        "spmlkit's earlier default for every mode"
-    #: the losses the method trains with (None: any registered loss); a method with its own
-    #: objective (``smile``) names the one whose terms it uses
-    losses: tuple | None = None
-    #: the epochs a run will show (a progress bar's total): count_epochs(config, options)
-    count_epochs: Callable | None = None
-    #: write the resumable checkpoint when this many seconds passed since the last one
-    #: (None: :data:`CHECKPOINT_SECONDS`; 0: every epoch)
-    checkpoint_seconds: float | None = None
-    #: the run's TrainConfig from the given one and the options (LAC: its stages fix the
-    #: epochs, LACConfig's batch size and lr win): resolve_config(config, options)
-    resolve_config: Callable | None = None
-    #: options of a tiny run (a 16-px toy image set or a small feature set, seconds on a CPU):
-    #: the generated tests (tests/test_methods.py) train, resume and predict every method so
-    smoke_options: dict = field(default_factory=dict)
-    #: several runs at once (the linear mode's stacked runs): ``fit_many(contexts)`` returns
-    #: a ``Fitted`` or the exception that ended it, per context (:func:`train_runs`); None:
-    #: the method trains one run at a time
-    fit_many: Callable | None = None
-    #: an image method that also trains on feature vectors, read as D x 1 x 1 maps (mime,
-    #: boostlu)
-    accepts_vectors: bool = False
-    #: ``baseline_cause(config, options) -> str | None``: the likely cause, in this method's
-    #: terms, of a run ending near the trivial baseline (:func:`baseline_warning`; None: the
-    #: generic learning-rate advice)
-    baseline_cause: Callable | None = None
-    #: ``check_run(splits, config, options, resume)``: refuses (ValueError) a run this method
-    #: cannot train, before its run folder is made (a refusal leaves nothing behind)
-    check_run: Callable | None = None
-
-    def total_epochs(self, config, options: dict) -> int:
-        """How many epoch records a run with ``config`` and ``options`` writes (after
-        ``resolve_config``: LAC's stage epochs fix its total)."""
-        if self.resolve_config is not None:
-            config = self.resolve_config(config, {**self.options, **options})
-        if self.count_epochs is None:
-            return int(config.epochs)
-        return int(self.count_epochs(config, {**self.options, **options}))
-
-    def check_options(self, options: dict, where: str = "options") -> dict:
-        """``options`` over the defaults; an unknown key is a ``ValueError`` naming it."""
-        import difflib
-
-        unknown = sorted(set(options) - set(self.options))
-        if unknown:
-            close = difflib.get_close_matches(unknown[0], list(self.options), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"{where}: method {self.name!r} has no option(s) {unknown}{hint}; "
-                             f"it takes {sorted(self.options) or 'none'}")
-        return {**self.options, **options}
-
-
-METHODS = Registry("training method")
-
-
-def register_method(method: TrainingMethod) -> TrainingMethod:
-    """Add ``method`` to :data:`METHODS` (one call per method module)."""
-    METHODS.register(method.name, method.description, paper=method.paper,
-                     defaults=method.options, factory=method)
-    return method
-
-
-def get_method(name: str) -> TrainingMethod:
-    """The registered method ``name`` (``ValueError`` with suggestions otherwise)."""
-    return METHODS.get(name).factory
-
-
-def list_methods() -> list[TrainingMethod]:
-    """Every registered method, in registration order."""
-    return [e.factory for e in METHODS.entries()]
-
-
-# ---- what every run shares -------------------------------------------------------------------
-#: learning rates a paper selected or prescribes for a loss under a training method:
-#: ``(method, loss, dataset or None for every dataset) -> (lr, source)``; ``spml train`` uses
-#: them when ``--lr`` is not given (:func:`default_lr`). Cole et al.'s own per-loss selections
-#: (their supplement) are not in the text this project has, so their losses fall back to the
-#: method's default.
-SELECTED_LR: dict = {
-    **{("finetune", "em_apl", d): (lr, "Zhou et al. 2022, official batch/lr per dataset "
-                                       "(docs/spec.md#zhou)")
-       for d, lr in {"voc": 1e-5, "coco": 1e-5, "nuswide": 1e-5, "cub": 1e-4}.items()},
-    **{("finetune", name, None): (1e-5, "Kim et al. 2022, official lr (docs/spec.md#large-loss)")
-       for name in ("ll_r", "ll_ct", "ll_cp")},
-}
-
-
-def default_lr(method: "str | TrainingMethod", loss: str, dataset: str | None
-               ) -> tuple[float, str]:
-    """``(lr, why)``: the learning rate of a run that names none.
-
-    The paper's selected value for ``loss`` under ``method`` on ``dataset`` where
-    :data:`SELECTED_LR` has one (for that dataset, else for every dataset), otherwise the
-    method's ``default_lr``. ``why`` says which, for the user.
-
-    >>> default_lr("finetune", "ll_r", "voc")[0], default_lr("linear", "an", "yeast")[0]
-    (1e-05, 0.001)
-
-    Raises:
-        ValueError: an unknown method or loss.
-    """
-    method = method if isinstance(method, TrainingMethod) else get_method(method)
-    name = LOSSES.get(loss).name
-    for key in ((method.name, name, dataset), (method.name, name, None)):
-        if key in SELECTED_LR:
-            lr, source = SELECTED_LR[key]
-            where = f" on {dataset}" if key[2] is not None else ""
-            return lr, f"the value selected for {name}{where} with --mode {method.name} " \
-                       f"({source})"
-    return method.default_lr, f"the --mode {method.name} default, {method.default_lr_source}"
 
 
 def training_warnings(fit) -> list[str]:
@@ -232,11 +84,6 @@ def baseline_warning(method: "TrainingMethod", config, options: dict, test_map: 
             f"learned. Likely cause: {cause}")
 
 
-def resolve_hparams(loss: str, dataset: str | None, hparams: dict | None = None) -> dict:
-    """The loss's official per-dataset defaults (if any) with the user's values on top."""
-    return {**LOSSES.get(loss).hparams_for(dataset), **(hparams or {})}
-
-
 def versions() -> dict:
     """The versions a run was made with (``config.json``, study launches)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -271,138 +118,6 @@ def pseudo_label_record(loss_module, y_train) -> dict:
     return {"pl_count": count, "pl_precision": precision}
 
 
-def interval_position(text: str) -> float | None:
-    """Where ``lower``, ``upper`` or ``I/N`` (0 <= I <= N, N > 0) lies in an interval, 0 .. 1;
-    None for anything else."""
-    if text in ("lower", "upper"):
-        return 0.0 if text == "lower" else 1.0
-    num, _, den = text.partition("/")
-    if num.isdigit() and den.isdigit() and 0 <= int(num) <= int(den) and int(den) > 0:
-        return int(num) / int(den)
-    return None
-
-
-_INTERVALS: dict = {}
-
-
-def _k_interval(y, m: int):
-    """:func:`spmlkit.labels.k_interval` of ``y``, kept per (rows, M): a study's runs resolve
-    the same interval many times."""
-    from ..labels import k_interval
-
-    y = np.ascontiguousarray(y)
-    key = (y.shape, y.dtype.str, hash(y.tobytes()), m)
-    if key not in _INTERVALS:
-        if len(_INTERVALS) > 64:
-            _INTERVALS.clear()
-        _INTERVALS[key] = k_interval(y, m)
-    return _INTERVALS[key]
-
-
-def resolve_k(k, splits, seed: int, report: bool = False):
-    """A run's ``k`` (expected positives per example): ``None`` and numbers as they are;
-    ``"true"`` the split's own mean (``splits.k``: the paper's k*, what ``None`` trains with);
-    ``"estimate:M:lower|point|upper"`` estimated from M fully labelled rows drawn with ``seed``
-    (:func:`spmlkit.labels.estimate_k`): the estimate or an end of its normal 95% interval;
-    ``"interval:M:lower|upper|I/N"`` a value of Cole et al. App. B's interval ``I_M`` (Table A2:
-    the 5th and 95th percentiles of the estimate over 10^5 draws of M rows,
-    :func:`spmlkit.labels.k_interval`; the same for every seed): its low end, its high end, or
-    ``low + I/N (high - low)`` (Figure A1's linearly spaced values: ``0/9`` .. ``9/9``). The
-    rows are train rows, or val rows when the training labels are only observed ones (regime
-    ``given``: the train rows' full labels are unknown). ``report`` prints the estimate to
-    stderr.
-
-    Raises:
-        ValueError: a k that is not > 0, a malformed estimate, or M larger than the rows there
-            are to draw from (naming the split).
-    """
-    if k == "true":  # Cole et al.'s k*: the mean positives of the (fully labelled) train rows
-        return float(splits.k)
-    if not isinstance(k, str):
-        if k is not None and not k > 0:
-            raise ValueError(f"k (expected positives per example) must be > 0, got {k}")
-        return k
-    import sys
-
-    from ..labels import estimate_k
-
-    parts = k.split(":")
-    position = None if len(parts) != 3 or parts[0] != "interval" else \
-        interval_position(parts[2])
-    if len(parts) != 3 or not parts[1].isdigit() or not (
-            (parts[0] == "estimate" and parts[2] in ("lower", "point", "upper"))
-            or (parts[0] == "interval" and position is not None)):
-        raise ValueError(f"k {k!r}: expected a number, 'true', "
-                         f"'estimate:M:lower|point|upper' or 'interval:M:lower|upper|I/N'")
-    m, bound = int(parts[1]), parts[2]
-    complete = getattr(splits, "train_labels_complete", True)
-    split = "train" if complete else "val"
-    labelled = splits.train if complete else splits.val
-    n = len(labelled)
-    if not 0 < m <= n:
-        why = "" if complete else " (the training labels are partial, so k is estimated from " \
-                                  "the fully labelled val rows; or give k directly: --k)"
-        raise ValueError(f"k {k!r}: estimating k from {m} fully labelled rows needs that many, "
-                         f"and the {split} split has only {n} rows{why}")
-    if position is not None:
-        iv = _k_interval(labelled.y, m)
-        return iv.low + position * (iv.high - iv.low)
-    rows = np.random.RandomState(seed).choice(n, m, replace=False)
-    est = estimate_k(labelled.y[rows])
-    if report:
-        truth = f"true mean {splits.k:.3f}" if complete else \
-            f"mean of all {n} val rows {splits.k:.3f}"
-        print(f"k estimated from {est.m} fully labelled {split} rows: {est.k:.3f} "
-              f"({est.confidence:.0%} interval {est.low:.3f} .. {est.high:.3f}); {truth}",
-              file=sys.stderr)
-    return {"lower": est.low, "point": est.k, "upper": est.high}[bound]
-
-
-def check_inputs(method: "TrainingMethod", splits) -> None:
-    """Refuse splits whose items are not what ``method`` trains on, saying what to add: a
-    features method (``linear``) on an image source needs a backbone's cached features, an
-    image method needs images.
-
-    Raises:
-        ValueError: naming the dataset, the method and the flags that fix it.
-    """
-    x = splits.train.x
-    vectors = holds_vectors(x)
-    image_modes = [m.name for m in list_methods() if m.inputs == "images"]
-    if method.inputs == "features" and not vectors:
-        raise ValueError(f"dataset {splits.name!r} holds images, not feature vectors, and "
-                         f"--mode {method.name} trains on feature vectors: an image source needs "
-                         f"a backbone (--backbone NAME, or backbone=NAME in the dataset options; "
-                         f"spml list backbones) to train on its cached features, or an image "
-                         f"mode (--mode {' / '.join(image_modes)} --backbone NAME)")
-    if method.inputs == "images" and vectors and not method.accepts_vectors:
-        raise ValueError(f"dataset {splits.name!r} holds feature vectors, and --mode "
-                         f"{method.name} trains on images (with --backbone NAME): use --mode "
-                         f"linear for feature vectors, or an image source")
-    if method.inputs == "images" and not vectors:
-        check_decodable(splits)
-
-
-def check_decodable(splits) -> None:
-    """Decode every image of train, val and test once before an image method trains (a few ms
-    an image, several threads), so an unreadable file is named before the first epoch, not
-    found by a DataLoader worker mid-epoch. Skipped when the source already decoded them
-    (``skip_corrupt=True``: ``meta["skip_corrupt"]``).
-
-    Raises:
-        ValueError: the first unreadable image, named, with the option that drops such files.
-    """
-    from ..data.images import check_images
-
-    if (splits.meta or {}).get("skip_corrupt"):
-        return
-    for part in ("train", "val", "test"):
-        items = getattr(splits, part).x
-        paths = [p for p in items if isinstance(p, (str, os.PathLike))]
-        if paths:
-            check_images(paths, skip_missing=True, decode=True, where=f"{splits.name} {part}")
-
-
 def skipped_images(splits) -> dict | None:
     """The images a source dropped (``skip_missing`` / ``skip_corrupt``), per part, as the run
     folder's ``skipped_images.json`` records them; None when it dropped none."""
@@ -417,66 +132,6 @@ def skipped_images(splits) -> dict | None:
         return None
     return {"skipped": sum(len(v["missing"]) + len(v["corrupt"]) for v in parts.values()),
             "parts": parts}
-
-
-def feature_preprocess(splits) -> dict:
-    """What a model trained on ``splits`` needs applied to new raw features: the train rows'
-    standardisation statistics (``{"mean", "std"}`` tensors in the dtype they were computed
-    in) when the source standardised them, else ``{}``."""
-    stats = (splits.meta or {}).get("standardize")
-    if not stats:
-        return {}
-    dtype = np.dtype(stats.get("dtype", "float64"))
-    return {key: torch.as_tensor(np.asarray(stats[key], dtype)) for key in ("mean", "std")}
-
-
-def feature_record(splits) -> dict:
-    """What ``config.json`` records of the features a run trains on (key ``features``): the
-    table columns used (the ``tabular`` source), and the standardisation: ``{"by": "train
-    rows", "mean", "std"}`` (what ``spml predict`` applies to new rows, from ``best.pt``) or
-    False."""
-    meta = splits.meta or {}
-    stats = meta.get("standardize")
-    shape = tuple(getattr(splits.train.x, "shape", ()))  # arrays only (never converts items)
-    out = {"standardized": {"by": "train rows", "mean": stats["mean"], "std": stats["std"]}
-           if stats else False}
-    if len(shape) == 2:  # feature vectors (image sources' inputs are files)
-        out["dim"] = int(shape[1])
-    if meta.get("feature_columns"):
-        out["columns"] = list(meta["feature_columns"])
-    return out
-
-
-@dataclass
-class RunContext:
-    """What a method's ``fit`` gets from :func:`train_run`."""
-
-    method: TrainingMethod
-    splits: Any
-    loss_name: str
-    hparams: dict
-    loss: Any                    # the loss module (create_loss)
-    k: float
-    config: TrainConfig
-    options: dict                # the method's options, defaults filled in
-    on_epoch: Callable           # on_epoch(record, model, loss): logs, then the caller's
-    checkpoint: Callable | None  # the engine's checkpoint writer (None: no run folder)
-    resume: dict | None          # the saved state to continue from
-    is_main: bool = True         # process 0 (torchrun): the one that writes
-    run_dir: Path | None = None  # the run folder being written (None: none)
-    prepared: dict = field(default_factory=dict)  # what run_config built and fit reuses
-
-
-@dataclass
-class Fitted:
-    """What a method's ``fit`` returns: the fit, the best model's probabilities on every
-    split, the model's entries of ``best.pt`` and its own result keys."""
-
-    fit: Any                     # spmlkit.engine.FitResult (best_epoch, val_map, history)
-    probs: dict                  # split -> N x L probabilities (numpy)
-    best: dict                   # "model" state dict + what load_model needs to rebuild it
-    result: dict = field(default_factory=dict)
-    files: dict = field(default_factory=dict)   # more arrays for the run folder: name -> array
 
 
 def _plain_options(options: dict) -> dict:
@@ -542,6 +197,35 @@ def _fresh_config(method: TrainingMethod, ctx: RunContext, dataset_options) -> d
     return out
 
 
+def default_run_name(method: TrainingMethod, splits, loss: str, config: TrainConfig) -> str:
+    """A run folder's default name: ``{dataset}-{loss}[-{method}]-{regime}-s{seed}`` (no
+    method for the default one, linear; ``:`` of a regime such as ``1p_biased:2`` as ``_``)."""
+    parts = [splits.name, loss, *([] if method.name == "linear" else [method.name]),
+             splits.regime, f"s{config.seed}"]
+    return "-".join(parts).replace(":", "_")
+
+
+def _run_settings(method: TrainingMethod, splits, loss: str, hparams, config, k, options,
+                  resume=None):
+    """What a run of ``method`` trains with, checked: ``(config, hparams, loss module, k)``
+    (the loss among the method's, the method's config defaults and rules, the loss's
+    per-dataset hyperparameters, k resolved on the splits, the method's own refusals)."""
+    if method.losses is not None and loss not in method.losses:
+        raise ValueError(f"method {method.name!r} trains with its own objective and takes only "
+                         f"the loss(es) {list(method.losses)}, got {loss!r}")
+    config = config or TrainConfig(epochs=method.default_epochs,
+                                   batch_size=method.default_batch_size,
+                                   lr=method.default_lr)
+    if method.resolve_config is not None:
+        config = method.resolve_config(config, options)
+    hparams = resolve_hparams(loss, splits.name, hparams)
+    loss_fn = create_loss(loss, **hparams)
+    k = splits.k if k is None else resolve_k(k, splits, config.seed)
+    if method.check_run is not None:
+        method.check_run(splits, config, options, resume)
+    return config, hparams, loss_fn, k
+
+
 def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | None = None,
               config: TrainConfig | None = None, *, k: float | None = None, out=None,
               run_name: str | None = None, on_epoch=None, dataset_options: dict | None = None,
@@ -595,20 +279,9 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
 
     method = method if isinstance(method, TrainingMethod) else get_method(method)
     options = method.check_options(options)
-    if method.losses is not None and loss not in method.losses:
-        raise ValueError(f"method {method.name!r} trains with its own objective and takes only "
-                         f"the loss(es) {list(method.losses)}, got {loss!r}")
-    config = config or TrainConfig(epochs=method.default_epochs,
-                                   batch_size=method.default_batch_size,
-                                   lr=method.default_lr)
-    if method.resolve_config is not None:
-        config = method.resolve_config(config, options)
     check_inputs(method, splits)  # e.g. an image source without a backbone: says what to add
-    hparams = resolve_hparams(loss, splits.name, hparams)
-    loss_fn = create_loss(loss, **hparams)
-    k = splits.k if k is None else resolve_k(k, splits, config.seed)
-    if method.check_run is not None:
-        method.check_run(splits, config, options, resume)
+    config, hparams, loss_fn, k = _run_settings(method, splits, loss, hparams, config, k,
+                                                options, resume)
     is_main = dist_utils.current_context(config.device).is_main
     run, state = None, None
     if resume is not None:
@@ -620,9 +293,7 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
             except ValueError as err:  # an unreadable checkpoint.pt
                 raise ResumeError(f"cannot resume {run.path}: {err}") from err
     elif out is not None and is_main:
-        parts = [splits.name, loss, *([] if method.name == "linear" else [method.name]),
-                 splits.regime, f"s{config.seed}"]
-        run = RunDir.create(out, run_name or "-".join(parts).replace(":", "_"))
+        run = RunDir.create(out, run_name or default_run_name(method, splits, loss, config))
     pseudo: dict = {}  # epoch -> pl_count / pl_precision (the epochs before a resume too)
     for record in (state or {}).get("history") or []:
         pseudo[record["epoch"]] = {key: record[key] for key in ("pl_count", "pl_precision")
@@ -815,19 +486,14 @@ def train_runs(method: str | TrainingMethod, splits, loss, hparams, configs, *,
                     checked[id(sp)] = err
             if checked[id(sp)] is not None:
                 raise checked[id(sp)]
-            hp = resolve_hparams(ls, sp.name, hp)
-            if method.resolve_config is not None:
-                config = method.resolve_config(config, options)
-            run_k = sp.k if k_ is None else resolve_k(k_, sp, config.seed)
+            config, hp, loss_fn, run_k = _run_settings(method, sp, ls, hp, config, k_, options)
             if out is not None:
-                parts = [sp.name, ls, *([] if method.name == "linear" else [method.name]),
-                         sp.regime, f"s{config.seed}"]
-                run = RunDir.create(out, name or "-".join(parts).replace(":", "_"))
+                run = RunDir.create(out, name or default_run_name(method, sp, ls, config))
             pseudo: dict = {}
             log_epoch = _epoch_logger(sp, run, pseudo)
             # no checkpoint.pt: a group that stopped is trained again as a whole (a study
             # replaces its folders), and a folder without one restarts when resumed alone
-            ctx = RunContext(method, sp, ls, hp, create_loss(ls, **hp), run_k, config, options,
+            ctx = RunContext(method, sp, ls, hp, loss_fn, run_k, config, options,
                              log_epoch, None, None, True, run.path if run is not None else None)
             if run is not None:
                 run.start(_fresh_config(method, ctx, dataset_options), sp.observed)
@@ -919,20 +585,3 @@ def load_run_model(run, device: str = "cpu") -> tuple[torch.nn.Module, dict]:
             "feature_columns": best.get("feature_columns"), "id_column": best.get("id_column"),
             **info}
     return model.to(device).eval(), info
-
-
-def preprocess_features(x: torch.Tensor, preprocess: dict) -> torch.Tensor:
-    """Raw feature rows as the model saw them in training (standardised with the train
-    statistics when the source standardised; unchanged otherwise)."""
-    if preprocess:
-        mean, std = preprocess["mean"], preprocess["std"]
-        x = ((x.to(mean.dtype) - mean) / std).float()  # as the source computed it
-    return x
-
-
-__all__ = ["CHECKPOINT_SECONDS", "Fitted", "METHODS", "ResumeError", "RunContext",
-           "TrainingMethod", "check_inputs", "feature_preprocess", "get_method", "list_methods",
-           "load_run_model",
-           "preprocess_features", "pseudo_label_record", "register_method", "resolve_hparams",
-           "SELECTED_LR", "default_lr", "training_warnings", "resolve_k", "resume_run",
-           "train_run", "train_runs", "versions"]

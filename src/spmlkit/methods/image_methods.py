@@ -1,0 +1,432 @@
+"""What the image methods (``lac``, ``mime``, ``boostlu``) share.
+
+Each builds a backbone of its own by name (option ``backbone``), reads its feature maps or the
+images through it, and writes what rebuilds it into ``best.pt``; LAC and MIME train a
+label-wise embedding head configured by a dataclass of their own (:class:`LACConfig
+<spmlkit.methods.lac.LACConfig>`, :class:`MIMEConfig <spmlkit.methods.mime.MIMEConfig>`) from
+the method's flat options. Here, once:
+
+- the options of such a method and of its smoke run (:func:`image_options`,
+  :func:`smoke_image_options`);
+- the run's device, backbone and input geometry (:func:`run_device`, :func:`run_backbone`,
+  :func:`run_geometry`), what ``config.json`` / ``best.pt`` record of them
+  (:func:`backbone_record`), and the way back (:func:`rebuild_backbone`,
+  :func:`image_model_info`);
+- a dataclass config from a dict or from the method's options, with named ablations
+  (:func:`config_from_dict`, :func:`config_from_options`), and the checks a label-wise head's
+  config shares (:func:`check_head_config`);
+- the training views of image splits: :class:`CachedMapViews` (a frozen backbone's cached
+  feature maps of weak / strong draws, the CPU path), :class:`EvalMapViews` (its eval-view maps
+  only, the store every method on that backbone shares) and :class:`ImageViews` (the images
+  through the weak and strong transforms at every step, the end-to-end path).
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..engine import ItemPredictor, TrainConfig, loader_workers, mix_seed
+
+__all__ = ["MAP_DTYPES", "CachedMapViews", "EvalMapViews", "ImageViews", "backbone_record",
+           "check_head_config", "config_fields", "config_from_dict", "config_from_options",
+           "image_model_info", "image_options", "rebuild_backbone", "run_backbone",
+           "run_device", "run_geometry", "smoke_image_options"]
+
+#: the dtypes a feature-map store is written in (option ``map_dtype``)
+MAP_DTYPES = ("float16", "float32")
+
+#: a backbone-building method's options and their defaults, in the order listed
+_IMAGE_OPTIONS = {"backbone": "efficientnet_lite0", "image_size": None, "cache_dir": None,
+                  "progress": True, "pretrained": True, "backbone_options": None,
+                  "features": None, "image_reader": None}
+
+#: a smoke run's: a tiny random CNN on 16-px images, no progress bars, no loader processes
+_SMOKE_OPTIONS = {"backbone": "tiny_cnn", "pretrained": False, "progress": False,
+                  "backbone_options": {"width": 4, "num_features": 8, "input_size": 16},
+                  "features": {"num_workers": 0}}
+
+
+def image_options(*, without: Sequence[str] = (), **overrides) -> dict:
+    """The options (with defaults) of a method that builds its own backbone: ``backbone``,
+    ``image_size``, ``cache_dir``, ``progress``, ``pretrained``, ``backbone_options``,
+    ``features`` (:func:`spmlkit.features.extract_feature_maps` options), ``image_reader``;
+    ``overrides`` change a default, ``without`` drops options the method does not take."""
+    unknown = sorted((set(overrides) | set(without)) - set(_IMAGE_OPTIONS))
+    if unknown:
+        raise ValueError(f"image_options: no option(s) {unknown}")
+    return {k: overrides.get(k, v) for k, v in _IMAGE_OPTIONS.items() if k not in without}
+
+
+def smoke_image_options(**more) -> dict:
+    """The options of such a method's smoke run (a tiny random CNN), with ``more`` on top."""
+    return {**copy.deepcopy(_SMOKE_OPTIONS), **more}
+
+
+# ---- the run's device, backbone and geometry -----------------------------------------------------
+def run_device(config: TrainConfig) -> torch.device:
+    """``config.device`` as a device; plain ``cuda`` becomes the current CUDA device."""
+    device = torch.device(config.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def run_backbone(ctx) -> tuple[nn.Module, str]:
+    """The run's backbone module and its name (option ``backbone``: a name of
+    :func:`spmlkit.models.backbones.create_backbone` or a module), built once per run (its
+    ``run_config`` and ``fit`` both need it; kept in ``ctx.prepared``)."""
+    from ..models.backbones import create_backbone
+
+    if "backbone" not in ctx.prepared:
+        o = ctx.options
+        given = o["backbone"]
+        net = given if isinstance(given, nn.Module) else \
+            create_backbone(given, pretrained=o["pretrained"], **(o["backbone_options"] or {}))
+        name = given if isinstance(given, str) else getattr(net, "name", type(net).__name__)
+        ctx.prepared["backbone"] = (net, name)
+    return ctx.prepared["backbone"]
+
+
+def run_geometry(ctx) -> tuple[int, list, list]:
+    """``(size, mean, std)``: the input side (option ``image_size``, else the run config's, else
+    the backbone's) and the backbone's normalisation."""
+    net, _ = run_backbone(ctx)
+    size = int(ctx.options["image_size"] or ctx.config.image_size or net.input_size)
+    return size, [float(v) for v in net.mean], [float(v) for v in net.std]
+
+
+def backbone_record(ctx) -> dict:
+    """What rebuilds the run's backbone and its inputs (``config.json``, ``best.pt``):
+    ``backbone`` (name), ``pretrained``, ``backbone_options``, ``image_size``, ``mean``,
+    ``std``."""
+    _, name = run_backbone(ctx)
+    size, mean, std = run_geometry(ctx)
+    o = ctx.options
+    return {"backbone": name, "pretrained": o["pretrained"],
+            "backbone_options": o["backbone_options"] or {}, "image_size": size, "mean": mean,
+            "std": std}
+
+
+def rebuild_backbone(best: dict) -> nn.Module:
+    """The backbone a :func:`backbone_record` names (``best.pt``), built again."""
+    from ..models.backbones import create_backbone
+
+    return create_backbone(best["backbone"], pretrained=best.get("pretrained", True),
+                           **(best.get("backbone_options") or {}))
+
+
+def image_model_info(best: dict) -> dict:
+    """The ``load_model`` info of a model on images: its inputs and their geometry."""
+    return {"inputs": "images", "image_size": int(best["image_size"]),
+            "mean": tuple(best["mean"]), "std": tuple(best["std"])}
+
+
+# ---- a dataclass config from options -------------------------------------------------------------
+def config_fields(cls) -> tuple[str, ...]:
+    """The field names of the dataclass ``cls`` (each one a method option)."""
+    return tuple(f.name for f in fields(cls))
+
+
+def config_from_dict(cls, values: dict | None, *, what: str, ablations: dict | None = None):
+    """A ``cls`` dataclass from a dict of its fields; ``ablation=NAME`` (when ``ablations``
+    names some) lays that ablation's fields under the given ones.
+
+    Raises:
+        ValueError: an unknown ablation or field (the message lists the known ones, ``what``
+            names the method), or a value the dataclass refuses.
+    """
+    values = dict(values or {})
+    ablation = values.pop("ablation", None) if ablations is not None else None
+    if ablation is not None:
+        if ablation not in ablations:
+            raise ValueError(f"unknown {what} ablation {ablation!r}; known: "
+                             f"{', '.join(ablations)}")
+        values = {**ablations[ablation], **values}
+    known = config_fields(cls)
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        also = "ablation, " if ablations is not None else ""
+        raise ValueError(f"unknown {what} option(s) {unknown}; known: {also}"
+                         f"{', '.join(sorted(known))}")
+    return cls(**values)
+
+
+def config_from_options(cls, options: dict, *, what: str, ablations: dict | None = None,
+                        more: dict | None = None):
+    """A ``cls`` dataclass from a method's flat options: every field of ``cls`` that is not
+    None there (None: the ablation's value, else the field's default) and ``ablation``, with
+    the fields ``more`` on top (an unknown one refused); the method's other options are not the
+    dataclass's and are left out."""
+    given = {k: options[k] for k in config_fields(cls) if options.get(k) is not None}
+    if ablations is not None and options.get("ablation") is not None:
+        given["ablation"] = options["ablation"]
+    return config_from_dict(cls, {**given, **(more or {})}, what=what, ablations=ablations)
+
+
+#: the label-wise embedding head's integer fields and their least values
+_HEAD_INTEGERS = (("dim", 4), ("heads", 1), ("encoder_layers", 0), ("decoder_layers", 1),
+                  ("weak_views", 1))
+
+
+def check_head_config(cfg, *, views: Sequence[str], flags: Sequence[str] = (),
+                      integers: Sequence[tuple[str, int]] = (),
+                      optional: Sequence[str] = ("ffn",), maxima: dict | None = None) -> None:
+    """The checks a config of a label-wise embedding head shares (:class:`LACConfig
+    <spmlkit.methods.lac.LACConfig>`, :class:`MIMEConfig <spmlkit.methods.mime.MIMEConfig>`):
+    ``flags`` and ``train_backbone`` true or false; the head's sizes (``dim`` a multiple of 4
+    and of ``heads``, ``encoder_layers``, ``decoder_layers``, ``dropout`` in [0, 1)),
+    ``weak_views`` and ``integers`` ``(name, least)`` whole numbers, ``optional`` ones (``ffn``)
+    None or >= 1, each at most ``maxima[name]`` where given (checked before anything is
+    allocated); ``views`` one of ``views``, ``map_dtype`` one of :data:`MAP_DTYPES`, and
+    ``train_backbone`` only with ``views="images"``.
+
+    Raises:
+        ValueError: ``<Class>.<field> <why>, got <value>``, the first field found wrong.
+    """
+    maxima = maxima or {}
+
+    def bad(name, why):
+        raise ValueError(f"{type(cfg).__name__}.{name} {why}, got {getattr(cfg, name)!r}")
+
+    def whole(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    for name in (*flags, "train_backbone"):
+        if not isinstance(getattr(cfg, name), bool):
+            bad(name, "must be true or false")
+    for name, low in (*_HEAD_INTEGERS, *integers):
+        value = getattr(cfg, name)
+        if not whole(value) or value < low:
+            bad(name, f"must be an integer >= {low}")
+        if value > maxima.get(name, value):
+            bad(name, f"must be at most {maxima[name]} (a size; the paper's is far smaller)")
+    for name in optional:
+        value = getattr(cfg, name)
+        if value is not None and (not whole(value) or value < 1):
+            bad(name, "must be an integer >= 1 or None")
+        if value is not None and value > maxima.get(name, value):
+            bad(name, f"must be at most {maxima[name]}")
+    if cfg.dim % 4 or cfg.dim % cfg.heads:
+        bad("dim", f"must be a multiple of 4 and of heads ({cfg.heads})")
+    if not 0.0 <= cfg.dropout < 1.0:
+        bad("dropout", "must be in [0, 1)")
+    if cfg.views not in views:
+        bad("views", f"must be one of {tuple(views)}")
+    if cfg.map_dtype not in MAP_DTYPES:
+        bad("map_dtype", "must be 'float16' or 'float32'")
+    if cfg.train_backbone and cfg.views != "images":
+        bad("train_backbone", "needs views='images' (cached maps come from a frozen backbone)")
+
+
+# ---- views of image splits -----------------------------------------------------------------------
+def _view_choice(seed: int, epoch: int, rows, n_weak: int, n_strong: int):
+    """Which cached weak / strong view each row takes this epoch (from mix_seed(seed, epoch,
+    row))."""
+    draws = [mix_seed(seed, epoch, int(r)) for r in rows]
+    return (np.array([d % n_weak for d in draws]),
+            np.array([(d // n_weak) % max(n_strong, 1) for d in draws]))  # 0: no strong views
+
+
+class CachedMapViews:
+    """Views from cached feature maps of a frozen backbone (the CPU path).
+
+    Args:
+        splits: image splits (``x`` are paths).
+        backbone: the backbone module (its ``cache_key`` names the stores).
+        size: input side.
+        weak_views, strong_views: cached draws of the weak / strong view per train image
+            (``strong_views=0``: none); map_dtype: the stores' dtype (:data:`MAP_DTYPES`).
+        seed: the run seed (the view choice per epoch; the cached views themselves are seeded
+            ``0 .. n - 1`` and shared by every run).
+        store_options: :func:`spmlkit.features.extract_features` options (``cache_dir``,
+            ``progress``, ``num_workers``, ``batch_size``, ``device``).
+    """
+
+    kind = "cached"
+
+    def __init__(self, splits, backbone: nn.Module, size: int, *, weak_views: int,
+                 strong_views: int, map_dtype: str, seed: int, device: torch.device,
+                 **store_options):
+        from ..features import extract_feature_maps
+
+        t0 = time.perf_counter()
+        self.seed, self.device = int(seed), device
+        self.n_weak, self.n_strong = int(weak_views), int(strong_views)
+        opts = {"dtype": map_dtype, **store_options}
+        name = splits.name
+
+        def maps(items, transform, what, seed=0):
+            return extract_feature_maps(items, backbone, transform, size, seed=seed,
+                                        desc=f"{name} {what}", **opts)
+
+        self.weak = [maps(splits.train.x, "weak", f"train weak view {v + 1}/{self.n_weak}", v)
+                     for v in range(self.n_weak)]
+        self.strong = [maps(splits.train.x, "strong",
+                            f"train strong view {v + 1}/{self.n_strong}", v)
+                       for v in range(self.n_strong)]
+        self.eval = {s: maps(getattr(splits, s).x, "eval", f"{s} eval view")
+                     for s in ("train", "val", "test")}
+        self.in_channels = int(self.eval["train"].shape[1])
+        self.map_shape = tuple(int(v) for v in self.eval["train"].shape[1:])
+        self.seconds = time.perf_counter() - t0
+
+    def describe(self) -> dict:
+        stores = [str(Path(m.filename).parent) for m in (*self.weak, *self.strong,
+                                                         *self.eval.values())]
+        return {"kind": self.kind, "weak_views": self.n_weak, "strong_views": self.n_strong,
+                "map_shape": list(self.map_shape), "stores": stores}
+
+    @staticmethod
+    def _gather(stores, choice, rows) -> torch.Tensor:
+        out = np.empty((len(rows), *stores[0].shape[1:]), dtype=stores[0].dtype)
+        for v in np.unique(choice):
+            take = choice == v
+            out[take] = stores[v][rows[take]]
+        return torch.from_numpy(out).float()
+
+    def train_epoch(self, batches: Sequence[torch.Tensor], epoch: int, strong: bool):
+        """Yields ``(weak B x C x h x w, strong or None, rows)`` for each batch of rows."""
+        for rows in batches:
+            r = rows.numpy()
+            w_choice, s_choice = _view_choice(self.seed, epoch, r, self.n_weak, self.n_strong)
+            weak = self._gather(self.weak, w_choice, r).to(self.device)
+            stro = self._gather(self.strong, s_choice, r).to(self.device) if strong else None
+            yield weak, stro, rows
+
+    @torch.no_grad()
+    def predict(self, module: nn.Module, split: str, batch_size: int = 256) -> torch.Tensor:
+        """Eval-mode logits (float32, CPU) of ``module`` on ``split``'s eval view, row order."""
+        was = module.training
+        module.eval()
+        maps = self.eval[split]
+        outs = [module(torch.from_numpy(np.asarray(maps[i:i + batch_size], dtype=np.float32))
+                       .to(self.device)).float().cpu()
+                for i in range(0, len(maps), batch_size)]
+        module.train(was)
+        return torch.cat(outs)
+
+    def close(self) -> None:
+        pass
+
+
+class EvalMapViews(CachedMapViews):
+    """The frozen backbone's eval-view maps of every split, the train rows trained on as they
+    are (no augmentation): the store any method on the same backbone, size and dtype shares."""
+
+    kind = "eval"
+
+    def __init__(self, splits, backbone: nn.Module, size: int, *, dtype: str, seed: int,
+                 device: torch.device, **store_options):
+        from ..features import extract_feature_maps
+
+        t0 = time.perf_counter()
+        self.seed, self.device = int(seed), device
+        self.eval = {s: extract_feature_maps(getattr(splits, s).x, backbone, "eval", size,
+                                             dtype=dtype, desc=f"{splits.name} {s} eval view",
+                                             **store_options)
+                     for s in ("train", "val", "test")}
+        self.weak, self.strong = [self.eval["train"]], []
+        self.n_weak, self.n_strong = 1, 0
+        self.in_channels = int(self.eval["train"].shape[1])
+        self.map_shape = tuple(int(v) for v in self.eval["train"].shape[1:])
+        self.seconds = time.perf_counter() - t0
+
+
+class _TwoViewItems(torch.utils.data.Dataset):
+    """Train images through the weak and (optionally) the strong transform; key ``(row,
+    epoch, strong)``; generators seeded from ``mix_seed(seed, epoch, row, 0 | 1)``."""
+
+    def __init__(self, items, weak, strong, read, seed: int):
+        self.items, self.weak, self.strong, self.read, self.seed = items, weak, strong, read, seed
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, key):
+        row, epoch, strong = key
+        item = self.items[row]
+        img = self.read(item) if isinstance(item, (str, bytes)) or hasattr(item, "__fspath__") \
+            else item
+        gen = torch.Generator().manual_seed
+        w = self.weak(img, gen(mix_seed(self.seed, epoch, row, 0)))
+        s = self.strong(img, gen(mix_seed(self.seed, epoch, row, 1))) if strong else None
+        return w, s, row
+
+
+def _collate_two(batch):
+    weak = torch.stack([b[0] for b in batch])
+    strong = torch.stack([b[1] for b in batch]) if batch[0][1] is not None else None
+    return weak, strong, torch.tensor([b[2] for b in batch], dtype=torch.long)
+
+
+class _Batches:
+    """A batch sampler whose batches the trainer sets before each epoch (iterated in the main
+    process, so persistent workers see every epoch's keys)."""
+
+    def __init__(self):
+        self.batches = []
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+class ImageViews:
+    """Views computed from the images at every step (the end-to-end path, for a GPU).
+
+    Weak view (:func:`spmlkit.data.transforms.weak_view`) and strong view
+    (:func:`~spmlkit.data.transforms.strong_view`) at the backbone's normalisation, in
+    ``config.num_workers`` DataLoader workers; val / test / train predictions through the eval
+    transform (:class:`spmlkit.engine.ItemPredictor`, autocast on CUDA).
+    """
+
+    kind = "images"
+
+    def __init__(self, splits, size: int, mean, std, config: TrainConfig, *,
+                 seed: int, device: torch.device, image_reader: Callable | None = None):
+        from ..data import transforms as T
+        from ..engine import default_image_reader
+
+        read = image_reader or default_image_reader()
+        self.device, self.seconds = device, 0.0
+        self.size = int(size)
+        weak, strong = T.weak_view(size, mean, std), T.strong_view(size, mean, std)
+        self.sampler = _Batches()
+        workers = loader_workers(config.num_workers)
+        self.loader = torch.utils.data.DataLoader(
+            _TwoViewItems(list(splits.train.x), weak, strong, read, seed),
+            batch_sampler=self.sampler, num_workers=workers, collate_fn=_collate_two,
+            pin_memory=device.type == "cuda", persistent_workers=workers > 0,
+            generator=torch.Generator())  # its workers' base seed: not from the global RNG
+        eval_t = T.eval_transform(size, mean, std)
+        self.predictors = {s: ItemPredictor(list(getattr(splits, s).x), eval_t, config,
+                                            (3, size, size), device, read)
+                           for s in ("train", "val", "test")}
+        self.channels_last = device.type == "cuda" and config.channels_last
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "image_size": self.size}
+
+    def train_epoch(self, batches: Sequence[torch.Tensor], epoch: int, strong: bool):
+        self.sampler.batches = [[(int(r), int(epoch), bool(strong)) for r in b] for b in batches]
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        for weak, stro, rows in self.loader:
+            weak = weak.to(self.device, non_blocking=True).contiguous(memory_format=fmt)
+            if stro is not None:
+                stro = stro.to(self.device, non_blocking=True).contiguous(memory_format=fmt)
+            yield weak, stro, rows
+
+    def predict(self, module: nn.Module, split: str, batch_size: int = 0) -> torch.Tensor:
+        return self.predictors[split](module).float().cpu()
+
+    def close(self) -> None:
+        self.loader = None
