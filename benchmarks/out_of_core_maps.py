@@ -4,9 +4,9 @@ Writes an N x C x h x w float16 map store (synthetic, memory-mapped as ``spml`` 
 then, in a fresh child process per case and size, sampling ``RssAnon`` every 20 ms (as
 ``out_of_core.py``):
 
-- ``lac``: :class:`spmlkit.methods.lac.CachedMapViews` over that store (its weak view and eval
-  views): one epoch of batches of 32 rows through ``train_epoch`` and the eval logits of every
-  row through ``predict`` (a 1x1 convolution, pooling and a linear layer as the head);
+- ``lac``: :class:`spmlkit.methods.image_methods.CachedMapViews` over that store (its weak
+  view and eval views): one epoch of batches of 32 rows through ``train_epoch`` and the eval
+  logits of every row through ``predict`` (head: a 1x1 convolution, pooling, a linear layer);
 - ``boostlu``: :class:`spmlkit.methods.boostlu.MapRows`: one epoch of ``take`` and the eval
   ``logits``.
 
@@ -57,7 +57,7 @@ def child(args) -> None:
     batches = [perm[i:i + 32] for i in range(0, n, 32)]
     start = time.perf_counter()
     if args.case == "lac":
-        from spmlkit.methods.lac import CachedMapViews
+        from spmlkit.methods.image_methods import CachedMapViews
 
         views = CachedMapViews.__new__(CachedMapViews)   # its stores, without extracting them
         views.seed, views.device = 0, torch.device("cpu")
