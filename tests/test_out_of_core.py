@@ -196,3 +196,41 @@ def test_the_tabular_protocol_joins_stored_rows_without_reading_them(tmp_path, m
         np.testing.assert_array_equal(np.asarray(a.x), np.asarray(b.x, np.float32))
         np.testing.assert_array_equal(a.y, b.y)
     assert stored.meta["test_rows"] == memory.meta["test_rows"]
+
+
+def test_stored_maps_and_vectors_of_the_image_methods_are_read_per_batch(tmp_path, monkeypatch):
+    """BoostLU's MapRows, MIME's vector views and LAC's cached views read a store's rows per
+    batch (each distinct row once, cast to float32), never the whole store."""
+    import torch
+
+    from spmlkit.data.rows import Rows, read_rows
+    from spmlkit.methods.boostlu import MapRows
+    from spmlkit.methods.image_methods import CachedMapViews, predict_rows
+
+    rng = np.random.default_rng(0)
+    vectors = np.lib.format.open_memmap(tmp_path / "v.npy", "w+", np.float16, (50, 6))
+    vectors[:] = rng.normal(size=(50, 6))
+    maps = [np.lib.format.open_memmap(tmp_path / f"m{v}.npy", "w+", np.float16, (40, 3, 2, 2))
+            for v in range(2)]
+    for m in maps:
+        m[:] = rng.normal(size=m.shape)
+
+    def whole(*_, **__):
+        raise AssertionError("a store was read whole")
+
+    monkeypatch.setattr(Rows, "__array__", whole)
+    idx = np.array([5, 3, 5, 49, 0])
+    rows = MapRows(Rows(vectors), torch.device("cpu"))
+    assert rows.shape == (6, 1, 1) and len(rows) == 50
+    assert torch.equal(rows.take(torch.as_tensor(idx)),
+                       torch.from_numpy(vectors[idx].astype(np.float32)))
+    some = idx[:4] % 40
+    assert np.array_equal(read_rows(maps[0], some), maps[0][some].astype(np.float32))
+    choice = np.array([0, 1, 1, 0])
+    got = CachedMapViews._gather(maps, choice, idx[:4] % 40).numpy()
+    for i, (v, r) in enumerate(zip(choice, idx[:4] % 40)):
+        assert np.array_equal(got[i], maps[v][r].astype(np.float32))
+    head = torch.nn.Linear(6, 4)
+    out = predict_rows(head, 50, lambda r: torch.from_numpy(Rows(vectors).take(r)), 16)
+    assert out.shape == (50, 4) and torch.allclose(
+        out, head(torch.from_numpy(vectors[:].astype(np.float32))), atol=1e-6)

@@ -93,24 +93,11 @@ class Rows:
         cast and standardised once and then copied; the cast from a half-precision store is
         torch's (numpy's float16 conversion is ~4x slower), the same values."""
         idx = np.asarray(idx, dtype=np.int64).reshape(-1)
-        src = idx if self.rows is None else self.rows[idx]
-        width = int(self.base.shape[1])
-        if len(src) == 0:
-            return np.empty((0, width), dtype=np.float32)
-        ordered = bool((src[1:] > src[:-1]).all())
-        if ordered:  # already in file order, each row once (a chunk of a part read in order)
-            unique, inverse = src, None
-        else:
-            unique, inverse = np.unique(src, return_inverse=True)
-        if unique[-1] - unique[0] + 1 == len(unique):  # consecutive rows: one slice
-            block = self.base[int(unique[0]):int(unique[-1]) + 1]
-        else:
-            block = self.base[unique]
-        block = _as_float32(block)
+        block, inverse = _read_distinct(self.base, idx if self.rows is None else self.rows[idx])
         if self.shift is not None:
             block -= self.shift
             block /= self.scale
-        return block if inverse is None else np.take(block, inverse.reshape(-1), axis=0)
+        return block if inverse is None else np.take(block, inverse, axis=0)
 
     def __getitem__(self, key) -> np.ndarray:
         if isinstance(key, tuple):  # rows, then columns of those rows (``x[:, 0]``)
@@ -176,6 +163,32 @@ class JoinedRows:
                 rows = key[where] - offset
                 out[where] = part.take(rows) if isinstance(part, Rows) else part[rows]
         return out
+
+
+def _read_distinct(base, src: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """The distinct rows of ``src`` read from ``base`` (N x ...) in file order, consecutive
+    rows as one slice, as a new float32 array, and where each asked row is in it (``None``:
+    ``src`` was in file order, each row once)."""
+    if len(src) == 0:
+        return np.empty((0, *base.shape[1:]), dtype=np.float32), None
+    if bool((src[1:] > src[:-1]).all()):  # in file order, each row once (a chunk read in order)
+        unique, inverse = src, None
+    else:
+        unique, inverse = np.unique(src, return_inverse=True)
+        inverse = inverse.reshape(-1)
+    if unique[-1] - unique[0] + 1 == len(unique):  # consecutive rows: one slice
+        block = base[int(unique[0]):int(unique[-1]) + 1]
+    else:
+        block = base[unique]
+    return _as_float32(block), inverse
+
+
+def read_rows(base, rows) -> np.ndarray:
+    """Rows ``rows`` of a stored array (a memory-mapped N x ... store: features, feature maps)
+    as a new float32 array in the order given; each distinct row read once, in file order,
+    and cast once (:meth:`Rows.take` for matrices)."""
+    block, inverse = _read_distinct(base, np.asarray(rows, dtype=np.int64).reshape(-1))
+    return block if inverse is None else np.take(block, inverse, axis=0)
 
 
 def _as_float32(block: np.ndarray) -> np.ndarray:

@@ -69,14 +69,14 @@ from torch import nn
 
 from ..engine import (GeneratorState, Stage, StageParts, TrainConfig, batch_starts,
                       check_val_labels, epoch_rows, make_optimizer, train_loop, val_map)
-from ..data.rows import holds_vectors
+from ..data.rows import Rows, as_rows, holds_vectors, is_stored, read_rows
 from ..labels import validate_full_labels, validate_observed
 from ..losses import TrainInfo
 from ..models.heads import BoostLUClassifier, BoostLUHead, check_alpha
 from .contract import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
 from .image_methods import (MAP_DTYPES, EvalMapViews, backbone_record, image_model_info,
-                            image_options, rebuild_backbone, run_backbone, run_geometry,
-                            smoke_image_options)
+                            image_options, predict_rows, rebuild_backbone, run_backbone,
+                            run_geometry, smoke_image_options)
 
 #: the official default of ``--alpha`` (config.py)
 OFFICIAL_ALPHA = 5.0
@@ -91,10 +91,12 @@ class MapRows:
 
     def __init__(self, data, device: torch.device):
         self.device = device
+        self.maps, self.x = None, None
         if isinstance(data, np.memmap) or (isinstance(data, np.ndarray) and data.ndim == 4):
-            self.maps, self.x = data, None
+            self.maps = data
+        elif is_stored(data):  # stored feature vectors (checked finite when loaded): read per batch
+            self.maps = as_rows(data)
         else:
-            self.maps = None
             self.x = torch.as_tensor(np.asarray(data, np.float32)).to(device)
             if self.x.ndim != 2 or not torch.isfinite(self.x).all():
                 raise ValueError(f"feature vectors must be a finite N x C matrix, got shape "
@@ -107,25 +109,22 @@ class MapRows:
     def shape(self) -> tuple:
         """``(C, h, w)`` of one row (``(C, 1, 1)`` for vectors)."""
         if self.maps is not None:
-            return tuple(int(v) for v in self.maps.shape[1:])
+            shape = tuple(int(v) for v in self.maps.shape[1:])
+            return shape if len(shape) == 3 else (shape[0], 1, 1)
         return (int(self.x.shape[1]), 1, 1)
 
     def take(self, rows: torch.Tensor) -> torch.Tensor:
         """The rows ``rows`` (in that order) as float32 on the device."""
         if self.x is not None:
-            return self.x[rows.to(self.device)]
-        out = np.asarray(self.maps[rows.cpu().numpy()], dtype=np.float32)
+            return self.x[torch.as_tensor(rows).to(self.device)]
+        rows = rows.cpu().numpy() if isinstance(rows, torch.Tensor) else rows
+        out = self.maps.take(rows) if isinstance(self.maps, Rows) else read_rows(self.maps, rows)
         return torch.from_numpy(out).to(self.device)
 
     @torch.no_grad()
     def logits(self, model: nn.Module, chunk: int = PREDICT_CHUNK) -> torch.Tensor:
         """Eval-mode logits of every row, in row order (float32, on the device)."""
-        was = model.training
-        model.eval()
-        n = len(self)
-        out = [model(self.take(torch.arange(i, min(i + chunk, n)))) for i in range(0, n, chunk)]
-        model.train(was)
-        return torch.cat(out).float() if out else torch.zeros(0, model.num_classes)
+        return predict_rows(model, len(self), self.take, chunk, self.device)
 
 
 def fit_boostlu(train: MapRows, observed, loss, config: TrainConfig, *, val: MapRows | None,

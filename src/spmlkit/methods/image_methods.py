@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..data.rows import read_rows
 from ..engine import ItemPredictor, TrainConfig, loader_workers, mix_seed
 
 __all__ = ["MAP_DTYPES", "CachedMapViews", "EvalMapViews", "ImageViews", "backbone_record",
@@ -234,6 +235,28 @@ def _view_choice(seed: int, epoch: int, rows, n_weak: int, n_strong: int):
             np.array([(d // n_weak) % max(n_strong, 1) for d in draws]))  # 0: no strong views
 
 
+@torch.no_grad()
+def predict_rows(module: nn.Module, n: int, read: Callable, batch_size: int,
+                 device: torch.device | str = "cpu") -> torch.Tensor:
+    """Eval-mode float32 outputs of ``module`` on rows ``0 .. n - 1`` (``read(rows)``: their
+    inputs on the module's device), ``batch_size`` rows at a time, into one ``n x L`` tensor on
+    ``device`` (filled in place: the outputs exist once)."""
+    was = module.training
+    module.eval()
+    out = None
+    try:
+        for i in range(0, n, batch_size):
+            rows = np.arange(i, min(i + batch_size, n))
+            part = module(read(rows)).float()
+            if out is None:
+                out = torch.empty((n, *part.shape[1:]), dtype=torch.float32, device=device)
+            out[i:i + len(rows)] = part.to(device)
+    finally:
+        module.train(was)
+    return out if out is not None else torch.zeros(0, getattr(module, "num_classes", 0),
+                                                     device=device)
+
+
 class CachedMapViews:
     """Views from cached feature maps of a frozen backbone (the CPU path).
 
@@ -285,11 +308,11 @@ class CachedMapViews:
 
     @staticmethod
     def _gather(stores, choice, rows) -> torch.Tensor:
-        out = np.empty((len(rows), *stores[0].shape[1:]), dtype=stores[0].dtype)
+        out = np.empty((len(rows), *stores[0].shape[1:]), dtype=np.float32)
         for v in np.unique(choice):
             take = choice == v
-            out[take] = stores[v][rows[take]]
-        return torch.from_numpy(out).float()
+            out[take] = read_rows(stores[v], rows[take])
+        return torch.from_numpy(out)
 
     def train_epoch(self, batches: Sequence[torch.Tensor], epoch: int, strong: bool):
         """Yields ``(weak B x C x h x w, strong or None, rows)`` for each batch of rows."""
@@ -303,14 +326,9 @@ class CachedMapViews:
     @torch.no_grad()
     def predict(self, module: nn.Module, split: str, batch_size: int = 256) -> torch.Tensor:
         """Eval-mode logits (float32, CPU) of ``module`` on ``split``'s eval view, row order."""
-        was = module.training
-        module.eval()
         maps = self.eval[split]
-        outs = [module(torch.from_numpy(np.asarray(maps[i:i + batch_size], dtype=np.float32))
-                       .to(self.device)).float().cpu()
-                for i in range(0, len(maps), batch_size)]
-        module.train(was)
-        return torch.cat(outs)
+        return predict_rows(module, len(maps), lambda rows: torch.from_numpy(
+            read_rows(maps, rows)).to(self.device), batch_size)
 
     def close(self) -> None:
         pass

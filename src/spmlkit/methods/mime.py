@@ -102,7 +102,7 @@ from torch import nn
 
 from ..engine import (Stage, StageParts, StepHook, TrainConfig, check_val_labels, mix_seed,
                       train_loop, val_map)
-from ..data.rows import holds_vectors
+from ..data.rows import as_rows, holds_vectors, is_stored
 from ..labels import POSITIVE, validate_observed
 from ..losses import SPMLLoss
 from ..models.label_embedding import LabelEmbeddingModel
@@ -110,8 +110,8 @@ from .contract import Fitted, RunContext, TrainingMethod, feature_preprocess, re
 from .image_methods import (CachedMapViews, EvalMapViews, ImageViews, backbone_record,
                             check_head_config, config_fields, config_from_dict,
                             config_from_options, image_model_info, image_options,
-                            rebuild_backbone, run_backbone, run_device, run_geometry,
-                            smoke_image_options)
+                            predict_rows, rebuild_backbone, run_backbone, run_device,
+                            run_geometry, smoke_image_options)
 from .smile import LOG_EPSILON, neg_log
 
 __all__ = ["ABLATIONS", "MIMEConfig", "MIMEModel", "MIMEObjective", "VectorViews",
@@ -428,31 +428,36 @@ class VectorViews:
     kind = "vectors"
 
     def __init__(self, splits, device: torch.device):
-        self.x = {s: torch.as_tensor(np.asarray(getattr(splits, s).x, dtype=np.float32))
-                  for s in ("train", "val", "test")}
-        for s, x in self.x.items():
+        self.x = {}
+        for s in ("train", "val", "test"):
+            x = getattr(splits, s).x
+            if is_stored(x):  # a store (rows checked finite when loaded): read per batch
+                self.x[s] = as_rows(x)
+                continue
+            x = self.x[s] = torch.as_tensor(np.asarray(x, dtype=np.float32))
             if x.ndim != 2 or not torch.isfinite(x).all():
                 raise ValueError(f"MIME on feature vectors needs finite N x D {s} features, got "
                                  f"shape {tuple(x.shape)}")
         self.device, self.seconds = device, 0.0
         self.in_channels = int(self.x["train"].shape[1])
 
+    def _rows(self, split: str, rows) -> torch.Tensor:
+        x = self.x[split]
+        if isinstance(x, torch.Tensor):
+            return x[torch.as_tensor(rows)].to(self.device)
+        rows = rows.numpy() if isinstance(rows, torch.Tensor) else rows
+        return torch.from_numpy(x.take(rows)).to(self.device)
+
     def describe(self) -> dict:
         return {"kind": self.kind, "in_features": self.in_channels}
 
     def train_epoch(self, batches, epoch: int, strong: bool = False):
         for rows in batches:
-            yield self.x["train"][rows].to(self.device), None, rows
+            yield self._rows("train", rows), None, rows
 
-    @torch.no_grad()
     def predict(self, module: nn.Module, split: str, batch_size: int = 512) -> torch.Tensor:
-        was = module.training
-        module.eval()
-        x = self.x[split]
-        out = torch.cat([module(x[i:i + batch_size].to(self.device)).float().cpu()
-                         for i in range(0, len(x), batch_size)])
-        module.train(was)
-        return out
+        return predict_rows(module, len(self.x[split]), lambda rows: self._rows(split, rows),
+                            batch_size)
 
     def close(self) -> None:
         pass
