@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFilter
 
-from spmlkit.data.images import open_image
+from spmlkit.data.image_files import open_image
 from spmlkit.features import default_workers, extract_features, make_transform
 from spmlkit.models import create_backbone
 

@@ -136,7 +136,7 @@ def build(root: Path, rows: int, dim: int, classes: int, dtype: str) -> None:
 def child(args) -> None:
     import torch
 
-    from spmlkit.data.base import Dataset, LabelledSet, make_splits
+    from spmlkit.data.protocol import Dataset, LabelledSet, make_splits
     from spmlkit.engine import TrainConfig
     from spmlkit.methods import train_runs
 

@@ -266,10 +266,10 @@ def test_missing_files_are_named_with_the_command_that_writes_them(runs, tmp_pat
 def test_one_reader_of_a_run_folder(runs, tmp_path):
     """The analyses, the figures and :class:`spmlkit.runs.Run` read through spmlkit.runs: one
     check of metrics.jsonl, whichever path reads it."""
-    from spmlkit.experiments.figures import curves, histograms, images, landscape
+    from spmlkit.experiments.figures import curves, histograms, image_panels, landscape
     from spmlkit.runs import read_metrics, read_run
 
-    for module in (an, curves, histograms, images, landscape):
+    for module in (an, curves, histograms, image_panels, landscape):
         for name in ("run_file", "read_config", "read_metrics", "read_predictions"):
             reader = getattr(module, name, None)
             assert reader is None or reader.__module__ == "spmlkit.runs", (module, name)

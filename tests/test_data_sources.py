@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from spmlkit.data import DATASETS, load_dataset, load_splits, make_splits
-from spmlkit.data.base import cole_split
+from spmlkit.data.protocol import cole_split
 from spmlkit.data.rows import Rows
 from spmlkit.data.cole import VOC_CLASSES, load_cole
 from spmlkit.data.arrays import load_arrays
@@ -409,7 +409,7 @@ def test_one_module_per_source():
 
 # ---- the tabular SPML protocol -------------------------------------------------------------
 def test_tabular_protocol_splits_all_rows_80_10_10_per_trial_seed(tmp_path):
-    from spmlkit.data.base import tabular_split
+    from spmlkit.data.protocol import tabular_split
 
     rng = np.random.RandomState(4)
     y = (rng.rand(60, 5) < 0.4).astype(np.uint8)

@@ -11,8 +11,8 @@ from PIL import Image
 from spmlkit import features as F
 from spmlkit.cli import main
 from spmlkit.data import load_dataset, load_splits
-from spmlkit.data.base import Dataset, LabelledSet, make_splits
-from spmlkit.data.images import open_image
+from spmlkit.data.protocol import Dataset, LabelledSet, make_splits
+from spmlkit.data.image_files import open_image
 from spmlkit.data.transforms import eval_transform
 from spmlkit.models.backbones import TinyCNN
 

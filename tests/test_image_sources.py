@@ -1,4 +1,4 @@
-"""Image readers (``spmlkit.data.images``) and image sources (``spmlkit.data.voc`` ...).
+"""Image readers (``spmlkit.data.image_files``) and image sources (``spmlkit.data.voc`` ...).
 
 Every fixture is written in ``tmp_path`` in exactly the official layout, with a few 8 x 8
 JPEG / PNG images written by PIL: the VOCdevkit tree (per-class ``<class>_{train,val}.txt`` lists,
@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from spmlkit.data import DATASETS, load_dataset, load_splits, make_splits
-from spmlkit.data.base import cole_split
+from spmlkit.data.protocol import cole_split
 from spmlkit.data.cole import COCO_CLASSES, VOC_CLASSES
 from spmlkit.data.coco import load_coco
 from spmlkit.data.cole_images import load_cole_images
@@ -27,7 +27,7 @@ from spmlkit.data.cub import load_cub
 from spmlkit.data.folder import load_folder
 from spmlkit.data.nuswide import load_nuswide
 from spmlkit.data.voc import load_voc
-from spmlkit.data.images import check_images, image_error, open_image
+from spmlkit.data.image_files import check_images, image_error, open_image
 from spmlkit.labels import POSITIVE, UNOBSERVED, sample_single_positive
 
 

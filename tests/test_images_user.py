@@ -12,7 +12,7 @@ import pytest
 
 from spmlkit.cli import main
 from spmlkit.data import load_splits
-from spmlkit.data.base import describe_labels
+from spmlkit.data.protocol import describe_labels
 from spmlkit.metrics import f1_micro_macro, hamming_loss
 
 NAMES = ["red", "green", "blue"]
@@ -158,7 +158,7 @@ def test_skip_corrupt_records_the_files_in_the_run_folder(tagged, capsys):
         in captured.err
     import warnings  # the CLI shows the library's warnings as one plain line
 
-    import spmlkit.data.images as where
+    import spmlkit.data.image_files as where
     assert warnings.formatwarning("folder pool: skipped 1 item(s)", UserWarning, where.__file__,
                                   1) == "warning: folder pool: skipped 1 item(s)\n"
     assert json.loads((run / "final.json").read_text())["skipped_images"] == 1
@@ -276,7 +276,7 @@ def test_image_training_reports_every_batch(tagged):
 @pytest.mark.parametrize("name", ["lac", "boostlu"])
 def test_figure_cam_on_lac_and_boostlu_runs(name, tagged, capsys):
     from spmlkit.engine import TrainConfig
-    from spmlkit.experiments.figures import images as fg
+    from spmlkit.experiments.figures import image_panels as fg
     from spmlkit.methods import get_method, train_run
 
     root, _ = tagged

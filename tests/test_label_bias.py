@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from spmlkit.data import load_splits, make_splits
-from spmlkit.data.base import Dataset, LabelledSet
+from spmlkit.data.protocol import Dataset, LabelledSet
 from spmlkit.data.fmnist_mosaic import FOREGROUND_LEVEL, mosaic_instances
 from spmlkit.labels import NEGATIVE, POSITIVE, UNOBSERVED, make_observed, parse_regime, \
     sample_biased_positive

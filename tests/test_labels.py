@@ -1,5 +1,5 @@
 """Tests of spmlkit.labels (encoding, validation, regimes, k estimation) and the Cole protocol
-split helpers of spmlkit.data.base (cole_split, make_splits)."""
+split helpers of spmlkit.data.protocol (cole_split, make_splits)."""
 from __future__ import annotations
 
 import math
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from spmlkit.data.base import Dataset, LabelledSet, cole_split, make_splits
+from spmlkit.data.protocol import Dataset, LabelledSet, cole_split, make_splits
 from spmlkit.labels import (NEGATIVE, OFFICIAL_SEED, POSITIVE, UNOBSERVED, estimate_k,
                             make_observed, parse_regime, sample_single_positive,
                             validate_full_labels, validate_observed)

@@ -352,7 +352,7 @@ def test_run_folder_and_model_loader(toy, tmp_path):
     model, info = load_run_model(folder)
     from spmlkit.metrics import map_score
     from spmlkit.data.transforms import eval_transform
-    from spmlkit.data.images import open_image
+    from spmlkit.data.image_files import open_image
     t = eval_transform(16, info["mean"], info["std"])
     x = torch.stack([t(open_image(p)) for p in toy["splits"].test.x])
     with torch.no_grad():
@@ -417,7 +417,7 @@ def test_cli_train_mode_lac_and_resume(toy, tmp_path, capsys):
 
     pred = predict_run(run_dir, s.test.x[:4])
     model, info = load_run_model(run_dir)
-    from spmlkit.data.images import open_image
+    from spmlkit.data.image_files import open_image
     from spmlkit.data.transforms import eval_transform
 
     t = eval_transform(info["image_size"], info["mean"], info["std"])

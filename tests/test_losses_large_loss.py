@@ -4,7 +4,7 @@ rejected / corrected, LL-Cp's permanent flips, state, gradients.
 Expected values are computed here with ``math`` from docs/spec.md#large-loss (BCE on assume-negative
 targets = softplus(s) for target 0, softplus(-s) for target 1), not with the code under test.
 The gradcheck runs directly on float64 logits: the computation keeps float64 input in float64
-(``spmlkit.losses.base.as_compute``), and the check calls ``entries()``.
+(``spmlkit.losses.contract.as_compute``), and the check calls ``entries()``.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Expected values are computed here with ``math`` / numpy from docs/spec.md#opml, not with the
 code under test. ``opml_row_loss`` keeps float64 (it promotes only below float32), so the
 gradchecks run on it directly; the modules compute in float32, float64 input staying float64
-(``spmlkit.losses.base.as_compute``).
+(``spmlkit.losses.contract.as_compute``).
 """
 from __future__ import annotations
 

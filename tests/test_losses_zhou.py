@@ -2,7 +2,7 @@
 
 Expected numbers are computed here from the formulas of docs/spec.md#zhou with numpy, not with
 the code under test. Gradchecks run in float64, directly on the losses: the computation keeps
-float64 input in float64 (``spmlkit.losses.base.as_compute``).
+float64 input in float64 (``spmlkit.losses.contract.as_compute``).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from torch import nn
 
 from spmlkit.labels import NEGATIVE, POSITIVE, UNOBSERVED
 from spmlkit.losses import LOSSES, TrainInfo, create_loss
-from spmlkit.losses import base, zhou
+from spmlkit.losses import contract, zhou
 
 P, U, N = POSITIVE, UNOBSERVED, NEGATIVE
 NAMES = ["em", "em_apl", "dw", "l1r", "l2r", "ls", "n_ls", "entmin", "focal", "asl"]
@@ -438,6 +438,6 @@ def test_registry_official_defaults():
     loss = create_loss("em_apl", **LOSSES.get("em_apl").hparams_for("cub"))
     assert (loss.alpha, loss.beta, loss.theta, loss.warmup) == (0.01, 0.4, 0.9, 3)
     for name in NAMES:
-        assert isinstance(create_loss(name), base.SPMLLoss)
+        assert isinstance(create_loss(name), contract.SPMLLoss)
     flags = create_loss("em_apl")
     assert flags.needs_index and flags.needs_train_predictions

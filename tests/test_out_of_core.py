@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spmlkit.data.base import Dataset, LabelledSet, make_splits
+from spmlkit.data.protocol import Dataset, LabelledSet, make_splits
 from spmlkit.data import rows as stored_rows
 from spmlkit.data.rows import Rows, streaming_stats
 from spmlkit.engine import TrainConfig

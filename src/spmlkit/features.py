@@ -20,7 +20,7 @@ The files of the images are not hashed (only their paths): after replacing image
 pass ``recompute=True``.
 
 Extraction runs a :class:`torch.utils.data.DataLoader` whose worker processes decode and
-transform images (:func:`spmlkit.data.images.open_image`, :mod:`spmlkit.data.transforms`) while
+transform images (:func:`spmlkit.data.image_files.open_image`, :mod:`spmlkit.data.transforms`) while
 the main process runs the backbone, so decoding overlaps the forward pass. Rows are written into
 the memory map batch by batch; an interrupted extraction (an error, Ctrl-C, a killed process)
 keeps the rows written so far and the next call computes only the missing ones. Two processes
@@ -56,7 +56,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .data.base import Dataset, LabelledSet, Splits
+from .data.protocol import Dataset, LabelledSet, Splits
 from .data.rows import holds_vectors
 from .engine import loader_workers
 from .runs import write_json
@@ -96,7 +96,7 @@ def make_transform(name: str, size: int, mean, std):
 
 def _open(path):
     try:
-        from .data.images import open_image
+        from .data.image_files import open_image
     except ImportError:  # pragma: no cover - the readers module ships with the package
         from PIL import Image
 
@@ -398,7 +398,7 @@ def extract_features(items, backbone="efficientnet_lite0", transform: str = "eva
 
 
 def _check_decodable(items) -> None:
-    from .data.images import check_images
+    from .data.image_files import check_images
 
     try:
         check_images(items, decode=True)

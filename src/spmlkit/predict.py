@@ -128,7 +128,7 @@ def run_thresholds(run, kind: str = "global") -> tuple[np.ndarray | None, str]:
 
 
 def _expand_images(inputs) -> list[str]:
-    from .data.images import is_image_name
+    from .data.image_files import is_image_name
 
     out = []
     for raw in inputs:
@@ -177,7 +177,7 @@ def read_feature_table(path, columns, id_column: str | None = None) -> tuple[np.
 def _readable(items: list, skip_corrupt: bool) -> tuple[list, list]:
     """``(readable items, unreadable ones)``: every image decoded once before any is predicted,
     so one bad file neither aborts a batch late nor goes unnamed."""
-    from .data.images import decode_errors
+    from .data.image_files import decode_errors
 
     good, bad = [], []
     for item, reason in zip(items, decode_errors(items)):

@@ -10,7 +10,7 @@ from __future__ import annotations
 # `spml list datasets` and the README's table follow)
 from . import arrays, tabular, cole, fmnist_mosaic, mdi_icons, yeast  # noqa: F401
 from . import voc, coco, cub, cole_images, nuswide, csv_images, folder  # noqa: F401
-from .base import Dataset, LabelledSet, Splits, cole_split, make_splits
+from .protocol import Dataset, LabelledSet, Splits, cole_split, make_splits
 from .options import PROTOCOL_OPTIONS, check_source_options, source_parameters
 from .registry import DATASETS
 from ..runs import SLUG

@@ -24,7 +24,7 @@ given (``val_features`` / ``val_labels``; default: carved out of the test set by
 :func:`features_dataset` assembles the sets; the ``tabular`` source shares it.
 
 Without a test file, the test set is carved out of all rows with the official split
-(:func:`~spmlkit.data.base.cole_split`, fraction 0.3, seed 1200), as for yeast; the rest is the
+(:func:`~spmlkit.data.protocol.cole_split`, fraction 0.3, seed 1200), as for yeast; the rest is the
 pool that the protocol splits into train / val.
 
 >>> import tempfile, numpy as np
@@ -48,7 +48,7 @@ import numpy as np
 
 from ..labels import OFFICIAL_SEED, POSITIVE, positives_to_observed, validate_full_labels, \
     validate_observed
-from .base import Dataset, LabelledSet, check_train_labels, cole_split
+from .protocol import Dataset, LabelledSet, check_train_labels, cole_split
 from ..runs import check_array_file
 from .registry import register
 
@@ -361,7 +361,7 @@ def features_dataset(name: str, train: Part, classes: Sequence[str], *, test: Pa
                      val: Part | None = None, train_labels: str = "full",
                      test_fraction: float = TEST_FRACTION, seed: int = OFFICIAL_SEED,
                      standardize: bool = False, meta: dict | None = None) -> Dataset:
-    """Feature rows and labels already read, as a :class:`~spmlkit.data.base.Dataset`: what
+    """Feature rows and labels already read, as a :class:`~spmlkit.data.protocol.Dataset`: what
     the ``arrays`` and ``tabular`` sources share.
 
     Args:
@@ -440,7 +440,7 @@ def load_arrays(features: str | os.PathLike | np.ndarray, labels: str | os.PathL
                 seed: int = OFFICIAL_SEED, train_labels: str = "full",
                 val_features: str | os.PathLike | np.ndarray | None = None,
                 val_labels: str | os.PathLike | np.ndarray | None = None) -> Dataset:
-    """Any feature matrix with its labels as a :class:`~spmlkit.data.base.Dataset`.
+    """Any feature matrix with its labels as a :class:`~spmlkit.data.protocol.Dataset`.
 
     Args:
         features: ``.npy`` / ``.npz`` file (or array), N x D.

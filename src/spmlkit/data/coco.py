@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import Dataset
+from .protocol import Dataset
 from .cole import COCO_CLASSES
 from .image_common import COLE, TAGS, image_dataset, join_paths
-from .images import listing
+from .image_files import listing
 from .registry import register
 
 __all__ = ["COCO_CLASSES", "load_coco", "read_coco_split"]

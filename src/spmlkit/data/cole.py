@@ -24,7 +24,7 @@ reads ``formatted_{phase}_labels_obs.npy`` for every dataset but COCO. Both name
 for ``observed="uniform"`` the plain name first, then ``..._uniform_labels_obs.npy``.
 
 The shipped observed labels are the official single-positive draw (seed 1200, one positive per
-row, no negative; rows without a positive stay empty): :func:`~spmlkit.data.base.make_splits`
+row, no negative; rows without a positive stay empty): :func:`~spmlkit.data.protocol.make_splits`
 uses them as they are for regime ``1p`` with the official seed, and draws its own otherwise.
 When the file is absent the same draw is generated, so the splits do not depend on having it.
 
@@ -36,7 +36,7 @@ or ``coco`` (80 classes in category-id order, as ``format_coco.py`` writes them)
 
 Memory: ``mmap=True`` maps the feature files (``np.load(mmap_mode="r")``) instead of reading
 them, and checks them for NaN block by block; the pool's features are still copied into memory by
-the protocol's train / val split, and :class:`~spmlkit.data.base.LabelledSet` checks finiteness
+the protocol's train / val split, and :class:`~spmlkit.data.protocol.LabelledSet` checks finiteness
 again with an N x D boolean temporary (a quarter of a float32 matrix). For NUS-WIDE
 (150,000 x 2048 float32, 1.2 GB) that is about 1.2 GB for the pool plus 0.3 GB of temporaries;
 only the test features stay mapped. Without ``mmap`` the features are read and kept as float32.
@@ -51,7 +51,7 @@ import numpy as np
 from ..labels import NEGATIVE, POSITIVE, validate_full_labels, validate_observed
 from .arrays import check_features, check_rows, load_matrix, read_class_names, \
     resolve_class_names
-from .base import Dataset, LabelledSet
+from .protocol import Dataset, LabelledSet
 from .registry import register
 
 LABELS = "formatted_{phase}_labels.npy"

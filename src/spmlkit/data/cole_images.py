@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 
 from ..labels import validate_full_labels
-from .base import Dataset
+from .protocol import Dataset
 from .arrays import load_matrix
 from .cole import cole_class_names, observed_file, read_observed
 from .image_common import COLE, TAGS, image_dataset, join_paths
-from .images import listing
+from .image_files import listing
 from .registry import register
 
 __all__ = ["COLE_IMAGE_ROOTS", "FORMATTED", "load_cole_images", "load_formatted"]

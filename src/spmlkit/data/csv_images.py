@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from ..labels import OFFICIAL_SEED, positives_to_observed
-from .base import Dataset, check_train_labels
+from .protocol import Dataset, check_train_labels
 from .arrays import resolve_class_names
 from .image_common import TAGS, TEST_FRACTION, carve, image_dataset, join_paths
 from .registry import register

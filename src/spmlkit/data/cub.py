@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import Dataset
+from .protocol import Dataset
 from .image_common import COLE, TAGS, image_dataset, join_paths
-from .images import listing, locate, parse_int, read_fields
+from .image_files import listing, locate, parse_int, read_fields
 from .registry import register
 
 __all__ = ["load_cub", "read_cub"]

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..labels import OFFICIAL_SEED
-from .base import Dataset, LabelledSet
+from .protocol import Dataset, LabelledSet
 from .offline_cache import FORMAT_VERSION, build_atomically, cache_root, check_files, \
     read_manifest, write_manifest
 from .registry import register

@@ -12,9 +12,9 @@ from typing import Sequence
 import numpy as np
 
 from ..labels import OFFICIAL_SEED, positives_to_observed
-from .base import Dataset, check_train_labels
+from .protocol import Dataset, check_train_labels
 from .image_common import TAGS, TEST_FRACTION, carve, image_dataset, join_paths
-from .images import IMAGE_SUFFIXES, is_image_name, listing
+from .image_files import IMAGE_SUFFIXES, is_image_name, listing
 from .registry import register
 
 __all__ = ["SPLIT_FOLDER_NAMES", "load_folder", "scan_class_folders"]
@@ -27,8 +27,8 @@ def scan_class_folders(root, classes: Sequence[str] | None = None):
     """The images of a one-folder-per-class tree.
 
     Each subfolder of ``root`` (hidden ones skipped) is a class; its images (files ending in
-    :data:`~spmlkit.data.images.IMAGE_SUFFIXES`, searched recursively, sorted) are labelled with
-    it. Other files are ignored and counted.
+    :data:`~spmlkit.data.image_files.IMAGE_SUFFIXES`, searched recursively, sorted) are
+    labelled with it. Other files are ignored and counted.
 
     Args:
         root: the tree.

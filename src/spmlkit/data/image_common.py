@@ -1,4 +1,4 @@
-"""What the image sources share: building a :class:`~spmlkit.data.base.Dataset` of image paths
+"""What the image sources share: building a :class:`~spmlkit.data.protocol.Dataset` of image paths
 whose unusable images are checked, dropped and counted, and the Cole split of one list.
 
 Each image source lives in its own module (:mod:`~spmlkit.data.voc`, :mod:`~spmlkit.data.coco`,
@@ -6,11 +6,11 @@ Each image source lives in its own module (:mod:`~spmlkit.data.voc`, :mod:`~spml
 :mod:`~spmlkit.data.csv_images`, :mod:`~spmlkit.data.folder`); importing it registers it. Every
 one returns a ``Dataset`` whose ``pool`` is the official training set and whose ``test`` is the
 official evaluation set; ``x`` is a list of **absolute** image paths (decode them with
-:func:`spmlkit.data.images.open_image`), ``ids`` the paths relative to the dataset's image
+:func:`spmlkit.data.image_files.open_image`), ``ids`` the paths relative to the dataset's image
 folder, chosen to equal the entries of the official ``formatted_*_images.npy`` lists. Row order
 follows the official formatting scripts (github.com/elijahcole/single-positive-multi-label,
 ``preproc/format_{pascal,coco,cub}.py``), so the protocol's train / val split
-(:func:`~spmlkit.data.base.make_splits`) selects the same images as the papers'.
+(:func:`~spmlkit.data.protocol.make_splits`) selects the same images as the papers'.
 
 Sources, the layout each reads, and its pool / test (sizes of the official sets):
 
@@ -58,8 +58,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .base import Dataset, LabelledSet, cole_split
-from .images import check_images, warn_skipped
+from .protocol import Dataset, LabelledSet, cole_split
+from .image_files import check_images, warn_skipped
 
 __all__ = ["TAGS", "TEST_FRACTION", "COLE", "image_set", "image_dataset", "join_paths", "carve"]
 

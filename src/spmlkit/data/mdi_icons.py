@@ -21,7 +21,7 @@ import numpy as np
 
 from ..extras import install_hint
 from ..labels import OFFICIAL_SEED
-from .base import Dataset, LabelledSet, cole_split
+from .protocol import Dataset, LabelledSet, cole_split
 from .offline_cache import FORMAT_VERSION, build_atomically, cache_root, check_files, \
     read_manifest, write_manifest
 from .registry import register

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from .cole_images import load_formatted
-from .base import Dataset
+from .protocol import Dataset
 from .image_common import COLE, TAGS
 from .registry import register
 

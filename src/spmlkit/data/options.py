@@ -35,7 +35,7 @@ import numpy as np
 
 from .registry import DATASETS
 
-#: ``load_splits`` options that belong to the protocol (:func:`~spmlkit.data.base.make_splits`),
+#: ``load_splits`` options that belong to the protocol (:func:`~spmlkit.data.protocol.make_splits`),
 #: not to the source
 PROTOCOL_OPTIONS = ("subsample", "subsample_seed", "class_order", "protocol")
 #: options every image source takes besides its own: its items become a backbone's cached
@@ -125,7 +125,7 @@ def parameter_rows(params, doc, group: str, keep=None) -> list[dict]:
 def describe_options(name: str, feature_rows: Sequence[dict] = ()) -> list[dict]:
     """Every option the dataset ``name`` takes, from signatures and docstrings: its own
     (the source function's), the protocol's (:data:`PROTOCOL_OPTIONS`, from
-    :func:`~spmlkit.data.base.make_splits`) and, for an image source, ``feature_rows``
+    :func:`~spmlkit.data.protocol.make_splits`) and, for an image source, ``feature_rows``
     (:data:`FEATURE_KEYS`, described by :func:`spmlkit.features.feature_option_rows`, which
     sits above this module).
 
@@ -137,7 +137,7 @@ def describe_options(name: str, feature_rows: Sequence[dict] = ()) -> list[dict]
     Raises:
         ValueError: an unknown dataset.
     """
-    from .base import make_splits
+    from .protocol import make_splits
 
     entry = DATASETS.get(name)
     rows = parameter_rows(source_parameters(name), inspect.getdoc(entry.factory), "source")

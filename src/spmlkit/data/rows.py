@@ -135,7 +135,7 @@ class Rows:
 class JoinedRows:
     """Two stored matrices (memory maps or :class:`Rows`) of the same width, one after the
     other, read on demand: the base of a :class:`Rows` over both (the tabular protocol's
-    pool-then-test rows, :func:`spmlkit.data.base.make_splits`), never concatenated."""
+    pool-then-test rows, :func:`spmlkit.data.protocol.make_splits`), never concatenated."""
 
     ndim = 2
     filename = None

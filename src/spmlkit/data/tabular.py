@@ -54,7 +54,7 @@ from ..labels import OFFICIAL_SEED, positives_to_observed, validate_full_labels,
     validate_observed
 from .arrays import TEST_FRACTION, Part, _preview, check_features, features_dataset, \
     resolve_class_names
-from .base import Dataset, check_train_labels
+from .protocol import Dataset, check_train_labels
 from .registry import register
 
 __all__ = ["TABLE_SUFFIXES", "table_kind", "SPLIT_VALUES", "load_tabular", "read_table",
@@ -302,7 +302,7 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
                  train_labels: str = "full", class_names=None,
                  test_fraction: float = TEST_FRACTION, standardize: bool = True,
                  name: str = "tabular", seed: int = OFFICIAL_SEED) -> Dataset:
-    """A CSV / Parquet table (or several) as a :class:`~spmlkit.data.base.Dataset` (the module
+    """A CSV / Parquet table (or several) as a :class:`~spmlkit.data.protocol.Dataset` (the module
     docstring describes the files and columns).
 
     Args:

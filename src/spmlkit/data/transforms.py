@@ -96,7 +96,7 @@ def to_rgb(img):
     Image = _pil()
     if not isinstance(img, Image.Image):
         raise TypeError(f"expected a PIL.Image.Image, got {type(img).__name__}; open files with "
-                        f"spmlkit.data.images.open_image(path)")
+                        f"spmlkit.data.image_files.open_image(path)")
     if img.mode == "RGB":
         return img
     if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):

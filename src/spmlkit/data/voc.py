@@ -15,10 +15,10 @@ from typing import Sequence
 
 import numpy as np
 
-from .base import Dataset
+from .protocol import Dataset
 from .cole import VOC_CLASSES
 from .image_common import COLE, TAGS, image_dataset, join_paths
-from .images import listing, locate, parse_int, read_fields
+from .image_files import listing, locate, parse_int, read_fields
 from .registry import register
 
 __all__ = ["VOC_CLASSES", "load_voc", "read_voc_split"]

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..extras import install_hint
 from ..labels import OFFICIAL_SEED
-from .base import Dataset, LabelledSet, cole_split
+from .protocol import Dataset, LabelledSet, cole_split
 from .registry import register
 
 TEST_FRACTION = 0.3

@@ -13,7 +13,7 @@ becomes logits:
   learning rate trained at once as one stacked head (the linear protocol's grids are
   overhead-bound); each run ends as it would alone, up to float summation order. Studies use it
   through :func:`spmlkit.methods.train_runs` for every stackable loss (``SPMLLoss.stackable``).
-- :func:`fit_finetune` (:mod:`.finetune`, batches from :mod:`.images`): end to end from image
+- :func:`fit_finetune` (:mod:`.finetune`, batches from :mod:`.image_batches`): end to end from image
   items, a ``torch`` ``DataLoader`` with worker processes and a seeded sampler; the weak view
   for training, the eval transform for val and train predictions; AMP (:mod:`.amp`) and
   channels-last on CUDA; one process or many under ``torchrun`` (:mod:`spmlkit.distributed`).
@@ -39,7 +39,7 @@ from .config import (AMP_MODES, TrainConfig, batch_starts, config_dict, epoch_ro
                      parse_early_stop, torch_threads)
 from .finetune import LINEAR_INIT_FORMAT, FinetuneOptions, fit_finetune, fit_linear_init, \
     predict_items
-from .images import (GlobalBatchSampler, ImageItems, ItemPredictor, default_image_reader,
+from .image_batches import (GlobalBatchSampler, ImageItems, ItemPredictor, default_image_reader,
                      loader_workers, mix_seed, shares)
 from .linear import fit_linear, make_linear_head, predict_logits, val_map
 from .loop import (STATE_FORMAT, Batch, FitResult, GeneratorState, Stage, StageParts,

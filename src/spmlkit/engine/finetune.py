@@ -17,7 +17,7 @@ from ..labels import validate_full_labels, validate_observed
 from ..losses import SPMLLoss, TrainInfo
 from .amp import LossScaler, amp_dtype, run_model
 from .config import TrainConfig
-from .images import (GlobalBatchSampler, ImageItems, ItemPredictor, check_items, make_loader,
+from .image_batches import (GlobalBatchSampler, ImageItems, ItemPredictor, check_items, make_loader,
                      _transforms, mix_seed)
 from .linear import fit_linear, val_map
 from .loop import FitResult, Stage, StageParts, StepHook, check_val_labels, snapshot, \
@@ -68,7 +68,7 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
         loss, config, k, on_epoch: as :func:`fit_linear`.
         val_items, y_val: validation items and full 0/1 labels for selection.
         train_transform, eval_transform: ``t(img, generator) -> 3 x S x S`` tensors.
-        image_reader: ``path -> PIL image`` (default ``spmlkit.data.images.open_image``).
+        image_reader: ``path -> PIL image`` (default ``spmlkit.data.image_files.open_image``).
         checkpoint: ``checkpoint(state_fn)`` after every epoch, in process 0 only, as in
             :func:`fit_linear`; the state holds the model, the loss's state, the optimiser's,
             the fp16 loss scaler's, the best epoch and weights, the history.
@@ -279,7 +279,8 @@ def predict_items(model: nn.Module, items: Sequence, config: TrainConfig, *,
     row order; gathered across processes when running under ``torchrun``. ``transform``
     defaults to the eval transform at the model's size, mean and std. ``out``: a writable
     N x ... numpy array (a memory map of a file) the outputs are written into batch by batch
-    and which is returned (one process only; :class:`~spmlkit.engine.images.ItemPredictor`)."""
+    and which is returned (one process only;
+    :class:`~spmlkit.engine.image_batches.ItemPredictor`)."""
     ctx = dist_utils.current_context(config.device)
     _, eval_t, shape = _transforms(model, config, None, transform, train=False)
     model = model.to(ctx.device)

@@ -531,7 +531,7 @@ def train_loop(model: nn.Module, loss: SPMLLoss, stages: Sequence[Stage], *, num
                start=time.perf_counter() if start is None else start, metric=metric)
     if resume is not None:
         run.load_state_dict(resume)
-    from ..losses.base import observed_validated
+    from ..losses.contract import observed_validated
 
     with observed_validated(loss):  # the fit functions validated the observed matrix once
         return run.run()

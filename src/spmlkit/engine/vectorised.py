@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..losses import SPMLLoss, TrainInfo
-from ..losses.base import observed_validated
+from ..losses.contract import observed_validated
 from ..losses.cole import expected_positive_penalty_grad
 from ..metrics import BLOCK_ENTRIES, check_convention, map_from_ap, per_class_ap, ranked_ap
 from ..data import rows as stored_rows

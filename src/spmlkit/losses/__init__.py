@@ -18,7 +18,7 @@ from . import large_loss, opml  # noqa: F401
 from . import robust  # noqa: F401  (GR, Hill, SPLC)
 from . import scorer  # noqa: F401  (em_pl, gpr: an external scorer's pseudo-labels)
 from . import crisp  # noqa: F401  (CRISP: class-prior estimation)
-from .base import SPMLLoss, TrainInfo, check_observed, log_1mp, log_p, observed_validated, \
+from .contract import SPMLLoss, TrainInfo, check_observed, log_1mp, log_p, observed_validated, \
     soft_bce
 from .registry import LOSSES
 from .regularizers import REGULARIZERS, Regularized, parse_regularizers

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
-from .base import SPMLLoss, TrainInfo, masks, soft_bce, take_rows
+from .contract import SPMLLoss, TrainInfo, masks, soft_bce, take_rows
 from .registry import register
 
 COLE = "Cole et al. 2021"

@@ -80,7 +80,7 @@ import warnings
 import torch
 
 from ..labels import POSITIVE
-from .base import SPMLLoss, TrainInfo, soft_bce
+from .contract import SPMLLoss, TrainInfo, soft_bce
 from .registry import register
 
 CRISP = "Liu, Xu, Wang, Geng 2025 (CRISP, NeurIPS'25)"

@@ -55,7 +55,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .base import as_compute, check_observed
+from .contract import as_compute, check_observed
 
 __all__ = ["LACQueue", "lac_loss", "lac_entries", "lac_term", "plc_targets", "plc_loss"]
 

@@ -51,7 +51,7 @@ import math
 import torch
 
 from ..labels import POSITIVE, UNOBSERVED
-from .base import SPMLLoss, TrainInfo, log_p, masks, soft_bce
+from .contract import SPMLLoss, TrainInfo, log_p, masks, soft_bce
 from .registry import register
 
 KIM = "Kim et al. 2022 (Large Loss Matters)"

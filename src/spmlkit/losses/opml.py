@@ -28,7 +28,7 @@ import torch
 
 from ..labels import POSITIVE, UNOBSERVED
 from ..metrics import per_class_ap
-from .base import SPMLLoss, TrainInfo, as_compute, take_rows
+from .contract import SPMLLoss, TrainInfo, as_compute, take_rows
 from .registry import register
 from .regularizers import high_rank_penalty
 

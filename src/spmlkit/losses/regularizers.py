@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..registry import Registry
-from .base import SPMLLoss, as_compute
+from .contract import SPMLLoss, as_compute
 
 REGULARIZERS = Registry("regulariser")
 

@@ -3,7 +3,7 @@ al., "Simple and Robust Loss Design for Multi-Label Learning with Missing Labels
 
 Registered names: ``gr``, ``hill``, ``splc``. ``p = sigmoid(s)``; O+ / U / O- are the observed
 positive, unobserved and observed negative entries (our encoding 1 / 0 / -1). Every per-entry
-matrix is reduced by :class:`~spmlkit.losses.base.SPMLLoss` (``"mean"``: sum / (B * L)).
+matrix is reduced by :class:`~spmlkit.losses.contract.SPMLLoss` (``"mean"``: sum / (B * L)).
 
 Label encodings of the official code, and how they map to ours:
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
-from .base import SPMLLoss, TrainInfo, as_compute, log_1mp, log_p
+from .contract import SPMLLoss, TrainInfo, as_compute, log_1mp, log_p
 from .registry import register
 from .zhou import _power
 

@@ -70,7 +70,7 @@ import numpy as np
 import torch
 
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
-from .base import SPMLLoss, TrainInfo, as_compute, log_1mp, log_p, masks, take_rows
+from .contract import SPMLLoss, TrainInfo, as_compute, log_1mp, log_p, masks, take_rows
 from .cole import expected_positive_penalty
 from .registry import register
 from .zhou import _OFFICIAL_ALPHA, binary_entropy
@@ -303,7 +303,7 @@ class ScorerPseudoLabelLoss(SPMLLoss):
     :meth:`on_train_start` raises ``ValueError``.
 
     Stackable (the vectorised linear engine): the stacked ``pseudo`` is R x N x L and a batch's
-    rows are taken per run (:func:`~spmlkit.losses.base.take_rows`, ``index`` R x B); the
+    rows are taken per run (:func:`~spmlkit.losses.contract.take_rows`, ``index`` R x B); the
     epoch and the run's epochs are Python numbers the hooks keep (on the stacked module too:
     stacked runs share them), so a step reads no buffer.
     """

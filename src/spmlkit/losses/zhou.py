@@ -3,7 +3,7 @@ Positive Labels" (ECCV 2022): EM, EM + APL, and the baselines of their Table 1.
 
 docs/spec.md#zhou is the specification. ``p = sigmoid(s)``; O+ / U / O- are the observed
 positive, unobserved and observed negative entries; every per-entry matrix is reduced over B * L
-by :class:`~spmlkit.losses.base.SPMLLoss` (so each loss here is a mean, never a sum).
+by :class:`~spmlkit.losses.contract.SPMLLoss` (so each loss here is a mean, never a sum).
 ``H(p) = -[p log p + (1-p) log(1-p)]`` is the binary entropy, computed from logits in log space.
 
 Registered names: ``em``, ``em_apl`` (the paper's methods) and ``dw``, ``l1r``, ``l2r``, ``ls``,
@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from ..labels import UNOBSERVED
-from .base import SPMLLoss, TrainInfo, as_compute, log_1mp, log_p, masks, soft_bce, take_rows
+from .contract import SPMLLoss, TrainInfo, as_compute, log_1mp, log_p, masks, soft_bce, take_rows
 from .cole import (AssumeNegativeLoss, AssumeNegativeLSLoss, AsymmetricLSLoss,
                    WeakAssumeNegativeLoss)
 from .registry import register
@@ -194,7 +194,7 @@ class EntropyMaximizationLoss(SPMLLoss):
 
     Args:
         alpha: weight of the entropy term (>= 0).
-        reduction, eps: see :class:`~spmlkit.losses.base.SPMLLoss`; ``eps=1e-5`` reproduces the
+        reduction, eps: see :class:`~spmlkit.losses.contract.SPMLLoss`; ``eps=1e-5`` reproduces the
             official ``log(p + 1e-5)`` inside the entropy too.
 
     >>> loss = EntropyMaximizationLoss(alpha=1.0)

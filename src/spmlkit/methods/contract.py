@@ -314,7 +314,7 @@ def check_decodable(splits) -> None:
     Raises:
         ValueError: the first unreadable image, named, with the option that drops such files.
     """
-    from ..data.images import check_images
+    from ..data.image_files import check_images
 
     if (splits.meta or {}).get("skip_corrupt"):
         return

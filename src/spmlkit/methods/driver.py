@@ -22,7 +22,7 @@ from ..engine import TrainConfig
 from ..losses import create_loss
 from ..metrics import (THRESHOLD_POLICY, classic_metrics, evaluate, map_score,
                        pseudo_label_stats, select_thresholds)
-from ..data.base import describe_labels
+from ..data.protocol import describe_labels
 from ..runs import RunDir, read_run, sync_files
 from .contract import (RunContext, TrainingMethod, check_inputs, feature_record, get_method,
                        resolve_hparams, resolve_k)
@@ -257,7 +257,7 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
         ``train_recovery_map`` (the train split's predictions against its full labels, Cole et
         al. Table 2; None for regime ``given``, whose train rows have no full labels),
         ``labels`` (one line: which labels trained and scored the run,
-        :func:`spmlkit.data.base.describe_labels`), ``test`` (P@k ...), ``metric`` (what the
+        :func:`spmlkit.data.protocol.describe_labels`), ``test`` (P@k ...), ``metric`` (what the
         best epoch was selected on, ``config.metric``) and ``val_score`` (its value there),
         ``val_metrics`` and ``test_metrics`` (every metric of :data:`spmlkit.metrics.METRICS`
         of the selected epoch's predictions, :func:`spmlkit.metrics.classic_metrics`; F1s and

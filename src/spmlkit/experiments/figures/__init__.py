@@ -13,7 +13,7 @@ wire them.
 
 Modules, one concept each:
 
-- :mod:`.base`: the figure helper, :func:`save_figure`, shared small helpers;
+- :mod:`.plotting`: the figure helper, :func:`save_figure`, shared small helpers;
 - :mod:`.curves`: val mAP and train loss per epoch of runs (OPML Fig. 4); pseudo-label count
   and precision per epoch (Zhou Table 2);
 - :mod:`.histograms`: train probabilities of observed positives, unobserved positives and
@@ -25,15 +25,15 @@ Modules, one concept each:
   Figs. 3-5, Zhou Fig. 3a, Cole Fig. 1);
 - :mod:`.landscape`: the training loss on the plane ``theta + a d1 + b d2`` of two
   filter-normalised random directions (Li et al. 2018; Zhou Fig. 5a-b);
-- :mod:`.images`: image panels (Zhou Fig. 6), class activation maps (OPML Fig. 7), a LAC model's
-  attention maps (LAC Fig. 6).
+- :mod:`.image_panels`: image panels (Zhou Fig. 6), class activation maps (OPML Fig. 7), a LAC
+  model's attention maps (LAC Fig. 6).
 """
-from .base import FIGURE_SUFFIXES, FIGURES_DIR, new_canvas, new_figure, save_figure
+from .plotting import FIGURE_SUFFIXES, FIGURES_DIR, new_canvas, new_figure, save_figure
 from .classwise import plot_ap_difference, plot_wasserstein
 from .curves import curves_from_runs, plot_curves, plot_pl_precision, plot_small_curves
 from .histograms import (GROUPS, ProbHistograms, histograms_from_run, plot_histograms,
                          plot_probability_histograms, probability_histograms)
-from .images import (MapOverlays, Panel, attention_from_run, cam_from_run,
+from .image_panels import (MapOverlays, Panel, attention_from_run, cam_from_run,
                      class_activation_maps, panel_from_run, plot_attention, plot_cam,
                      plot_overlays, plot_panel, top_predictions, upsample_maps)
 from .landscape import (Landscape, filter_normalized_direction, landscape_from_run,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import new_figure, save_figure
+from .plotting import new_figure, save_figure
 
 
 def plot_ap_difference(res, out, *, force: bool = False) -> Path:

@@ -8,7 +8,7 @@ import numpy as np
 
 from ...analysis import run_label
 from ...runs import read_metrics
-from .base import integer_epochs, new_figure, save_figure
+from .plotting import integer_epochs, new_figure, save_figure
 from .sweeps import metric_label
 
 #: up to this many lines, each panel has its own legend; more get one legend beside the figure

@@ -12,7 +12,7 @@ import numpy as np
 from ...analysis import format_table, run_label
 from ...labels import POSITIVE, UNOBSERVED
 from ...runs import read_predictions
-from .base import new_figure, save_figure
+from .plotting import new_figure, save_figure
 
 GROUPS = ("observed positives", "unobserved positives", "negatives")
 

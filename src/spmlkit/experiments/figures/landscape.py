@@ -11,7 +11,7 @@ import numpy as np
 
 from ...analysis import run_label
 from ...runs import OBSERVED_FILE, load_array, run_file
-from .base import new_canvas, save_figure, source_options
+from .plotting import new_canvas, save_figure, source_options
 
 
 @dataclass
@@ -235,7 +235,7 @@ def landscape_from_run(run, *, steps: int = 21, span: float = 1.0, seed: int = 0
             raise ValueError(f"the reloaded train features are {x.shape[1]}-d, the run's head "
                              f"takes {model.in_features}-d: the dataset options changed")
     else:
-        from ...data.images import open_image
+        from ...data.image_files import open_image
         from ...data.transforms import eval_transform
 
         model, info = load_run_model(run)

@@ -16,7 +16,7 @@ import numpy as np
 from ...analysis import format_table
 from ..study import open_study
 from ..tables import row_variant
-from .base import new_figure, save_figure
+from .plotting import new_figure, save_figure
 
 
 @dataclass

@@ -15,7 +15,7 @@ import numpy as np
 from ...analysis import run_label
 from ...labels import POSITIVE
 from ...runs import read_config, read_predictions
-from .base import new_figure, pick_rows, save_figure, short_list, source_options
+from .plotting import new_figure, pick_rows, save_figure, short_list, source_options
 
 
 @dataclass
@@ -102,7 +102,7 @@ def panel_from_run(run, split: str = "test", n: int = 8, seed: int = 0) -> Panel
     probabilities (``predictions.npz``); labels are the observed positives on ``train``, the
     true labels otherwise. Works for fine-tuned runs and linear runs on a backbone's features
     (the image paths come from reloading the dataset of ``config.json``)."""
-    from ...data.images import open_image
+    from ...data.image_files import open_image
 
     if split not in ("train", "val", "test"):
         raise ValueError(f"split must be train, val or test, got {split!r}")
@@ -255,7 +255,7 @@ def _run_images(run, split: str, n: int, seed: int):
     gives the model's input tensor and the images to display."""
     import torch
 
-    from ...data.images import open_image
+    from ...data.image_files import open_image
     from ...data.transforms import eval_transform
 
     config = read_config(run)

@@ -1,5 +1,5 @@
-"""Shared loss helpers (spmlkit.losses.base): the compute dtype, ``soft_bce`` against its explicit
-log form, and the resizing of train-split-sized state when a state dict is loaded.
+"""Shared loss helpers (spmlkit.losses.contract): the compute dtype, ``soft_bce`` against its
+explicit log form, and the resizing of train-split-sized state when a state dict is loaded.
 
 The reference for ``soft_bce`` is written here from the formula
 ``-(t log sigmoid(s) + (1 - t) log sigmoid(-s)) * w``, not with the code under test.
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spmlkit.losses.base import as_compute, resize_state_on_load, soft_bce
+from spmlkit.losses.contract import as_compute, resize_state_on_load, soft_bce
 
 
 # --- as_compute ---------------------------------------------------------------------------------
@@ -137,7 +137,7 @@ def test_the_issue_example_raises_and_observed_validated_skips_only_inside():
 
 @pytest.mark.parametrize("k", [-1.0, float("nan"), float("inf"), 7.0, "2"])
 def test_train_info_refuses_a_k_outside_0_to_the_class_count(k):
-    from spmlkit.losses.base import TrainInfo
+    from spmlkit.losses.contract import TrainInfo
 
     with pytest.raises(ValueError, match=r"k \(expected positives per example\) must be a "
                                          r"number in \[0, 6\]"):
@@ -147,7 +147,7 @@ def test_train_info_refuses_a_k_outside_0_to_the_class_count(k):
 
 def test_epr_refuses_a_negative_weight_and_a_zero_k_from_the_data():
     from spmlkit.losses import create_loss
-    from spmlkit.losses.base import TrainInfo
+    from spmlkit.losses.contract import TrainInfo
 
     with pytest.raises(ValueError, match="lam .* must be >= 0, got -1"):
         create_loss("epr", lam=-1)

@@ -1,7 +1,7 @@
 """Reading image files, checking image lists, and the small parsers the image sources share.
 
 An *image item* is a path string to an image file. Image sources
-(:mod:`spmlkit.data.image_common` lists them) return :class:`~spmlkit.data.base.LabelledSet`
+(:mod:`spmlkit.data.image_common` lists them) return :class:`~spmlkit.data.protocol.LabelledSet`
 objects whose ``x`` is a list of absolute path strings; everything that decodes pixels goes
 through :func:`open_image`, so a corrupt file always fails with a ``ValueError`` that names it,
 never with a decoder error deep inside a data loader.

@@ -117,9 +117,9 @@ class GlobalBatchSampler(torch.utils.data.Sampler):
 
 
 def default_image_reader() -> Callable:
-    """:func:`spmlkit.data.images.open_image`: an RGB PIL image, ``FileNotFoundError`` /
+    """:func:`spmlkit.data.image_files.open_image`: an RGB PIL image, ``FileNotFoundError`` /
     ``ValueError`` naming a missing or corrupt file."""
-    from ..data.images import open_image
+    from ..data.image_files import open_image
 
     return open_image
 
