@@ -488,6 +488,72 @@ def _autograd_step(model, stacked, xb, zb, idx, loss_params, seed):
     return values, logits.grad
 
 
+def _check_stack(observed, losses, configs, k) -> tuple[list, list]:
+    """The stack's inputs checked (:func:`fit_linear_stacked`'s ValueErrors): one observed
+    matrix and k per run (``observed`` / ``k`` given once: for every run)."""
+    runs = len(configs)
+    if runs == 0 or len(losses) != runs:
+        raise ValueError(f"fit_linear_stacked needs one loss per config, got {len(losses)} "
+                         f"losses and {runs} configs")
+    shared = [{k_: v for k_, v in vars(c).items() if k_ not in ("seed", "lr")} for c in configs]
+    if any(s != shared[0] for s in shared):
+        raise ValueError("stacked runs may differ in seed and lr only; got configs "
+                         f"{shared[0]} and {next(s for s in shared if s != shared[0])}")
+    observed = list(observed) if isinstance(observed, (list, tuple)) else [observed] * runs
+    ks = list(k) if isinstance(k, (list, tuple)) else [k] * runs
+    if len(observed) != runs or len(ks) != runs:
+        raise ValueError(f"fit_linear_stacked needs one observed matrix and k per run, or one "
+                         f"for all; got {len(observed)} and {len(ks)} for {runs} runs")
+    mixed = len({(type(loss), loss.extra_repr()) for loss in losses}) > 1 or \
+        len({id(z_) for z_ in observed}) > 1
+    if mixed and not all(closed_form(loss) for loss in losses):
+        raise ValueError("stacked runs need losses of one class and hyperparameters and one "
+                         "observed label matrix, unless every loss is closed-form (closed_form)")
+    if len({None if k_ is None else float(k_) for k_ in ks}) > 1 and \
+            hasattr(losses[0], "_k") and not all(closed_form(loss) for loss in losses):
+        # the stack's one copy of such a loss (ROLE) holds one k
+        raise ValueError(f"stacked runs of {type(losses[0]).__name__} need one k, got "
+                         f"{sorted({k_ for k_ in ks if k_ is not None})}")
+    if len({loss.reduction for loss in losses}) > 1:
+        raise ValueError("stacked runs need losses of one reduction")
+    for loss in losses:
+        why = can_stack(loss, configs[0])
+        if why is not None:
+            raise ValueError(f"these runs cannot be stacked: {why}")
+    return observed, ks
+
+
+def _mean_train_loss(step_values, n: int, bs: int, rows_per_epoch: int) -> list[float]:
+    """Each run's mean train loss of an epoch from its steps' losses (one R-vector a step):
+    weighted by the batch sizes, in float64 and in step order (what a running float64 total
+    would hold)."""
+    out = []
+    for per_step in torch.stack(step_values).double().T.tolist():
+        total = 0.0
+        for j, v in enumerate(per_step):
+            total += v * (min(n, (j + 1) * bs) - j * bs)
+        out.append(total / rows_per_epoch)
+    return out
+
+
+def _val_scores(model: StackedLinear, views, xv, yv, live: list, config: TrainConfig) -> dict:
+    """``{run: val score}`` of the live runs (``config.metric``; ``{}`` when none is live)."""
+    if not live:
+        return {}
+    conv, metric = config.map_convention, config.metric
+    if is_stored(xv):
+        # stored val rows: the runs' val logits from one read, or one run's at a time
+        # (:func:`_stored_val_logits`); each run scored alone (no R x N x L float64)
+        logits_of = _stored_val_logits(model, views, xv)
+        return {r: val_map(logits_of(r), yv, conv, metric) for r in live}
+    logits_v = model.predict(xv)[live]
+    if metric == "map":
+        vals = stacked_val_map(logits_v, yv, conv)
+    else:  # another metric: each run's own (the single run's val_map)
+        vals = [val_map(s_, yv, conv, metric) for s_ in logits_v]
+    return dict(zip(live, vals))
+
+
 def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
                        configs: Sequence[TrainConfig], *, x_val=None, y_val=None,
                        k: float | None = None,
@@ -521,34 +587,7 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
     """
     start = time.perf_counter()
     runs = len(configs)
-    if runs == 0 or len(losses) != runs:
-        raise ValueError(f"fit_linear_stacked needs one loss per config, got {len(losses)} "
-                         f"losses and {runs} configs")
-    shared = [{k_: v for k_, v in vars(c).items() if k_ not in ("seed", "lr")} for c in configs]
-    if any(s != shared[0] for s in shared):
-        raise ValueError("stacked runs may differ in seed and lr only; got configs "
-                         f"{shared[0]} and {next(s for s in shared if s != shared[0])}")
-    observed = list(observed) if isinstance(observed, (list, tuple)) else [observed] * runs
-    ks = list(k) if isinstance(k, (list, tuple)) else [k] * runs
-    if len(observed) != runs or len(ks) != runs:
-        raise ValueError(f"fit_linear_stacked needs one observed matrix and k per run, or one "
-                         f"for all; got {len(observed)} and {len(ks)} for {runs} runs")
-    mixed = len({(type(loss), loss.extra_repr()) for loss in losses}) > 1 or \
-        len({id(z_) for z_ in observed}) > 1
-    if mixed and not all(closed_form(loss) for loss in losses):
-        raise ValueError("stacked runs need losses of one class and hyperparameters and one "
-                         "observed label matrix, unless every loss is closed-form (closed_form)")
-    if len({None if k_ is None else float(k_) for k_ in ks}) > 1 and \
-            hasattr(losses[0], "_k") and not all(closed_form(loss) for loss in losses):
-        # the stack's one copy of such a loss (ROLE) holds one k
-        raise ValueError(f"stacked runs of {type(losses[0]).__name__} need one k, got "
-                         f"{sorted({k_ for k_ in ks if k_ is not None})}")
-    if len({loss.reduction for loss in losses}) > 1:
-        raise ValueError("stacked runs need losses of one reduction")
-    for loss in losses:
-        why = can_stack(loss, configs[0])
-        if why is not None:
-            raise ValueError(f"these runs cannot be stacked: {why}")
+    observed, ks = _check_stack(observed, losses, configs, k)
     on_epoch = list(on_epoch or [None] * runs)
     checkpoint = list(checkpoint or [None] * runs)
     config = configs[0]
@@ -720,12 +759,7 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
                 step_values.append(values.detach())
             # each run's mean train loss: its steps' losses weighted by their batch sizes, in
             # float64 and in step order (what a running float64 total would hold)
-            train_loss = []
-            for per_step in torch.stack(step_values).double().T.tolist():
-                total = 0.0
-                for j, v in enumerate(per_step):
-                    total += v * (min(n, (j + 1) * bs) - j * bs)
-                train_loss.append(total / rows_per_epoch)
+            train_loss = _mean_train_loss(step_values, n, bs, rows_per_epoch)
             if stateful:
                 unstack()
             train_all = model.predict(x) if stacked.needs_train_predictions else None
@@ -742,20 +776,7 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
             if stateful:
                 restack()
             live = [r for r in live if errors[r] is None]
-            scores = {}
-            if has_val and live and is_stored(xv):
-                # stored val rows: the runs' val logits from one read, or one run's at a time
-                # (:func:`_stored_val_logits`); each run scored alone (no R x N x L float64)
-                logits_of = _stored_val_logits(model, views, xv)
-                scores = {r: val_map(logits_of(r), yv, config.map_convention, metric)
-                          for r in live}
-            elif has_val and live:
-                logits_v = model.predict(xv)[live]
-                if metric == "map":
-                    vals = stacked_val_map(logits_v, yv, config.map_convention)
-                else:  # another metric: each run's own (the single run's val_map)
-                    vals = [val_map(s_, yv, config.map_convention, metric) for s_ in logits_v]
-                scores = dict(zip(live, vals))
+            scores = _val_scores(model, views, xv, yv, live, config) if has_val else {}
             for r in live:
                 record = {"epoch": epoch + 1, "train_loss": train_loss[r]}
                 if has_val:
@@ -772,18 +793,26 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
                     if checkpoint[order[r]] is not None:
                         checkpoint[order[r]](lambda r=r: run_checkpoint_state(r))
     seconds = (time.perf_counter() - start) / runs  # each run's share of the group's time
-    out: list = [None] * runs
-    for r in range(runs):
+    return _outcomes(books, errors, order, loss_list, (x.shape[1], num_classes, device), seconds)
+
+
+def _outcomes(books, errors, order, loss_list, head_shape, seconds: float) -> list:
+    """Per run, in the callers' order (``order``: the stack's run -> the caller's), its best
+    epoch's ``(nn.Linear, FitResult)`` with its loss module set to that epoch's state, or the
+    exception that ended it (a ValueError when no epoch had a finite score)."""
+    in_features, num_classes, device = head_shape
+    out: list = [None] * len(books)
+    for r, book in enumerate(books):
         if errors[r] is None:
             try:
-                weights, loss_state = books[r].best_weights()
+                weights, loss_state = book.best_weights()
             except ValueError as err:  # no epoch had a finite score
                 errors[r] = err
         if errors[r] is not None:
             out[order[r]] = errors[r]
             continue
-        head = nn.Linear(x.shape[1], num_classes).to(device)
+        head = nn.Linear(in_features, num_classes).to(device)
         head.load_state_dict(weights)
         loss_list[r].load_state_dict(loss_state)
-        out[order[r]] = (head, FitResult(**books[r].result_fields(), seconds=seconds))
+        out[order[r]] = (head, FitResult(**book.result_fields(), seconds=seconds))
     return out
