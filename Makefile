@@ -1,5 +1,7 @@
-# Two entry points for a fresh machine: `make demo` (the yeast benchmark) and `make test`.
-# Both create .venv and install spmlkit with its extras from this repository's own files.
+# Entry points for a fresh machine: `make demo` (the yeast benchmark), `make test-fast` and
+# `make test`. They create .venv and install spmlkit with its extras from this repository's files.
+# `make test` changes nothing outside this folder unless asked: SYSTEM_DEPS=1 (or `make
+# system-deps`) installs the two Debian packages some tests need; without it those tests skip.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # constraints.txt pins torch==2.13.0 (the CPU build this project's machines carry);
@@ -7,58 +9,101 @@ PY := $(VENV)/bin/python
 CONSTRAINTS ?= constraints.txt
 PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 OUT ?= runs/yeast-benchmark
+SYSTEM_DEPS ?=
 
-.PHONY: install demo test lint docs clean image-data browser
+.PHONY: install demo test test-fast lint docs clean image-data browser system-deps mdi-icons \
+	fmnist-data system-check
 
 install: $(VENV)/.installed
 
+# pip's own lines (Collecting / Downloading / Installing) show progress; the first install
+# downloads torch and the docs tools: about 3.5 minutes on a 2-core machine.
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
-	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check $(PIP_C) -e ".[dev]"
+	@echo "install: creating $(VENV) and installing spmlkit[dev] (first time: about 3.5 minutes)"
+	@start=$$(date +%s); python3 -m venv $(VENV) && \
+	$(PY) -m pip install --disable-pip-version-check --progress-bar off $(PIP_C) -e ".[dev]" && \
+	echo "install: done in $$(( $$(date +%s) - start )) s; the spml command is $(VENV)/bin/spml" \
+	     "(run '. $(VENV)/bin/activate' to call it as spml)"
 	touch $@
 
 # The demo needs only the yeast set, which ships inside river (no image data, no browser).
 demo: install
 	$(VENV)/bin/spml benchmark --out $(OUT)
+	@echo "demo: wrote $(OUT)/; the spml command is $(VENV)/bin/spml" \
+	     "(run '. $(VENV)/bin/activate' to call it as spml)"
 
-test: install image-data browser lint docs
+# The whole suite (about 2,300 tests; 25+ minutes on 2 cores). Tests that need a system package
+# that is missing are skipped with a line naming `make test SYSTEM_DEPS=1`.
+test: install mdi-icons $(if $(SYSTEM_DEPS),system-deps,system-check) lint docs
 	$(PY) -m pytest
+
+# The fast tier: every test not marked slow (tests/conftest.py: the files that train real jobs).
+test-fast: install lint
+	$(PY) -m pytest -m "not slow"
 
 # ruff with the project's configuration (pyproject.toml [tool.ruff]); `make test` runs it first.
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks
 
-# The docs site (mkdocs.yml, docs/) into site/, with --strict: a broken link, a missing anchor or
-# a docstring mkdocstrings cannot read fails the build (about 15 s). `python docs/gen.py`
-# regenerates the generated pages; tests/test_docs.py fails when they are out of date.
+# The docs site (mkdocs.yml, docs/) into site/, with --strict: a broken link, a missing anchor,
+# an unresolved cross-reference or a docstring mkdocstrings cannot read fails the build (about
+# 20 s). Open site/index.html from the file system (links and search work offline).
+# `python docs/gen.py` regenerates the generated pages; tests/test_docs.py fails when they are
+# out of date.
 docs: install
 	NO_MKDOCS_2_WARNING=1 PYTHONPATH=src $(PY) -m mkdocs build --strict -q
 
-# The offline image sets' raw data, from the registries that carry it (about 11 s when missing,
-# nothing when present): Fashion-MNIST from Debian (fmnist_mosaic), @mdi/svg from npm (mdi_icons).
-# Without apt-get / npm the step says so and the tests of that set are skipped.
+# --- system packages: only on request ----------------------------------------------------------
+# Debian's dataset-fashion-mnist (the fmnist_mosaic image set) and chromium (tests/test_report.py
+# renders `spml report` output in it). apt-get as root (sudo otherwise), without recommended
+# packages, waiting up to 120 s for a busy dpkg lock, and never upgrading an installed package:
+# when apt would upgrade one to satisfy a dependency the step names it and stops.
 FMNIST_IDX := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
-MDI_SVG_PKG := @mdi/svg@7.4.47
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-image-data:
-	@if [ -f $(FMNIST_IDX) ]; then :; \
-	elif command -v apt-get >/dev/null; then \
-	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq dataset-fashion-mnist; \
-	else echo "image-data: no apt-get; fmnist_mosaic needs Debian's dataset-fashion-mnist"; fi
+APT := $(SUDO) apt-get -o DPkg::Lock::Timeout=120
+APT_INSTALL := install -y -q --no-install-recommends --no-upgrade
+HAVE_CHROMIUM = [ -n "$$SPMLKIT_CHROMIUM" ] || command -v chromium >/dev/null || \
+	command -v chromium-browser >/dev/null
+define apt_install
+	@command -v apt-get >/dev/null || { echo "$(1): no apt-get; install it by hand"; exit 1; }
+	$(APT) update -qq
+	@up=$$($(APT) -s $(APT_INSTALL) $(1) | sed -n 's/^Inst \([^ ]*\) \[.*/\1/p'); \
+	if [ -n "$$up" ]; then echo "apt-get would upgrade installed packages:" $$up; \
+	  echo "not done; upgrade them yourself or install $(1) by hand"; exit 1; fi
+	$(APT) $(APT_INSTALL) $(1)
+endef
+
+system-deps: fmnist-data browser
+
+fmnist-data:
+	@[ -f $(FMNIST_IDX) ] || $(MAKE) --no-print-directory _apt PKG=dataset-fashion-mnist
+
+browser:
+	@$(HAVE_CHROMIUM) || $(MAKE) --no-print-directory _apt PKG=chromium
+
+.PHONY: _apt
+_apt:
+	$(call apt_install,$(PKG))
+
+# Without SYSTEM_DEPS: one line per missing package, nothing installed.
+system-check:
+	@[ -f $(FMNIST_IDX) ] || echo "test: no $(FMNIST_IDX): the fmnist_mosaic tests skip;" \
+	  "make test SYSTEM_DEPS=1 installs Debian's dataset-fashion-mnist"
+	@$(HAVE_CHROMIUM) || echo "test: no chromium: the report's browser tests skip;" \
+	  "make test SYSTEM_DEPS=1 installs Debian's chromium"
+
+# @mdi/svg (the mdi_icons image set) from npm into .cache/npm, inside this folder (about 11 s
+# when missing, nothing when present). Without npm the mdi_icons tests skip.
+MDI_SVG_PKG := @mdi/svg@7.4.47
+mdi-icons:
 	@if [ -f .cache/npm/node_modules/@mdi/svg/meta.json ]; then :; \
 	elif command -v npm >/dev/null; then \
 	  npm install --prefix .cache/npm --no-audit --no-fund --loglevel=error $(MDI_SVG_PKG); \
-	else echo "image-data: no npm; mdi_icons needs: npm install --prefix .cache/npm $(MDI_SVG_PKG)"; fi
+	else echo "mdi-icons: no npm: the mdi_icons tests skip;" \
+	  "npm install --prefix .cache/npm $(MDI_SVG_PKG) provides them"; fi
 
-# Headless Chromium for the report test (tests/test_report.py renders `spml report` output):
-# Debian's chromium package, nothing when a chromium is already on PATH or $SPMLKIT_CHROMIUM
-# is set. Without apt-get the step says so and that test is skipped.
-browser:
-	@if [ -n "$$SPMLKIT_CHROMIUM" ] || command -v chromium >/dev/null || \
-	    command -v chromium-browser >/dev/null; then :; \
-	elif command -v apt-get >/dev/null; then \
-	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; \
-	else echo "browser: no apt-get; the report test needs chromium (or SPMLKIT_CHROMIUM=/path)"; fi
+# Both offline image sets' raw data (the presets' fmnist_mosaic / mdi_icons).
+image-data: mdi-icons fmnist-data
 
 clean:
 	rm -rf $(VENV) runs site .pytest_cache .cache

@@ -1,7 +1,8 @@
 """The offline image sets: fmnist_mosaic (Debian dataset-fashion-mnist) and mdi_icons (@mdi/svg).
 
 Tests that need the real packages skip with the install command when they are missing;
-`make install` (the `image-data` target) installs both, so CI runs them.
+`make test` installs @mdi/svg into .cache/npm; Debian's dataset-fashion-mnist only with
+`make test SYSTEM_DEPS=1` (as CI runs it) or `make fmnist-data`.
 """
 import gzip
 import json
@@ -25,8 +26,8 @@ def _have_fmnist() -> bool:
 
 
 needs_fmnist = pytest.mark.skipif(
-    not _have_fmnist(), reason=f"Fashion-MNIST not installed ({fmnist_mosaic.FMNIST_DIR}); run "
-    f"`make image-data` or: {fmnist_mosaic.FMNIST_INSTALL}")
+    not _have_fmnist(), reason=f"Fashion-MNIST not installed ({fmnist_mosaic.FMNIST_DIR}): "
+    f"`make test SYSTEM_DEPS=1` or `make fmnist-data` installs Debian's dataset-fashion-mnist")
 
 
 def _mdi_package():
@@ -48,7 +49,7 @@ needs_cairosvg = pytest.mark.skipif(not _have_cairosvg(),
                                     reason="cairosvg missing: pip install -e '.[images]'")
 needs_mdi = pytest.mark.skipif(
     _mdi_package() is None or not _have_cairosvg(),
-    reason="@mdi/svg or cairosvg missing: run `make image-data` (npm install --prefix "
+    reason="@mdi/svg or cairosvg missing: run `make mdi-icons` (npm install --prefix "
     ".cache/npm @mdi/svg) and pip install -e '.[images]'")
 
 SMALL = dict(n_pool=24, n_test=10)
@@ -57,7 +58,8 @@ SMALL = dict(n_pool=24, n_test=10)
 @pytest.fixture(scope="module")
 def small_mosaics(tmp_path_factory):
     if not _have_fmnist():
-        pytest.skip(f"Fashion-MNIST not installed; {fmnist_mosaic.FMNIST_INSTALL}")
+        pytest.skip(f"Fashion-MNIST not installed ({fmnist_mosaic.FMNIST_DIR}): `make test "
+                    "SYSTEM_DEPS=1` or `make fmnist-data` installs Debian's dataset-fashion-mnist")
     cache = tmp_path_factory.mktemp("cache")
     return cache, load_dataset("fmnist_mosaic", cache_dir=cache, seed=5, **SMALL)
 
@@ -261,7 +263,7 @@ def test_mdi_missing_package_names_the_npm_command(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(mdi_icons, "__file__", str(tmp_path / "a" / "b" / "c" / "d.py"))
     with pytest.raises(FileNotFoundError, match=r"@mdi/svg was not found.*npm install --prefix "
-                                                r".*make image-data"):
+                                                r".*make mdi-icons"):
         load_dataset("mdi_icons", cache_dir=tmp_path)
 
 

@@ -1,5 +1,5 @@
 """`spml report`: the self-contained HTML page of a study folder, checked as text and rendered
-in headless Chromium (skipped only when no chromium binary is found: `make browser`)."""
+in headless Chromium (skipped only when no chromium binary is found: `make test SYSTEM_DEPS=1`)."""
 from __future__ import annotations
 
 import base64
@@ -199,7 +199,7 @@ def _chromium():
 CHROMIUM = _chromium()
 needs_chromium = pytest.mark.skipif(
     CHROMIUM is None, reason="no chromium binary (chromium, chromium-browser or "
-    "$SPMLKIT_CHROMIUM): `make browser` installs Debian's chromium")
+    "$SPMLKIT_CHROMIUM): `make test SYSTEM_DEPS=1` or `make browser` installs Debian's chromium")
 
 
 def _browse(path, *extra, tmp):

@@ -39,7 +39,8 @@ __all__ = ["FMNIST_CLASSES", "FMNIST_DIR", "FMNIST_FILES", "FMNIST_INSTALL", "FO
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FMNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
                 "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
-FMNIST_INSTALL = "sudo apt-get update && sudo apt-get install -y dataset-fashion-mnist"
+FMNIST_INSTALL = (
+    "sudo apt-get update && sudo apt-get install --no-install-recommends dataset-fashion-mnist")
 FMNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
                   "Sneaker", "Bag", "Ankle boot"]
 

@@ -62,7 +62,7 @@ def mdi_svg_dir(svg_dir=None, cache_dir=None) -> Path:
     tried = ", ".join(str(c) for c in dict.fromkeys(candidates))
     raise FileNotFoundError(f"the npm package @mdi/svg was not found (looked in {tried}); "
                             f"install it with: {_mdi_install_command(cache_dir)}  (or `make "
-                            f"image-data` in the repository, or set ${MDI_ENV} to an existing "
+                            f"mdi-icons` in the repository, or set ${MDI_ENV} to an existing "
                             f"node_modules/@mdi/svg)")
 
 
