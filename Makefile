@@ -47,11 +47,12 @@ lint: install
 
 # The docs site (mkdocs.yml, docs/) into site/, with --strict: a broken link, a missing anchor,
 # an unresolved cross-reference or a docstring mkdocstrings cannot read fails the build (about
-# 20 s). Open site/index.html from the file system (links and search work offline).
+# 20 s). Not -q: it silences mkdocs-autorefs' warnings, so an unresolved reference would pass.
+# Open site/index.html from the file system (links and search work offline).
 # `python docs/gen.py` regenerates the generated pages; tests/test_docs.py fails when they are
 # out of date.
 docs: install
-	NO_MKDOCS_2_WARNING=1 PYTHONPATH=src $(PY) -m mkdocs build --strict -q
+	NO_MKDOCS_2_WARNING=1 PYTHONPATH=src $(PY) -m mkdocs build --strict
 
 # --- system packages: only on request ----------------------------------------------------------
 # Debian's dataset-fashion-mnist (the fmnist_mosaic image set) and chromium (tests/test_report.py

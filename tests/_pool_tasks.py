@@ -63,7 +63,7 @@ def pause_at_epoch(fn, plan: dict, task: dict):
 
 
 class Pausing:
-    """An executor around another one (``inner``) that runs :func:`pause_at_epoch` around the
+    """An executor around another one (``inner``) that runs `pause_at_epoch` around the
     task function: the seam sees one more executor, the tasks are the study's."""
 
     def __init__(self, inner, plan: dict):
@@ -79,7 +79,7 @@ class Pausing:
 
 
 def kill_when_paused(target, folder, check_pid=None, timeout=180.0):
-    """Run ``target()`` in a thread; once a task has paused (:func:`pause_at_epoch` with
+    """Run ``target()`` in a thread; once a task has paused (`pause_at_epoch` with
     ``dir=folder``), ``check_pid(pid)`` and SIGKILL that worker process. Returns ``(what target
     returned, the killed pid, the paused run's id)``."""
     import threading

@@ -264,7 +264,7 @@ def test_missing_files_are_named_with_the_command_that_writes_them(runs, tmp_pat
 
 
 def test_one_reader_of_a_run_folder(runs, tmp_path):
-    """The analyses, the figures and :class:`spmlkit.runs.Run` read through spmlkit.runs: one
+    """The analyses, the figures and `spmlkit.runs.Run` read through spmlkit.runs: one
     check of metrics.jsonl, whichever path reads it."""
     from spmlkit.experiments.figures import curves, histograms, image_panels, landscape
     from spmlkit.runs import read_metrics, read_run

@@ -2,7 +2,7 @@
 names, refused or killed launches): each is one clear ``spml <cmd>: error:`` line, exit 2,
 nothing allocated first and no folder left behind.
 
-The commands run in-process (:func:`spmlkit.cli.main`) on a one-epoch yeast run folder and
+The commands run in-process (`spmlkit.cli.main`) on a one-epoch yeast run folder and
 damaged copies of its files; the sizes are refused before anything is allocated, so each case
 takes about as long as reading a run folder.
 """

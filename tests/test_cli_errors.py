@@ -1,6 +1,6 @@
 """Every ``spml`` command ends a bad input with one line ``spml <cmd>: error: ...`` and exit 2.
 
-Each case runs :func:`spmlkit.cli.main` in-process on a bad input (a missing or wrong file, a
+Each case runs `spmlkit.cli.main` in-process on a bad input (a missing or wrong file, a
 wrong type, a bad option value, an empty input, an unknown name) and checks: exit status 2,
 no traceback, exactly one ``error:`` line on stderr that starts with the command's name and
 names the offending value. The inputs are tiny (yeast with 1 epoch, a 12-image folder, arrays

@@ -38,7 +38,7 @@ NUMBERS = ("run_id", "status", "val_map", "test_map", "train_recovery_map", "bes
 
 def env(pause_dir) -> dict:
     """The processes' environment: this spmlkit first on the path (the workers must run the
-    driver's version), the pause folder of :mod:`_dask_pause`, and the scheduler's
+    driver's version), the pause folder of `_dask_pause`, and the scheduler's
     ``allowed-failures`` 0 (each worker death reaches the driver, as the docs advise)."""
     src = str(Path(spmlkit.__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
@@ -57,7 +57,7 @@ def wait_until(what: str, ready, timeout: float = WAIT, alive=(), poll: float = 
 
 class Cluster:
     """A scheduler and a worker command (``nworkers`` worker processes of ``nthreads`` threads)
-    started as separate process groups; :meth:`stop` kills both groups."""
+    started as separate process groups; `stop` kills both groups."""
 
     def __init__(self, folder: Path, nworkers: int = 2, nthreads: int = 1):
         self.nworkers, self.nthreads = nworkers, nthreads
@@ -198,7 +198,7 @@ def spec_file(tmp_path) -> Path:
 
 
 def spml(args, timeout: float = 2 * WAIT) -> int:
-    """``spml ARGS`` in this process (:func:`spmlkit.cli.main`), in a thread that must end
+    """``spml ARGS`` in this process (`spmlkit.cli.main`), in a thread that must end
     within ``timeout`` seconds: a driver that hangs fails the test instead."""
     result = {}
 

@@ -3,7 +3,7 @@
 - The generated pages (CLI reference, methods catalogue, presets, study schema, results) equal
   what ``docs/gen.py`` makes from the code and data now (the drift test).
 - The code blocks of README.md and every page under docs/ run: ``bash`` blocks line by line
-  (``spml ...`` through :func:`spmlkit.cli.main` in this process, anything else with bash),
+  (``spml ...`` through `spmlkit.cli.main` in this process, anything else with bash),
   ``python`` blocks in a fresh interpreter, study ``yaml`` blocks through the spec validator;
   each page in its own temporary folder, its blocks in order. A block preceded by
   ``<!-- docs-test: skip (reason) -->`` is not run (installs, minutes-long studies, sketches).

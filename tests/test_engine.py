@@ -599,7 +599,7 @@ def test_seeded_heads_are_the_same_when_threads_make_them_at_once():
 # ---- training states written before engine/selection.py (issue 22) still resume -----------------
 def test_resume_of_states_written_before_the_selection_object():
     """``tests/fixtures/train-states-v1.pt``: checkpoints that the code before
-    :class:`spmlkit.engine.Selection` wrote (``fit_linear`` with ``patience:2`` after epoch 2
+    `spmlkit.engine.Selection` wrote (``fit_linear`` with ``patience:2`` after epoch 2
     and with ``drop:0.5`` after epoch 3, run 0 of a ``fit_linear_stacked`` pair with
     ``patience:1`` after epoch 3; each run stops early later); resumed now, each ends as the
     uninterrupted run of today's code."""

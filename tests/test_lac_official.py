@@ -19,8 +19,8 @@ script that made it lived in /tmp (it is not part of this repository); its setti
   the total with respect to the four inputs, and the queue's pointer and labels after the step.
 
 Here the same inputs go through spmlkit's own pieces, in the order ``_LACStep.terms`` uses them
-(the registered ``an`` loss, :func:`plc_targets` / :func:`plc_loss`, :func:`lac_term` with one
-:class:`LACQueue` carried across the steps), and every loss and gradient must agree to 1e-5.
+(the registered ``an`` loss, `plc_targets` / `plc_loss`, `lac_term` with one
+`LACQueue` carried across the steps), and every loss and gradient must agree to 1e-5.
 """
 from __future__ import annotations
 

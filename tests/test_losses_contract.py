@@ -1,7 +1,7 @@
 """Contract tests generated from the loss registry (docs/extending/loss.md#contract).
 
 Every name in ``spmlkit.losses.LOSSES.names()`` is built the same generic way (see
-:func:`build`): ``create_loss(name, reduction=...)``, ``on_train_start(observed, TrainInfo(N, L,
+`build`): ``create_loss(name, reduction=...)``, ``on_train_start(observed, TrainInfo(N, L,
 k=1.5, seed=0, num_epochs=3))``, and called as ``loss(logits, observed, index=idx)`` with the
 batch's rows in the train split. A loss that declares a need this helper cannot give (a
 ``needs_*`` flag other than ``needs_index`` / ``needs_train_predictions`` / ``needs_scores``, or

@@ -1,6 +1,6 @@
 """Stored features (a memory-mapped store or .npy file) train without being read whole.
 
-The protocol's parts of a stored matrix are row views (:class:`spmlkit.data.rows.Rows`); the
+The protocol's parts of a stored matrix are row views (`spmlkit.data.rows.Rows`); the
 linear engine, single and stacked, reads them chunk by chunk with the in-memory path's batch
 order, so the results equal it exactly; nothing reads the whole matrix.
 """

@@ -44,3 +44,13 @@ def test_changelog_has_a_section_for_this_version_or_unreleased():
     heads = re.findall(r"^## (\S+)", ROOT.joinpath("CHANGELOG.md").read_text(), flags=re.M)
     assert heads and (heads[0] == "Unreleased" or heads[0] == spmlkit.__version__)
     assert spmlkit.__version__ in heads
+
+
+def test_docstrings_use_the_renderers_cross_reference_syntax():
+    """The API pages are rendered by mkdocstrings (Markdown): a cross-reference is
+    ``[`name`][spmlkit.module.name]`` (the strict docs build fails when its target is not on the
+    site), inline code is `` `name` ``; a Sphinx role (``:func:`x```) would show as raw text."""
+    role = re.compile(r":(?:py:)?(?:func|class|meth|attr|mod|data|obj|exc|const):`")
+    found = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "src").rglob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1) if role.search(line)]
+    assert not found, f"Sphinx roles in docstrings: {found[:10]}"

@@ -129,7 +129,7 @@ def test_cole_fig1_runs_shrunk_with_subsample(tmp_path):
 def test_lac_preset_matches_the_lac_trainer():
     """``mode: lac`` passes ``mode_options`` to the lac method (its options, flat: LACConfig's
     fields beside the backbone's), and each row of Table 3 (a method with its own ``mode_options``
-    merged over the study's) must be the matching :data:`ABLATIONS` configuration."""
+    merged over the study's) must be the matching `ABLATIONS` configuration."""
     lac = pytest.importorskip("spmlkit.methods.lac")
     spec = load_study("lac-ablation")
     assert spec.mode == "lac"

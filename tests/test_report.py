@@ -72,7 +72,7 @@ def run_ids(evil: bool = True) -> dict:
 
 
 def make_study(root, evil: bool = True):
-    """A hand-made study folder (see :func:`_spec`, :func:`_rows`) with two launches."""
+    """A hand-made study folder (see `_spec`, `_rows`) with two launches."""
     study = root / "tiny"
     (study / "runs").mkdir(parents=True)
     (study / "study.yaml").write_text(json.dumps(_spec(evil), indent=2))  # JSON is YAML

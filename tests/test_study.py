@@ -159,7 +159,7 @@ def test_run_resume_partial_folder_and_selection(tmp_path):
 
 def kill_a_busy_worker(s, out, paused, **kw):
     """``run_study(s, out, **kw)`` on a local pool of 2 worker processes, in a thread; the first
-    run to log epoch 1 holds there (:func:`_pool_tasks.pause_at_epoch`) and its worker process
+    run to log epoch 1 holds there (`_pool_tasks.pause_at_epoch`) and its worker process
     is SIGKILLed (the out-of-memory killer's signal), so the run that the killed worker held is
     known, not guessed. Returns the study's result, the worker's pid and the run's task."""
     import dataclasses

@@ -1,19 +1,19 @@
 """The papers' analyses on finished run folders: the numbers, as pure functions.
 
-Each analysis reads files a run folder already holds (:mod:`spmlkit.runs`) and returns a small
+Each analysis reads files a run folder already holds (`spmlkit.runs`) and returns a small
 result object with the numbers and a ``table()``. Their figures are drawn by
-:mod:`spmlkit.experiments.figures` (``plot_pl_precision``, ``plot_ap_difference``,
+`spmlkit.experiments.figures` (``plot_pl_precision``, ``plot_ap_difference``,
 ``plot_wasserstein``, ``plot_histograms``); ``spml analyze ...`` prints the table and writes the
 figure.
 
-- :func:`pseudo_label_precision`: per-epoch number of pseudo-labels and the share that is right
+- `pseudo_label_precision`: per-epoch number of pseudo-labels and the share that is right
   (Zhou et al. Table 2, right), from ``metrics.jsonl``.
-- :func:`classwise_ap_difference`: per-class AP of run b minus run a (Zhou et al. Fig. 4c), from
+- `classwise_ap_difference`: per-class AP of run b minus run a (Zhou et al. Fig. 4c), from
   ``predictions.npz``.
-- :func:`wasserstein_per_class`: per class, the Wasserstein-1 distance between the predicted
+- `wasserstein_per_class`: per class, the Wasserstein-1 distance between the predicted
   probabilities of unobserved positives and unobserved negatives on the train split (Zhou et al.
-  Fig. 4a); :func:`run_wasserstein` applies it to a run's ``predictions.npz``.
-- :func:`unobserved_positive_histograms`: histograms of the predicted probabilities of the
+  Fig. 4a); `run_wasserstein` applies it to a run's ``predictions.npz``.
+- `unobserved_positive_histograms`: histograms of the predicted probabilities of the
   unobserved positives on the train split at chosen epochs (Cole et al. Fig. 2), from
   ``train_probs.npy`` (``spml train --save-train-probs``).
 
@@ -160,7 +160,7 @@ class APDifference:
 def classwise_ap_difference(run_a, run_b, split: str = "test") -> APDifference:
     """Per-class AP of run b minus run a on ``split`` (Zhou et al. Fig. 4c).
 
-    AP is :func:`spmlkit.metrics.per_class_ap` of each run's best-epoch probabilities in
+    AP is `spmlkit.metrics.per_class_ap` of each run's best-epoch probabilities in
     ``predictions.npz``; class names come from ``config.json``. The mean of ``diff`` over classes
     with positives is the difference of the two mAPs (``"present"`` convention).
 
@@ -258,7 +258,7 @@ class WassersteinResult:
 
 
 def run_wasserstein(run_dir) -> WassersteinResult:
-    """:func:`wasserstein_per_class` on a run's best-epoch train probabilities
+    """`wasserstein_per_class` on a run's best-epoch train probabilities
     (``predictions.npz``)."""
     pred = read_predictions(run_dir)
     z, y = pred["observed"], pred["y_train"]

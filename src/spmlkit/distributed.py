@@ -1,17 +1,17 @@
 """Many processes: ``torchrun --nproc_per_node=N`` for fine-tuning.
 
 ``spml train --mode finetune`` (or ``linear_init``) under ``torchrun`` calls
-:func:`init_distributed`, which reads torchrun's environment (``RANK``, ``WORLD_SIZE``,
+`init_distributed`, which reads torchrun's environment (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and starts the process group: ``nccl`` on CUDA,
-``gloo`` on a CPU. :func:`spmlkit.engine.fit_finetune` then trains under
+``gloo`` on a CPU. `spmlkit.engine.fit_finetune` then trains under
 ``DistributedDataParallel`` (DDP). What is synchronised, and how:
 
 - **Batches.** ``TrainConfig.batch_size`` is the global batch. Every process draws the same
   seeded permutation and takes a contiguous share of each global batch
-  (:class:`spmlkit.engine.GlobalBatchSampler`); the shares, concatenated in rank order, are the
+  (`spmlkit.engine.GlobalBatchSampler`); the shares, concatenated in rank order, are the
   single-process batch. Augmentations are seeded per ``(seed, epoch, row)``.
 - **The loss sees the global batch.** Each process's logits are all-gathered with
-  :func:`gather_rows` (differentiable: its backward sums the processes' gradients and returns
+  `gather_rows` (differentiable: its backward sums the processes' gradients and returns
   this process's rows), and every process evaluates the loss on the whole global batch, with
   the global rows as ``index``. So a loss's batch-level terms (EPR's expected positive count,
   the high-rank regulariser, LL's top-k selection) and its per-example state see exactly what
@@ -22,11 +22,11 @@
   gathered batch, so every process already holds the global gradient of the estimator; an
   all-reduce would only average N equal copies, at the price of a dense N_train x L tensor per
   step (COCO: 65,665 x 80 floats = 21 MB, as much as the backbone's own gradients). Each
-  process steps its own copy; :func:`broadcast_state` copies process 0's loss state (parameters
+  process steps its own copy; `broadcast_state` copies process 0's loss state (parameters
   and buffers) to the others after ``on_train_start`` and after every epoch, so that rounding
   differences of non-deterministic GPU kernels cannot make the copies drift apart.
 - **Per-example buffers updated from predictions** (em_apl's pseudo-labels, soft OPML's AP and
-  corrections): the train predictions are gathered (:func:`all_gather_rows`) into the logits of
+  corrections): the train predictions are gathered (`all_gather_rows`) into the logits of
   every row, in row order, in every process, before ``on_epoch_end``.
 - **Evaluation**: val predictions are gathered the same way and every process computes the same
   val mAP (so early stopping and best-epoch selection agree without a broadcast); files (the

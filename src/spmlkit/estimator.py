@@ -1,14 +1,14 @@
 """A scikit-learn estimator for the cached-feature (linear) path, and the scorer that evaluates
 it on fully labelled rows (docs/guide/sklearn.md).
 
-:class:`SPMLClassifier` is a scikit-learn multi-label classifier (``BaseEstimator``,
-``ClassifierMixin``, the tags of a multi-label classifier) trained from *partially observed*
-labels. It passes scikit-learn's own estimator checks except those listed, each with its
-reason, by :func:`expected_failed_checks`.
+[`SPMLClassifier`][spmlkit.estimator.SPMLClassifier] is a scikit-learn multi-label classifier
+(``BaseEstimator``, ``ClassifierMixin``, the tags of a multi-label classifier) trained from
+*partially observed* labels. It passes scikit-learn's own estimator checks except those listed, each
+with its reason, by `expected_failed_checks`.
 
 The SPML catch: what ``fit`` receives are observed labels, so a cross-validation fold's ``y``
 is partial too, and any score computed on it (``score``, ``scoring="average_precision"``)
-counts the unobserved positives as negatives. :func:`validation_scorer` scores every fit on
+counts the unobserved positives as negatives. `validation_scorer` scores every fit on
 one fully labelled validation set instead (through the whole Pipeline).
 """
 from __future__ import annotations
@@ -55,8 +55,9 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
     Args:
         loss: a registered loss name (``spml list losses``).
         loss_params: the loss's hyperparameters.
-        epochs, batch_size, lr, seed, early_stop: see :class:`spmlkit.engine.TrainConfig`;
-            ``lr`` defaults to 1e-3, as ``spml train``'s linear head (1e-4 under-trains it).
+        epochs, batch_size, lr, seed, early_stop: see
+            [`spmlkit.engine.TrainConfig`][spmlkit.engine.TrainConfig]; ``lr`` defaults to 1e-3, as
+            ``spml train``'s linear head (1e-4 under-trains it).
         k: expected positives per example (EPR, ROLE); default: the mean number of observed
             positives per row of ``y`` (a lower bound; pass the real value if known).
         n_threads: torch intra-op threads while fitting and predicting (restored after), 1 by
@@ -73,7 +74,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
     Fitted attributes: ``classes_``, ``n_classes_``, ``n_features_in_``,
     ``feature_names_in_`` (DataFrame input), ``mean_`` / ``scale_`` (None without
     ``standardize``), ``model_`` (the torch head), ``loss_``, ``fit_`` (the engine's
-    :class:`~spmlkit.engine.FitResult`: history, best epoch).
+    `FitResult`: history, best epoch).
 
     Example:
         >>> import numpy as np
@@ -211,7 +212,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         a 0/1 N x L matrix, or 1-D class labels (one true class per row).
 
         In an SPML cross-validation the fold's ``y`` are the observed labels, not the full
-        ones: use :func:`validation_scorer` there.
+        ones: use `validation_scorer` there.
 
         Raises:
             ValueError: ``y`` holds -1 or NaN (the observed encoding, not full labels), or
@@ -347,7 +348,7 @@ class ValidationScorer:
     estimator (or Pipeline) on one fully labelled validation set: ``scorer(estimator, X, y)``
     returns ``metric(estimator.predict_proba(X_val), Y_val)``.
 
-    Made by :func:`validation_scorer`; pass it as ``scoring=`` to ``cross_val_score``,
+    Made by `validation_scorer`; pass it as ``scoring=`` to ``cross_val_score``,
     ``cross_validate`` or ``GridSearchCV``.
     """
 
@@ -385,7 +386,7 @@ def validation_scorer(X_val, Y_val, metric: str = "map", classes=None) -> Valida
     class per row). ``classes``: the names of ``Y_val``'s columns (default: a DataFrame's
     column names), matched to the fitted ``classes_`` (a 1-D ``y`` gives them sorted, as
     ``np.unique``); without names the columns must be in ``classes_`` order. ``metric``: one
-    of :data:`spmlkit.metrics.METRICS` (mAP x100 by default); lower-is-better metrics come
+    of `spmlkit.metrics.METRICS` (mAP x100 by default); lower-is-better metrics come
     back negated, as scikit-learn's ``neg_*`` scorers, and the threshold metrics (F1,
     Hamming) use the estimator's ``predict`` (its ``threshold``).
 
@@ -435,7 +436,8 @@ EXPECTED_FAILED_CHECKS = {
 
 def expected_failed_checks(estimator) -> dict[str, str]:
     """``{check name: reason}``: the scikit-learn estimator checks that
-    :class:`SPMLClassifier` fails by design (pass it to ``parametrize_with_checks`` or
+    [`SPMLClassifier`][spmlkit.estimator.SPMLClassifier] fails by design (pass it to
+    ``parametrize_with_checks`` or
     ``check_estimator`` as ``expected_failed_checks=``)."""
     return dict(EXPECTED_FAILED_CHECKS) if isinstance(estimator, SPMLClassifier) else {}
 

@@ -1,7 +1,7 @@
 """Backbone features computed once, stored memory-mapped, reused by the linear mode.
 
 A *feature store* holds the pooled backbone features of one list of image items: an N x D
-``.npy`` file opened with :func:`numpy.lib.format.open_memmap` (so a store larger than memory is
+``.npy`` file opened with `numpy.lib.format.open_memmap` (so a store larger than memory is
 written and read row by row), a done-mask (``done.npy``, one byte per row, replaced atomically
 after every batch) and a JSON sidecar (``meta.json``: the key and what went into it, N, D, dtype,
 rows done, whether it is complete). Its folder name is derived from a key over
@@ -14,13 +14,13 @@ rows done, whether it is complete). Its folder name is derived from a key over
 so changing any of them gives a new store, and asking again for the same one returns it without
 building the backbone. With ``maps=True`` a store holds the backbone's last feature maps
 (``forward_features``: C x h x w per row, stored flattened as N x (C*h*w) with the map shape in
-the key; :func:`extract_feature_maps` returns them as N x C x h x w) instead of pooled vectors,
-for heads that look at space (LAC's label-wise embeddings, :mod:`spmlkit.methods.lac`).
+the key; `extract_feature_maps` returns them as N x C x h x w) instead of pooled vectors,
+for heads that look at space (LAC's label-wise embeddings, `spmlkit.methods.lac`).
 The files of the images are not hashed (only their paths): after replacing images in place,
 pass ``recompute=True``.
 
-Extraction runs a :class:`torch.utils.data.DataLoader` whose worker processes decode and
-transform images (:func:`spmlkit.data.image_files.open_image`, :mod:`spmlkit.data.transforms`) while
+Extraction runs a `torch.utils.data.DataLoader` whose worker processes decode and
+transform images (`spmlkit.data.image_files.open_image`, `spmlkit.data.transforms`) while
 the main process runs the backbone, so decoding overlaps the forward pass. Rows are written into
 the memory map batch by batch; an interrupted extraction (an error, Ctrl-C, a killed process)
 keeps the rows written so far and the next call computes only the missing ones. Two processes
@@ -62,7 +62,7 @@ from .engine import loader_workers
 from .runs import write_json
 
 FORMAT_VERSION = 1
-#: transform names -> factory names in :mod:`spmlkit.data.transforms`
+#: transform names -> factory names in `spmlkit.data.transforms`
 TRANSFORMS = {"eval": "eval_transform", "weak": "weak_view", "strong": "strong_view"}
 DTYPES = ("float32", "float16")
 FEATURES_FILE, DONE_FILE, META_FILE, LOCK_FILE = "features.npy", "done.npy", "meta.json", ".lock"
@@ -82,7 +82,7 @@ def default_workers() -> int:
 
 # ---- transforms -------------------------------------------------------------------------------
 def make_transform(name: str, size: int, mean, std):
-    """The transform ``name`` (``eval``, ``weak``, ``strong``) of :mod:`spmlkit.data.transforms`
+    """The transform ``name`` (``eval``, ``weak``, ``strong``) of `spmlkit.data.transforms`
     at ``size`` with the backbone's normalisation; returns ``(transform, spec dict)``."""
     if name not in TRANSFORMS:
         raise ValueError(f"unknown transform {name!r}; known: {', '.join(TRANSFORMS)}")
@@ -246,7 +246,7 @@ def _param_device(net) -> torch.device:
 def plan_store(items, backbone="efficientnet_lite0", transform: str = "eval",
                size: int | None = None, *, dtype: str = "float32", cache_dir=None,
                pretrained: bool = True, seed: int = 0, maps: bool = False) -> StorePlan:
-    """The store :func:`extract_features` would use for these arguments (nothing computed;
+    """The store `extract_features` would use for these arguments (nothing computed;
     ``maps=True`` runs one zero image through the backbone to learn the map shape)."""
     items = _check_items(items)
     if np.dtype(dtype).name not in DTYPES:
@@ -339,13 +339,13 @@ def extract_features(items, backbone="efficientnet_lite0", transform: str = "eva
             from a generator seeded with ``seed`` and the row index, so a resumed store matches
             an uninterrupted one.
         size: input side (default: the backbone's ``input_size``).
-        batch_size, num_workers: the DataLoader's (workers default: :func:`default_workers`;
+        batch_size, num_workers: the DataLoader's (workers default: `default_workers`;
             0 decodes in this process).
         dtype: ``float32`` (default) or ``float16`` (half the disk and memory; values rounded).
-        cache_dir: parent folder of the stores (default :func:`default_cache_dir`).
+        cache_dir: parent folder of the stores (default `default_cache_dir`).
         pretrained: for a backbone given by name (part of the key).
         weights: for a backbone given by name: a file of your own weights for it, loaded
-            instead of the pretrained ones (:func:`spmlkit.models.create_backbone`); the
+            instead of the pretrained ones (`spmlkit.models.create_backbone`); the
             store's key names the file's content.
         device: where the backbone runs (default CUDA if available).
         amp: float16 autocast for the forward pass (default: on CUDA only).
@@ -354,10 +354,10 @@ def extract_features(items, backbone="efficientnet_lite0", transform: str = "eva
         threads: torch threads while extracting (default: all cores), restored afterwards.
         recompute: delete the store and compute it again.
         maps: store ``forward_features`` (C x h x w per row, flattened to ``D = C*h*w``)
-            instead of the pooled vector; :func:`extract_feature_maps` reshapes.
+            instead of the pooled vector; `extract_feature_maps` reshapes.
 
     Returns:
-        an N x D :class:`numpy.memmap` of the complete store, copy-on-write (writing to it
+        an N x D `numpy.memmap` of the complete store, copy-on-write (writing to it
         changes this array only, never the store).
 
     The backbone module (a given one, or the one built from the name) is put in eval mode for
@@ -494,7 +494,7 @@ def extract_feature_maps(items, backbone="efficientnet_lite0", transform: str = 
                          **options) -> np.memmap:
     """Backbone feature maps of ``items``, ``N x C x h x w``, from the store or computed into it.
 
-    :func:`extract_features` with ``maps=True`` (same options, same resumable memory-mapped
+    `extract_features` with ``maps=True`` (same options, same resumable memory-mapped
     store; ``dtype`` defaults to float16 here: maps are ``h * w`` times larger than pooled
     features), reshaped (a view, nothing copied). Random views (``transform`` ``weak`` /
     ``strong``) are drawn per row from ``seed``: ``seed=v`` gives the v-th cached view.
@@ -522,7 +522,7 @@ def _feature_set(ls: LabelledSet, backbone, what: str, **options) -> LabelledSet
 
 def feature_dataset(ds: Dataset, backbone="efficientnet_lite0", **options) -> Dataset:
     """``ds`` with the image paths of pool and test replaced by their cached features (one store
-    each, and one for a val set given apart; ``options`` as :func:`extract_features`). The
+    each, and one for a val set given apart; ``options`` as `extract_features`). The
     protocol then runs on features as on any feature source, and the pool store serves every
     regime, seed and split."""
     pool = _feature_set(ds.pool, backbone, f"{ds.name} pool", **options)
@@ -536,7 +536,7 @@ def feature_dataset(ds: Dataset, backbone="efficientnet_lite0", **options) -> Da
 
 def feature_splits(splits: Splits, backbone="efficientnet_lite0", **options) -> Splits:
     """The same splits with ``x`` of train, val and test replaced by their cached features (one
-    store per split; ``options`` as :func:`extract_features`), for the linear engine and the
+    store per split; ``options`` as `extract_features`), for the linear engine and the
     benchmark."""
     sets = {s: _feature_set(getattr(splits, s), backbone, f"{splits.name} {s}", **options)
             for s in ("train", "val", "test")}
@@ -571,14 +571,14 @@ def load_feature_dataset(name: str, /, backbone: str, features: dict | None = No
         name: a registered image source.
         backbone: train on this backbone's cached features (``spml list backbones``),
             extracted first where missing; the same as ``--backbone``.
-        features: extraction settings, a mapping with keys among :data:`FEATURE_OPTIONS`
-            (``dtype``, ``cache_dir``, ``num_workers``, ...; :func:`extract_features`).
+        features: extraction settings, a mapping with keys among `FEATURE_OPTIONS`
+            (``dtype``, ``cache_dir``, ``num_workers``, ...; `extract_features`).
         **source_options: the source's own options.
 
     Raises:
         ValueError: an unknown feature option, ``features`` that is not a mapping, a source
             that already holds feature vectors, or a bad source option (see
-            :func:`spmlkit.data.check_source_options`).
+            `spmlkit.data.check_source_options`).
     """
     from .data.options import check_source_options
     from .data.registry import DATASETS
@@ -598,8 +598,8 @@ def load_feature_dataset(name: str, /, backbone: str, features: dict | None = No
 
 def feature_option_rows() -> list[dict]:
     """The options an image source takes to train on cached backbone features (``backbone``,
-    ``features``), described from :func:`load_feature_dataset`'s signature and docstring, as
-    rows of :func:`spmlkit.data.options.describe_options` (``spml list datasets --details``)."""
+    ``features``), described from `load_feature_dataset`'s signature and docstring, as
+    rows of `spmlkit.data.options.describe_options` (``spml list datasets --details``)."""
     import inspect
 
     from .data.options import FEATURE_KEYS, parameter_rows

@@ -8,7 +8,8 @@ Full labels ``y`` are a 0/1 matrix (N x L). Observed labels ``z`` use one encodi
     NEGATIVE = -1    observed negative
 
 A *regime* turns full labels into observed labels with one pure, seeded function
-(:func:`make_observed`), e.g. ``"1p"`` (single positive only, the SPML setting) or ``"full"``.
+([`make_observed`][spmlkit.labels.make_observed]), e.g. ``"1p"`` (single positive only, the SPML
+setting) or ``"full"``.
 """
 from __future__ import annotations
 
@@ -239,7 +240,7 @@ def sample_biased_positive(y, bias: str, seed: int = OFFICIAL_SEED, instances=No
     uniform draw by an annotator's preference. Each row's positives are ranked by a score and the
     best one is observed; ties (and positives without a score) are broken at random: the
     positives are shuffled with one ``numpy.random.RandomState(seed)`` per call, row by row as in
-    :func:`sample_single_positive`, then stably sorted by score.
+    `sample_single_positive`, then stably sorted by score.
 
     - ``size``: the label whose largest instance covers the most of the image
       (``instances["size"]``, N x L, area as a fraction of the image, NaN = no instance known).
@@ -340,8 +341,8 @@ def make_observed(y, regime: str = "1p", seed: int = OFFICIAL_SEED, *, instances
     """Observed labels of one regime, a pure function of ``(y, regime, seed)``.
 
     ``instances`` / ``class_order`` are used by ``1p_biased:<bias>`` only
-    (:func:`sample_biased_positive`). Regime ``given`` draws nothing (it is the observed
-    labels a dataset was given: :func:`spmlkit.data.make_splits`), so it is refused here.
+    (`sample_biased_positive`). Regime ``given`` draws nothing (it is the observed
+    labels a dataset was given: `spmlkit.data.make_splits`), so it is refused here.
 
     Raises:
         ValueError: an unknown regime, or ``given``.
@@ -443,7 +444,7 @@ def k_interval(y_full, m: int, trials: int = 100_000, percentiles=(5.0, 95.0),
     labelled set ``y_full`` (uniform, without replacement), the estimate of each draw (Eq. A1:
     the mean positives per row), and the 5th and 95th percentiles of the T estimates (the
     paper's "approximate 95% confidence interval"). The interval describes the data set (it
-    needs all its full labels), not one labelled sample; :func:`estimate_k` is the estimate
+    needs all its full labels), not one labelled sample; `estimate_k` is the estimate
     from the M rows one has. ``seed`` seeds the draws (default 0: the same interval for every
     run).
 

@@ -55,9 +55,9 @@ BLOCK_ENTRIES = 1 << 20
 
 
 def per_class_ap(scores, y) -> np.ndarray:
-    """AP (x100) of every class; NaN where a class has no positive: :func:`average_precision`
+    """AP (x100) of every class; NaN where a class has no positive: `average_precision`
     of every column at once (one sort of all columns, in blocks of columns of at most
-    :data:`BLOCK_ENTRIES` entries, then :func:`ranked_ap`; equal to it up to summation order).
+    `BLOCK_ENTRIES` entries, then `ranked_ap`; equal to it up to summation order).
 
     ``scores`` N x L, or R x N x L: R runs' scores against the same labels ``y`` (N x L);
     returns R x L then, each run's row equal to its own ``per_class_ap`` bit for bit (what
@@ -90,7 +90,7 @@ def per_class_ap(scores, y) -> np.ndarray:
 
 
 def _columns_ap(s: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """:func:`ranked_ap` of validated scores ``s`` (... x K x N: a column's N scores along the
+    """`ranked_ap` of validated scores ``s`` (... x K x N: a column's N scores along the
     last axis) and labels ``y`` (K x N), every column from one sort (each temporary let go
     once used: a block of a large split stays within ~40 bytes an entry)."""
     s = np.ascontiguousarray(s)  # (the sort and everything after: along contiguous rows)
@@ -109,9 +109,9 @@ def ranked_ap(hits: np.ndarray, end: np.ndarray) -> np.ndarray:
     (... x N, whether each entry is a positive), its entries along the last axis in descending
     order of the column's scores; ``end`` (same shape) marks the last entry of every group of
     tied scores: AP = sum over groups of (R_g - R_{g-1}) * P_g at the group's end
-    (:func:`average_precision`), summed in rank order. Every AP of spmlkit comes from here
-    (:func:`average_precision` and :func:`per_class_ap` sort with numpy; the stacked linear
-    engine on a GPU sorts there, :func:`spmlkit.engine.vectorised.stacked_val_map`)."""
+    (`average_precision`), summed in rank order. Every AP of spmlkit comes from here
+    (`average_precision` and `per_class_ap` sort with numpy; the stacked linear
+    engine on a GPU sorts there, `spmlkit.engine.vectorised.stacked_val_map`)."""
     n = hits.shape[-1]
     # the counts in integers (exact, and a faster cumulative sum than into float64)
     count = np.cumsum(hits, axis=-1, dtype=np.intp)
@@ -169,7 +169,7 @@ def check_convention(convention: str) -> None:
 
 
 def map_from_ap(ap: np.ndarray, convention: str = "present") -> float:
-    """mAP x100 from per-class AP (:func:`per_class_ap`, NaN for a class without positive):
+    """mAP x100 from per-class AP (`per_class_ap`, NaN for a class without positive):
     ``"present"`` averages the classes with positives (NaN when none has one), ``"official"``
     scores the others 0 and averages all."""
     check_convention(convention)
@@ -179,7 +179,7 @@ def map_from_ap(ap: np.ndarray, convention: str = "present") -> float:
 
 
 def map_score(scores, y, convention: str = "present") -> float:
-    """mAP x100 as a float (see :func:`mean_average_precision`)."""
+    """mAP x100 as a float (see `mean_average_precision`)."""
     return mean_average_precision(scores, y, convention).value
 
 
@@ -239,14 +239,14 @@ METRICS = {
 }
 #: the one threshold policy of a run's thresholded numbers (F1s, Hamming loss): at every epoch
 #: and in the result, the global threshold that maximises micro-F1 on the val split
-#: (:func:`best_global_threshold`), the threshold ``spml predict`` applies by default
+#: (`best_global_threshold`), the threshold ``spml predict`` applies by default
 THRESHOLD_POLICY = "the global threshold chosen on val (max val micro-F1), as spml predict uses"
 #: what rows without any positive do in the example-based ranking metrics
 NO_POSITIVE = ("sklearn", "exclude")
 
 
 def check_metric(name: str) -> str:
-    """``name`` if it is one of :data:`METRICS`, else a ``ValueError`` listing them."""
+    """``name`` if it is one of `METRICS`, else a ``ValueError`` listing them."""
     if name not in METRICS:
         import difflib
 
@@ -312,7 +312,7 @@ def _ranking_rows(s, y, n_pos, n_neg) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 def _ranking_metrics(s: np.ndarray, y: np.ndarray, no_positive: str) -> dict:
     """LRAP, ranking loss, coverage error and normalised coverage of validated scores and labels
-    (:func:`_as_scores`), from one computation of the ranks (the definitions, ties and rows
+    (`_as_scores`), from one computation of the ranks (the definitions, ties and rows
     without a positive are those of the public functions below)."""
     num_labels = y.shape[1] if y.ndim == 2 else 1
     if s.size == 0:
@@ -364,7 +364,7 @@ def coverage_error(scores, y, no_positive: str = "sklearn") -> float:
     """Coverage error: per row, how many labels from the top of the ranking must be taken to
     include every positive (``max over positives j of |{k: s_k >= s_j}|``, ties counted in),
     averaged over rows; scikit-learn's ``coverage_error``. The literature's "coverage" (Zhang &
-    Zhou 2014) is this minus 1; :func:`normalised_coverage` is ``(coverage_error - 1) / L``.
+    Zhou 2014) is this minus 1; `normalised_coverage` is ``(coverage_error - 1) / L``.
 
     Rows without a positive: ``no_positive="sklearn"`` counts them as 0 (scikit-learn);
     ``"exclude"`` leaves them out (NaN when no row has a positive).
@@ -445,12 +445,12 @@ def f1_micro_macro(probs, y, threshold: float = 0.5) -> tuple[float, float]:
 
 def metric_score(name: str, probs, y, *, convention: str = "present",
                  threshold: float | str = 0.5, no_positive: str = "sklearn") -> float:
-    """One metric of :data:`METRICS` of ``probs`` (N x L probabilities) against the full labels
+    """One metric of `METRICS` of ``probs`` (N x L probabilities) against the full labels
     ``y``: what an epoch is selected on.
 
     ``threshold`` (for the F1s and Hamming loss): a probability, or ``"chosen"``: the global
-    micro-F1 threshold of these same rows (:func:`best_global_threshold`), the policy a run
-    applies on its val split (:data:`THRESHOLD_POLICY`).
+    micro-F1 threshold of these same rows (`best_global_threshold`), the policy a run
+    applies on its val split (`THRESHOLD_POLICY`).
 
     Raises:
         ValueError: an unknown metric (listing them), bad shapes or non-finite scores.
@@ -472,7 +472,7 @@ def metric_score(name: str, probs, y, *, convention: str = "present",
 
 def classic_metrics(probs, y, *, convention: str = "present", threshold: float = 0.5,
                     no_positive: str = "sklearn") -> dict:
-    """Every metric of :data:`METRICS` of one split (``probs`` N x L probabilities, ``y`` the
+    """Every metric of `METRICS` of one split (``probs`` N x L probabilities, ``y`` the
     full labels), plus ``threshold`` and ``rows_without_positives`` (how many rows the
     ``no_positive`` convention applied to).
 
@@ -559,12 +559,12 @@ def best_global_threshold(probs, y) -> tuple[float, float]:
     return _best_f1(p, y)
 
 
-#: sorted scores swept at once by :func:`_best_f1`
+#: sorted scores swept at once by `_best_f1`
 SWEEP_ENTRIES = 1 << 21
 
 
 def _best_f1(scores: np.ndarray, targets: np.ndarray) -> tuple[float, float]:
-    """The best of :func:`_f1_sweep` (the highest threshold of the highest F1) and its F1, the
+    """The best of `_f1_sweep` (the highest threshold of the highest F1) and its F1, the
     same numbers, from one sorted copy of the scores swept in blocks from the top: the
     distinct scores' counts are not all held at once (a val split of 200,000 x 80 would need
     some 500 MB for them)."""
@@ -600,7 +600,7 @@ def best_class_thresholds(probs, y, fallback: float | None = None
                           ) -> tuple[np.ndarray, np.ndarray]:
     """One threshold per class, each maximising that class's F1 (``p >= t`` is positive).
 
-    Candidates and ties as :func:`best_global_threshold`, per column. A class without a
+    Candidates and ties as `best_global_threshold`, per column. A class without a
     positive in ``y`` has no F1: it gets ``fallback`` (default: the global micro-F1 threshold)
     and F1 NaN.
 

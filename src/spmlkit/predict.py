@@ -2,7 +2,7 @@
 
 A run folder holds ``best.pt`` (the best epoch's weights and what is needed to rebuild the
 model) and ``thresholds.json`` (chosen on the validation split at training time:
-:func:`spmlkit.metrics.select_thresholds`). Inputs:
+`spmlkit.metrics.select_thresholds`). Inputs:
 
 - linear runs: feature files (``.npy`` with an N x D matrix, or ``.npz`` holding one array or
   one named ``features`` / ``x``); for a run of the ``tabular`` source, also tables (``.csv``,
@@ -150,7 +150,7 @@ def _expand_images(inputs) -> list[str]:
 def read_feature_file(path) -> np.ndarray:
     """An N x D float32 matrix from a ``.npy`` file or an ``.npz`` file (its only array, or
     the one named ``features`` or ``x``): the data layer's reader and checks
-    (:func:`spmlkit.data.arrays.load_matrix`, :func:`~spmlkit.data.arrays.check_features`)."""
+    (`spmlkit.data.arrays.load_matrix`, `check_features`)."""
     from .data.arrays import check_features, load_matrix
 
     return check_features(load_matrix(path, ("features", "x"), "features"), str(path))
@@ -158,7 +158,7 @@ def read_feature_file(path) -> np.ndarray:
 
 def read_feature_table(path, columns, id_column: str | None = None) -> tuple[np.ndarray, list]:
     """The feature columns ``columns`` (by name) of a CSV / Parquet table of new rows, as the
-    ``tabular`` source reads them (:func:`spmlkit.data.tabular.table_features`), and the
+    ``tabular`` source reads them (`spmlkit.data.tabular.table_features`), and the
     rows' names: the ``id_column`` values when the table has that column, else ``FILE#ROW``.
 
     Raises:

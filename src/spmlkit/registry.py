@@ -31,7 +31,7 @@ class Entry:
 
 
 class Registry:
-    """Name -> :class:`Entry`. ``register`` is used as a decorator on a class or function."""
+    """Name -> `Entry`. ``register`` is used as a decorator on a class or function."""
 
     def __init__(self, kind: str):
         self.kind = kind

@@ -2,12 +2,12 @@
 
 A run folder is created once (never overwritten: a taken name gets ``-2``, ``-3``, ...) and
 every file in it is written atomically. Every training method writes the same files through
-:class:`RunDir`:
+`RunDir`:
 
-- ``config.json``: the resolved configuration (:meth:`RunDir.start`);
+- ``config.json``: the resolved configuration (`RunDir.start`);
 - ``observed.npy``: the observed train labels;
-- ``metrics.jsonl``: one JSON line per epoch (:meth:`RunDir.log`);
-- ``checkpoint.pt``: the resumable state while the run trains (:meth:`RunDir.checkpointer`),
+- ``metrics.jsonl``: one JSON line per epoch (`RunDir.log`);
+- ``checkpoint.pt``: the resumable state while the run trains (`RunDir.checkpointer`),
   removed when it finishes;
 - ``best.pt``: the best epoch's weights, what rebuilds the model, and the preprocessing its
   inputs need (``preprocess``: the train statistics that standardised the features);
@@ -17,9 +17,9 @@ every file in it is written atomically. Every training method writes the same fi
 - ``failed.json``: written instead when the run raised (the error and its traceback);
 - ``train_probs.npy``: train probabilities after every epoch, when asked for.
 
-:func:`read_run` reads a folder back (:class:`Run`); :func:`read_config`, :func:`read_metrics`,
-:func:`read_predictions` read one file each, checked (a missing file is named with the command
-that writes it: :func:`run_file`); every checkpoint load goes through :func:`load_torch`
+`read_run` reads a folder back (`Run`); `read_config`, `read_metrics`,
+`read_predictions` read one file each, checked (a missing file is named with the command
+that writes it: `run_file`); every checkpoint load goes through `load_torch`
 (``weights_only=True``).
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ THRESHOLDS_FILE = "thresholds.json"
 FINAL_FILE = "final.json"
 FAILED_FILE = "failed.json"
 #: the best epoch's probabilities (float32, so their AP is the reported one) and the labels,
-#: written at the end of ``train_run(out=...)`` for :mod:`spmlkit.analysis`
+#: written at the end of ``train_run(out=...)`` for `spmlkit.analysis`
 PREDICTIONS_FILE = "predictions.npz"
 #: eval-mode train probabilities after every epoch (epochs x N x L, float16), written with
 #: ``train_run(..., save_train_probs=True)`` (``spml train --save-train-probs``)
@@ -79,10 +79,10 @@ def make_folder(path) -> Path:
 def _atomic(path: Path, write, keep_existing: bool = False, durable: bool = True) -> Path:
     """Write through ``write(fh)`` into a temporary file next to ``path``, then publish it under
     ``path`` (replacing what is there), or, with ``keep_existing``, under the first free name of
-    :func:`numbered_paths`; returns the path published. With ``durable`` the file's data is on
+    `numbered_paths`; returns the path published. With ``durable`` the file's data is on
     disk (``fsync``) before it is published; without, the file is still never seen half written
     (a process killed at any moment leaves the old file or the new one), but a machine crash
-    soon after may lose its content (a run folder's files: :meth:`RunDir.finish` syncs the
+    soon after may lose its content (a run folder's files: `RunDir.finish` syncs the
     folder before its ``final.json``). An ``OSError`` names ``path`` (not the temporary file)."""
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
@@ -125,7 +125,7 @@ _NO_HARD_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, er
 
 
 def _publish_new(tmp: str, path: Path) -> Path:
-    """Give the finished file ``tmp`` the first free name of :func:`numbered_paths`. A hard link
+    """Give the finished file ``tmp`` the first free name of `numbered_paths`. A hard link
     fails when the name exists, so claiming it is atomic: two writers never take the same one."""
     for target in numbered_paths(path):
         try:
@@ -206,7 +206,7 @@ def write_output(path, data, *, force: bool = False) -> Path:
     file unless ``force``.
 
     Args:
-        path: the wanted file. When it exists, the next free name of :func:`numbered_paths`
+        path: the wanted file. When it exists, the next free name of `numbered_paths`
             is written instead (``report-2.html``); ``force=True`` replaces ``path``.
         data: ``bytes``, ``str`` (written as UTF-8) or a function ``write(fh)`` that writes to
             a binary file handle (``lambda fh: fig.savefig(fh, format="png")``).
@@ -335,7 +335,7 @@ def check_array_file(path) -> None:
 
 
 def load_arrays(path, keys=(), what: str = "") -> dict:
-    """The arrays of the ``.npz`` file ``path`` (checked first: :func:`check_array_file`),
+    """The arrays of the ``.npz`` file ``path`` (checked first: `check_array_file`),
     all of them loaded; ``keys`` that must be there (the message names the missing ones and
     ``what`` writes the file)."""
     path = Path(path)
@@ -352,7 +352,7 @@ def load_arrays(path, keys=(), what: str = "") -> dict:
 
 
 def load_array(path, mmap_mode: str | None = None) -> np.ndarray:
-    """The array of the ``.npy`` file ``path``, checked first (:func:`check_array_file`)."""
+    """The array of the ``.npy`` file ``path``, checked first (`check_array_file`)."""
     path = Path(path)
     check_array_file(path)
     try:
@@ -408,7 +408,7 @@ class RunDir:
 
     def save_npz(self, name: str, **arrays) -> None:
         """Several arrays in one ``.npz`` (read back with ``np.load``): labels deflated,
-        floating-point arrays stored (:func:`_savez_fast`)."""
+        floating-point arrays stored (`_savez_fast`)."""
         _atomic(self.path / name, lambda fh: _savez_fast(fh, arrays), durable=False)
 
     def save_torch(self, name: str, obj, durable: bool = True) -> None:
@@ -460,7 +460,7 @@ class RunDir:
                thresholds: dict | None = None, durable: bool = True) -> None:
         """Write ``best.pt``, ``predictions.npz``, ``thresholds.json`` and, last,
         ``final.json``; then drop the resumable checkpoint. ``durable=False``: the caller
-        syncs (:func:`sync_files` once for many runs finished together) instead of an
+        syncs (`sync_files` once for many runs finished together) instead of an
         ``fsync`` of ``final.json`` and the folder here."""
         self.save_torch(BEST_FILE, best, durable=False)
         self.save_npz(PREDICTIONS_FILE, **predictions)
@@ -487,7 +487,7 @@ class RunDir:
 
 @dataclass
 class Run:
-    """A run folder read back (:func:`read_run`)."""
+    """A run folder read back (`read_run`)."""
 
     path: Path
     config: dict
@@ -519,7 +519,7 @@ class Run:
 
     def metrics(self) -> list[dict]:
         """The per-epoch records of ``metrics.jsonl`` (``[]`` without the file; checked as
-        :func:`read_metrics`)."""
+        `read_metrics`)."""
         path = self.path / METRICS_FILE
         return _parse_metrics(path) if path.is_file() else []
 
@@ -624,7 +624,7 @@ def run_file(run_dir, name: str) -> Path:
 
 
 def read_config(run_dir) -> dict:
-    """``config.json``, read and checked (:func:`read_run`: damaged entries are named)."""
+    """``config.json``, read and checked (`read_run`: damaged entries are named)."""
     run_file(run_dir, CONFIG_FILE)  # missing: says which command writes it
     return read_run(run_dir).config
 
@@ -665,7 +665,7 @@ def read_metrics(run_dir, growing: bool = False) -> list[dict]:
     """The per-epoch records of ``metrics.jsonl`` (``NaN`` values read back as float NaN); a
     line that is not a JSON object, or whose epoch / loss / mAP is not a number, is named.
     ``growing``: the run may be training now (a half-written last line is left out,
-    :func:`json_lines`)."""
+    `json_lines`)."""
     return _parse_metrics(run_file(run_dir, METRICS_FILE), growing)
 
 

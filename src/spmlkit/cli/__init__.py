@@ -1,9 +1,9 @@
 """The ``spml`` command line: parses, resolves the configuration, calls the API.
 
-One module per command (:mod:`.train`, :mod:`.predict`, :mod:`.benchmark`, :mod:`.extract`,
-:mod:`.figures` for analyze / figure / report, :mod:`.study`, :mod:`.listing`), each with its
+One module per command (`train`, `predict`, `benchmark`, `extract`,
+`figures` for analyze / figure / report, `study`, `listing`), each with its
 ``cmd_*`` function and a ``register(sub)`` that adds its parser; what they share is in
-:mod:`.common`. Importing this package imports no torch (the commands import it when they run).
+`common`. Importing this package imports no torch (the commands import it when they run).
 """
 from __future__ import annotations
 

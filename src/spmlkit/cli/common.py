@@ -142,7 +142,7 @@ SEED = _whole(0, 2**32 - 1)  # numpy's RandomState takes seeds in [0, 2**32)
 
 
 def _metric(text: str) -> str:
-    """An argparse type: a name of :data:`spmlkit.metrics.METRICS`."""
+    """An argparse type: a name of `spmlkit.metrics.METRICS`."""
     from ..metrics import check_metric
 
     try:

@@ -12,7 +12,7 @@ def _study_table(out, fmt: str = "markdown", metric: str = "test_map",
                  columns: str = "dataset", select: str | None = None) -> str:
     """The table of a study folder. ``metric``: a results column or metrics key (shown as
     is, the grid point selected on the spec's metric), a name of
-    :data:`spmlkit.metrics.METRICS` (its test value, the grid point selected on its val value
+    `spmlkit.metrics.METRICS` (its test value, the grid point selected on its val value
     with its direction, unless ``select`` names another), or several such names separated by
     commas (one column each; selection on ``select``, default the spec's ``metric``)."""
     from ..experiments.store import select_best

@@ -169,7 +169,7 @@ def _resume_overrides(args, method) -> dict:
 def _epoch_bar(args, total, desc: str, batches: bool = False):
     """The run's progress bar and its ``on_epoch``. ``batches`` (the image modes): the bar
     counts training images, advanced after every batch, so it shows an ETA within an epoch;
-    ``show.batch`` is the :func:`spmlkit.engine.loop.batch_progress` reporter to install."""
+    ``show.batch`` is the `spmlkit.engine.loop.batch_progress` reporter to install."""
     from tqdm import tqdm
 
     from ..metrics import METRICS

@@ -21,11 +21,11 @@ def load_dataset(name: str, /, **options) -> Dataset:
     ``name=`` among them is the source's, e.g. the name a ``csv`` dataset is given).
 
     ``backbone=`` (and ``features={...}``) turns an image source's paths into cached backbone
-    features (:func:`spmlkit.features.load_feature_dataset`).
+    features (`spmlkit.features.load_feature_dataset`).
 
     Raises:
         ValueError: an unknown dataset, or options the source does not take (unknown or missing
-            keys, values of the wrong type: :func:`check_source_options`); the source's own
+            keys, values of the wrong type: `check_source_options`); the source's own
             errors for its files.
     """
     if options.get("backbone") is not None:
@@ -51,15 +51,15 @@ def load_splits(name: str, /, regime: str = "1p", seed: int | None = None,
                 **options) -> Splits:
     """Load a source and apply the protocol (observed labels drawn with ``seed``, default 1200).
 
-    Options in :data:`PROTOCOL_OPTIONS` go to :func:`make_splits` (``subsample=0.5`` keeps a
+    Options in `PROTOCOL_OPTIONS` go to `make_splits` (``subsample=0.5`` keeps a
     seeded half of the train rows; ``class_order=[...]`` for ``1p_biased:semantic``;
     ``protocol="tabular"``: the tabular SPML protocol, a random 80 / 10 / 10 split of all rows
     drawn with ``seed``, one trial per seed); the rest
-    to the source (:func:`load_dataset`). Every source takes them.
+    to the source (`load_dataset`). Every source takes them.
 
     Raises:
-        ValueError: as :func:`load_dataset` (a misspelt option names the closest one, e.g.
-            ``subsampel`` -> ``subsample``), and as :func:`make_splits`.
+        ValueError: as `load_dataset` (a misspelt option names the closest one, e.g.
+            ``subsampel`` -> ``subsample``), and as `make_splits`.
     """
     from ..labels import OFFICIAL_SEED
 

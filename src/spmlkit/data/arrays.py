@@ -1,5 +1,5 @@
 """Your own features and labels as a dataset source (``arrays``), and the file readers it shares
-with :mod:`spmlkit.data.cole`.
+with `spmlkit.data.cole`.
 
 Features: a ``.npy`` file (N x D), or a ``.npz`` file whose key ``features`` or ``x`` holds them
 (else its only array). Any real dtype; kept as float32.
@@ -21,10 +21,10 @@ Your own partial training labels (``train_labels="observed"``, trained with regi
 ``labels`` is then a 1 (positive) / 0 (unobserved) / -1 (negative) matrix, or a names file whose
 names are each row's known positives; a fully labelled test set is required and a val set may be
 given (``val_features`` / ``val_labels``; default: carved out of the test set by the protocol).
-:func:`features_dataset` assembles the sets; the ``tabular`` source shares it.
+`features_dataset` assembles the sets; the ``tabular`` source shares it.
 
 Without a test file, the test set is carved out of all rows with the official split
-(:func:`~spmlkit.data.protocol.cole_split`, fraction 0.3, seed 1200), as for yeast; the rest is the
+(`cole_split`, fraction 0.3, seed 1200), as for yeast; the rest is the
 pool that the protocol splits into train / val.
 
 >>> import tempfile, numpy as np
@@ -90,7 +90,7 @@ def load_matrix(path, keys: Sequence[str] = (), what: str = "array",
         path: the file.
         keys: preferred ``.npz`` keys, in order.
         what: what the array is, for error messages (``"features"``, ``"labels"``).
-        mmap_mode: passed to :func:`numpy.load` for ``.npy`` files (``"r"`` maps the file instead
+        mmap_mode: passed to `numpy.load` for ``.npy`` files (``"r"`` maps the file instead
             of reading it; ignored for ``.npz``, which numpy cannot map).
 
     Raises:
@@ -361,7 +361,7 @@ def features_dataset(name: str, train: Part, classes: Sequence[str], *, test: Pa
                      val: Part | None = None, train_labels: str = "full",
                      test_fraction: float = TEST_FRACTION, seed: int = OFFICIAL_SEED,
                      standardize: bool = False, meta: dict | None = None) -> Dataset:
-    """Feature rows and labels already read, as a :class:`~spmlkit.data.protocol.Dataset`: what
+    """Feature rows and labels already read, as a [`Dataset`][spmlkit.data.protocol.Dataset]: what
     the ``arrays`` and ``tabular`` sources share.
 
     Args:
@@ -419,9 +419,9 @@ def features_dataset(name: str, train: Part, classes: Sequence[str], *, test: Pa
 
 
 def _part(features, labels, what: str, classes, observed: bool = False) -> tuple[Part, list]:
-    """Read one set of feature and label files (or arrays) into a :class:`Part`; a ``.npy``
+    """Read one set of feature and label files (or arrays) into a `Part`; a ``.npy``
     features file is memory-mapped (read batch by batch in its own dtype, never loaded whole:
-    :mod:`spmlkit.data.rows`)."""
+    `spmlkit.data.rows`)."""
     x, x_where = read_features(features, mmap_mode="r")
     y, classes = (read_observed if observed else read_labels)(labels, classes)
     y_where = f"{what} array" if isinstance(labels, np.ndarray) else str(labels)
@@ -440,14 +440,14 @@ def load_arrays(features: str | os.PathLike | np.ndarray, labels: str | os.PathL
                 seed: int = OFFICIAL_SEED, train_labels: str = "full",
                 val_features: str | os.PathLike | np.ndarray | None = None,
                 val_labels: str | os.PathLike | np.ndarray | None = None) -> Dataset:
-    """Any feature matrix with its labels as a :class:`~spmlkit.data.protocol.Dataset`.
+    """Any feature matrix with its labels as a [`Dataset`][spmlkit.data.protocol.Dataset].
 
     Args:
         features: ``.npy`` / ``.npz`` file (or array), N x D.
         labels: the training labels: ``.npy`` / ``.npz`` 0/1 matrix (N x L), or ``.csv`` /
             ``.txt`` with one line of class names per example (module docstring), or an array.
             With ``train_labels="observed"``: your observed labels, a 1 / 0 / -1 matrix or a
-            names file of each row's known positives (:func:`read_observed`).
+            names file of each row's known positives (`read_observed`).
         test_features, test_labels: the evaluation set, same forms, fully labelled (both or
             neither). Without them the test set is carved out of the rows with ``cole_split(N,
             test_fraction, seed)`` (not with observed training labels: then they are required).
@@ -464,8 +464,8 @@ def load_arrays(features: str | os.PathLike | np.ndarray, labels: str | os.PathL
             set (``make_splits``).
 
     Returns:
-        a :class:`Dataset` with ``pool`` (the rows the protocol splits into train / val) and
-        ``test``; ``ids`` are the row numbers in the given files.
+        a [`Dataset`][spmlkit.data.protocol.Dataset] with ``pool`` (the rows the protocol splits
+        into train / val) and ``test``; ``ids`` are the row numbers in the given files.
 
     Raises:
         FileNotFoundError: a file does not exist.

@@ -81,7 +81,7 @@ def read_coco_split(path, prefix: str = "", instances: bool = False):
         annotation)``; the file name of an image is its ``file_name`` in ``images`` (or
         ``COCO_<split><year>_<12-digit id>.jpg`` when the file lists no images). With
         ``instances=True`` a sixth item: ``{"size", "loc"}`` N x 80 arrays of the boxes
-        (:func:`_coco_geometry`), for the ``1p_biased:size|loc`` regimes.
+        (`_coco_geometry`), for the ``1p_biased:size|loc`` regimes.
 
     Raises:
         FileNotFoundError: no such file.
@@ -157,10 +157,10 @@ def load_coco(root: str | os.PathLike, year: str | int = 2014, skip_missing: boo
         skip_missing, skip_corrupt: drop and count unusable images instead of raising.
 
     Returns:
-        a :class:`Dataset`; ids are ``train2014/<file_name>``; ``meta["unannotated"]`` counts the
-        images dropped for having no annotation; ``meta["instances"]`` holds the pool's
-        per-label box metadata (``size``, ``loc``; see :func:`read_coco_split`) for the
-        ``1p_biased:size|loc`` regimes.
+        a [`Dataset`][spmlkit.data.protocol.Dataset]; ids are ``train2014/<file_name>``;
+        ``meta["unannotated"]`` counts the images dropped for having no annotation;
+        ``meta["instances"]`` holds the pool's per-label box metadata (``size``, ``loc``; see
+        `read_coco_split`) for the ``1p_biased:size|loc`` regimes.
 
     Raises:
         FileNotFoundError: a missing annotation file, image folder or image (named).

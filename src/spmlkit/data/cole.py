@@ -24,7 +24,7 @@ reads ``formatted_{phase}_labels_obs.npy`` for every dataset but COCO. Both name
 for ``observed="uniform"`` the plain name first, then ``..._uniform_labels_obs.npy``.
 
 The shipped observed labels are the official single-positive draw (seed 1200, one positive per
-row, no negative; rows without a positive stay empty): :func:`~spmlkit.data.protocol.make_splits`
+row, no negative; rows without a positive stay empty): `make_splits`
 uses them as they are for regime ``1p`` with the official seed, and draws its own otherwise.
 When the file is absent the same draw is generated, so the splits do not depend on having it.
 
@@ -36,8 +36,8 @@ or ``coco`` (80 classes in category-id order, as ``format_coco.py`` writes them)
 
 Memory: ``mmap=True`` maps the feature files (``np.load(mmap_mode="r")``) instead of reading
 them, and checks them for NaN block by block; the pool's features are still copied into memory by
-the protocol's train / val split, and :class:`~spmlkit.data.protocol.LabelledSet` checks finiteness
-again with an N x D boolean temporary (a quarter of a float32 matrix). For NUS-WIDE
+the protocol's train / val split, and [`LabelledSet`][spmlkit.data.protocol.LabelledSet] checks
+finiteness again with an N x D boolean temporary (a quarter of a float32 matrix). For NUS-WIDE
 (150,000 x 2048 float32, 1.2 GB) that is about 1.2 GB for the pool plus 0.3 GB of temporaries;
 only the test features stay mapped. Without ``mmap`` the features are read and kept as float32.
 """
@@ -252,9 +252,9 @@ def load_cole(root: str | os.PathLike, name: str | None = None, arch: str = "res
             protocol does not).
 
     Returns:
-        a :class:`Dataset`: ``pool`` = the official train file, ``test`` = the official val file,
-        ``pool_observed`` = the shipped observed labels (int8) or ``None``; ``meta`` names the
-        files read.
+        a [`Dataset`][spmlkit.data.protocol.Dataset]: ``pool`` = the official train file, ``test`` =
+        the official val file, ``pool_observed`` = the shipped observed labels (int8) or ``None``;
+        ``meta`` names the files read.
 
     Raises:
         FileNotFoundError: no such folder, or a required file is missing (the message lists the

@@ -1,8 +1,8 @@
 """A dataset folder of Cole et al. as images (``cole_images``): the official formatted lists
 ``formatted_{train,val}_{images,labels}.npy`` (with ``formatted_train_labels_obs.npy``, the
 shipped single-positive draw) and the images they name; the image counterpart of the ``cole``
-feature source (:mod:`spmlkit.data.cole`), same files and conventions.
-:func:`load_formatted` also serves the ``nuswide`` source (:mod:`spmlkit.data.nuswide`).
+feature source (`spmlkit.data.cole`), same files and conventions.
+`load_formatted` also serves the ``nuswide`` source (`spmlkit.data.nuswide`).
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def _image_root(root: Path, name: str, ids: list[str], image_root) -> Path:
 def load_formatted(root, name: str, image_root, observed, class_names, drop_empty: bool,
                    skip_missing: bool, skip_corrupt: bool, source: str) -> Dataset:
     """The formatted lists in ``root`` with their images, as the ``source`` (``cole_images``
-    or ``nuswide``) reads them; arguments as :func:`load_cole_images`."""
+    or ``nuswide``) reads them; arguments as `load_cole_images`."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"{source}: data folder {root} does not exist; expected a folder "

@@ -40,7 +40,7 @@ def read_image_csv(path, classes: Sequence[str] | None = None, delimiter: str | 
     (``traffic light``); surrounding spaces are dropped. A row with no name is an image without
     a positive. Rows that repeat a path add their names to the first (so the long form, one
     ``path,name`` row per label, works too). An optional header row is recognised by its first
-    cell (:data:`CSV_HEADERS`). Delimiter: tab for ``.tsv`` files, else comma.
+    cell (`CSV_HEADERS`). Delimiter: tab for ``.tsv`` files, else comma.
 
     Args:
         path: the CSV file.
@@ -116,7 +116,7 @@ def load_csv_images(path: str | os.PathLike, test_path: str | os.PathLike | None
                     skip_missing: bool = False, skip_corrupt: bool = False,
                     train_labels: str = "full",
                     val_path: str | os.PathLike | None = None) -> Dataset:
-    """Images listed in a CSV file with their full labels (form: :func:`read_image_csv`).
+    """Images listed in a CSV file with their full labels (form: `read_image_csv`).
 
     With ``train_labels="observed"`` the training CSV's names are each image's **known
     positives** (one tag per image, say) and nothing else is known: they become
@@ -142,7 +142,7 @@ def load_csv_images(path: str | os.PathLike, test_path: str | os.PathLike | None
             or absolute); default: the protocol's val set.
 
     Returns:
-        a :class:`Dataset`; ``ids`` are the paths as written in the CSV.
+        a [`Dataset`][spmlkit.data.protocol.Dataset]; ``ids`` are the paths as written in the CSV.
 
     Raises:
         FileNotFoundError: a missing CSV or image (named).

@@ -141,7 +141,7 @@ def load_cub(root: str | os.PathLike, skip_missing: bool = False,
         skip_missing, skip_corrupt: drop and count unusable images instead of raising.
 
     Returns:
-        a :class:`Dataset`; ids are paths relative to ``images/``.
+        a [`Dataset`][spmlkit.data.protocol.Dataset]; ids are paths relative to ``images/``.
 
     Raises:
         FileNotFoundError: no CUB folder, a missing list or image (named).

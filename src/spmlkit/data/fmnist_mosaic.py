@@ -1,5 +1,5 @@
 """Fashion-MNIST 2 x 2 mosaics as a dataset source (``fmnist_mosaic``), built once into the
-cache (:mod:`spmlkit.data.offline_cache`) from Debian's ``dataset-fashion-mnist``.
+cache (`spmlkit.data.offline_cache`) from Debian's ``dataset-fashion-mnist``.
 
 Fashion-MNIST (Xiao et al. 2017) comes as IDX files in ``/usr/share/datasets/fashion-mnist``.
 Each example is a 2 x 2 mosaic of 28 x 28 images (56 x 56 grayscale PNG); its labels are the set
@@ -158,7 +158,7 @@ def mosaic_instances(images: np.ndarray, labels: np.ndarray, tiles: np.ndarray,
     """Per-label instance metadata of mosaics, for the ``1p_biased:size`` / ``loc`` regimes.
 
     Each tile is one object instance of its class. ``size``: the object's foreground area (pixels
-    above :data:`FOREGROUND_LEVEL`) as a fraction of the mosaic, the largest over the label's
+    above `FOREGROUND_LEVEL`) as a fraction of the mosaic, the largest over the label's
     tiles. ``loc``: the distance of the object's foreground centroid (in mosaic coordinates) from
     the mosaic centre over the half diagonal, the smallest over the label's tiles. The four tile
     centres are equally far from the mosaic centre, so it is where the object sits in its tile
@@ -168,7 +168,7 @@ def mosaic_instances(images: np.ndarray, labels: np.ndarray, tiles: np.ndarray,
     Args:
         images: the source images (M x h x w uint8); ``labels`` their classes (M).
         tiles: N x 4 indices into them, row-major (top-left, top-right, bottom-left,
-            bottom-right), as :func:`draw_mosaics` returns.
+            bottom-right), as `draw_mosaics` returns.
 
     Returns:
         ``{"size": N x L float32, "loc": N x L float32}``.
@@ -247,7 +247,7 @@ def load_fmnist_mosaic(n_pool: int = 4000, n_test: int = 1000, min_classes: int 
     Returns:
         Dataset whose ``x`` are absolute PNG paths and ``ids`` the names relative to the
         cache folder (``pool/000000.png``); ``meta["instances"]`` is a function giving the
-        pool's per-label instance metadata (:func:`mosaic_instances`; it reads the
+        pool's per-label instance metadata (`mosaic_instances`; it reads the
         Fashion-MNIST images, so it runs only when a ``1p_biased:size|loc`` regime asks).
 
     Raises:

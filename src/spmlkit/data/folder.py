@@ -27,7 +27,7 @@ def scan_class_folders(root, classes: Sequence[str] | None = None):
     """The images of a one-folder-per-class tree.
 
     Each subfolder of ``root`` (hidden ones skipped) is a class; its images (files ending in
-    :data:`~spmlkit.data.image_files.IMAGE_SUFFIXES`, searched recursively, sorted) are
+    `IMAGE_SUFFIXES`, searched recursively, sorted) are
     labelled with it. Other files are ignored and counted.
 
     Args:
@@ -154,13 +154,13 @@ def load_folder(root: str | os.PathLike, test_root: str | os.PathLike | None = N
         train_labels: ``"observed"`` (the default with ``test_csv``; see above) or ``"full"``
             (the default without it: the one-hot folder classes, regime ``1p``).
         test_csv, val_csv: fully labelled evaluation / validation images in the ``csv``
-            source's form (:func:`~spmlkit.data.csv_images.read_image_csv`: path, then every
+            source's form (`read_image_csv`: path, then every
             class name of the image; paths relative to the CSV's folder or absolute), instead of
             ``test_root`` / the protocol's val set.
 
     Returns:
-        a :class:`Dataset`; classes are the sorted folder names; ids are paths relative to the
-        tree; ``meta["ignored_files"]`` counts non-image files.
+        a [`Dataset`][spmlkit.data.protocol.Dataset]; classes are the sorted folder names; ids are
+        paths relative to the tree; ``meta["ignored_files"]`` counts non-image files.
 
     Raises:
         FileNotFoundError: no such folder.

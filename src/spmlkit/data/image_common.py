@@ -1,16 +1,16 @@
-"""What the image sources share: building a :class:`~spmlkit.data.protocol.Dataset` of image paths
-whose unusable images are checked, dropped and counted, and the Cole split of one list.
+"""What the image sources share: building a [`Dataset`][spmlkit.data.protocol.Dataset] of image
+paths whose unusable images are checked, dropped and counted, and the Cole split of one list.
 
-Each image source lives in its own module (:mod:`~spmlkit.data.voc`, :mod:`~spmlkit.data.coco`,
-:mod:`~spmlkit.data.cub`, :mod:`~spmlkit.data.nuswide`, :mod:`~spmlkit.data.cole_images`,
-:mod:`~spmlkit.data.csv_images`, :mod:`~spmlkit.data.folder`); importing it registers it. Every
+Each image source lives in its own module (`voc`, `coco`,
+`cub`, `nuswide`, `cole_images`,
+`csv_images`, `folder`); importing it registers it. Every
 one returns a ``Dataset`` whose ``pool`` is the official training set and whose ``test`` is the
 official evaluation set; ``x`` is a list of **absolute** image paths (decode them with
-:func:`spmlkit.data.image_files.open_image`), ``ids`` the paths relative to the dataset's image
+`spmlkit.data.image_files.open_image`), ``ids`` the paths relative to the dataset's image
 folder, chosen to equal the entries of the official ``formatted_*_images.npy`` lists. Row order
 follows the official formatting scripts (github.com/elijahcole/single-positive-multi-label,
 ``preproc/format_{pascal,coco,cub}.py``), so the protocol's train / val split
-(:func:`~spmlkit.data.protocol.make_splits`) selects the same images as the papers'.
+(`make_splits`) selects the same images as the papers'.
 
 Sources, the layout each reads, and its pool / test (sizes of the official sets):
 

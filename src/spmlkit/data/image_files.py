@@ -1,12 +1,12 @@
 """Reading image files, checking image lists, and the small parsers the image sources share.
 
 An *image item* is a path string to an image file. Image sources
-(:mod:`spmlkit.data.image_common` lists them) return :class:`~spmlkit.data.protocol.LabelledSet`
+(`spmlkit.data.image_common` lists them) return [`LabelledSet`][spmlkit.data.protocol.LabelledSet]
 objects whose ``x`` is a list of absolute path strings; everything that decodes pixels goes
-through :func:`open_image`, so a corrupt file always fails with a ``ValueError`` that names it,
+through `open_image`, so a corrupt file always fails with a ``ValueError`` that names it,
 never with a decoder error deep inside a data loader.
 
-Checking a list of paths (:func:`check_images`) is cheap by default (one directory listing per
+Checking a list of paths (`check_images`) is cheap by default (one directory listing per
 folder, no decoding); with ``skip_corrupt`` (or ``decode=True``) every image is also decoded once,
 at reduced size for JPEGs (PIL's draft mode), which still catches truncated and garbled files.
 
@@ -52,7 +52,7 @@ def _decode_errors() -> tuple:
 
 
 def open_image(path, background: tuple = (255, 255, 255)):
-    """Open an image file as an RGB :class:`PIL.Image.Image` (fully decoded, file closed).
+    """Open an image file as an RGB `PIL.Image.Image` (fully decoded, file closed).
 
     Grayscale, CMYK, 16-bit and palette images are converted to RGB; images with transparency
     (RGBA, LA, palette with a transparent colour) are composited over ``background`` (default
@@ -122,7 +122,7 @@ def _to_rgb(img, background):
 def image_error(path) -> str | None:
     """Why ``path`` cannot be decoded, or ``None`` when it can (JPEGs decoded at reduced size).
 
-    Used to screen a list of images quickly; :func:`open_image` remains the reader.
+    Used to screen a list of images quickly; `open_image` remains the reader.
     """
     from PIL import Image
 
@@ -140,7 +140,7 @@ def image_error(path) -> str | None:
 
 
 def decode_errors(paths: Sequence[str], threads: int | None = None) -> Iterator[str | None]:
-    """:func:`image_error` of each path, in order, decoded by a few threads (PIL releases the
+    """`image_error` of each path, in order, decoded by a few threads (PIL releases the
     GIL while it decodes: about 2x faster on 2 cores than one after the other)."""
     if len(paths) < 16:
         yield from map(image_error, paths)
@@ -154,7 +154,7 @@ def decode_errors(paths: Sequence[str], threads: int | None = None) -> Iterator[
 
 @dataclass
 class ImageCheck:
-    """What :func:`check_images` found: rows kept, and the paths dropped for each reason."""
+    """What `check_images` found: rows kept, and the paths dropped for each reason."""
 
     keep: np.ndarray                           # indices into the checked list, ascending
     missing: list = field(default_factory=list)
@@ -202,7 +202,7 @@ def check_images(paths: Sequence[str], *, skip_missing: bool = False,
         where: what the list is (e.g. ``"voc train"``), for messages.
 
     Returns:
-        an :class:`ImageCheck`: ``keep`` (indices of the usable paths, in order), ``missing`` and
+        an `ImageCheck`: ``keep`` (indices of the usable paths, in order), ``missing`` and
         ``corrupt`` (the paths dropped).
 
     Raises:
@@ -345,5 +345,5 @@ def locate(root, relative: str, max_depth: int = 3) -> Path | None:
 
 
 def is_image_name(name: str) -> bool:
-    """Whether a file name ends with one of :data:`IMAGE_SUFFIXES` (any case)."""
+    """Whether a file name ends with one of `IMAGE_SUFFIXES` (any case)."""
     return name.lower().endswith(IMAGE_SUFFIXES) and not name.startswith(".")

@@ -1,7 +1,7 @@
 """Material Design Icons as a dataset source (``mdi_icons``), rendered once into the cache
-(:mod:`spmlkit.data.offline_cache`) from the npm package ``@mdi/svg``.
+(`spmlkit.data.offline_cache`) from the npm package ``@mdi/svg``.
 
-The package is pinned to :data:`MDI_SVG_VERSION` by the project's set-up; SVG files in ``svg/``
+The package is pinned to `MDI_SVG_VERSION` by the project's set-up; SVG files in ``svg/``
 and ``meta.json`` whose per-icon ``tags`` are the icon's categories, e.g. "Home Automation".
 Deprecated icons are left out; classes are the tags carried by at least ``min_count`` (default 30)
 of the remaining icons, in alphabetical order; an icon is kept if it has at least one kept tag
@@ -178,7 +178,7 @@ def load_mdi_icons(size: int = 64, min_count: int = 30, limit: int | None = None
         min_count: keep tags carried by at least this many non-deprecated icons (30).
         limit: keep a random subset of this many icons (``RandomState(seed)``); None keeps all.
         seed: the pool / test split seed (1200) and the ``limit`` subset's seed.
-        svg_dir: the ``@mdi/svg`` package folder (see :func:`mdi_svg_dir` for the default).
+        svg_dir: the ``@mdi/svg`` package folder (see `mdi_svg_dir` for the default).
         cache_dir: where built sets live (default ``$SPMLKIT_CACHE`` or ``~/.cache/spmlkit``).
 
     Icons whose SVG is missing or does not render are skipped and counted in

@@ -1,7 +1,7 @@
 """NUS-WIDE as a dataset source (``nuswide``): the published lists of the authors' re-crawl,
 ``formatted_{train,val}_{images,labels}.npy``, with the images in ``Flickr/``; rows without a
 positive kept, as in the lists. Pool / test = the train / val lists (150,000 / 60,260 in the
-paper's crawl). Read by :func:`spmlkit.data.cole_images.load_formatted`.
+paper's crawl). Read by `spmlkit.data.cole_images.load_formatted`.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def load_nuswide(root: str | os.PathLike, image_root: str | os.PathLike | None =
         skip_missing, skip_corrupt: drop and count unusable images instead of raising.
 
     Raises:
-        FileNotFoundError, ValueError: as :func:`load_cole_images`.
+        FileNotFoundError, ValueError: as `load_cole_images`.
     """
     return load_formatted(Path(root), "nuswide", image_root, observed, class_names,
                           drop_empty, skip_missing, skip_corrupt, "nuswide")

@@ -1,6 +1,6 @@
 """The cache of the sets built once from a package that a registry carries, so that they need
-no download at run time: :mod:`~spmlkit.data.fmnist_mosaic` (Debian's
-``dataset-fashion-mnist``) and :mod:`~spmlkit.data.mdi_icons` (npm's ``@mdi/svg``), each in
+no download at run time: `fmnist_mosaic` (Debian's
+``dataset-fashion-mnist``) and `mdi_icons` (npm's ``@mdi/svg``), each in
 its own module.
 
 The cache folder is ``cache_dir`` if given, else ``$SPMLKIT_CACHE``, else ``~/.cache/spmlkit``;

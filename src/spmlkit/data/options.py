@@ -2,7 +2,7 @@
 
 Options reach a source as keywords (``--data KEY=VALUE``, a study's ``data:`` map, a run's
 ``dataset_options``). A misspelt key, a missing required one or a value of the wrong type would
-otherwise surface as a ``TypeError`` from deep inside the source; :func:`check_source_options`
+otherwise surface as a ``TypeError`` from deep inside the source; `check_source_options`
 turns each into a ``ValueError`` that names the dataset, the key, the value and what the source
 takes, all generated from the source function's signature (its parameters, defaults and
 annotations), so a new source needs nothing extra.
@@ -16,7 +16,7 @@ It takes: path, seed, subsample (spml list datasets yeast --details: each option
 default and meaning)
 
 The same table for the user, generated from the signatures and the ``Args:`` sections of the
-docstrings (:func:`describe_options`, ``spml list datasets NAME --details``):
+docstrings (`describe_options`, ``spml list datasets NAME --details``):
 
 >>> print(format_options("yeast"))  # doctest: +ELLIPSIS
 yeast: MULAN yeast (river): ...
@@ -35,11 +35,11 @@ import numpy as np
 
 from .registry import DATASETS
 
-#: ``load_splits`` options that belong to the protocol (:func:`~spmlkit.data.protocol.make_splits`),
+#: ``load_splits`` options that belong to the protocol (`make_splits`),
 #: not to the source
 PROTOCOL_OPTIONS = ("subsample", "subsample_seed", "class_order", "protocol")
 #: options every image source takes besides its own: its items become a backbone's cached
-#: features (:func:`spmlkit.features.load_feature_dataset`)
+#: features (`spmlkit.features.load_feature_dataset`)
 FEATURE_KEYS = ("backbone", "features")
 
 #: annotation names -> the Python types a value may have; an annotation with any other name is
@@ -107,7 +107,7 @@ def _annotation(p: inspect.Parameter) -> str:
 def parameter_rows(params, doc, group: str, keep=None) -> list[dict]:
     """One row per keyword parameter in ``params`` (an ``inspect`` signature's parameters,
     limited to ``keep`` when given), described by the ``Args:`` section of ``doc``: the rows of
-    :func:`describe_options`."""
+    `describe_options`."""
     docs = args_section(doc)
     rows = []
     for key, p in params.items():
@@ -124,9 +124,9 @@ def parameter_rows(params, doc, group: str, keep=None) -> list[dict]:
 
 def describe_options(name: str, feature_rows: Sequence[dict] = ()) -> list[dict]:
     """Every option the dataset ``name`` takes, from signatures and docstrings: its own
-    (the source function's), the protocol's (:data:`PROTOCOL_OPTIONS`, from
-    :func:`~spmlkit.data.protocol.make_splits`) and, for an image source, ``feature_rows``
-    (:data:`FEATURE_KEYS`, described by :func:`spmlkit.features.feature_option_rows`, which
+    (the source function's), the protocol's (`PROTOCOL_OPTIONS`, from
+    `make_splits`) and, for an image source, ``feature_rows``
+    (`FEATURE_KEYS`, described by `spmlkit.features.feature_option_rows`, which
     sits above this module).
 
     Returns:
@@ -149,7 +149,7 @@ def describe_options(name: str, feature_rows: Sequence[dict] = ()) -> list[dict]
 
 
 def _plain_text(text: str) -> str:
-    """A docstring fragment without its reST markup (``x``, :func:`x`, :data:`~a.b`)."""
+    """A docstring fragment without its reST markup (``x``, `x`, `b`)."""
     import re
 
     text = re.sub(r":[a-z]+:`~?([^`]+)`", lambda m: m.group(1).rsplit(".", 1)[-1]
@@ -158,7 +158,7 @@ def _plain_text(text: str) -> str:
 
 
 def format_options(name: str, width: int = 100, feature_rows: Sequence[dict] = ()) -> str:
-    """:func:`describe_options` as the text ``spml list datasets NAME --details`` prints: per
+    """`describe_options` as the text ``spml list datasets NAME --details`` prints: per
     option a line ``name (type, default)`` and its description below it."""
     import textwrap
 
@@ -210,9 +210,9 @@ def check_source_options(name: str, options: dict, protocol: Sequence[str] = (),
     Args:
         name: a registered dataset (an unknown one raises the registry's error).
         options: the keyword options meant for the source; besides the source's own parameters,
-            :data:`FEATURE_KEYS` are accepted (image sources) and so are ``protocol``.
+            `FEATURE_KEYS` are accepted (image sources) and so are ``protocol``.
         protocol: further accepted keys, handled by the caller (``load_splits`` passes
-            :data:`PROTOCOL_OPTIONS`).
+            `PROTOCOL_OPTIONS`).
         complete: whether ``options`` are all the source gets (then a required parameter that
             is missing is an error); ``False`` checks only the keys and values given.
 

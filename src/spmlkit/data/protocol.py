@@ -1,16 +1,17 @@
 """Labelled sets, dataset sources and the Cole et al. protocol that turns a source into splits.
 
-A *source* (a registered function, see :mod:`spmlkit.data`) returns a :class:`Dataset`: the
-official training set (the *pool*), the official evaluation set (our *test*, as in all four
-papers), class names, and optionally the official observed labels of the pool. The protocol
-(:func:`make_splits`) then draws the observed labels on the pool with a regime and seed, and
-splits the pool into train / val (docs/spec.md#protocol), exactly as the official pipeline does.
+A *source* (a registered function, see `spmlkit.data`) returns a
+[`Dataset`][spmlkit.data.protocol.Dataset]: the official training set (the *pool*), the official
+evaluation set (our *test*, as in all four papers), class names, and optionally the official
+observed labels of the pool. The protocol (`make_splits`) then draws the observed labels on the pool
+with a regime and seed, and splits the pool into train / val (docs/spec.md#protocol), exactly as the
+official pipeline does.
 
 Your own partially labelled data is the other case: a source given ``train_labels="observed"``
-returns a :class:`Dataset` whose ``observed`` holds the training labels as they were observed
-(1 / 0 / -1; the full labels are unknown) and whose val / test sets are fully labelled. Regime
-``given`` uses them as they are (nothing is drawn, the whole pool trains, val is a given set or
-carved out of the test set), and every other regime refuses such a dataset.
+returns a [`Dataset`][spmlkit.data.protocol.Dataset] whose ``observed`` holds the training labels as
+they were observed (1 / 0 / -1; the full labels are unknown) and whose val / test sets are fully
+labelled. Regime ``given`` uses them as they are (nothing is drawn, the whole pool trains, val is a
+given set or carved out of the test set), and every other regime refuses such a dataset.
 """
 from __future__ import annotations
 
@@ -45,9 +46,9 @@ def check_train_labels(value, where: str) -> str:
 @dataclass
 class LabelledSet:
     """Examples with full labels: ``x`` is an N x D feature matrix (in memory, memory-mapped,
-    or :class:`~spmlkit.data.rows.Rows` of a stored one) or a sequence of N items (e.g. image
+    or `Rows` of a stored one) or a sequence of N items (e.g. image
     paths); ``y`` the N x L 0/1 labels. A subset of stored features is a
-    :class:`~spmlkit.data.rows.Rows` view: row indices, no copy."""
+    `Rows` view: row indices, no copy."""
 
     x: Any
     y: np.ndarray
@@ -254,7 +255,7 @@ def _given_or_refused(ds: Dataset, name: str, regime: str) -> bool:
 def _standardized(train: LabelledSet, val: LabelledSet, test: LabelledSet):
     """The three sets standardised with the train rows' mean and std (0 std -> 1), and the
     statistics as ``meta["standardize"]`` records them. Stored features (a memory map,
-    :class:`~spmlkit.data.rows.Rows`) stay stored: the statistics come from one streaming pass
+    `Rows`) stay stored: the statistics come from one streaming pass
     (float64 accumulators) and the sets read standardised rows batch by batch."""
     if is_stored(train.x):
         mean, std = streaming_stats(train.x)
@@ -331,7 +332,7 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
 
     Args:
         ds: the source's dataset.
-        regime: a label regime (:data:`spmlkit.labels.REGIMES`); ``1p_biased:size`` and
+        regime: a label regime (`spmlkit.labels.REGIMES`); ``1p_biased:size`` and
             ``1p_biased:loc`` need the source's per-label instance metadata
             (``ds.meta["instances"]``: a mapping with ``"size"`` / ``"loc"`` pool-row x label
             arrays, or a function returning one, called only then).
@@ -350,13 +351,13 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
         protocol: ``"cole"`` (default: the above) or ``"tabular"``, the tabular SPML protocol
             of SMILE and CRISP on MULAN sets: the pool and the test rows together (pool
             first) split at random 80 / 10 / 10 into train / val / test with ``seed``
-            (:func:`tabular_split`; ``split_seed`` is not used), the observed labels drawn
+            (`tabular_split`; ``split_seed`` is not used), the observed labels drawn
             with ``seed`` (``1p``: one positive drawn uniformly per training row); val and
             test are scored on their full labels. One ``seed`` is one trial (the papers: 5
             trials, mean ± std). ``meta["train_rows"]`` etc. index the pool-then-test rows.
 
     ``meta`` records ``subsample``, ``observed_labels`` (the number of observed entries in the
-    train rows, Fig. 1's x axis), ``observed_counts`` (:func:`spmlkit.labels.observed_counts`
+    train rows, Fig. 1's x axis), ``observed_counts`` (`spmlkit.labels.observed_counts`
     of the train rows), ``train_labels`` (``"full"`` or ``"observed"``), ``val_from``
     (``"pool"``, ``"given"`` or ``"test"``) and ``k_from`` (``"train"`` or ``"val"``);
     ``meta["instances"]`` is left out of the splits' meta.

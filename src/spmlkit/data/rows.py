@@ -1,15 +1,15 @@
 """Feature rows read on demand from a stored matrix, so data larger than memory trains.
 
 A feature store (``spml extract``'s ``features.npy``) or your own ``.npy`` file is opened as a
-memory map. The protocol's train / val / test parts of such a matrix are :class:`Rows`: the
+memory map. The protocol's train / val / test parts of such a matrix are `Rows`: the
 stored matrix, an index array of its rows and, when the features are standardised, the
-statistics. Nothing is copied until a batch is read: :meth:`Rows.take` gathers the rows in
+statistics. Nothing is copied until a batch is read: `Rows.take` gathers the rows in
 file order (sorted, so the map reads forward), casts them to float32 and standardises them,
 and returns them in the order asked for. The engine reads a chunk of a shuffled permutation at a
-time this way (:func:`spmlkit.engine.linear.fit_linear`), so the batch order, and with it every
+time this way (`spmlkit.engine.linear.fit_linear`), so the batch order, and with it every
 result, is the in-memory path's.
 
-What stays in memory is one chunk (:data:`CHUNK_ROWS` rows as float32) and what a run produces
+What stays in memory is one chunk (`CHUNK_ROWS` rows as float32) and what a run produces
 (logits and probabilities of N x L), never the N x D matrix.
 
 >>> import numpy as np
@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import numpy as np
 
-#: rows read at once by the engine and by :meth:`Rows.chunks` (64 MiB of 2,048-d float32)
+#: rows read at once by the engine and by `Rows.chunks` (64 MiB of 2,048-d float32)
 CHUNK_ROWS = 8192
 #: entries checked at once for NaN / inf (bounds the temporary mask)
 _CHECK_ENTRIES = 1 << 24
 
 
 def is_stored(x) -> bool:
-    """Whether ``x`` is read on demand (a memory map or :class:`Rows`), not held in memory."""
+    """Whether ``x`` is read on demand (a memory map or `Rows`), not held in memory."""
     return isinstance(x, (Rows, np.memmap))
 
 
@@ -42,7 +42,7 @@ class Rows:
 
     It has ``shape``, ``ndim``, ``dtype`` (float32, what reads return), ``len`` and
     ``np.asarray`` (reads every row: for small parts only), and indexes like an array with an
-    integer array, a list or a slice (:meth:`take`); ``shift`` / ``scale`` are the
+    integer array, a list or a slice (`take`); ``shift`` / ``scale`` are the
     standardisation's mean and std (None when not standardised). For anything else of numpy's,
     ``np.asarray(rows)`` first.
     """
@@ -126,16 +126,16 @@ class Rows:
 
     def chunks(self, size: int | None = None):
         """``(start, block)`` over the part in order, ``block`` float32 of up to ``size`` rows
-        (default :data:`CHUNK_ROWS`)."""
+        (default `CHUNK_ROWS`)."""
         size = size or CHUNK_ROWS
         for start in range(0, len(self), size):
             yield start, self.take(np.arange(start, min(start + size, len(self))))
 
 
 class JoinedRows:
-    """Two stored matrices (memory maps or :class:`Rows`) of the same width, one after the
-    other, read on demand: the base of a :class:`Rows` over both (the tabular protocol's
-    pool-then-test rows, :func:`spmlkit.data.protocol.make_splits`), never concatenated."""
+    """Two stored matrices (memory maps or `Rows`) of the same width, one after the
+    other, read on demand: the base of a `Rows` over both (the tabular protocol's
+    pool-then-test rows, `spmlkit.data.protocol.make_splits`), never concatenated."""
 
     ndim = 2
     filename = None
@@ -186,7 +186,7 @@ def _read_distinct(base, src: np.ndarray) -> tuple[np.ndarray, np.ndarray | None
 def read_rows(base, rows) -> np.ndarray:
     """Rows ``rows`` of a stored array (a memory-mapped N x ... store: features, feature maps)
     as a new float32 array in the order given; each distinct row read once, in file order,
-    and cast once (:meth:`Rows.take` for matrices)."""
+    and cast once (`Rows.take` for matrices)."""
     block, inverse = _read_distinct(base, np.asarray(rows, dtype=np.int64).reshape(-1))
     return block if inverse is None else np.take(block, inverse, axis=0)
 
@@ -209,7 +209,7 @@ def _as_float32(block: np.ndarray) -> np.ndarray:
 
 
 def as_rows(x) -> Rows:
-    """``x`` (a memory map or :class:`Rows`) as :class:`Rows`."""
+    """``x`` (a memory map or `Rows`) as `Rows`."""
     return x if isinstance(x, Rows) else Rows(x)
 
 

@@ -26,7 +26,7 @@ Columns:
 Sets: ``path`` holds the training rows (or every row, with ``split_column``); ``test_path`` /
 ``val_path`` fully labelled evaluation / validation rows with the same feature columns. Without
 a test set the test rows are carved out of ``path`` exactly as the ``arrays`` source does
-(:func:`~spmlkit.data.arrays.features_dataset`: Cole split, 0.3, seed 1200), which is also where
+(`features_dataset`: Cole split, 0.3, seed 1200), which is also where
 standardisation and observed training labels are handled.
 
 >>> import tempfile, numpy as np, pandas as pd
@@ -67,7 +67,7 @@ COMPRESSED = (".gz", ".bz2", ".xz", ".zip", ".zst")
 
 
 def table_kind(path) -> str | None:
-    """The table format of ``path`` from its name: one of :data:`TABLE_SUFFIXES` (a compressed
+    """The table format of ``path`` from its name: one of `TABLE_SUFFIXES` (a compressed
     CSV / TSV, ``x.csv.gz``, is ``.csv`` / ``.tsv``), or None for other files.
 
     >>> table_kind("rows.csv.gz"), table_kind("x.PARQUET"), table_kind("x.npy")
@@ -178,7 +178,7 @@ ID_MIN_ROWS = 10
 
 def identifier_columns(df, columns: Sequence[str]) -> list[str]:
     """The ``columns`` of ``df`` that look like row identifiers: whole numbers (an integer
-    dtype) with a different value on every row, in a table of at least :data:`ID_MIN_ROWS`
+    dtype) with a different value on every row, in a table of at least `ID_MIN_ROWS`
     rows.
 
     >>> import pandas as pd
@@ -192,7 +192,7 @@ def identifier_columns(df, columns: Sequence[str]) -> list[str]:
 
 
 def table_features(df, columns: Sequence[str], where: str) -> np.ndarray:
-    """The float32 N x D matrix of ``columns`` (:func:`~spmlkit.data.arrays.check_features`).
+    """The float32 N x D matrix of ``columns`` (`check_features`).
 
     Raises:
         ValueError: a missing column, a column that is not numeric, or empty / NaN / inf cells
@@ -302,8 +302,8 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
                  train_labels: str = "full", class_names=None,
                  test_fraction: float = TEST_FRACTION, standardize: bool = True,
                  name: str = "tabular", seed: int = OFFICIAL_SEED) -> Dataset:
-    """A CSV / Parquet table (or several) as a :class:`~spmlkit.data.protocol.Dataset` (the module
-    docstring describes the files and columns).
+    """A CSV / Parquet table (or several) as a [`Dataset`][spmlkit.data.protocol.Dataset] (the
+    module docstring describes the files and columns).
 
     Args:
         path: the training rows (every row, with ``split_column``).
@@ -326,8 +326,9 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
         name: the dataset's name.
 
     Returns:
-        a :class:`Dataset`; ``meta["feature_columns"]`` / ``meta["label_columns"]`` name the
-        columns used (``spml predict`` reads new rows' features by those names).
+        a [`Dataset`][spmlkit.data.protocol.Dataset]; ``meta["feature_columns"]`` /
+        ``meta["label_columns"]`` name the columns used (``spml predict`` reads new rows' features
+        by those names).
 
     Raises:
         FileNotFoundError: a file does not exist.

@@ -3,10 +3,10 @@
 Three factories share one call contract, ``t(img, generator=None) -> FloatTensor 3 x size x size``
 (normalised with ``mean`` / ``std``, ImageNet's by default):
 
-- :func:`eval_transform` resizes to ``size x size`` (bilinear) and normalises; it draws nothing.
-- :func:`weak_view` is the fine-tuning view of docs/spec.md#protocol and the weak view of
+- `eval_transform` resizes to ``size x size`` (bilinear) and normalises; it draws nothing.
+- `weak_view` is the fine-tuning view of docs/spec.md#protocol and the weak view of
   section 8: resize, then a horizontal flip with probability 0.5.
-- :func:`strong_view` is LAC's strong view (docs/spec.md#lac), in this order: resize, flip
+- `strong_view` is LAC's strong view (docs/spec.md#lac), in this order: resize, flip
   (p 0.5), Cutout of half the side with a random colour, RandAugment with 2 ops, colour jitter
   (brightness / contrast / saturation 0.4, hue 0.1) with p 0.8, grayscale with p 0.2.
 
@@ -24,7 +24,7 @@ RandAugment's magnitude uses the 31-level scale of the RandAugment paper's publi
 (torchvision, ``magnitude`` in 0..30, default 9): an op at magnitude ``m`` applies ``m / 30`` of
 its maximum strength (rotate 30 degrees, shear 0.3, translate 0.45 of the side, enhance factor
 1 +/- 0.9, posterize down to 4 bits, solarize threshold down to 0). Signed ops take a random sign.
-The two ops are drawn uniformly with replacement from :data:`RANDAUGMENT_OPS`.
+The two ops are drawn uniformly with replacement from `RANDAUGMENT_OPS`.
 
 >>> from PIL import Image
 >>> img = Image.new("RGB", (40, 30), (255, 0, 0))

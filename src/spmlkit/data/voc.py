@@ -93,8 +93,9 @@ def load_voc(root: str | os.PathLike, year: str | int = 2012, pool_split: str = 
         skip_missing, skip_corrupt: drop and count unusable images instead of raising.
 
     Returns:
-        a :class:`Dataset` of image paths (module docstring); ``meta["dropped_no_positive"]``
-        counts the images listed without a positive (dropped, as in the official script).
+        a [`Dataset`][spmlkit.data.protocol.Dataset] of image paths (module docstring);
+        ``meta["dropped_no_positive"]`` counts the images listed without a positive (dropped, as in
+        the official script).
 
     Raises:
         FileNotFoundError: no VOC tree, a missing class list, or a missing image (names it).

@@ -70,7 +70,8 @@ def load_yeast(path: str | os.PathLike | None = None, seed: int = OFFICIAL_SEED)
         seed: seed of the pool / test split (default 1200, the official one).
 
     Returns:
-        a :class:`Dataset` (1,692 pool rows, 725 test rows with the default seed).
+        a [`Dataset`][spmlkit.data.protocol.Dataset] (1,692 pool rows, 725 test rows with the
+        default seed).
 
     Raises:
         ModuleNotFoundError: no ``path`` and river is not installed (the message says how).

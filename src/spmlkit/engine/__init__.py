@@ -1,25 +1,25 @@
 """The training engine: one loop for every mode and method, and the modes built on it.
 
-:func:`train_loop` (:mod:`.loop`) is the one loop: stages (each with its epochs and a set-up
+`train_loop` (`loop`) is the one loop: stages (each with its epochs and a set-up
 that builds its optimiser, schedule and extra state), per-step hooks, several evaluators (the
 epoch's score is the best of them), early stopping per stage, and checkpoint / resume of the
 whole state. The modes differ only in their stages, where batches come from and how a batch
 becomes logits:
 
-- :func:`fit_linear` (:mod:`.linear`): a linear head on features held in memory. One epoch = a
+- `fit_linear` (`linear`): a linear head on features held in memory. One epoch = a
   seeded permutation of the train rows, cut into batches that index pre-loaded tensors (no
   per-row ``DataLoader``).
-- :func:`fit_linear_stacked` (:mod:`.vectorised`): R linear runs that differ only in seed and
+- `fit_linear_stacked` (`vectorised`): R linear runs that differ only in seed and
   learning rate trained at once as one stacked head (the linear protocol's grids are
   overhead-bound); each run ends as it would alone, up to float summation order. Studies use it
-  through :func:`spmlkit.methods.train_runs` for every stackable loss (``SPMLLoss.stackable``).
-- :func:`fit_finetune` (:mod:`.finetune`, batches from :mod:`.image_batches`): end to end from image
+  through `spmlkit.methods.train_runs` for every stackable loss (``SPMLLoss.stackable``).
+- `fit_finetune` (`finetune`, batches from `image_batches`): end to end from image
   items, a ``torch`` ``DataLoader`` with worker processes and a seeded sampler; the weak view
-  for training, the eval transform for val and train predictions; AMP (:mod:`.amp`) and
-  channels-last on CUDA; one process or many under ``torchrun`` (:mod:`spmlkit.distributed`).
-- :func:`fit_linear_init` (Cole et al.): the linear phase on cached features, then
+  for training, the eval transform for val and train predictions; AMP (`amp`) and
+  channels-last on CUDA; one process or many under ``torchrun`` (`spmlkit.distributed`).
+- `fit_linear_init` (Cole et al.): the linear phase on cached features, then
   fine-tuning from that head, with the loss (ROLE's label estimator) carried over.
-- LAC (:mod:`spmlkit.methods.lac`): two stages with AdamW, a OneCycle schedule, an EMA scored
+- LAC (`spmlkit.methods.lac`): two stages with AdamW, a OneCycle schedule, an EMA scored
   beside the model, and the PLC / LAC terms as step hooks.
 
 Adam with no weight decay and no schedule (Cole et al.) in the linear and fine-tuning modes;
@@ -27,8 +27,8 @@ the loss's own trainable state (ROLE's label estimator) at ``loss.lr_multiplier`
 learning rate, the head of a fine-tuned model at ``config.head_lr_mult`` times. After every
 epoch the model is scored on the validation split; the best epoch (val mAP) is kept, with
 optional early stopping. The engine knows a method only through the hooks of
-:class:`spmlkit.losses.SPMLLoss` (and, for a recipe such as LAC, the stages and step hooks it
-hands to :func:`train_loop`).
+[`spmlkit.losses.SPMLLoss`][spmlkit.losses.SPMLLoss] (and, for a recipe such as LAC, the stages and
+step hooks it hands to `train_loop`).
 
 Every ``fit_*`` takes ``checkpoint=`` (called after every epoch with a function that builds
 the resumable state; the caller decides whether and when to write it) and ``resume=`` (such a

@@ -31,7 +31,7 @@ class LossScaler:
     The loss is multiplied by ``scale`` before backward and the gradients divided by it after;
     a step whose gradients are not all finite is skipped and the scale halved; after
     ``growth_interval`` good steps in a row the scale doubles (``torch.amp.GradScaler``'s
-    policy, which needs a ``torch.optim.Optimizer``; :class:`LeanAdam` is not one). In many
+    policy, which needs a ``torch.optim.Optimizer``; `LeanAdam` is not one). In many
     processes the gradients are already averaged when they are checked, so every process takes
     the same decision.
     """
@@ -65,7 +65,7 @@ class LossScaler:
         return {"scale": self.scale, "good": self.good, "skipped": self.skipped}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what `state_dict` returned."""
         missing = [k for k in ("scale", "good") if k not in state]
         if missing:
             raise ValueError(f"LossScaler.load_state_dict: the state lacks {missing}; was it "

@@ -1,4 +1,5 @@
-"""A run's hyperparameters (:class:`TrainConfig`) and the early-stopping rules."""
+"""A run's hyperparameters ([`TrainConfig`][spmlkit.engine.config.TrainConfig]) and the
+early-stopping rules."""
 from __future__ import annotations
 
 import contextlib
@@ -25,12 +26,12 @@ class TrainConfig:
     - ``image_size``: side of the square input (default: the backbone's ``input_size``);
     - ``eval_batch_size``: batch of the prediction passes (default ``max(64, batch_size)``).
 
-    ``metric``: what the best epoch is selected on, a name of :data:`spmlkit.metrics.METRICS`
+    ``metric``: what the best epoch is selected on, a name of `spmlkit.metrics.METRICS`
     (``"map"``, val mAP, by default; ``ranking_loss``, ``coverage``, ``coverage_norm``,
     ``one_error`` and ``hamming_loss`` are lower-is-better, the loop flips their sign).
 
     ``batch_size`` is the global batch: under ``torchrun`` each of the N processes takes its
-    share of every batch (see :class:`GlobalBatchSampler`).
+    share of every batch (see `GlobalBatchSampler`).
 
     ``drop_last`` (False): leave out each epoch's last, shorter training batch (the rows left
     over after the full batches of the epoch's shuffled order; other rows each epoch). Cole et
@@ -120,7 +121,7 @@ def batch_starts(n: int, batch_size: int, drop_last: bool = False) -> range:
 
 
 def epoch_rows(n: int, batch_size: int, drop_last: bool = False) -> int:
-    """How many of the ``n`` rows an epoch trains on (:func:`batch_starts`)."""
+    """How many of the ``n`` rows an epoch trains on (`batch_starts`)."""
     return len(batch_starts(n, batch_size, drop_last)) * batch_size if drop_last else n
 
 

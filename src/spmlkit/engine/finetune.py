@@ -1,5 +1,5 @@
-"""The fine-tuning modes: end to end from image items (:func:`fit_finetune`) and Cole et al.'s
-``linear_init`` (:func:`fit_linear_init`: the linear phase, then fine-tuning from its head)."""
+"""The fine-tuning modes: end to end from image items (`fit_finetune`) and Cole et al.'s
+``linear_init`` (`fit_linear_init`: the linear phase, then fine-tuning from its head)."""
 from __future__ import annotations
 
 import math
@@ -24,7 +24,7 @@ from .loop import FitResult, Stage, StageParts, StepHook, check_val_labels, snap
     train_loop
 from .optim import make_optimizer
 
-#: the ``format`` of a :func:`fit_linear_init` state (it holds the phase's own train-loop state)
+#: the ``format`` of a `fit_linear_init` state (it holds the phase's own train-loop state)
 LINEAR_INIT_FORMAT = "spmlkit-linear-init-state/1"
 #: tag of the fine-tuning modes' per-epoch seeds of torch's global RNG (dropout)
 _RNG_TAG = 0xF17E
@@ -41,38 +41,38 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
                  tuning: "FinetuneOptions | None" = None) -> tuple[nn.Module, FitResult]:
     """Train ``model`` end to end on image items with ``loss``; select the best epoch on val.
 
-    The loop is :func:`train_loop`'s; batches come from a ``DataLoader`` (``config.num_workers``
-    worker processes) over a :class:`GlobalBatchSampler` seeded with ``config.seed``. Training
+    The loop is `train_loop`'s; batches come from a ``DataLoader`` (``config.num_workers``
+    worker processes) over a `GlobalBatchSampler` seeded with ``config.seed``. Training
     images go through ``train_transform`` (default: the weak view of
-    :mod:`spmlkit.data.transforms` at the backbone's size, mean and std), seeded per
+    `spmlkit.data.transforms` at the backbone's size, mean and std), seeded per
     ``(seed, epoch, row)``; val and train predictions through ``eval_transform``. On CUDA the
     model runs under autocast (``config.amp``) in channels-last memory format; the loss always
     gets float32 logits. The head trains at ``config.lr * config.head_lr_mult`` (the model must
-    then have a ``head``, as :class:`spmlkit.models.heads.ImageClassifier`), the loss's own
+    then have a ``head``, as `spmlkit.models.heads.ImageClassifier`), the loss's own
     state at ``config.lr * loss.lr_multiplier``.
 
     Many processes (``torchrun --nproc_per_node=N``, after
-    :func:`spmlkit.distributed.init_distributed`): ``config.batch_size`` is the global batch and
+    `spmlkit.distributed.init_distributed`): ``config.batch_size`` is the global batch and
     every process trains on its share under ``DistributedDataParallel``; each process's logits
     are all-gathered (differentiably) and every process evaluates the loss on the whole global
     batch, so per-example state (ROLE's estimator, pseudo-labels, LL-Cp's flips) and batch-level
     terms (EPR, the high-rank regulariser) see what one process would. ``on_epoch_end`` gets the
     gathered train logits of every row, in row order, in every process; val mAP is computed in
     every process from the gathered predictions (so early stopping agrees); ``on_epoch`` is
-    called in process 0 only. See :mod:`spmlkit.distributed` for what is synchronised and why.
+    called in process 0 only. See `spmlkit.distributed` for what is synchronised and why.
 
     Args:
         model: maps ``B x 3 x S x S`` images to ``B x L`` logits.
         train_items: N image paths (``LabelledSet.x`` of an image source) or PIL images.
         observed: N x L observed labels (1 / 0 / -1).
-        loss, config, k, on_epoch: as :func:`fit_linear`.
+        loss, config, k, on_epoch: as `fit_linear`.
         val_items, y_val: validation items and full 0/1 labels for selection.
         train_transform, eval_transform: ``t(img, generator) -> 3 x S x S`` tensors.
         image_reader: ``path -> PIL image`` (default ``spmlkit.data.image_files.open_image``).
         checkpoint: ``checkpoint(state_fn)`` after every epoch, in process 0 only, as in
-            :func:`fit_linear`; the state holds the model, the loss's state, the optimiser's,
+            `fit_linear`; the state holds the model, the loss's state, the optimiser's,
             the fp16 loss scaler's, the best epoch and weights, the history.
-        tuning: :class:`FinetuneOptions` (weight decay, warm-up and schedule of the learning
+        tuning: `FinetuneOptions` (weight decay, warm-up and schedule of the learning
             rate, CPU bfloat16 autocast); the default changes nothing.
         resume: such a state (loaded in every process): continue after its epoch. Batches,
             augmentations (seeded per ``(seed, epoch, row)``) and torch's global RNG during the
@@ -184,8 +184,9 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
 
 @dataclass
 class FinetuneOptions:
-    """What a timm user expects of fine-tuning beyond :class:`TrainConfig`; every default
-    leaves a run exactly as before.
+    """What a timm user expects of fine-tuning beyond
+    [`TrainConfig`][spmlkit.engine.config.TrainConfig]; every default leaves a run exactly as
+    before.
 
     - ``weight_decay``: decoupled (AdamW-style) decay, ``w <- w * (1 - lr_group * weight_decay)``
       after every optimiser step, on weights only (tensors of 2+ dimensions: convolutions and
@@ -235,7 +236,7 @@ class FinetuneOptions:
         return 0.5 * (1.0 + math.cos(math.pi * min(step - warm, rest) / rest))
 
 
-#: the learning-rate schedules after the warm-up (:class:`FinetuneOptions`)
+#: the learning-rate schedules after the warm-up (`FinetuneOptions`)
 LR_SCHEDULES = ("constant", "cosine")
 
 
@@ -257,7 +258,7 @@ def set_lr(opt, base: Sequence[float], factor: float) -> None:
 
 
 class WeightDecay(StepHook):
-    """Decoupled weight decay after each optimiser step (:class:`FinetuneOptions`)."""
+    """Decoupled weight decay after each optimiser step (`FinetuneOptions`)."""
 
     def __init__(self, model: nn.Module, opt, weight_decay: float):
         self.opt, self.weight_decay = opt, float(weight_decay)
@@ -280,7 +281,7 @@ def predict_items(model: nn.Module, items: Sequence, config: TrainConfig, *,
     defaults to the eval transform at the model's size, mean and std. ``out``: a writable
     N x ... numpy array (a memory map of a file) the outputs are written into batch by batch
     and which is returned (one process only;
-    :class:`~spmlkit.engine.image_batches.ItemPredictor`)."""
+    `ItemPredictor`)."""
     ctx = dist_utils.current_context(config.device)
     _, eval_t, shape = _transforms(model, config, None, transform, train=False)
     model = model.to(ctx.device)
@@ -303,11 +304,11 @@ def fit_linear_init(model: nn.Module, train_items: Sequence, observed, loss: SPM
     """Cole et al.'s ``linear_init``: a linear phase on cached features, then fine-tuning from
     that head, with the same loss object (ROLE's label estimator continues).
 
-    Phase 1 is :func:`fit_linear` on ``train_features`` / ``val_features`` (the frozen
+    Phase 1 is `fit_linear` on ``train_features`` / ``val_features`` (the frozen
     backbone's pooled features of the eval-transformed images, e.g. from the feature store;
     computed here with ``model.backbone`` when not given) with ``linear_config`` (default
     ``config`` with Cole's 25 linear epochs). Its best head is copied into ``model.head`` and
-    phase 2 is :func:`fit_finetune` with ``config``. ``loss`` goes from one phase to the next
+    phase 2 is `fit_finetune` with ``config``. ``loss`` goes from one phase to the next
     as it is: a loss whose ``on_train_start`` keeps state that fits the same labels (ROLE's
     ``label_logits``, LL-Cp's flips, soft OPML's AP and corrections, em_apl's pseudo-labels)
     continues from the linear phase's best epoch. The optimiser starts afresh (Adam moments are
@@ -318,12 +319,12 @@ def fit_linear_init(model: nn.Module, train_items: Sequence, observed, loss: SPM
     Checkpoint and resume: ``checkpoint(state_fn)`` after every epoch of either phase (process
     0 only); ``state_fn()`` returns ``{"format", "phase": "linear" | "finetune", "state": the
     phase's train-loop state}`` and, in the fine-tuning phase, ``"linear_result"`` (the linear
-    phase's :class:`FitResult` as a dict). ``resume=`` such a state continues in its phase (a
+    phase's `FitResult` as a dict). ``resume=`` such a state continues in its phase (a
     fine-tuning phase neither computes features nor runs the linear phase again), with the
     uninterrupted run's result.
 
     Returns:
-        ``(model, result)``: the fine-tuning phase's :class:`FitResult`, with the linear
+        ``(model, result)``: the fine-tuning phase's `FitResult`, with the linear
         phase's in ``result.linear``.
     """
     head = getattr(model, "head", None)
@@ -412,9 +413,9 @@ def _backbone_features(backbone: nn.Module, items, width: int, config: TrainConf
                        image_reader, what: str):
     """The backbone's pooled features of ``items`` for the linear phase, written batch by batch
     into a memory map of a nameless temporary file in the feature cache's folder
-    (:func:`spmlkit.features.default_cache_dir`: on disk, where /tmp may be memory; the file is
+    (`spmlkit.features.default_cache_dir`: on disk, where /tmp may be memory; the file is
     gone when the map is let go), so the N x D float32 features of a large image set are read
-    by the linear engine chunk by chunk (:mod:`spmlkit.data.rows`) and never held in memory.
+    by the linear engine chunk by chunk (`spmlkit.data.rows`) and never held in memory.
     Under ``torchrun`` (every process needs every row) they are gathered in memory instead."""
     if dist_utils.current_context(config.device).world_size > 1:
         return predict_items(backbone, items, config, transform=eval_t,

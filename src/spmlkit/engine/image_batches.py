@@ -117,7 +117,7 @@ class GlobalBatchSampler(torch.utils.data.Sampler):
 
 
 def default_image_reader() -> Callable:
-    """:func:`spmlkit.data.image_files.open_image`: an RGB PIL image, ``FileNotFoundError`` /
+    """`spmlkit.data.image_files.open_image`: an RGB PIL image, ``FileNotFoundError`` /
     ``ValueError`` naming a missing or corrupt file."""
     from ..data.image_files import open_image
 
@@ -210,7 +210,7 @@ class ItemPredictor:
     ``config.num_workers`` workers started for each pass); the shares are all-gathered, so
     every process gets the full ``N x ...`` output. AMP on CUDA as in training; outputs are
     float32, written batch by batch into one N x ... tensor (no list of batches joined at the
-    end: the output exists once), or into ``out`` (:meth:`__call__`).
+    end: the output exists once), or into ``out`` (`__call__`).
     """
 
     def __init__(self, items: Sequence, transform: Callable, config: TrainConfig,
@@ -278,7 +278,7 @@ def _image_geometry(model: nn.Module, config: TrainConfig) -> tuple[int, tuple, 
 
 
 def _transforms(model, config, train_transform, eval_transform, train: bool = True):
-    """The (train, eval) transforms, defaults from :mod:`spmlkit.data.transforms` at the
+    """The (train, eval) transforms, defaults from `spmlkit.data.transforms` at the
     backbone's size, mean and std; and the input shape. ``train=False``: eval only."""
     size, mean, std = _image_geometry(model, config)
     if (train and train_transform is None) or eval_transform is None:

@@ -2,10 +2,10 @@
 
 One epoch = a permutation of the train rows drawn from one ``torch.Generator`` seeded with
 ``config.seed`` (one draw per epoch, in order), cut into batches that index pre-loaded tensors
-(no per-row ``DataLoader``). Adam (:class:`LeanAdam`), no weight decay, no schedule.
+(no per-row ``DataLoader``). Adam (`LeanAdam`), no weight decay, no schedule.
 
-Stored features (a memory map or :class:`~spmlkit.data.rows.Rows`: a feature store, your own
-``.npy``) are not loaded: each chunk of :data:`~spmlkit.data.rows.CHUNK_ROWS` rows of the epoch's
+Stored features (a memory map or `Rows`: a feature store, your own
+``.npy``) are not loaded: each chunk of `CHUNK_ROWS` rows of the epoch's
 permutation is read at once (in file order, cast to float32) and cut into the same batches, so
 the batches and every result equal the in-memory path's, while memory holds one chunk.
 """
@@ -31,7 +31,7 @@ from .optim import make_optimizer
 
 def _as_tensor(x, where: str):
     """``x`` as a finite float32 N x D tensor (errors name ``where`` and the bad rows); stored
-    features (:func:`~spmlkit.data.rows.is_stored`) as :class:`~spmlkit.data.rows.Rows`, unread
+    features (`is_stored`) as `Rows`, unread
     (their source checked them for NaN / inf when it opened them)."""
     if is_stored(x):
         return as_rows(x)
@@ -46,7 +46,7 @@ def _as_tensor(x, where: str):
 
 def make_linear_head(in_features: int, num_classes: int, seed: int) -> nn.Linear:
     """``nn.Linear`` with PyTorch's default init, drawn from ``seed`` (global RNG untouched;
-    thread-safe: :func:`spmlkit.models.rng.global_rng`)."""
+    thread-safe: `spmlkit.models.rng.global_rng`)."""
     return seeded_linear(in_features, num_classes, seed)
 
 
@@ -62,7 +62,7 @@ def to_device(block: np.ndarray, device: torch.device) -> torch.Tensor:
 @torch.no_grad()
 def predict_logits(model: nn.Module, x, chunk: int | None = None) -> torch.Tensor:
     """Eval-mode logits of ``x`` (a tensor, or stored features read chunk by chunk) in chunks
-    of ``chunk`` rows (default :data:`~spmlkit.data.rows.CHUNK_ROWS`; the mode is restored
+    of ``chunk`` rows (default `CHUNK_ROWS`; the mode is restored
     afterwards)."""
     chunk = chunk or stored_rows.CHUNK_ROWS
     was = model.training
@@ -81,9 +81,9 @@ def predict_logits(model: nn.Module, x, chunk: int | None = None) -> torch.Tenso
 def epoch_batches(x, z, perm: torch.Tensor, bs: int, device: torch.device,
                   drop_last: bool = False):
     """``(x[idx], z[idx], idx)`` for consecutive batches ``idx`` of ``perm`` (on ``device``;
-    without the last, shorter one when ``drop_last``: :func:`batch_starts`). ``x`` a tensor on
+    without the last, shorter one when ``drop_last``: `batch_starts`). ``x`` a tensor on
     ``device``, or stored features: then a chunk of the permutation (a multiple of ``bs`` rows,
-    about :data:`~spmlkit.data.rows.CHUNK_ROWS`) is read at once and cut into the same
+    about `CHUNK_ROWS`) is read at once and cut into the same
     batches."""
     starts = batch_starts(len(perm), bs, drop_last)
     n = starts[-1] + bs if drop_last else len(perm)
@@ -108,8 +108,8 @@ def epoch_batches(x, z, perm: torch.Tensor, bs: int, device: torch.device,
 
 def val_map(scores: torch.Tensor, y, convention: str, metric: str = "map") -> float:
     """mAP of sigmoid(``scores``) against ``y`` (or another ``metric`` of
-    :data:`spmlkit.metrics.METRICS`; the thresholded ones at the global micro-F1 threshold of
-    these rows, :data:`spmlkit.metrics.THRESHOLD_POLICY`); NaN (no score for the epoch) when the
+    `spmlkit.metrics.METRICS`; the thresholded ones at the global micro-F1 threshold of
+    these rows, `spmlkit.metrics.THRESHOLD_POLICY`); NaN (no score for the epoch) when the
     scores are not all finite."""
     probs = torch.sigmoid(scores.float()).cpu().numpy()
     if not np.isfinite(probs).all():
@@ -159,13 +159,14 @@ def fit_linear(x_train, observed, loss: SPMLLoss, config: TrainConfig, *, x_val=
 
     Args:
         x_train: N x D features of the train split: in memory, or stored (a memory map or
-            :class:`~spmlkit.data.rows.Rows`: read chunk by chunk, never loaded whole).
+            `Rows`: read chunk by chunk, never loaded whole).
         observed: N x L observed labels (1 / 0 / -1).
-        loss: a loss from :func:`spmlkit.losses.create_loss`; its hooks are called here.
-        config: :class:`TrainConfig`.
+        loss: a loss from [`spmlkit.losses.create_loss`][spmlkit.losses.create_loss]; its hooks are
+            called here.
+        config: [`TrainConfig`][spmlkit.engine.config.TrainConfig].
         x_val, y_val: validation features and full 0/1 labels for selection (without them the
             last epoch is kept).
-        k: expected positives per example, handed to the loss through :class:`TrainInfo`.
+        k: expected positives per example, handed to the loss through `TrainInfo`.
         model: start from this head instead of a fresh ``nn.Linear``.
         on_epoch: called as ``on_epoch(record, model, loss)`` after each epoch (progress display,
             logging, diagnostics); ``model`` is in train mode and must not be modified. Fields
@@ -174,7 +175,7 @@ def fit_linear(x_train, observed, loss: SPMLLoss, config: TrainConfig, *, x_val=
             also when it raises); ``state_fn()`` returns the resumable state: model, loss state,
             optimiser moments and step counts, the batch-order generator's state, best epoch
             and weights, history, elapsed seconds; a dict of tensors, numbers, strings, lists
-            and dicts (``torch.save`` it; :func:`spmlkit.runs.load_torch` loads it). It is built
+            and dicts (``torch.save`` it; `spmlkit.runs.load_torch` loads it). It is built
             only when called: e.g. ``checkpoint=lambda state: run.save_torch("checkpoint.pt",
             state())``, or call it every N epochs / minutes only.
         resume: a state from ``state_fn``: continue after its epoch, with the same arguments

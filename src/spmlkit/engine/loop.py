@@ -1,13 +1,13 @@
 """The one training loop of every mode and method: stages, step hooks, evaluators, early
 stopping, checkpoint and resume.
 
-A run is a list of :class:`Stage` s. A stage has its number of epochs and a ``setup()`` that
-builds what the stage trains with (:class:`StageParts`): the optimiser, an optional ``step``
-(backward + optimiser step, e.g. with an AMP loss scaler), per-step :class:`StepHook` s (extra
+A run is a list of `Stage` s. A stage has its number of epochs and a ``setup()`` that
+builds what the stage trains with (`StageParts`): the optimiser, an optional ``step``
+(backward + optimiser step, e.g. with an AMP loss scaler), per-step `StepHook` s (extra
 loss terms, a scheduler or EMA step after the optimiser step, fields of the epoch record), and
 the extra state to checkpoint (a scheduler, an EMA, a queue). A stage may start from the best
 weights so far (LAC's stage 2 starts from stage 1's best). One stage is the linear and
-fine-tuning modes; LAC (:mod:`spmlkit.methods.lac`) is two.
+fine-tuning modes; LAC (`spmlkit.methods.lac`) is two.
 
 Every epoch::
 
@@ -29,7 +29,7 @@ Checkpoint and resume: ``checkpoint(state_fn)`` is called after every epoch (aft
 epoch); ``state_fn()`` builds the whole state (model, loss, optimiser, the stage's extra state,
 the run's extra state, best weights, history, elapsed time) as a dict of tensors, numbers,
 strings, lists and dicts only: it loads with ``torch.load(weights_only=True)``
-(:func:`spmlkit.runs.load_torch`). Nothing is built unless the caller calls ``state_fn``, so a
+(`spmlkit.runs.load_torch`). Nothing is built unless the caller calls ``state_fn``, so a
 caller can throttle its writes (every N epochs, every N minutes). ``train_loop(...,
 resume=state)`` continues from such a state and ends with the same weights, history and best
 epoch as the uninterrupted run (bit for bit on the same machine), provided everything that
@@ -63,7 +63,7 @@ _BATCH_PROGRESS: contextvars.ContextVar = contextvars.ContextVar("spmlkit_batch_
 
 @contextlib.contextmanager
 def batch_progress(report: Callable[[int, int], None] | None):
-    """Within the block, every training step of :func:`train_loop` calls ``report(rows,
+    """Within the block, every training step of `train_loop` calls ``report(rows,
     rows_per_epoch)`` (the rows of the global batch just trained, the epoch's rows): what
     ``spml train`` turns into a per-batch progress bar with an ETA for the image modes."""
     token = _BATCH_PROGRESS.set(report)
@@ -83,7 +83,7 @@ class FitResult:
     """What a training run returns (the model and loss hold the best epoch's state).
 
     ``best_epoch`` is 1-based over the whole run; ``metric`` the selection metric
-    (:data:`spmlkit.metrics.METRICS`, ``"map"`` by default) and ``val_score`` its value at the
+    (`spmlkit.metrics.METRICS`, ``"map"`` by default) and ``val_score`` its value at the
     best epoch; ``val_map`` is that value when the metric is mAP (NaN otherwise, and without
     validation); ``best_stage`` the name of its stage (None for an unnamed stage) and
     ``best_source`` the evaluator that scored it (``"model"``, LAC's ``"ema"``; None without
@@ -110,7 +110,7 @@ class FitResult:
 
     @classmethod
     def from_dict(cls, values: Mapping) -> "FitResult":
-        """The inverse of :meth:`to_dict`."""
+        """The inverse of `to_dict`."""
         values = dict(values)
         linear = values.pop("linear", None)
         known = {f.name for f in fields(cls)}
@@ -141,7 +141,7 @@ class StepHook:
     - ``after_step(batch)``: after the optimiser step (a scheduler step, an EMA update);
     - ``epoch_record()``: fields added to the epoch's record after ``train_loss``.
 
-    State that must survive a resume goes in :attr:`StageParts.state`, not in the hook.
+    State that must survive a resume goes in `StageParts.state`, not in the hook.
     """
 
     def on_epoch_start(self, epoch: int) -> None:
@@ -159,17 +159,17 @@ class StepHook:
 
 @dataclass
 class StageParts:
-    """What a stage trains with, built by :attr:`Stage.setup` when the stage starts.
+    """What a stage trains with, built by `Stage.setup` when the stage starts.
 
     Args:
         optimizer: ``zero_grad(set_to_none=True)``, ``step()``, ``state_dict()``,
             ``load_state_dict()``.
         step: ``step(value)``: backward and optimiser step (default ``zero_grad();
             value.backward(); optimizer.step()``), e.g. through an AMP loss scaler.
-        hooks: :class:`StepHook` s, called in order.
+        hooks: `StepHook` s, called in order.
         state: more resumable parts of the stage, ``name -> object`` with ``state_dict()`` and
             ``load_state_dict()`` (a scheduler, an EMA, a queue, a loss scaler).
-        batches, forward: this stage's own (default: the run's, see :func:`train_loop`).
+        batches, forward: this stage's own (default: the run's, see `train_loop`).
     """
 
     optimizer: Any
@@ -251,7 +251,7 @@ def _pick(scores: dict) -> str:
 
 
 class _Run:
-    """The loop's state and its steps (see :func:`train_loop`)."""
+    """The loop's state and its steps (see `train_loop`)."""
 
     def __init__(self, model, loss, stages, *, num_examples, batches, forward, evaluators,
                  weights, early_stop, train_logits, after_epoch, on_epoch, checkpoint,
@@ -468,13 +468,13 @@ def train_loop(model: nn.Module, loss: SPMLLoss, stages: Sequence[Stage], *, num
     Args:
         model: the module whose weights are selected (and handed to ``loss.penalty``).
         loss: the loss; its hooks are called here.
-        stages: the run's :class:`Stage` s, in order.
+        stages: the run's `Stage` s, in order.
         num_examples: train rows (an epoch's ``train_loss`` is a mean over them).
         batches: ``batches(epoch)`` yields ``(inputs, observed, index)`` for one epoch
             (a stage's ``StageParts.batches`` takes precedence).
         forward: ``forward(inputs, observed, index) -> (logits, observed, index[, extras])``;
             default ``(model(inputs), observed, index)``. ``extras`` reach the hooks
-            (:attr:`StepBatch.extras`).
+            (`StepBatch.extras`).
         evaluators: ``name -> callable`` returning the val score (``metric``) of the current
             weights. The epoch's ``val_map`` (``val_<metric>`` for another metric) is the best
             of them; with more than one the record also has ``val_map_<name>``
@@ -482,7 +482,7 @@ def train_loop(model: nn.Module, loss: SPMLLoss, stages: Sequence[Stage], *, num
             validation, the last epoch is kept and ``val_map`` is NaN.
         weights: ``weights(name)``: a copy of the model state dict that evaluator ``name``
             scored (default: the model's own), kept when that evaluator wins the best epoch.
-        early_stop: ``"none"``, ``"patience:N"`` or ``"drop:X"`` (:class:`TrainConfig`),
+        early_stop: ``"none"``, ``"patience:N"`` or ``"drop:X"`` (`TrainConfig`),
             applied within each stage against the stage's best (with evaluators only).
         train_logits: eval-mode logits of every train row in row order, called after each epoch
             when ``loss.needs_train_predictions``.
@@ -504,13 +504,13 @@ def train_loop(model: nn.Module, loss: SPMLLoss, stages: Sequence[Stage], *, num
             leaving the caller's RNG as it was; None: the global RNG is used as it is (the
             linear mode, which draws nothing from it).
         start: ``time.perf_counter()`` of the run's start (default: now).
-        metric: what the evaluators return, a name of :data:`spmlkit.metrics.METRICS`
+        metric: what the evaluators return, a name of `spmlkit.metrics.METRICS`
             (default ``"map"``); its direction decides "best" (``ranking_loss``, ``coverage``,
             ``one_error``, ``hamming_loss``: lower is better) for the best epoch, the evaluator
             that wins an epoch and early stopping (``drop:X``: X in the metric's own units).
 
     Returns:
-        the :class:`FitResult`; ``model`` and ``loss`` hold the best epoch's state.
+        the `FitResult`; ``model`` and ``loss`` hold the best epoch's state.
 
     The batches' observed labels must already be valid (1 / 0 / -1: the ``fit_*`` functions
     check the whole matrix once): the loss skips its per-call check inside the loop.

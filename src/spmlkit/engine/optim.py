@@ -1,5 +1,5 @@
-"""Adam without ``Optimizer.step``'s overhead (:class:`LeanAdam`) and the optimiser of the linear
-and fine-tuning modes (:func:`make_optimizer`)."""
+"""Adam without ``Optimizer.step``'s overhead (`LeanAdam`) and the optimiser of the linear
+and fine-tuning modes (`make_optimizer`)."""
 from __future__ import annotations
 
 import torch
@@ -15,7 +15,7 @@ class LeanAdam:
     without ``Optimizer.step``'s per-call bookkeeping, which costs about as much as the whole
     forward and backward pass of a small linear head (~0.15 ms a step here). Param groups are
     ``(params, lr)`` pairs; ``state_dict()`` / ``load_state_dict()`` checkpoint the moments and
-    step counts. Where this torch lacks the fused CPU kernel, use :func:`make_optimizer`'s
+    step counts. Where this torch lacks the fused CPU kernel, use `make_optimizer`'s
     fallback instead.
     """
 
@@ -47,7 +47,7 @@ class LeanAdam:
 
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned (copied into this optimiser's tensors, on
+        """Restore what `state_dict` returned (copied into this optimiser's tensors, on
         their devices).
 
         Raises:
@@ -94,12 +94,12 @@ class LeanAdam:
 
 def make_optimizer(model: nn.Module, loss: SPMLLoss, lr: float, head_lr_mult: float = 1.0):
     """Adam (no weight decay) over the model, plus the loss's own trainable state at
-    ``lr * loss.lr_multiplier``: :class:`LeanAdam` where torch has the fused kernel for these
+    ``lr * loss.lr_multiplier``: `LeanAdam` where torch has the fused kernel for these
     tensors, else ``torch.optim.Adam``. Both expose ``zero_grad()``, ``step()``,
     ``state_dict()`` and ``load_state_dict()``.
 
     With ``head_lr_mult != 1`` the model's ``head`` (an attribute, as in
-    :class:`spmlkit.models.heads.ImageClassifier`) trains at ``lr * head_lr_mult`` and the rest
+    `spmlkit.models.heads.ImageClassifier`) trains at ``lr * head_lr_mult`` and the rest
     of the model at ``lr``."""
     if head_lr_mult == 1.0:
         groups = [(list(model.parameters()), lr)]

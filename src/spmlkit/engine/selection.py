@@ -1,18 +1,18 @@
 """Which epoch is best, when to stop, what to record: the one model-selection record of a run.
 
-:class:`Selection` is what both training loops keep per run: :func:`spmlkit.engine.train_loop`
-(one run, any mode) and :func:`spmlkit.engine.vectorised.fit_linear_stacked` (one
-:class:`Selection` per stacked run). It holds the best epoch (its score, epoch, stage, evaluator
+`Selection` is what both training loops keep per run: `spmlkit.engine.train_loop`
+(one run, any mode) and `spmlkit.engine.vectorised.fit_linear_stacked` (one
+`Selection` per stacked run). It holds the best epoch (its score, epoch, stage, evaluator
 and a copy of its weights and loss state), the current stage's best (early stopping compares
 against it), the history of epoch records, whether the run stopped early, and where the run is
 in its stage; it writes and reads its part of a training state (the keys ``stage_epoch``,
 ``stage_done``, ``stopped_early``, ``best``, ``stage_best`` and ``history`` of
-:data:`spmlkit.engine.loop.STATE_FORMAT`).
+`spmlkit.engine.loop.STATE_FORMAT`).
 
-A module of its own rather than :mod:`spmlkit.engine.config` (which holds a run's
+A module of its own rather than `spmlkit.engine.config` (which holds a run's
 hyperparameters and parses ``early_stop``, stateless): this is per-run state with weights and a
 checkpoint format, used by both loops, and the early-stopping rule (``patience:N``,
-``drop:X``) is applied here and nowhere else (:meth:`Selection.should_stop`).
+``drop:X``) is applied here and nowhere else (`Selection.should_stop`).
 """
 from __future__ import annotations
 
@@ -93,8 +93,8 @@ class Selection:
 
     Args:
         early_stop: ``"none"``, ``"patience:N"`` or ``"drop:X"``
-            (:func:`spmlkit.engine.config.parse_early_stop`).
-        metric: the selection metric, a name of :data:`spmlkit.metrics.METRICS`.
+            (`spmlkit.engine.config.parse_early_stop`).
+        metric: the selection metric, a name of `spmlkit.metrics.METRICS`.
         validated: whether epochs are scored on a validation set.
     """
 
@@ -170,14 +170,14 @@ class Selection:
         """``(model state, loss state)`` of the best epoch.
 
         Raises:
-            ValueError: no epoch got a finite score (:func:`no_finite_val_map`).
+            ValueError: no epoch got a finite score (`no_finite_val_map`).
         """
         if self.best["model"] is None:
             raise no_finite_val_map(self.history)
         return self.best["model"], self.best["loss"]
 
     def result_fields(self) -> dict:
-        """The :class:`spmlkit.engine.FitResult` fields of the selection (all but
+        """The `spmlkit.engine.FitResult` fields of the selection (all but
         ``seconds`` and ``linear``)."""
         value = self.sign * float(self.best["score"]) if self.validated else float("nan")
         return {"best_epoch": int(self.best["epoch"]),
@@ -190,7 +190,7 @@ class Selection:
     def state_dict(self, **more) -> dict:
         """A training state: ``more`` (the loop's own entries) and the selection's
         (``stage_epoch``, ``stage_done``, ``stopped_early``, ``best``, ``stage_best``,
-        ``history``), copied by :func:`snapshot`; the best weights are shared, not cloned (the
+        ``history``), copied by `snapshot`; the best weights are shared, not cloned (the
         loops never change them in place)."""
         best = {k: v for k, v in self.best.items() if k not in ("model", "loss")}
         state = snapshot({**more, "stage_epoch": self.stage_epoch, "stage_done": self.stage_done,
@@ -200,7 +200,7 @@ class Selection:
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Take the selection's entries of a training state (:meth:`state_dict`)."""
+        """Take the selection's entries of a training state (`state_dict`)."""
         self.stage_epoch = int(state["stage_epoch"])
         self.stage_done = bool(state["stage_done"])
         self.stopped_early = bool(state["stopped_early"])

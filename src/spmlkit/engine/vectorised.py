@@ -1,21 +1,21 @@
 """R linear runs at once: the linear mode's grid points trained as one stacked model.
 
 The linear protocol trains many tiny models (yeast: ~0.4 s a run, nearly all of it per-step
-overhead: Python, autograd and kernel launches for a 103 x 14 head). :func:`fit_linear_stacked`
+overhead: Python, autograd and kernel launches for a 103 x 14 head). `fit_linear_stacked`
 trains R runs that share the data, the loss (its hyperparameters) and the batch size, with
 their own seeds (initialisation, batch order) and learning rates, as one model:
 
 - weights stacked to R x L x D and R x L; a step's logits are one batched matrix product of the
   R runs' own batches (R x B x D) -> R x B x L;
-- each run's batch order is drawn exactly as :func:`spmlkit.engine.fit_linear` draws it: a
+- each run's batch order is drawn exactly as `spmlkit.engine.fit_linear` draws it: a
   ``torch.Generator`` seeded with the run's seed, one ``randperm`` per epoch; the rows of the
-  coming steps (up to :data:`GATHER_BYTES` of features, a whole epoch on yeast) are gathered at
+  coming steps (up to `GATHER_BYTES` of features, a whole epoch on yeast) are gathered at
   once, step-major, so a step's batch is a contiguous slice (the linear mode's step time is
   per-operation overhead: two gathers a step were ~10% of it);
 - the loss's ``entries`` on R x B x L (``SPMLLoss.stackable``; its parameters and buffers
   stacked to R x ...), each run's value its own ``"mean"`` (over its B * L) plus its penalty;
   the step minimises the sum over runs, whose gradient for a run's weights is that run's own;
-- a closed-form loss (:func:`closed_form`: the BCE family, AN, AN-LS, WAN, EPR, BCE, ...)
+- a closed-form loss (`closed_form`: the BCE family, AN, AN-LS, WAN, EPR, BCE, ...)
   skips autograd: the logits' gradient is ``weight * (sigmoid(s) - target)`` (plus EPR's count
   term), with each row's targets and weights (``SPMLLoss.bce_form``) gathered with its
   features; runs of such losses stack even when their losses, hyperparameters, observed labels
@@ -26,7 +26,7 @@ their own seeds (initialisation, batch order) and learning rates, as one model:
 - per run after every epoch: the loss's hooks (on the run's own loss module, whose state is
   copied out of and back into the stack), val mAP (or the run's selection metric), the best
   epoch, early stopping, the ``on_epoch`` and ``checkpoint`` callbacks (the state in the
-  single-run format, so :func:`spmlkit.methods.resume_run` resumes such a run alone). A run
+  single-run format, so `spmlkit.methods.resume_run` resumes such a run alone). A run
   that stopped early or diverged is left out of the records (its slice still computes, unread,
   until the others end).
 
@@ -34,9 +34,9 @@ The results equal single runs up to floating-point summation order (batched vs s
 products): weights within ~1e-6, the same best epochs (``tests/test_vectorised.py`` checks every
 stackable loss of the registry).
 
-When to stack (:func:`stack_limit`): the runs' stacked tensors must fit a memory budget, and on
+When to stack (`stack_limit`): the runs' stacked tensors must fit a memory budget, and on
 a CPU, where the per-step work of one run is large enough for the matrix products to dominate,
-at most :data:`CPU_LARGE_STACK` runs (larger stacks leave the caches and lose: measured in
+at most `CPU_LARGE_STACK` runs (larger stacks leave the caches and lose: measured in
 ``benchmarks/bench_vectorised.py``).
 """
 from __future__ import annotations
@@ -79,12 +79,12 @@ STACK_MEMORY_BYTES = 2 * 1024 ** 3
 #: on a CPU, one run's multiply-adds per step (batch x features x classes) up to which any number
 #: of runs is stacked: below it the per-step overhead (~60-90 us) dominates a step (yeast,
 #: 8 x 103 x 14 = 11.5k: the whole benchmark ~6.6x faster at R = 12). Above it the matrix
-#: products dominate and the stack is capped at :data:`CPU_LARGE_STACK` runs: the engine alone
+#: products dominate and the stack is capped at `CPU_LARGE_STACK` runs: the engine alone
 #: on a COCO-shaped store (8 x 2048 x 80 = 1.3M) was 1.45x / 1.74x faster at R = 12
 #: (benchmarks/bench_vectorised.py --coco-forced), while the issue's prototype lost at R = 96
 #: (the stacked weights, gradients and moments, R x D x L x 16 bytes, leave the caches)
 CPU_STACK_WORK = 200_000
-#: the most runs stacked on a CPU above :data:`CPU_STACK_WORK`
+#: the most runs stacked on a CPU above `CPU_STACK_WORK`
 CPU_LARGE_STACK = 12
 #: the most runs stacked in one group
 MAX_STACK = 96
@@ -94,9 +94,9 @@ SHARE_ROWS = 8
 #: bytes of features gathered at once for the coming steps of every run
 GATHER_BYTES = 32 * 1024 ** 2
 #: stored val rows: every run's val logits (R x N x L float32) from one read of the rows up to
-#: this size, else one run's at a time (:func:`_stored_val_logits`)
+#: this size, else one run's at a time (`_stored_val_logits`)
 STORED_VAL_BYTES = 64 * 1024 ** 2
-#: rows of the closed-form BCE tables built at once (:func:`_closed_form_tables`)
+#: rows of the closed-form BCE tables built at once (`_closed_form_tables`)
 TABLE_ROWS = 65536
 
 
@@ -114,7 +114,7 @@ def _fused_adam_available(device: torch.device) -> bool:
 
 def closed_form(loss: SPMLLoss) -> bool:
     """Whether the engine takes ``loss``'s gradient in closed form: a
-    :attr:`spmlkit.losses.SPMLLoss.closed_form` loss with exact logs (``eps`` 0), no state and no
+    `spmlkit.losses.SPMLLoss.closed_form` loss with exact logs (``eps`` 0), no state and no
     penalty on the head. Runs of such losses stack even when their losses, hyperparameters and
     observed labels differ (AN, WAN, EPR, BCE on full labels, ... in one stack)."""
     return bool(getattr(loss, "closed_form", False)) and loss.eps == 0 \
@@ -143,9 +143,9 @@ def stack_limit(n_train: int, n_val: int, features: int, classes: int, batch_siz
     (4 x (D + 1) x L), a batch (B x D) and its logits, the val logits and their sorted copies
     for mAP (~5 x N_val x L, float64 for the mAP), the train logits when the loss needs them
     (N x L), and the loss's own state (its parameters count four times: value, gradient, Adam's
-    two moments). The budget is :data:`STACK_MEMORY_BYTES` on a CPU, half the free device
+    two moments). The budget is `STACK_MEMORY_BYTES` on a CPU, half the free device
     memory on CUDA. On a CPU, when one run's multiply-adds per step (B x D x L) exceed
-    :data:`CPU_STACK_WORK` (compute-bound), at most :data:`CPU_LARGE_STACK` runs; on a GPU the
+    `CPU_STACK_WORK` (compute-bound), at most `CPU_LARGE_STACK` runs; on a GPU the
     memory alone decides.
     """
     dev = torch.device(device)
@@ -211,7 +211,7 @@ class StackedLinear(nn.Module):
     def head_grads(self, g: torch.Tensor, x: torch.Tensor, grad_w: torch.Tensor,
                    grad_b: torch.Tensor) -> None:
         """The gradients of the weights and biases (into ``grad_w``, ``grad_b``) from the
-        logits' ``g`` (R x B x L) and the rows ``x`` (S x B x D) of :meth:`forward`."""
+        logits' ``g`` (R x B x L) and the rows ``x`` (S x B x D) of `forward`."""
         torch.sum(g, dim=1, out=grad_b)
         runs, batch, classes = g.shape
         groups = runs // self.shared
@@ -224,7 +224,7 @@ class StackedLinear(nn.Module):
     def predict(self, x: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
         """Every run's logits of the shared rows ``x`` (N x D, a tensor or stored features read
         chunk by chunk) -> R x N x L, in row chunks (one matrix product of a chunk with every
-        run's weights; ``chunk`` defaults to :data:`~spmlkit.data.rows.CHUNK_ROWS`)."""
+        run's weights; ``chunk`` defaults to `CHUNK_ROWS`)."""
         chunk = chunk or stored_rows.CHUNK_ROWS
         runs, classes, features = self.weight.shape
         w = self.weight.view(runs * classes, features)
@@ -244,9 +244,9 @@ class StackedLinear(nn.Module):
 
 def stacked_val_map(scores: torch.Tensor, y, convention: str) -> list[float]:
     """Val mAP (x100) of each of R score matrices (R x N x L logits) against the same full
-    labels ``y`` (N x L, 0/1): :func:`spmlkit.engine.val_map` of each (sigmoid in float32, then
-    the AP core :func:`spmlkit.metrics.ranked_ap`), for all runs and classes at once; equal
-    to it bit for bit. On a CPU the scores are sorted by :func:`spmlkit.metrics.per_class_ap`
+    labels ``y`` (N x L, 0/1): `spmlkit.engine.val_map` of each (sigmoid in float32, then
+    the AP core `spmlkit.metrics.ranked_ap`), for all runs and classes at once; equal
+    to it bit for bit. On a CPU the scores are sorted by `spmlkit.metrics.per_class_ap`
     (numpy); on a device there, in blocks of runs, and only the sorted labels and tie ends
     come back. A run with a non-finite score gets NaN (no score for the epoch), as ``val_map``.
     """
@@ -270,8 +270,8 @@ def stacked_val_map(scores: torch.Tensor, y, convention: str) -> list[float]:
 
 def _device_ap(probs: torch.Tensor, y: torch.Tensor) -> np.ndarray:
     """Per-class AP x100 (R x L) of ``probs`` (R x N x L) against ``y`` (N x L): sorted on
-    their device in blocks of runs (:data:`spmlkit.metrics.BLOCK_ENTRIES` entries), each
-    block's sorted labels and tie ends scored by :func:`spmlkit.metrics.ranked_ap`."""
+    their device in blocks of runs (`spmlkit.metrics.BLOCK_ENTRIES` entries), each
+    block's sorted labels and tie ends scored by `spmlkit.metrics.ranked_ap`."""
     runs, n, classes = probs.shape
     hits_all = (y > 0).T.unsqueeze(0)  # 1 x L x N
     per = 1 if classes == 1 else max(1, BLOCK_ENTRIES // max(n * classes, 1))
@@ -338,7 +338,7 @@ class _StackedAdam:
                                amsgrad=False, maximize=False)
 
     def run_state(self, r: int, groups_of_run) -> dict:
-        """Run ``r``'s optimiser state in :class:`spmlkit.engine.LeanAdam`'s format:
+        """Run ``r``'s optimiser state in `spmlkit.engine.LeanAdam`'s format:
         ``groups_of_run``: its ``[(stacked params, lr)]`` in LeanAdam's group order."""
         groups = []
         for params, lr in groups_of_run:
@@ -354,7 +354,7 @@ class _StackedAdam:
 def gather(t, index: torch.Tensor) -> torch.Tensor:
     """``t[index]`` (rows of ``t`` for an index of any shape), contiguous, through one
     ``index_select`` of whole rows (faster than advanced indexing with a 2-d index); from
-    stored features (:class:`~spmlkit.data.rows.Rows`), one read of those rows in file order."""
+    stored features (`Rows`), one read of those rows in file order."""
     if is_stored(t):
         block = as_rows(t).take(index.reshape(-1).cpu().numpy())
         return to_device(block, index.device).view(*index.shape, t.shape[1])
@@ -364,7 +364,7 @@ def gather(t, index: torch.Tensor) -> torch.Tensor:
 def _stored_val_logits(model: StackedLinear, views, xv) -> Callable[[int], torch.Tensor]:
     """Run ``r``'s val logits of stored val rows ``xv``, as a function of ``r``: every run's
     from one read of the rows (one product per chunk) when R x N x L float32 take at most
-    :data:`STORED_VAL_BYTES`, else each run's from its own read (one run's N x L at a time)."""
+    `STORED_VAL_BYTES`, else each run's from its own read (one run's N x L at a time)."""
     runs, classes, _ = model.weight.shape
     if runs * len(xv) * classes * 4 <= STORED_VAL_BYTES:
         logits = model.predict(xv)
@@ -395,7 +395,7 @@ def _closed_form_tables(losses, observed, dtype):
 
     A table of 0 / 1 only (AN's targets, weights of 1) is held as uint8 and cast back per
     gathered chunk (exact): a quarter of the memory of N x L float32 per table. The tables are
-    built over blocks of :data:`TABLE_ROWS` rows (``bce_form`` is entry-wise), so no N x L
+    built over blocks of `TABLE_ROWS` rows (``bce_form`` is entry-wise), so no N x L
     float32 (or bool) temporary of a large train split is made."""
     n = observed[0].shape[0]
     index: dict = {}
@@ -439,7 +439,7 @@ def _closed_form_tables(losses, observed, dtype):
 
 def _closed_form_step(logits, target, weight, count, reduction):
     """Each run's loss and the gradient of their sum for the logits (R x B x L) of a
-    closed-form BCE loss (:attr:`spmlkit.losses.SPMLLoss.closed_form`): the values of its
+    closed-form BCE loss (`spmlkit.losses.SPMLLoss.closed_form`): the values of its
     ``entries`` reduced as the autograd step reduces them, and ``weight * (sigmoid(s) - target)
     / (B L)`` plus the count term's ``2 lam (m - k) / (L^2 B) * p (1 - p)`` (``m``: the run's
     mean predicted count), what autograd computes."""
@@ -489,7 +489,7 @@ def _autograd_step(model, stacked, xb, zb, idx, loss_params, seed):
 
 
 def _check_stack(observed, losses, configs, k) -> tuple[list, list]:
-    """The stack's inputs checked (:func:`fit_linear_stacked`'s ValueErrors): one observed
+    """The stack's inputs checked (`fit_linear_stacked`'s ValueErrors): one observed
     matrix and k per run (``observed`` / ``k`` given once: for every run)."""
     runs = len(configs)
     if runs == 0 or len(losses) != runs:
@@ -543,7 +543,7 @@ def _val_scores(model: StackedLinear, views, xv, yv, live: list, config: TrainCo
     conv, metric = config.map_convention, config.metric
     if is_stored(xv):
         # stored val rows: the runs' val logits from one read, or one run's at a time
-        # (:func:`_stored_val_logits`); each run scored alone (no R x N x L float64)
+        # (`_stored_val_logits`); each run scored alone (no R x N x L float64)
         logits_of = _stored_val_logits(model, views, xv)
         return {r: val_map(logits_of(r), yv, conv, metric) for r in live}
     logits_v = model.predict(xv)[live]
@@ -559,17 +559,18 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
                        k: float | None = None,
                        on_epoch: Sequence[Callable | None] | None = None,
                        checkpoint: Sequence[Callable | None] | None = None) -> list:
-    """Train R linear heads at once; each run ends as :func:`spmlkit.engine.fit_linear` would
+    """Train R linear heads at once; each run ends as `spmlkit.engine.fit_linear` would
     end it alone (up to floating-point summation order).
 
     Args:
-        x_train, x_val, y_val: as :func:`spmlkit.engine.fit_linear`, shared.
-        observed, k: as :func:`spmlkit.engine.fit_linear`, shared, or a list with one per run
+        x_train, x_val, y_val: as `spmlkit.engine.fit_linear`, shared.
+        observed, k: as `spmlkit.engine.fit_linear`, shared, or a list with one per run
             (closed-form losses only).
-        losses: one fresh loss module per run, stackable (:func:`can_stack`): all of one class
-            and hyperparameters, or all closed-form (:func:`closed_form`: then of any classes
+        losses: one fresh loss module per run, stackable (`can_stack`): all of one class
+            and hyperparameters, or all closed-form (`closed_form`: then of any classes
             and hyperparameters, with observed labels and ``k`` of their own).
-        configs: one :class:`TrainConfig` per run; they may differ in ``seed`` and ``lr`` only.
+        configs: one [`TrainConfig`][spmlkit.engine.config.TrainConfig] per run; they may differ in
+            ``seed`` and ``lr`` only.
         on_epoch, checkpoint: per run (None entries allowed), called as ``fit_linear`` calls
             them; a run's checkpoint state is the single-run format (``fit_linear(...,
             resume=state)`` continues it alone).

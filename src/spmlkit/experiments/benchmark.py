@@ -6,7 +6,7 @@ high-rank regulariser to AN. Two reference rows are added by default, as in Cole
 Table 1: ``bce`` (``bce@full``, all labels) and ``iun`` (``bce@1p_alln``, one positive and every
 negative).
 
-:func:`run_benchmark` is a front of the study runner (:mod:`spmlkit.experiments.study`): it
+`run_benchmark` is a front of the study runner (`spmlkit.experiments.study`): it
 turns its arguments into a study spec (one dataset, the methods, ``range(seeds)``, the grid,
 linear mode) and runs it in ``DIR``, which is then a study folder: ``study.yaml``,
 ``results.sqlite`` (one row per grid point, written as each finishes), ``runs/<run_id>/`` and
@@ -56,8 +56,9 @@ def benchmark_study(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("
                     early_stop: str = "none", hparams: dict | None = None,
                     dataset_options: dict | None = None, metric: str = "map",
                     regime: str | None = None, drop_last: bool = False) -> dict:
-    """The study spec (a dict for :func:`spmlkit.experiments.study.load_study`) of a benchmark:
-    the arguments mean what they mean in :func:`run_benchmark`.
+    """The study spec (a dict for
+    [`spmlkit.experiments.study.load_study`][spmlkit.experiments.study.load_study]) of a benchmark:
+    the arguments mean what they mean in `run_benchmark`.
 
     >>> spec = benchmark_study("yeast", "an,epr@1p_1n", seeds=2, epochs=5)
     >>> spec["methods"], spec["seeds"], spec["grid"]["batch_size"]
@@ -114,7 +115,7 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
 
     Args:
         dataset, dataset_options: the data (``spmlkit.data.load_splits``).
-        losses: method specs, a list or comma-separated (see :func:`parse_methods`).
+        losses: method specs, a list or comma-separated (see `parse_methods`).
         references: reference rows added unless listed already (``bce``, ``iun``); left out,
             with a note on stderr, when the data's training labels are observed ones
             (``dataset_options["train_labels"] == "observed"``): they need full labels.
@@ -125,28 +126,29 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
         out: the study folder; a re-launch with the same arguments resumes, one with other
             arguments runs what they need (the other runs' rows stay in the store, unused).
         jobs: worker processes (default: the CPU count).
-        epochs, early_stop: per run (:class:`spmlkit.engine.TrainConfig`).
-        grid: ``{"batch_size": [...], "lr": [...]}`` laid over :data:`DEFAULT_GRID`.
+        epochs, early_stop: per run ([`spmlkit.engine.TrainConfig`][spmlkit.engine.TrainConfig]).
+        grid: ``{"batch_size": [...], "lr": [...]}`` laid over `DEFAULT_GRID`.
         hparams: per-loss (or per method label) hyperparameter overrides,
             ``{"epr": {"lam": 2.0}}``.
         progress: the study's progress bar.
         metric: the val metric the best epoch and grid point are selected on
-            (:data:`spmlkit.metrics.METRICS`; lower is better for the losses); the table adds
+            (`spmlkit.metrics.METRICS`; lower is better for the losses); the table adds
             its test and val columns when it is not ``map``.
         drop_last: train without each epoch's last, shorter batch (``TrainConfig.drop_last``,
             Cole et al.'s loader); validation and test still score every row.
         argv: the command line recorded in ``launches.jsonl``.
         vectorise: train the grid points that differ only in seed and learning rate together
-            (:func:`spmlkit.experiments.study.run_study`); False: one run at a time.
+            ([`spmlkit.experiments.study.run_study`][spmlkit.experiments.study.run_study]); False:
+            one run at a time.
 
     Returns:
         ``{"results": [...], "table": str, "seconds": float, "study": dict,
         "failure_groups": [...], "missing": [...]}``: one result per method x seed (the
         selected grid point), the Markdown table, the wall time of this launch's runs, what
-        :func:`spmlkit.experiments.study.run_study` returned, the failed grid points grouped by
-        their error (:func:`spmlkit.experiments.study.failure_groups`; this launch's and
-        earlier ones') and the ``(method, seed)`` pairs with no finished grid point (absent
-        from the table).
+        [`spmlkit.experiments.study.run_study`][spmlkit.experiments.study.run_study] returned, the
+        failed grid points grouped by their error (`spmlkit.experiments.study.failure_groups`; this
+        launch's and earlier ones') and the ``(method, seed)`` pairs with no finished grid point
+        (absent from the table).
 
     Raises:
         ValueError: an invalid argument (the study spec's message), or another launch is
@@ -182,7 +184,7 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
 
 def _failure_groups(out: Path, spec) -> list[dict]:
     """The failed runs of the current spec (this launch's and earlier ones'), grouped by their
-    error (:func:`spmlkit.experiments.study.failure_groups`)."""
+    error (`spmlkit.experiments.study.failure_groups`)."""
     from .store import StudyStore
     from .study import RESULTS_FILE, expand, failure_groups
 
@@ -192,7 +194,7 @@ def _failure_groups(out: Path, spec) -> list[dict]:
 
 
 def _selected_records(out: Path) -> list[dict]:
-    """The study's selected run per method x seed (:func:`spmlkit.experiments.study.study_rows`)
+    """The study's selected run per method x seed (`spmlkit.experiments.study.study_rows`)
     as results.json records, in the spec's method order."""
     from .store import StudyStore
     from .study import RESULTS_FILE, expand, study_rows
@@ -240,8 +242,8 @@ def format_table(selected, methods, dataset, seeds, grid, epochs, seconds,
     selection ``metric`` also its test and val values (from the records' ``test_metrics`` /
     ``val_metrics``).
 
-    ``selected`` are :func:`run_benchmark`'s records (the study's selected run per method x
-    seed); ``methods`` have a ``label`` and a ``regime`` (:class:`Method` or the study's
+    ``selected`` are `run_benchmark`'s records (the study's selected run per method x
+    seed); ``methods`` have a ``label`` and a ``regime`` (`Method` or the study's
     ``MethodSpec``); ``seconds`` is the launch's wall time."""
     from ..metrics import METRICS
 

@@ -1,6 +1,6 @@
 """Run a study's tasks on a Dask distributed cluster (``pip install -e ".[dask]"`` in a clone).
 
-:class:`DaskExecutor` is the :class:`spmlkit.experiments.pool.Executor` of a Dask cluster: a
+`DaskExecutor` is the `spmlkit.experiments.pool.Executor` of a Dask cluster: a
 scheduler at an address (``dask scheduler`` on one machine, ``dask worker ADDRESS`` on the
 others), one named by a scheduler file (``dask scheduler --scheduler-file``, dask-jobqueue), or
 a ``LocalCluster`` it starts on this machine. This module is imported only when one is asked
@@ -11,7 +11,7 @@ How it runs the tasks:
 - each task is one ``client.submit(fn, task, pure=False)``; at most as many are in flight as the
   cluster has worker threads (re-counted as workers come and go), so a task waits on the
   driver, not in a worker's queue, and a worker holds only the task it runs;
-- every worker runs :func:`spmlkit.experiments.pool.init_worker` once (a worker plugin): its
+- every worker runs `spmlkit.experiments.pool.init_worker` once (a worker plugin): its
   torch threads, an empty split cache;
 - results come back as they finish (``distributed.as_completed``); the driver is the only one
   that writes anything of the study's own (``results.sqlite``), the workers return rows (and
@@ -26,7 +26,7 @@ its nanny starts a fresh worker process) and, after ``distributed.scheduler.allo
 deaths more, fails the task with ``KilledWorker``. Each ``KilledWorker`` counts as
 ``allowed_failures + 1`` deaths against the task's ``retries``: while the deaths are at most
 ``retries``, the task is submitted again (it then resumes its run from the checkpoint, see
-:func:`spmlkit.experiments.study.execute`); after that it is *lost* (``Lost(reason)``, a
+`spmlkit.experiments.study.execute`); after that it is *lost* (``Lost(reason)``, a
 ``failed`` row in a study). A ``LocalCluster`` started here has ``allowed-failures`` 0 (every
 death reaches the driver: exactly ``retries`` more tries, each logged) and
 ``worker-saturation`` 1.0. A scheduler started elsewhere keeps its own settings; its default
@@ -37,14 +37,14 @@ a retried task is not run alone: on a cluster the workers do not share one machi
 
 Connecting and losing the scheduler:
 
-- an address is checked before anything connects (:func:`check_address`: ``tcp://HOST:PORT``,
+- an address is checked before anything connects (`check_address`: ``tcp://HOST:PORT``,
   or another Dask protocol; a web address or a missing port is refused at once), and a
   scheduler file must hold one;
 - the scheduler must answer Dask's handshake and say that it is a scheduler within
   ``connect_timeout`` seconds (a port that accepts the connection and then says nothing, or a
   worker's address, is refused with the reason, not waited on for ever);
 - a scheduler lost while the tasks run (it was killed, its machine went away) ends the run with
-  :class:`SchedulerLost` at once: the results already yielded are the caller's (a study has
+  `SchedulerLost` at once: the results already yielded are the caller's (a study has
   stored them), the tasks in flight are lost with the scheduler, and a new launch against a
   new scheduler runs what is missing.
 """
@@ -192,7 +192,7 @@ def import_distributed():
 
 
 def _worker_plugin(threads: int | None):
-    """A ``distributed.WorkerPlugin`` that runs :func:`init_worker` on every worker, present and
+    """A ``distributed.WorkerPlugin`` that runs `init_worker` on every worker, present and
     future (``threads`` None: the worker machine's cores)."""
     distributed = import_distributed()
 
@@ -209,7 +209,7 @@ def _worker_plugin(threads: int | None):
 
 
 def local_cluster(n_workers: int, **options):
-    """A ``distributed.LocalCluster`` on this machine as :class:`DaskExecutor` starts it:
+    """A ``distributed.LocalCluster`` on this machine as `DaskExecutor` starts it:
     ``n_workers`` worker processes of one thread, no dashboard, ``allowed-failures`` 0 (every
     worker death reaches the driver, which counts the retries) and ``worker-saturation`` 1.0
     (a worker holds only the task it runs). ``options`` go to ``LocalCluster``."""
@@ -229,7 +229,7 @@ class DaskExecutor(Executor):
     Args:
         scheduler: the scheduler's address (``tcp://host:8786``); None with no
             ``scheduler_file`` and no ``client``: a ``LocalCluster`` on this machine
-            (:func:`local_cluster`), started by :meth:`run` and closed when it ends.
+            (`local_cluster`), started by `run` and closed when it ends.
         scheduler_file: the JSON file a scheduler wrote (``dask scheduler --scheduler-file``,
             dask-jobqueue's ``SLURMCluster(scheduler_options={"scheduler_file": ...})``).
         n_workers: the ``LocalCluster`` 's worker processes (one thread each; default: the CPU
@@ -239,11 +239,11 @@ class DaskExecutor(Executor):
         client: a ``distributed.Client`` made in Python (on a dask-jobqueue ``SLURMCluster``,
             say); it is used as it is and left open.
         connect_timeout: seconds the scheduler gets to answer (default
-            :data:`CONNECT_TIMEOUT`).
+            `CONNECT_TIMEOUT`).
 
     Raises:
         ValueError: both a scheduler and a scheduler file, worker counts on a cluster that
-            is not started here, or an address that is not one (:func:`check_address`).
+            is not started here, or an address that is not one (`check_address`).
         FileNotFoundError: the scheduler file does not exist.
         ModuleNotFoundError: dask distributed is not installed.
     """
@@ -354,12 +354,12 @@ class DaskExecutor(Executor):
         return self.scheduler or f"the scheduler of {self.scheduler_file}"
 
     def lost(self, why: str) -> SchedulerLost:
-        """The :class:`SchedulerLost` of this cluster, with ``why``."""
+        """The `SchedulerLost` of this cluster, with ``why``."""
         return SchedulerLost(f"lost the Dask scheduler {self.address()} ({why}); the runs "
                              f"in flight are lost with it, the finished ones are kept")
 
     def check_connected(self) -> None:
-        """Raise :class:`SchedulerLost` if the client lost its scheduler."""
+        """Raise `SchedulerLost` if the client lost its scheduler."""
         status = getattr(self.client, "status", "running")
         if status not in ("running", "newly-created"):
             raise self.lost("the connection to it closed")

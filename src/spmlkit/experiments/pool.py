@@ -1,12 +1,12 @@
 """The one parallel runner of the experiments: an executor seam, a local pool of worker processes
 that notices when one of them dies, and a per-worker cache of loaded splits.
 
-:func:`run_tasks` maps a top-level function over task dicts and yields each result as it
-completes (unordered). Where the tasks run is an :class:`Executor`:
+`run_tasks` maps a top-level function over task dicts and yields each result as it
+completes (unordered). Where the tasks run is an `Executor`:
 
-- :class:`InProcessExecutor` (``jobs=1``): in this process, one after the other;
-- :class:`LocalExecutor` (``jobs > 1``): ``jobs`` daemonic worker processes, each running one
-  task at a time, forked by ``multiprocessing``'s fork server (:func:`worker_context`: a
+- `InProcessExecutor` (``jobs=1``): in this process, one after the other;
+- `LocalExecutor` (``jobs > 1``): ``jobs`` daemonic worker processes, each running one
+  task at a time, forked by ``multiprocessing``'s fork server (`worker_context`: a
   single-threaded process that imported torch and spmlkit once, so a worker starts in
   milliseconds, not the ~1.5 s of an import; never a fork of a process that holds torch
   threads), or spawned where the platform has no fork server.
@@ -20,15 +20,15 @@ is *lost*: ``run_tasks`` yields ``on_lost(task, reason)`` in its place, or raise
 that names it. Stopping the iteration (an exception, ``KeyboardInterrupt``, closing the generator)
 terminates the workers, so an interrupted benchmark or study leaves no process behind.
 
-Adding an executor is one subclass of :class:`Executor`, handed to ``run_tasks(...,
-executor=...)``: its :meth:`Executor.run` yields ``(task, fn(task))`` as each task finishes, and
+Adding an executor is one subclass of `Executor`, handed to ``run_tasks(...,
+executor=...)``: its `Executor.run` yields ``(task, fn(task))`` as each task finishes, and
 ``(task, Lost(reason))`` for a task whose worker died on every one of its ``retries + 1`` tries;
 it raises the exception of a task that raised, and stops its work when the generator is closed.
 It knows nothing of what ``fn`` does (one run, or a group of runs trained together).
-:class:`spmlkit.experiments.dask_executor.DaskExecutor` runs the tasks on a Dask distributed
+`spmlkit.experiments.dask_executor.DaskExecutor` runs the tasks on a Dask distributed
 cluster (imported only when asked for: dask is an optional extra).
 
-A worker loads each dataset split once (:func:`cached_splits`), keyed by dataset, regime and
+A worker loads each dataset split once (`cached_splits`), keyed by dataset, regime and
 options, and reuses it for every grid point it runs; the cache keeps the few most recent ones.
 """
 from __future__ import annotations
@@ -84,7 +84,7 @@ PRELOAD = ("torch", "spmlkit.experiments.study", "spmlkit.methods", "spmlkit.los
 
 def worker_context():
     """The ``multiprocessing`` context of the local pool: a fork server where the platform has
-    one (Linux, macOS: a single-threaded process that imported :data:`PRELOAD` once and forks
+    one (Linux, macOS: a single-threaded process that imported `PRELOAD` once and forks
     each worker; no fork of a process that holds torch threads), else spawn."""
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
@@ -94,7 +94,7 @@ def worker_context():
 
 
 def start_worker_server() -> None:
-    """Start the fork server of :func:`worker_context` now, so that its imports run while the
+    """Start the fork server of `worker_context` now, so that its imports run while the
     caller does other work (``spml benchmark`` and ``spml study run`` call it first thing); a
     no-op where workers are spawned."""
     ctx = worker_context()
@@ -123,7 +123,7 @@ class Lost:
 
 
 class Executor:
-    """Where :func:`run_tasks` runs its tasks (see the module docstring for adding one)."""
+    """Where `run_tasks` runs its tasks (see the module docstring for adding one)."""
 
     def run(self, fn: Callable[[dict], object], tasks: list[dict],
             retries: int = 1) -> Iterator[tuple[dict, object]]:
@@ -235,7 +235,7 @@ class _Worker:
 
 
 class LocalExecutor(Executor):
-    """``jobs`` worker processes on this machine (:func:`worker_context`, daemonic,
+    """``jobs`` worker processes on this machine (`worker_context`, daemonic,
     ``init_worker``), one task in flight each; a dead worker is replaced and its task retried
     alone (module docstring)."""
 
@@ -375,13 +375,13 @@ def run_tasks(fn: Callable[[dict], dict], tasks: Iterable[dict], jobs: int = 1,
         fn: a module-level function (picklable by name), run in the workers.
         tasks: picklable task dicts, dispatched in order (put the longest first).
         jobs: worker processes; 1 runs the tasks here, one after the other.
-        threads: torch threads per worker (see :func:`init_worker`).
+        threads: torch threads per worker (see `init_worker`).
         retries: how many more times a task whose worker process died is run (alone) before
             it is lost.
         on_lost: ``on_lost(task, reason)`` gives what to yield for a lost task (``reason``
             says that its worker died, how, and how many times it was tried).
-        executor: where to run (default: :class:`InProcessExecutor` for ``jobs=1``, else
-            :class:`LocalExecutor`); ``jobs`` and ``threads`` are then its business.
+        executor: where to run (default: `InProcessExecutor` for ``jobs=1``, else
+            `LocalExecutor`); ``jobs`` and ``threads`` are then its business.
 
     Raises:
         RuntimeError: a task was lost and there is no ``on_lost``.

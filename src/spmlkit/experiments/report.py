@@ -1,13 +1,13 @@
 """One self-contained HTML page per study (``spml report STUDY``).
 
-:func:`write_report` reads a study folder through :func:`spmlkit.experiments.study.open_study`
-(``study.yaml``, ``results.sqlite`` restricted to the current spec's runs, ``launches.jsonl``),
-and the run folders' ``metrics.jsonl``, and writes ``<study>/report.html`` (``report-2.html``
-when that exists, unless ``force``): the
-study's title and description, the paper-style tables (one per metric: the study's own
-``metric`` when it is not mAP, test mAP and, when the runs have it, the train-label recovery mAP
+`write_report` reads a study folder through
+[`spmlkit.experiments.study.open_study`][spmlkit.experiments.study.open_study] (``study.yaml``,
+``results.sqlite`` restricted to the current spec's runs, ``launches.jsonl``), and the run folders'
+``metrics.jsonl``, and writes ``<study>/report.html`` (``report-2.html`` when that exists, unless
+``force``): the study's title and description, the paper-style tables (one per metric: the study's
+own ``metric`` when it is not mAP, test mAP and, when the runs have it, the train-label recovery mAP
 of Cole et al. Table 2; then, when the runs recorded them, the classic metrics of
-:data:`spmlkit.metrics.METRICS` as one table, a column each: LRAP, ranking loss, normalised
+`spmlkit.metrics.METRICS` as one table, a column each: LRAP, ranking loss, normalised
 coverage, Hamming loss, one-error, ..., as ``spml study table --metric a,b`` shows them), every
 run in a collapsible
 table, the training curves of the selected runs per dataset, a sweep figure per reported
@@ -24,7 +24,7 @@ headless-browser test reads it).
 
 Selection follows the study contract: per (method, dataset, regime, seed, variant) the grid point
 with the best val value of the spec's ``metric`` (mAP by default) among the current spec's runs
-(:attr:`StudyFolder.selected`), for every table; a table cell
+(`StudyFolder.selected`), for every table; a table cell
 is the mean ± standard deviation over seeds of the selected runs. Rows of an earlier spec's runs
 (the folder was re-run with a changed spec) are counted on the page, not shown.
 """
@@ -46,7 +46,7 @@ REPORT_FILE = "report.html"
 #: metrics that get a main table, in this order, when at least one selected run has a value
 TABLE_METRICS = (("test_map", "Test mAP"), ("train_recovery_map", "Train-label recovery mAP"))
 #: the classic example-based metrics of the tabular SPML papers (SMILE, CRISP), one column each
-#: of the "classic metrics" table, then the other metrics of :data:`spmlkit.metrics.METRICS`
+#: of the "classic metrics" table, then the other metrics of `spmlkit.metrics.METRICS`
 #: the runs recorded (all but mAP, which has its own table)
 CLASSIC_METRICS = ("lrap", "ranking_loss", "coverage_norm", "hamming_loss", "one_error")
 #: the per-run details table's columns
@@ -74,7 +74,7 @@ def _run_dir(study: StudyFolder, row) -> Path | None:
 
 
 def _epochs(run_dir: Path) -> list:
-    """A run's epoch records, read while it may still train (:func:`spmlkit.runs.read_metrics`
+    """A run's epoch records, read while it may still train (`spmlkit.runs.read_metrics`
     with ``growing``); a damaged file leaves the run out of the curves (``[]``)."""
     try:
         return read_metrics(run_dir, growing=True)
@@ -92,7 +92,7 @@ def _fmt_value(v) -> str:
 
 
 def _row_label(row, regimes_of: dict, shown: dict | None = None) -> str:
-    """Method name (as ``shown`` renames it: :meth:`StudySpec.row_labels`), ``@regime`` when
+    """Method name (as ``shown`` renames it: `StudySpec.row_labels`), ``@regime`` when
     the method appears with several regimes, and the variant."""
     label = str(row.get("method"))
     label = str((shown or {}).get(label, label))
@@ -170,8 +170,8 @@ def _recorded(selected, name: str) -> bool:
 
 
 def classic_columns(study: StudyFolder) -> list:
-    """The metrics of the report's classic-metrics table: :data:`CLASSIC_METRICS` and then the
-    rest of :data:`spmlkit.metrics.METRICS` but mAP (the study's own metric first when it is
+    """The metrics of the report's classic-metrics table: `CLASSIC_METRICS` and then the
+    rest of `spmlkit.metrics.METRICS` but mAP (the study's own metric first when it is
     one of them), those the selected runs recorded."""
     from ..metrics import METRICS
 
@@ -181,7 +181,7 @@ def classic_columns(study: StudyFolder) -> list:
 
 
 def _metric_table(study: StudyFolder, name: str, title: str) -> str:
-    """The html table of one metric of :data:`spmlkit.metrics.METRICS` (test values of the
+    """The html table of one metric of `spmlkit.metrics.METRICS` (test values of the
     selected runs, marked in the metric's direction)."""
     from ..metrics import METRICS
     from .tables import metric_column, study_table
@@ -287,9 +287,9 @@ def _natural_key(text: str) -> list:
 
 
 def build_figures(study: StudyFolder, folder) -> list:
-    """Draw the report's figures into ``folder`` with :mod:`spmlkit.experiments.figures`: the
+    """Draw the report's figures into ``folder`` with `spmlkit.experiments.figures`: the
     training curves of the selected runs per dataset (mean over seeds; more than
-    :data:`CURVES_IN_ONE_PANEL` curves as small multiples, one panel per method with its
+    `CURVES_IN_ONE_PANEL` curves as small multiples, one panel per method with its
     variants) and a sweep per vary axis (``data.subsample`` against the number of observed
     training labels on a log axis, as Cole et al. Fig. 1 draws it). Returns
     ``[(caption, path), ...]``."""
@@ -553,7 +553,8 @@ def write_report(study_dir, out=None, *, force: bool = False) -> Path:
 
     Args:
         study_dir: a study folder (``study.yaml``, ``results.sqlite``, ``launches.jsonl``,
-            ``runs/<run_id>/metrics.jsonl``), read by :func:`open_study`.
+            ``runs/<run_id>/metrics.jsonl``), read by
+            [`open_study`][spmlkit.experiments.study.folder.open_study].
         out: the HTML file to write (default ``<study_dir>/report.html``). When it exists,
             the next free name is written (``report-2.html``).
         force: replace ``out`` instead.

@@ -1,17 +1,18 @@
 """The results store of a study: one SQLite file, one row per run (grid point).
 
 ``StudyStore(path)`` opens (and creates) ``results.sqlite``: table ``runs`` with the columns of
-:data:`COLUMNS` (``run_id`` is the primary key). SQLite in WAL mode with a busy timeout; every
+`COLUMNS` (``run_id`` is the primary key). SQLite in WAL mode with a busy timeout; every
 write is one short transaction on its own connection, so several processes may write to the same
 file at once (the study runner writes from its parent process as results come back, but nothing
 relies on that). Only the standard library is used (``sqlite3``), so this module imports in
 milliseconds.
 
-Selection (:func:`select_best`, :meth:`StudyStore.selected`) follows the papers' protocol: per
+Selection (`select_best`, `StudyStore.selected`) follows the papers' protocol: per
 (method, dataset, regime, seed, variant) the finished run with the best val mAP; failed runs and
 NaN val mAPs are never chosen (SQLite stores NaN as NULL); the first run id wins a tie. The store
-knows no spec: a study folder is read through :func:`spmlkit.experiments.study.open_study`, which
-keeps the current spec's runs.
+knows no spec: a study folder is read through
+[`spmlkit.experiments.study.open_study`][spmlkit.experiments.study.open_study], which keeps the
+current spec's runs.
 
 >>> import tempfile, os
 >>> store = StudyStore(os.path.join(tempfile.mkdtemp(), "results.sqlite"))
@@ -121,12 +122,12 @@ class StudyStore:
 
     # ---- writing ------------------------------------------------------------------------------
     def put(self, row: dict) -> None:
-        """Insert or replace one run's row (one transaction). Keys outside :data:`COLUMNS`
+        """Insert or replace one run's row (one transaction). Keys outside `COLUMNS`
         raise ``ValueError``; missing ones are NULL; ``finished_at`` defaults to now (UTC)."""
         self.put_many([row])
 
     def put_many(self, rows: list[dict]) -> None:
-        """Insert or replace several runs' rows (as :meth:`put` each) in one transaction: one
+        """Insert or replace several runs' rows (as `put` each) in one transaction: one
         commit (a disk sync) for a group of runs that finished together."""
         rows = [self._values(row) for row in rows]
         if rows:
@@ -134,7 +135,7 @@ class StudyStore:
                         f"VALUES ({', '.join('?' * len(COLUMNS))})", rows, many=True)
 
     def _values(self, row: dict) -> list:
-        """A row's cells in :data:`COLUMNS` order, checked (see :meth:`put`)."""
+        """A row's cells in `COLUMNS` order, checked (see `put`)."""
         unknown = sorted(set(row) - set(COLUMNS))
         if unknown:
             raise ValueError(f"{self.path}: unknown column(s) {unknown} in a run row; the runs "
@@ -197,23 +198,23 @@ class StudyStore:
         return out
 
     def selected(self, run_ids=None) -> list[dict]:
-        """:func:`select_best` of the stored rows; ``run_ids`` (optional) restricts the
+        """`select_best` of the stored rows; ``run_ids`` (optional) restricts the
         candidates, e.g. to a spec's current runs (a study folder is read that way by
-        :func:`spmlkit.experiments.study.open_study`)."""
+        [`spmlkit.experiments.study.open_study`][spmlkit.experiments.study.open_study])."""
         keep = None if run_ids is None else set(run_ids)
         return select_best(r for r in self.rows(status="done")
                            if keep is None or r["run_id"] in keep)
 
     # ---- export -------------------------------------------------------------------------------
     def export(self, path, fmt: str = "csv", selected: bool = False) -> Path:
-        """Write the stored rows (every row, or :meth:`selected`) to ``path`` atomically,
+        """Write the stored rows (every row, or `selected`) to ``path`` atomically,
         replacing the file.
 
         This is the store alone: it knows no spec, so after a study folder was re-run with a
         changed spec it holds the earlier spec's rows too. ``spml study export`` writes through
-        :meth:`spmlkit.experiments.study.StudyFolder.export` instead (the current spec's rows,
-        never over an existing file). ``fmt``: see :func:`format_rows`. The paper-style table is
-        :func:`spmlkit.experiments.tables.study_table`.
+        `spmlkit.experiments.study.StudyFolder.export` instead (the current spec's rows,
+        never over an existing file). ``fmt``: see `format_rows`. The paper-style table is
+        `spmlkit.experiments.tables.study_table`.
         """
         from ..runs import write_text
 
@@ -223,7 +224,7 @@ class StudyStore:
 
 
 def selection_value(row: dict, metric: str = "map"):
-    """What :func:`select_best` compares for ``metric``: the ``val_map`` column for ``"map"``,
+    """What `select_best` compares for ``metric``: the ``val_map`` column for ``"map"``,
     else ``val_metrics.<metric>`` of the row's ``metrics`` JSON (None when missing or not a
     finite number)."""
     if metric == "map":
@@ -242,7 +243,7 @@ def selection_value(row: dict, metric: str = "map"):
 
 def select_best(rows, metric: str = "map") -> list[dict]:
     """The selection rule of the papers: per (method, dataset, regime, seed, variant) the
-    ``done`` row with the best val ``metric`` (:func:`selection_value`; ``val_map`` by default,
+    ``done`` row with the best val ``metric`` (`selection_value`; ``val_map`` by default,
     the smallest value for a lower-is-better metric such as ``ranking_loss``), ordered by group.
 
     Failed rows and NaN / missing values never compete; on a tie the smaller ``run_id`` wins.
@@ -288,7 +289,7 @@ def latex_escape(text) -> str:
 def format_rows(rows, fmt: str) -> str:
     """Run rows as text: ``csv`` (every column), ``json`` (a list of objects; ``variant``,
     ``metrics`` and ``config`` parsed), ``markdown`` / ``md`` or ``latex`` (the columns of
-    :data:`BRIEF_COLUMNS`)."""
+    `BRIEF_COLUMNS`)."""
     fmt = {"md": "markdown"}.get(fmt, fmt)
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose one of "

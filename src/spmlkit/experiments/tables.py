@@ -132,7 +132,7 @@ def _group_order(groups) -> list:
 
 
 def metric_column(name: str, split: str = "test") -> str:
-    """Where a run row keeps metric ``name`` of :data:`spmlkit.metrics.METRICS` on ``split``
+    """Where a run row keeps metric ``name`` of `spmlkit.metrics.METRICS` on ``split``
     (``"test"`` or ``"val"``): ``test_map`` / ``val_map`` for mAP (the store's columns), else
     ``test_metrics.<name>`` / ``val_metrics.<name>`` of the row's ``metrics`` JSON.
 
@@ -150,11 +150,11 @@ def metric_column(name: str, split: str = "test") -> str:
 def metrics_table(selected_rows, metrics, fmt: str = "markdown", split: str = "test", *,
                   title: str | None = None, order=None, group: str | None = "regime",
                   labels: dict | None = None) -> str:
-    """Methods as rows, metrics of :data:`spmlkit.metrics.METRICS` as columns (one column per
+    """Methods as rows, metrics of `spmlkit.metrics.METRICS` as columns (one column per
     dataset x metric when the rows span several datasets): mean ± std over seeds of the
     selected runs' ``split`` values, each column with its own decimals and direction (the
     best of a lower-is-better metric is its smallest value). ``order``, ``group`` and
-    ``labels`` as in :func:`study_table`.
+    ``labels`` as in `study_table`.
 
     Raises:
         ValueError: an unknown metric, or no row has any of them.
@@ -199,7 +199,7 @@ def study_table(selected_rows, fmt: str = "markdown", metric: str = "test_map",
         title: a caption (Markdown: a first line; LaTeX: a comment; HTML: ``<caption>``).
         order: row labels in the wanted order (the rest follow in order of appearance).
         labels: ``{row value: text shown}`` for rows shown under another name (a study's
-            methods trained in another mode: :meth:`spmlkit.experiments.study.StudySpec.
+            methods trained in another mode: `spmlkit.experiments.study.StudySpec.
             row_labels`); ``order`` names the row values, not the texts.
         decimals: digits after the point; a dict gives them per column value (others: 2).
         rank_group: the group within which best / second best are marked (``None``: all rows;

@@ -28,8 +28,8 @@ def create_loss(name: str, reg=None, **hparams) -> SPMLLoss:
     """Build the registered loss ``name`` with ``hparams`` (unknown names raise ``ValueError``).
 
     ``reg`` adds regularisers on the batch logits to any loss (see
-    :mod:`spmlkit.losses.regularizers`): ``"highrank:1e-3"``, a list of such specs, or one
-    comma-separated string; the loss is then wrapped in :class:`Regularized`.
+    `spmlkit.losses.regularizers`): ``"highrank:1e-3"``, a list of such specs, or one
+    comma-separated string; the loss is then wrapped in `Regularized`.
 
     A value whose default is a number must be a number, one whose default is a bool a bool
     (``lam="abc"`` names ``lam``, instead of ``float()``'s "could not convert string").

@@ -1,8 +1,8 @@
 """The losses of Cole et al., "Multi-Label Learning from Single Positive Labels" (CVPR 2021).
 
-Per-entry losses (docs/spec.md#cole-losses); every one is reduced over B * L by :class:`SPMLLoss`.
-``p = sigmoid(s)``; O+ / U / O- are the observed-positive, unobserved and observed-negative
-entries.
+Per-entry losses (docs/spec.md#cole-losses); every one is reduced over B * L by
+[`SPMLLoss`][spmlkit.losses.contract.SPMLLoss]. ``p = sigmoid(s)``; O+ / U / O- are the
+observed-positive, unobserved and observed-negative entries.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ COLE = "Cole et al. 2021"
 
 class _BCEForm(SPMLLoss):
     """A loss that is one weighted soft BCE (``bce_form``) plus, optionally, EPR's count term
-    (``count_penalty``): :attr:`SPMLLoss.closed_form`."""
+    (``count_penalty``): `SPMLLoss.closed_form`."""
 
     stackable = True
     closed_form = True
@@ -228,8 +228,9 @@ class ROLELoss(_NeedsK):
     manual_gradient = True
 
     def stacked_step(self, logits, observed, index):
-        """Both sides' soft BCE and EPR terms by hand (:meth:`SPMLLoss.stacked_step`): the
-        classifier's logits get ``(w p - pos - q) / (2 B L)`` plus half EPR's term of ``p``, the
+        """Both sides' soft BCE and EPR terms by hand
+        ([`SPMLLoss.stacked_step`][spmlkit.losses.contract.SPMLLoss.stacked_step]): the classifier's
+            logits get ``(w p - pos - q) / (2 B L)`` plus half EPR's term of ``p``, the
         estimator's rows ``(w q - pos - p) / (2 B L)`` plus half EPR's term of ``q`` (``w``:
         ``1 + [observed]``, ``pos``: the observed positives), written into
         ``label_logits.grad`` (zeros elsewhere)."""
@@ -292,8 +293,9 @@ class PairwiseRankingLoss(SPMLLoss):
         return (hinge * pairs).sum(dim=-1), None
 
     def stacked_step(self, logits, observed, index):
-        """The hinges and their gradient by hand (:meth:`SPMLLoss.stacked_step`): an active pair
-        (i, j) (``1 - p_i + p_j > 0``) adds ``-1`` to ``dL/dp_i`` and ``+1`` to ``dL/dp_j``,
+        """The hinges and their gradient by hand
+        ([`SPMLLoss.stacked_step`][spmlkit.losses.contract.SPMLLoss.stacked_step]): an active pair
+            (i, j) (``1 - p_i + p_j > 0``) adds ``-1`` to ``dL/dp_i`` and ``+1`` to ``dL/dp_j``,
         over ``B L``, times ``p (1 - p)`` for the logits (relu's gradient at 0 is 0, as
         autograd's)."""
         runs, batch, classes = logits.shape

@@ -11,7 +11,7 @@ loss ignores still count in the denominator); ``"sum"`` returns ``B * L`` times 
 ``"none"`` returns the B x L matrix ``l + penalty`` whose mean is the ``"mean"`` value.
 
 Everything is computed in float32 log space from logits (float64 input stays float64, see
-:func:`as_compute`). ``eps`` (default 0) switches the logs of probabilities to the official
+`as_compute`). ``eps`` (default 0) switches the logs of probabilities to the official
 ``log(p + eps)`` form; ``eps=1e-5`` reproduces the official values.
 
 Methods that need more than ``(logits, observed)`` say so with class attributes and receive it
@@ -19,7 +19,7 @@ through hooks the engine calls (and nothing else):
 
 - ``needs_index``: ``forward`` gets ``index``, the rows of the batch in the train split;
 - ``on_train_start(observed, info)``: the whole train split's observed labels and a
-  :class:`TrainInfo` (sizes, k, seed, epochs) once, before the first step;
+  `TrainInfo` (sizes, k, seed, epochs) once, before the first step;
 - ``on_epoch_start(epoch)`` / ``on_epoch_end(epoch, train_logits)``: ``epoch`` counts from 0;
   ``train_logits`` are the eval-mode logits of the whole train split when
   ``needs_train_predictions`` is True, else None;
@@ -30,11 +30,11 @@ State lives in parameters and buffers so ``state_dict()`` carries it; state size
 split is listed in ``resizable_state`` and resized when a state dict of another size is loaded.
 
 Stacked runs (``stackable = True``): the linear engine may train R runs of one loss at once
-(:mod:`spmlkit.engine.vectorised`). It then calls ``entries`` with a leading run dimension:
+(`spmlkit.engine.vectorised`). It then calls ``entries`` with a leading run dimension:
 logits and observed labels R x B x L, ``index`` R x B, and every parameter and buffer of the loss
 stacked to R x (its shape); ``entries`` must return the R x B x L matrix and a penalty of shape
 (R,) (or None), each run's exactly what it would be alone. A loss written with ``dim=-1`` /
-``shape[-1]`` and :func:`take_rows` for its per-example state does this for free. Scalar
+``shape[-1]`` and `take_rows` for its per-example state does this for free. Scalar
 state the runs share (an epoch counter) is read from a Python number the hooks set, not from
 its stacked buffer: the engine calls ``on_epoch_start`` on the stacked module too, while the
 buffer's slice of a run that stopped early keeps that run's last value. One that draws
@@ -81,7 +81,7 @@ def as_compute(x: torch.Tensor) -> torch.Tensor:
 
 
 def log_p(logits: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
-    """``log(sigmoid(s))`` in :func:`as_compute`'s dtype; with ``eps > 0``, the official
+    """``log(sigmoid(s))`` in `as_compute`'s dtype; with ``eps > 0``, the official
     ``log(sigmoid(s) + eps)``."""
     logits = as_compute(logits)
     if eps:
@@ -90,7 +90,7 @@ def log_p(logits: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
 
 
 def log_1mp(logits: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
-    """``log(1 - sigmoid(s))`` in :func:`as_compute`'s dtype; with ``eps > 0``,
+    """``log(1 - sigmoid(s))`` in `as_compute`'s dtype; with ``eps > 0``,
     ``log(1 - sigmoid(s) + eps)``."""
     logits = as_compute(logits)
     if eps:
@@ -164,11 +164,11 @@ def check_observed(observed: torch.Tensor, where: str) -> None:
     """Raise ``ValueError`` when ``observed`` holds a value outside {1, 0, -1}.
 
     What every loss call checks, unless its caller validated the whole matrix already
-    (:func:`observed_validated`): one ``aminmax`` reduction for integer labels (the engine's
+    (`observed_validated`): one ``aminmax`` reduction for integer labels (the engine's
     int8) and a second operation for float labels (which must also be whole numbers). About 4 us
     per call on a CPU: 4-6% of a linear-mode step on yeast (``benchmarks/observed_check.py``).
     On CUDA reading the result waits for the labels' device work (a host sync before the
-    backward pass), one more reason for the training loop to use :func:`observed_validated`.
+    backward pass), one more reason for the training loop to use `observed_validated`.
     Only a failing check looks further, to name the values and the first row. Boolean labels
     (True = positive) pass.
 
@@ -203,11 +203,11 @@ def masks(observed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 @contextlib.contextmanager
 def observed_validated(loss: nn.Module):
-    """Within the block, ``loss`` (and every :class:`SPMLLoss` inside it, e.g. the base of a
-    :class:`~spmlkit.losses.regularizers.Regularized`) skips :func:`check_observed` on each call.
+    """Within the block, ``loss`` (and every [`SPMLLoss`][spmlkit.losses.contract.SPMLLoss] inside
+    it, e.g. the base of a `Regularized`) skips `check_observed` on each call.
 
     For a caller that validated the whole observed matrix once
-    (:func:`spmlkit.labels.validate_observed`) and passes batches of its rows, as the training
+    (`spmlkit.labels.validate_observed`) and passes batches of its rows, as the training
     loop does: the per-step check would only repeat that work. Calls outside the block check
     again.
 
@@ -232,7 +232,7 @@ def observed_validated(loss: nn.Module):
 class SPMLLoss(nn.Module):
     """Base class: shape checks, float32, the reduction, and no-op engine hooks."""
 
-    #: set within :func:`observed_validated`: the caller has checked the labels already
+    #: set within `observed_validated`: the caller has checked the labels already
     _observed_validated = False
     needs_index = False
     needs_train_predictions = False
@@ -240,7 +240,7 @@ class SPMLLoss(nn.Module):
     #: ``entries`` works on R stacked runs (module docstring); False: trained one run at a time
     stackable = False
     #: parameters/buffers sized by the train split, resized to a loaded state dict's shapes
-    #: (see :func:`resize_state_on_load`)
+    #: (see `resize_state_on_load`)
     resizable_state: tuple[str, ...] = ()
     #: ``entries`` is exactly ``soft_bce(logits, target, eps, weight)`` with ``(target,
     #: weight) = bce_form(observed)``, plus, when ``count_penalty()`` gives ``(lam, k)``, EPR's
@@ -265,22 +265,22 @@ class SPMLLoss(nn.Module):
         raise NotImplementedError
 
     def bce_form(self, observed):
-        """``(target, weight)`` of a :attr:`closed_form` loss for the observed labels (any
+        """``(target, weight)`` of a `closed_form` loss for the observed labels (any
         shape): the soft BCE target in [0, 1] and the per-entry weight (None: 1)."""
         raise NotImplementedError(f"{type(self).__name__} is not a closed-form BCE loss")
 
     def count_penalty(self):
-        """``(lam, k)`` of a :attr:`closed_form` loss's expected-positive term, or None."""
+        """``(lam, k)`` of a `closed_form` loss's expected-positive term, or None."""
         return None
 
-    #: the loss has :meth:`stacked_step`: its stacked runs' gradient written out by hand
+    #: the loss has `stacked_step`: its stacked runs' gradient written out by hand
     manual_gradient = False
 
     def stacked_step(self, logits, observed, index):
         """For the vectorised engine (stacked runs, R x B x L; ``"mean"`` reduction, exact logs):
         each run's loss (R,) and the gradient of their sum for ``logits``, computed without
         autograd; the gradients of the loss's own parameters are left in their ``.grad``. Equal
-        to autograd through :meth:`entries` (``tests/test_vectorised.py`` checks it)."""
+        to autograd through `entries` (``tests/test_vectorised.py`` checks it)."""
         raise NotImplementedError(f"{type(self).__name__} has no hand-written stacked step")
 
     # --- engine hooks (no-ops by default) ---------------------------------------------------
@@ -303,8 +303,8 @@ class SPMLLoss(nn.Module):
     # --- the contract -----------------------------------------------------------------------
     def forward(self, logits: torch.Tensor, observed: torch.Tensor, index=None) -> torch.Tensor:
         """The loss of a batch (module docstring); ``observed`` values outside {1, 0, -1}
-        raise ``ValueError`` (:func:`check_observed`, skipped within
-        :func:`observed_validated`)."""
+        raise ``ValueError`` (`check_observed`, skipped within
+        `observed_validated`)."""
         if logits.ndim != 2 or observed.shape != logits.shape:
             raise ValueError(f"{type(self).__name__}: logits and observed labels must both be "
                              f"B x L; got {tuple(logits.shape)} and {tuple(observed.shape)}")

@@ -169,7 +169,7 @@ class CRISPLoss(SPMLLoss):
 
     During the first ``warmup`` epochs the loss is AN (``-log p`` on O+, ``-log(1-p)``
     elsewhere). At the end of epoch ``warmup - 1`` and then every ``update_every`` epochs the
-    priors are estimated (:func:`estimate_class_priors`) from the eval-mode train logits the
+    priors are estimated (`estimate_class_priors`) from the eval-mode train logits the
     engine passes to ``on_epoch_end``; from epoch ``warmup`` on, with ``p = sigmoid(s)``::
 
         l_ij    = 2 pi_j (n / n_j) (1 - p_ij)   on O+ (0 elsewhere; 0 for a label with n_j = 0)
@@ -186,7 +186,8 @@ class CRISPLoss(SPMLLoss):
         delta, tau: the estimator's confidence level and slack (paper: 0.01 and 0.01).
         warmup: epochs of AN before CRISP (>= 1; the paper's length is not stated).
         update_every: epochs between estimates (1: every epoch, the paper's CRISP).
-        reduction, eps: see :class:`SPMLLoss` (``eps`` only changes the AN warm-up's logs).
+        reduction, eps: see [`SPMLLoss`][spmlkit.losses.contract.SPMLLoss] (``eps`` only changes the
+            AN warm-up's logs).
 
     Raises:
         ValueError: a hyperparameter out of range.

@@ -3,7 +3,7 @@ Multi-Label Learning with Single Positive Labels", NeurIPS 2022; docs/spec.md#la
 
 These are not per-logit SPML losses (they need two views, label-wise embeddings and a memory
 queue), so nothing here is in the ``LOSSES`` registry; the LAC trainer
-(:mod:`spmlkit.methods.lac`) calls them. Total objective: ``AN(z_weak) + lambda_plc * PLC``
+(`spmlkit.methods.lac`) calls them. Total objective: ``AN(z_weak) + lambda_plc * PLC``
 (stage 1) ``+ lambda_lac * LAC`` (stage 2).
 
 **PLC** (pseudo-labelling consistency, paper eq. 4, the authors' code): with ``z_obs`` the
@@ -21,16 +21,16 @@ exactly the formula of docs/spec.md#lac.
 
 **LAC** (label-aware global consistency, paper eq. 5-7) as the authors' ``second_stage.train``
 and ``lib/utils/lacloss.LACLoss`` compute it (xiemk/SPML-LAC, published as milkxie/SPML-LAC;
-``tests/test_lac_official.py`` pins the values; :func:`lac_term` does one step):
+``tests/test_lac_official.py`` pins the values; `lac_term` does one step):
 
 1. The batch's positive entries (observed or pseudo), in row-major order, each with its two
    projected views (weak, strong; unit norm) and its label, are ``n`` new items.
-2. They are written into the memory queue (:class:`LACQueue`, K items of **both** views)
+2. They are written into the memory queue (`LACQueue`, K items of **both** views)
    **before** the loss: with pointer ``p``, to slots ``[0, n)`` when ``p + n >= K`` (``p``
    becomes ``n``), else to ``[p, p + n)`` (``p`` becomes ``p + n``); the other slots keep
    their older items. Only the new items carry gradients.
 3. Every valid queue item's two views are the anchors (``2V`` vectors): the supervised
-   contrastive loss (Khosla et al., NeurIPS 2020, "L_out") of :func:`lac_loss` over them, the
+   contrastive loss (Khosla et al., NeurIPS 2020, "L_out") of `lac_loss` over them, the
    contrast set all ``2V`` but the anchor itself, the positives the vectors of the same label
    (an item's other view always is one)::
 
@@ -46,7 +46,7 @@ code, on inputs the official code cannot take:
 - a batch with exactly one positive entry makes the official ``nonzero().squeeze()`` write that
   item twice; here it is written once;
 - with no valid item at all (an empty queue and no positive) the official mean is NaN; here
-  the loss is a zero on the graph. :func:`lac_loss` also leaves out anchors without a positive
+  the loss is a zero on the graph. `lac_loss` also leaves out anchors without a positive
   partner (impossible in LAC, where each item has two views).
 """
 from __future__ import annotations
@@ -69,7 +69,7 @@ class LACQueue(nn.Module):
     weak, view 1 strong), ``labels`` (K, long, -1 = empty slot) and ``ptr`` (long scalar, the
     end of the last write).
 
-    :meth:`write` puts a batch's ``n`` items into slots ``[0, n)`` when ``ptr + n >= K``, else
+    `write` puts a batch's ``n`` items into slots ``[0, n)`` when ``ptr + n >= K``, else
     into ``[ptr, ptr + n)``, and sets ``ptr`` to the end of what it wrote; every other slot keeps
     its item. So the filled slots are always a prefix ``[0, V)`` (``V = len(self)``), and the
     last slots may stay empty for good (a write that would end exactly at K starts over at 0,
@@ -81,7 +81,7 @@ class LACQueue(nn.Module):
         dim: ``D``, the projection size (LAC: 128).
 
     Raises:
-        ValueError: ``size`` or ``dim`` < 1; at :meth:`write`, shapes that do not match or
+        ValueError: ``size`` or ``dim`` < 1; at `write`, shapes that do not match or
             negative labels.
 
     >>> q = LACQueue(6, 1)
@@ -194,7 +194,7 @@ def lac_loss(anchors: torch.Tensor, anchor_labels: torch.Tensor,
              temperature: float = 0.5) -> torch.Tensor:
     """Supervised contrastive loss over label-wise projected embeddings (see the module
     docstring for the formula). LAC calls it with every valid queue item's two views as
-    ``anchors`` and no ``queue_*`` (:func:`lac_term`).
+    ``anchors`` and no ``queue_*`` (`lac_term`).
 
     Args:
         anchors: ``N x D`` unit-norm projected embeddings (LAC: the weak views of the V valid
@@ -260,14 +260,14 @@ def lac_loss(anchors: torch.Tensor, anchor_labels: torch.Tensor,
 def lac_term(proj_weak: torch.Tensor, proj_strong: torch.Tensor, positive_mask: torch.Tensor,
              queue: LACQueue | None, temperature: float = 0.5) -> torch.Tensor:
     """One step of LAC as the authors' code takes it (module docstring, steps 1-3): the
-    batch's positive entries are written into ``queue``, then :func:`lac_loss` over both views
+    batch's positive entries are written into ``queue``, then `lac_loss` over both views
     of every valid queue item.
 
     Args:
         proj_weak, proj_strong: ``B x L x D`` projected (unit-norm) label-wise embeddings of the
             weak and the strong view.
         positive_mask: ``B x L`` bool, the positive entries (observed or pseudo).
-        queue: the :class:`LACQueue` (its state advances), or None for no memory (the paper's
+        queue: the `LACQueue` (its state advances), or None for no memory (the paper's
             "w/o queue" row: the anchors are this batch's items only).
         temperature: ``t`` > 0 (LAC: 0.5).
 
@@ -335,20 +335,20 @@ def plc_targets(weak_logits: torch.Tensor, observed: torch.Tensor,
 
 def plc_loss(strong_logits: torch.Tensor, weak_logits: torch.Tensor, observed: torch.Tensor,
              delta: float) -> torch.Tensor:
-    """PLC: binary cross-entropy of the strong view's logits against :func:`plc_targets` of the
+    """PLC: binary cross-entropy of the strong view's logits against `plc_targets` of the
     weak view, averaged over the selected entries.
 
     Args:
         strong_logits: ``B x L`` logits of the strong view (the gradient flows here).
         weak_logits: ``B x L`` logits of the weak view (detached; only picks the targets).
         observed: ``B x L`` observed labels in {1, 0, -1}.
-        delta: the threshold (see :func:`plc_targets`).
+        delta: the threshold (see `plc_targets`).
 
     Returns:
         a scalar; a zero on the autograd graph when no entry is selected.
 
     Raises:
-        ValueError: as :func:`plc_targets`, or ``strong_logits`` of another shape.
+        ValueError: as `plc_targets`, or ``strong_logits`` of another shape.
 
     >>> z = torch.zeros(1, 2)
     >>> round(plc_loss(z, z, torch.tensor([[1, 0]]), 0.6).item(), 4)   # only O+: log 2

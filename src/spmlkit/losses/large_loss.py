@@ -179,7 +179,8 @@ class LargeLossRejection(_LargeLoss):
             code has no default, its README's grid is 0.1 ... 0.5).
         k_rounding: ``"exact"`` (default) or ``"official"`` (the running ``clean_rate`` of the
             official code, float drift included).
-        reduction, eps: see :class:`SPMLLoss` (``"mean"`` divides by ``B * L``).
+        reduction, eps: see [`SPMLLoss`][spmlkit.losses.contract.SPMLLoss] (``"mean"`` divides by
+            ``B * L``).
 
     >>> import torch
     >>> loss = LargeLossRejection(delta_rel=25.0)
@@ -199,7 +200,7 @@ class LargeLossRejection(_LargeLoss):
 class LargeLossCorrectionTemporary(_LargeLoss):
     """LL-Ct: as LL-R, but the selected entries use the flipped target 1 (``-log p``).
 
-    Args: as :class:`LargeLossRejection`.
+    Args: as `LargeLossRejection`.
     """
 
     scheme = "ct"
@@ -226,7 +227,7 @@ class LargeLossCorrectionPermanent(_LargeLoss):
         delta_rel: per-batch share to correct and flip, in percent (default 0.2).
         flip: ``"selected"`` (default) flips every corrected entry; ``"above"`` only those
             strictly above the threshold, as the official code's ``correction_idx``.
-        k_rounding, reduction, eps: as :class:`LargeLossRejection`.
+        k_rounding, reduction, eps: as `LargeLossRejection`.
     """
 
     scheme = "cp"

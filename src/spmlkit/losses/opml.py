@@ -14,10 +14,11 @@ with a raw ``exp``. ``alpha = a / (1 - a)`` and ``beta = b / (1 - b)`` with ``a,
 ``a = b = 0.5`` gives ``alpha = beta = 1``: ZLPR. With ``beta = 1`` the gradient on a positive
 equals BCE's, ``sigmoid(s_i) - 1`` when ``|P| = 1``.
 
-OPML is a loss per row. To fit the per-entry contract (:class:`SPMLLoss`) the row loss ``l_i``
-is put in every entry of row ``i``: ``reduction="mean"`` is then the mean over rows,
-``"none"`` the B x L matrix whose mean that is, and ``"sum"`` ``L`` times the sum over rows.
-OPML works on logits directly, so ``eps`` has no effect.
+OPML is a loss per row. To fit the per-entry contract
+([`SPMLLoss`][spmlkit.losses.contract.SPMLLoss]) the row loss ``l_i`` is put in every entry of row
+``i``: ``reduction="mean"`` is then the mean over rows, ``"none"`` the B x L matrix whose mean that
+is, and ``"sum"`` ``L`` times the sum over rows. OPML works on logits directly, so ``eps`` has no
+effect.
 """
 from __future__ import annotations
 
@@ -159,7 +160,8 @@ class OPMLLoss(_OPMLBase):
             dataset (its values are in its supplement, not recoverable); grid e.g. 0.1 ... 0.9.
         b: ``beta = b / (1 - b)``, in (0, 1); default 0.5 (beta = 1: the positive's gradient is
             BCE's). ``a = b = 0.5`` is ZLPR.
-        reduction, eps: see :class:`SPMLLoss` (``eps`` has no effect: no log of a probability).
+        reduction, eps: see [`SPMLLoss`][spmlkit.losses.contract.SPMLLoss] (``eps`` has no effect:
+            no log of a probability).
     """
 
     def __init__(self, a: float = 0.5, b: float = 0.5, **kw):
@@ -201,11 +203,11 @@ class SoftOPMLLoss(OPMLLoss):
     All state (``ap``, ``observed_labels``, ``corrected``) is in buffers, resized on load.
 
     Args:
-        a, b: as :class:`OPMLLoss`.
+        a, b: as `OPMLLoss`.
         gamma: power on AP (default 1.0).
         correction_ratio: ``r`` (default 0: no correction, soft targets only).
         warmup: first epoch (from 0) after which labels are corrected (default 1).
-        reduction, eps: see :class:`SPMLLoss`.
+        reduction, eps: see [`SPMLLoss`][spmlkit.losses.contract.SPMLLoss].
     """
 
     needs_train_predictions = True
@@ -332,7 +334,7 @@ class SoftOPMLLoss(OPMLLoss):
 class OPMLSPLoss(SoftOPMLLoss):
     """OPML-SP = soft OPML + ``highrank_weight`` x high-rank regulariser + label correction.
 
-    The high-rank term ``-log det(Q^T Q / B + eps I)`` (:func:`high_rank_penalty`, the B x B
+    The high-rank term ``-log det(Q^T Q / B + eps I)`` (`high_rank_penalty`, the B x B
     Gram when ``B < L``) is added after the reduction, like every penalty.
 
     Defaults (ours: the paper's values are in its lost tables): ``a = b = 0.5``, ``gamma = 1``,

@@ -1,9 +1,10 @@
 """Regularisers on the batch logits, composable with any loss.
 
 A regulariser is a function ``fn(logits) -> scalar`` (logits B x L) registered in
-:data:`REGULARIZERS` with a default weight. :class:`Regularized` wraps any :class:`SPMLLoss` and
-adds ``sum_r weight_r * fn_r(logits)`` after the base loss's reduction (docs/spec.md#notation:
-regularisers are added after the reduction). ``create_loss(name, reg=...)`` builds the wrapper::
+`REGULARIZERS` with a default weight. `Regularized` wraps any
+[`SPMLLoss`][spmlkit.losses.contract.SPMLLoss] and adds ``sum_r weight_r * fn_r(logits)`` after the
+base loss's reduction (docs/spec.md#notation: regularisers are added after the reduction).
+``create_loss(name, reg=...)`` builds the wrapper::
 
     create_loss("an", reg="highrank:1e-3")              # one spec
     create_loss("an", reg=["highrank:1e-3"])            # a list of specs
@@ -144,7 +145,7 @@ class Regularized(SPMLLoss):
 
     Args:
         base: the loss to wrap.
-        regularizers: ``[(name, weight), ...]`` or any spec :func:`parse_regularizers` reads.
+        regularizers: ``[(name, weight), ...]`` or any spec `parse_regularizers` reads.
     """
 
     def __init__(self, base: SPMLLoss, regularizers=()):
@@ -204,7 +205,7 @@ class Regularized(SPMLLoss):
 
     # --- the loss -------------------------------------------------------------------------------
     def regularization(self, logits: torch.Tensor) -> torch.Tensor:
-        """``sum_r w_r * fn_r(logits)`` (a scalar on the graph, in :func:`as_compute`'s dtype)."""
+        """``sum_r w_r * fn_r(logits)`` (a scalar on the graph, in `as_compute`'s dtype)."""
         total = as_compute(logits).sum(dim=(-2, -1)) * 0.0
         for (_, weight), fn in zip(self.regularizers, self._fns):
             if weight:

@@ -3,7 +3,7 @@ al., "Simple and Robust Loss Design for Multi-Label Learning with Missing Labels
 
 Registered names: ``gr``, ``hill``, ``splc``. ``p = sigmoid(s)``; O+ / U / O- are the observed
 positive, unobserved and observed negative entries (our encoding 1 / 0 / -1). Every per-entry
-matrix is reduced by :class:`~spmlkit.losses.contract.SPMLLoss` (``"mean"``: sum / (B * L)).
+matrix is reduced by [`SPMLLoss`][spmlkit.losses.contract.SPMLLoss] (``"mean"``: sum / (B * L)).
 
 Label encodings of the official code, and how they map to ours:
 
@@ -144,14 +144,14 @@ class GRLoss(SPMLLoss):
     - U: ``V * (K * L1 + (1 - K) * L2)`` with ``L1 = (1 - p^q2) / q2`` (a generalised
       cross-entropy towards target 1), ``L2 = (1 - (1 - p)^q3) / q3`` (towards target 0), the
       soft pseudo-label ``K = sigmoid(w p' + b)`` and the weight
-      ``V = exp(-(p' - mu)^2 / (2 sigma^2))`` (:func:`gr_weights`, :func:`gr_unobserved`);
+      ``V = exp(-(p' - mu)^2 / (2 sigma^2))`` (`gr_weights`, `gr_unobserved`);
     - O-: ``-log(1 - p)``.
 
     Schedule: ``(w, b)`` go from ``(w0, b0)`` towards ``(wT, bT)`` and ``(mu, sigma)`` from
     ``(mu0, sigma0)`` to ``(muT, sigmaT)`` over the run, as the official ``train.py`` does
-    (:func:`gr_schedule`, off-by-one between the two pairs included). The epoch comes from
-    :meth:`on_epoch_start` (0-based: the official epoch ``t`` is ``epoch + 1``), ``T`` from
-    ``TrainInfo.num_epochs`` at :meth:`on_train_start` (or the ``num_epochs`` hyperparameter,
+    (`gr_schedule`, off-by-one between the two pairs included). The epoch comes from
+    `on_epoch_start` (0-based: the official epoch ``t`` is ``epoch + 1``), ``T`` from
+    ``TrainInfo.num_epochs`` at `on_train_start` (or the ``num_epochs`` hyperparameter,
     when > 0). Both are buffers (``current_epoch``, ``total_epochs``), so a checkpoint resumes
     the schedule where it was.
 
@@ -167,7 +167,7 @@ class GRLoss(SPMLLoss):
     the README's ``--beta [...]`` command line splits the string into characters and cannot
     set them: the published runs must have edited ``config.py``. The per-dataset values of the
     paper are therefore not registered as dataset defaults here. Official training settings:
-    :data:`GR_OFFICIAL_TRAINING`.
+    `GR_OFFICIAL_TRAINING`.
 
     Deviations from the official code, and official bugs fixed:
 
@@ -194,7 +194,7 @@ class GRLoss(SPMLLoss):
         linear_init: epochs at the start during which the schedule holds its start values
             (the official option of that name).
         num_epochs: ``T``; 0 (default) takes the run's ``TrainInfo.num_epochs``.
-        reduction, eps: see :class:`SPMLLoss`.
+        reduction, eps: see [`SPMLLoss`][spmlkit.losses.contract.SPMLLoss].
 
     >>> loss = GRLoss()
     >>> loss.on_train_start(torch.tensor([[1, 0]]), TrainInfo(1, 2, num_epochs=8))
@@ -249,7 +249,7 @@ class GRLoss(SPMLLoss):
         self._schedule = None
 
     def schedule(self) -> tuple[float, float, float, float]:
-        """``(w, b, mu, sigma)`` of the current epoch (:func:`gr_schedule`).
+        """``(w, b, mu, sigma)`` of the current epoch (`gr_schedule`).
 
         Raises:
             RuntimeError: the number of epochs is unknown (neither ``on_train_start`` nor
@@ -319,13 +319,13 @@ class HillLoss(SPMLLoss):
     - ``eps > 0`` gives ``log(p_m + eps)`` on O+ (the official code has no epsilon: ``eps = 0``
       is its value).
 
-    Official training settings (COCO, any missing-label rate): :data:`HILL_SPLC_OFFICIAL_TRAINING`.
+    Official training settings (COCO, any missing-label rate): `HILL_SPLC_OFFICIAL_TRAINING`.
 
     Args:
         lamb: the hill's ``lambda`` (> 0).
         margin: logit margin of the positives (>= 0).
         gamma: focusing exponent of the positives (>= 0).
-        reduction, eps: see :class:`SPMLLoss`.
+        reduction, eps: see [`SPMLLoss`][spmlkit.losses.contract.SPMLLoss].
 
     Stackable (the vectorised linear engine): elementwise, no state.
 
@@ -365,7 +365,7 @@ class SPLCLoss(SPMLLoss):
     - O-: ``-p^gamma log(1 - p)``, never corrected.
 
     The correction is decided afresh in every batch from the current prediction (no state but
-    the epoch, the buffer ``current_epoch`` set by :meth:`on_epoch_start`); ``last_corrected``
+    the epoch, the buffer ``current_epoch`` set by `on_epoch_start`); ``last_corrected``
     keeps the last batch's corrected entries for analyses. The official loop passes its 0-based
     ``epoch`` (``for epoch in range(Epochs)``), so ``change_epoch = 1`` (default) starts the
     correction in the second epoch, here as there. Defaults are the official ones
@@ -388,7 +388,7 @@ class SPLCLoss(SPMLLoss):
         change_epoch: first 0-based epoch of the correction.
         margin: logit margin of the observed positives (>= 0).
         gamma: focusing exponent (>= 0).
-        reduction, eps: see :class:`SPMLLoss`.
+        reduction, eps: see [`SPMLLoss`][spmlkit.losses.contract.SPMLLoss].
 
     Stackable (the vectorised linear engine): the correction is decided per entry and the
     epoch is a Python number the hooks set (on the stacked module too: stacked runs share

@@ -36,8 +36,8 @@ NaN or infinite values, a matrix that is not 2-D, values outside the kind's rang
 than the train split's raise ``ValueError`` naming the file. Pseudo-labels apply to unobserved
 entries only (the official ``where(observed == 0, pseudo, observed)``).
 
-Scores become pseudo-labels with each paper's rule (:func:`vlpl_pseudo_labels`,
-:func:`aevlp_pseudo_labels`). Differences from the official code, all deliberate:
+Scores become pseudo-labels with each paper's rule (`vlpl_pseudo_labels`,
+`aevlp_pseudo_labels`). Differences from the official code, all deliberate:
 
 - the scores are computed once, outside, and fixed for the whole run; the official code scores
   each batch again with CLIP (the same images, so the same scores up to augmentation);
@@ -55,7 +55,7 @@ Scores become pseudo-labels with each paper's rule (:func:`vlpl_pseudo_labels`,
   the official ``log(x + eps)``;
 - observed negatives (regimes that have them): VLPL's ``loss_EM_PL`` gives them no loss at all
   (``final_labels == -1`` is never assigned); here they get ``-log(1-p)`` as in
-  :mod:`spmlkit.losses.zhou`. AEVLP's ``GPR_loss`` gives them ``V * (-log(1-p))``, kept.
+  `spmlkit.losses.zhou`. AEVLP's ``GPR_loss`` gives them ``V * (-log(1-p))``, kept.
 
 The pseudo-labels are the losses' state (buffer ``pseudo``, int8 N x L, only on unobserved
 entries) with the epoch counters, so ``state_dict()`` checkpoints them and a resumed run keeps the
@@ -297,13 +297,13 @@ class ScorerPseudoLabelLoss(SPMLLoss):
     """Base of the losses that read an external scorer's N x L matrix (module docstring).
 
     ``scores`` is read (and its values checked) when the loss is built; at
-    :meth:`on_train_start` its shape is checked against the train split and it becomes the
+    `on_train_start` its shape is checked against the train split and it becomes the
     pseudo-label buffer ``pseudo`` (unobserved entries only). Built without ``scores``, the loss
     keeps the pseudo-labels it already holds (loaded from a checkpoint); with neither,
-    :meth:`on_train_start` raises ``ValueError``.
+    `on_train_start` raises ``ValueError``.
 
     Stackable (the vectorised linear engine): the stacked ``pseudo`` is R x N x L and a batch's
-    rows are taken per run (:func:`~spmlkit.losses.contract.take_rows`, ``index`` R x B); the
+    rows are taken per run (`take_rows`, ``index`` R x B); the
     epoch and the run's epochs are Python numbers the hooks keep (on the stacked module too:
     stacked runs share them), so a step reads no buffer.
     """
@@ -410,14 +410,14 @@ class EMPseudoLabelLoss(ScorerPseudoLabelLoss):
     official setting, so pseudo-labels are used from the first step).
 
     Pseudo-labels (``models.py``): 1 where the score ``> threshold``; -1 on the
-    ``int(neg_ratio * L)`` lowest of each row (:func:`vlpl_pseudo_labels`). Scores are the
+    ``int(neg_ratio * L)`` lowest of each row (`vlpl_pseudo_labels`). Scores are the
     softmax over classes of CLIP cosine similarities at temperature ``temp`` (``score_type=
     cosine``), or a file's scores as they are.
 
     Official values (``main_clip.py``): alpha VOC 0.2, COCO 0.1, NUS-WIDE 0.1, CUB 0.01 (the
     registry's dataset defaults); beta_pos 0.7, beta_neg 0, rho 0.9 (the hard-coded 0.9 / 0.1),
     warmup 0, threshold 0.3 and temp 0.01 (the command-line defaults), neg_ratio 0 (``partial``;
-    only the ``clip_vision`` backbone uses it). Training: :data:`OFFICIAL_TRAINING_EM_PL`.
+    only the ``clip_vision`` backbone uses it). Training: `OFFICIAL_TRAINING_EM_PL`.
     ``eps=1e-5`` reproduces the official ``log(x + 1e-5)``.
 
     Args:
@@ -471,7 +471,7 @@ class EMPseudoLabelLoss(ScorerPseudoLabelLoss):
 
 def gpr_entries(logits, kk, vv, pos, neg, unobs, ppos, pneg, *, q2: float, q3: float,
                 rho: float, lam_1: float, lam_2: float, eps: float = 0.0) -> torch.Tensor:
-    """GPR's per-entry matrix (:class:`GPRLoss`) for given weights ``K`` (``kk``) and ``V``
+    """GPR's per-entry matrix (`GPRLoss`) for given weights ``K`` (``kk``) and ``V``
     (``vv``), which the loss computes from the detached predictions: the gradient flows through
     the logits only. The masks are float B x L: O+, O-, U, and the U entries that are positive /
     negative pseudo-labels."""
@@ -512,13 +512,13 @@ class GPRLoss(ScorerPseudoLabelLoss):
     ``sigma`` alike (the official offsets differ by one epoch: ``epoch - n - 1`` for ``w, b``,
     ``epoch - n`` for ``mu, sigma``).
 
-    Pseudo-labels (:func:`aevlp_pseudo_labels`): 1 on the row's ``top_k`` highest scores that are
+    Pseudo-labels (`aevlp_pseudo_labels`): 1 on the row's ``top_k`` highest scores that are
     ``>= threshold``; -1 on its ``int(neg_ratio * L)`` lowest (the bug fix of the module
     docstring). Defaults: ``config.py``'s command-line defaults (``beta = [0, 2, -2, -2]``,
     ``alpha = [0.5, 2, 0.8, 0.5]``, ``q2q3 = [0.01, 1]``, ``lam = [0.8, 0.3]``, rho 0.9, reg 0.001,
     threshold 0.5, negative_ratio 0.1, temp 0.01, top_k 3); per dataset the values of
     ``configs/*.json`` (registry dataset defaults; VOC keeps beta ``[0, 2, -2, -2]``, lam
-    ``[0.7, 0.4]``, reg 0.05, negative_ratio 0.2). Training: :data:`OFFICIAL_TRAINING_GPR`.
+    ``[0.7, 0.4]``, reg 0.05, negative_ratio 0.2). Training: `OFFICIAL_TRAINING_GPR`.
     ``eps=1e-7`` reproduces the official ``log(x + 1e-7)``.
 
     Args:
@@ -530,7 +530,7 @@ class GPRLoss(ScorerPseudoLabelLoss):
         w0, w_max, b0, b_max: K's schedule (the official ``beta`` list).
         mu0, sigma0, mu_max, sigma_max: V's schedule (the official ``alpha`` list).
         epr: weight of the expected-positive penalty (the official ``reg``; not named ``reg``,
-            which :func:`~spmlkit.losses.create_loss` keeps for regularisers); k: expected
+            which [`create_loss`][spmlkit.losses.create_loss] keeps for regularisers); k: expected
             positives per example.
     """
 

@@ -3,7 +3,7 @@ Positive Labels" (ECCV 2022): EM, EM + APL, and the baselines of their Table 1.
 
 docs/spec.md#zhou is the specification. ``p = sigmoid(s)``; O+ / U / O- are the observed
 positive, unobserved and observed negative entries; every per-entry matrix is reduced over B * L
-by :class:`~spmlkit.losses.contract.SPMLLoss` (so each loss here is a mean, never a sum).
+by [`SPMLLoss`][spmlkit.losses.contract.SPMLLoss] (so each loss here is a mean, never a sum).
 ``H(p) = -[p log p + (1-p) log(1-p)]`` is the binary entropy, computed from logits in log space.
 
 Registered names: ``em``, ``em_apl`` (the paper's methods) and ``dw``, ``l1r``, ``l2r``, ``ls``,
@@ -33,7 +33,7 @@ all of them are taken. Two differences, both deliberate:
 
 - the official code predicts through the *shuffled training loader with its augmentation*
   (random horizontal flip), in eval mode; we use the eval-mode predictions of the whole train
-  split that the engine passes to :meth:`APLLoss.on_epoch_end` (the eval transform);
+  split that the engine passes to `APLLoss.on_epoch_end` (the eval transform);
 - ties in the predicted probability are broken by row order (a stable sort); the official
   ``np.argsort`` (quicksort) breaks them arbitrarily.
 
@@ -80,7 +80,7 @@ def _check_nonneg(**values) -> None:
 def binary_entropy(logits: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
     """Per-entry binary entropy ``H(p) = -[p log p + (1-p) log(1-p)]`` of ``p = sigmoid(s)``.
 
-    The logs come from :func:`log_p` / :func:`log_1mp` (log space; ``eps > 0`` gives the
+    The logs come from `log_p` / `log_1mp` (log space; ``eps > 0`` gives the
     official ``log(p + eps)``); ``1 - p`` is ``sigmoid(-s)``, exact for large ``s``. The
     derivative is ``dH/ds = -s * p * (1 - p)`` (for ``eps = 0``).
 
@@ -120,7 +120,7 @@ def asl_entries(logits: torch.Tensor, observed: torch.Tensor, gamma_pos: float =
 
     ``-(1-p)^{g+} log p`` on O+; ``-p_m^{g-} log(1 - p_m)`` on U and O-, with the shifted
     probability ``p_m = max(p - clip, 0)``. ``log(1 - p_m) = min(log(sigmoid(-s) + clip), 0)``
-    (``log(1 - p_m + eps)`` with ``eps``); with ``clip = 0`` it is :func:`log_1mp` exactly, so
+    (``log(1 - p_m + eps)`` with ``eps``); with ``clip = 0`` it is `log_1mp` exactly, so
     ``gamma_pos = gamma_neg = clip = 0`` gives AN.
     """
     logits = as_compute(logits)
@@ -194,8 +194,8 @@ class EntropyMaximizationLoss(SPMLLoss):
 
     Args:
         alpha: weight of the entropy term (>= 0).
-        reduction, eps: see :class:`~spmlkit.losses.contract.SPMLLoss`; ``eps=1e-5`` reproduces the
-            official ``log(p + 1e-5)`` inside the entropy too.
+        reduction, eps: see [`SPMLLoss`][spmlkit.losses.contract.SPMLLoss]; ``eps=1e-5`` reproduces
+            the official ``log(p + 1e-5)`` inside the entropy too.
 
     >>> loss = EntropyMaximizationLoss(alpha=1.0)
     >>> round(float(loss(torch.zeros(1, 2), torch.tensor([[1, 0]]))), 4)  # (log 2 - log 2) / 2
@@ -232,21 +232,21 @@ class APLLoss(EntropyMaximizationLoss):
     unobserved entry ``-alpha * H(p)``.
 
     Schedule (see the module docstring for how it matches the official code): at
-    :meth:`on_epoch_end` of 0-based ``epoch`` with ``epoch + 1 >= warmup``, per class ``c``,
+    `on_epoch_end` of 0-based ``epoch`` with ``epoch + 1 >= warmup``, per class ``c``,
     ``int(theta * U_c / (T - warmup))`` new pseudo-labels: the lowest predicted ``p`` among
     entries still unobserved and not yet pseudo-labelled; ``s`` = that ``p``, frozen. ``U_c`` is
-    counted at :meth:`on_train_start`, ``T = TrainInfo.num_epochs``. With ``T <= warmup`` no
+    counted at `on_train_start`, ``T = TrainInfo.num_epochs``. With ``T <= warmup`` no
     pseudo-label is ever made (the loss is EM; a warning says so).
 
     State (buffers, so ``state_dict()`` carries it and a fresh instance resizes on load):
     ``pseudo_mask`` (bool, N x L), ``pseudo_target`` (float32, N x L), ``unobserved`` (bool,
     N x L, the train split's unobserved entries), ``class_unobserved`` (L, the ``U_c``) and
-    ``total_epochs`` (``T``). :meth:`on_train_start` keeps the state when it is called again with
+    ``total_epochs`` (``T``). `on_train_start` keeps the state when it is called again with
     the same unobserved entries (resuming); other labels reset it.
 
     Official (beta, warmup): VOC (0.02, 5), COCO (0.9, 5), NUS-WIDE (0.2, 4), CUB (0.4, 3), with
     theta = 0.9 and the alpha of EM; the defaults are COCO's. Batch size and learning rate:
-    :data:`OFFICIAL_TRAINING`.
+    `OFFICIAL_TRAINING`.
 
     Args:
         alpha: EM weight on the remaining unobserved entries.
@@ -337,7 +337,7 @@ class APLLoss(EntropyMaximizationLoss):
         """``(mask, value)``: the pseudo-labelled train entries (N x L bool) and the hard label
         each asserts (N x L uint8): 0 everywhere, APL makes only (soft) negatives. The
         optional analysis method of a loss that pseudo-labels (``pl_precision`` in a run's
-        metrics, :func:`spmlkit.metrics.pseudo_label_stats`)."""
+        metrics, `spmlkit.metrics.pseudo_label_stats`)."""
         return self.pseudo_mask.clone(), torch.zeros_like(self.pseudo_mask, dtype=torch.uint8)
 
     # --- the loss ---------------------------------------------------------------------------
@@ -361,7 +361,7 @@ class APLLoss(EntropyMaximizationLoss):
 @register("dw", "down-weighted AN: WAN with a tuned gamma on U and O- (default 0.1)",
           paper=ZHOU)
 class DownWeightLoss(WeakAssumeNegativeLoss):
-    """DW: :class:`~spmlkit.losses.cole.WeakAssumeNegativeLoss` with ``gamma`` tuned.
+    """DW: `WeakAssumeNegativeLoss` with ``gamma`` tuned.
 
     ``-log p`` on O+, ``gamma * -log(1-p)`` on U and O-. The default 0.1 is ours (the paper's
     tuned values are in an appendix our copy lacks): a fixed, dataset-independent weight in the
@@ -403,7 +403,7 @@ class _WeightPenaltyLoss(AssumeNegativeLoss):
 @register("l1r", "AN + lam * ||W||_1 on the classifier head's weight matrices (biases "
           "excluded; default lam 1e-5)", paper=ZHOU)
 class L1RegularizedLoss(_WeightPenaltyLoss):
-    """L1R: AN + ``lam * sum |W_ij|`` over the head's weight matrices (:func:`head_weights`).
+    """L1R: AN + ``lam * sum |W_ij|`` over the head's weight matrices (`head_weights`).
 
     The default ``lam = 1e-5`` is ours (the paper's tuned value is not in our copy): at a
     ResNet-50 head's initialisation (2048 x 80, uniform in +-1/sqrt(2048)) the penalty is about
@@ -421,7 +421,7 @@ class L1RegularizedLoss(_WeightPenaltyLoss):
 @register("l2r", "AN + lam * ||W||_2^2 on the classifier head's weight matrices (biases "
           "excluded; default lam 1e-4)", paper=ZHOU)
 class L2RegularizedLoss(_WeightPenaltyLoss):
-    """L2R: AN + ``lam * sum W_ij^2`` over the head's weight matrices (:func:`head_weights`).
+    """L2R: AN + ``lam * sum W_ij^2`` over the head's weight matrices (`head_weights`).
 
     The default ``lam = 1e-4`` is ours (the paper's tuned value is not in our copy).
     """
@@ -467,7 +467,7 @@ class EntropyMinimizationLoss(AssumeNegativeLoss):
 @register("focal", "focal loss on AN targets: -(1-p)^gamma log p on O+, -p^gamma log(1-p) "
           "elsewhere (gamma 2)", paper=ZHOU)
 class FocalLoss(SPMLLoss):
-    """Focal loss (Lin et al. 2017) on AN targets; see :func:`focal_entries`.
+    """Focal loss (Lin et al. 2017) on AN targets; see `focal_entries`.
 
     Args:
         gamma: focusing parameter (>= 0; 0 gives AN).
@@ -487,7 +487,7 @@ class FocalLoss(SPMLLoss):
 @register("asl", "asymmetric loss on AN targets: gamma_pos 0, gamma_neg 4, probability shift "
           "clip 0.05; mean over B*L (not timm's sum)", paper=ZHOU)
 class AsymmetricLoss(SPMLLoss):
-    """ASL (Ridnik et al. 2021) on AN targets; see :func:`asl_entries`.
+    """ASL (Ridnik et al. 2021) on AN targets; see `asl_entries`.
 
     Reduced over B * L like every loss here (timm's ASL returns a sum; this one does not).
 

@@ -1,11 +1,11 @@
 """Training methods: how a model is trained on a dataset's splits with a loss.
 
-One registry (:data:`METHODS`), one driver (:func:`train_run`), one way back to a trained model
-(:func:`load_run_model`); see :mod:`spmlkit.methods.contract` (what a method is) and
-:mod:`spmlkit.methods.driver` (how it runs). Registered here: ``linear`` (:mod:`.linear`),
-``finetune`` and ``linear_init`` (:mod:`.finetune`), ``lac`` (:mod:`.lac`, Xie et al. 2022),
-``smile`` (:mod:`.smile`, Xu et al. 2022), ``mime`` (:mod:`.mime`, Liu et al. 2023),
-``boostlu`` (:mod:`.boostlu`, Kim et al. 2023).
+One registry (`METHODS`), one driver ([`train_run`][spmlkit.methods.driver.train_run]), one way back
+to a trained model ([`load_run_model`][spmlkit.methods.driver.load_run_model]); see
+`spmlkit.methods.contract` (what a method is) and `spmlkit.methods.driver` (how it runs). Registered
+here: ``linear`` (`linear`), ``finetune`` and ``linear_init`` (`finetune`), ``lac`` (`lac`, Xie et
+al. 2022), ``smile`` (`smile`, Xu et al. 2022), ``mime`` (`mime`, Liu et al. 2023),
+``boostlu`` (`boostlu`, Kim et al. 2023).
 """
 from __future__ import annotations
 

@@ -10,14 +10,14 @@ activation map, CAM, ``B x L x h x w``), **BoostLU** on the CAM, then global ave
 
     logits_c = mean_{h, w} BoostLU(CAM_c)      BoostLU(x) = alpha * x if x > 0 else x
 
-(:class:`spmlkit.models.heads.BoostLUHead`; ``alpha`` official default 5). The official code
+(`spmlkit.models.heads.BoostLUHead`; ``alpha`` official default 5). The official code
 applies BoostLU inside the model's ``forward``, so in **training and at inference** (val
 selection, test, ``spml predict``), and so do we. The option ``eval_alpha`` (default: ``alpha``)
 sets another factor for eval mode, to separate the two (not in the official code: an
 ablation; ``alpha=1, eval_alpha=5`` trains a plain CAM head and boosts only at inference).
 The paper trains it with the large-loss methods of Kim et al. 2022, LL-R / LL-Ct / LL-Cp, on
 the pooled logits: here the ``--loss`` (any registered loss; the paper's ``ll_r``, ``ll_ct``,
-``ll_cp``, :mod:`spmlkit.losses.large_loss`) takes the head's logits, exactly as the official
+``ll_cp``, `spmlkit.losses.large_loss`) takes the head's logits, exactly as the official
 ``compute_batch_loss(model(image), ...)``; BoostLU + LL-R is ``--mode boostlu --loss ll_r``.
 
 Official settings (``config.py``): ``alpha`` 5, ``delta_rel`` 0.5 % per epoch for LL-R, 0.2 for
@@ -28,7 +28,7 @@ Inputs (option ``backbone``):
 
 - an **image source** with ``backbone=NAME``: the frozen backbone's last feature maps (the
   deterministic eval view, ``C x h x w``; 1280 x 7 x 7 for EfficientNet-Lite0 at 224 px) are
-  extracted once into the memory-mapped store of :func:`spmlkit.features.extract_feature_maps`
+  extracted once into the memory-mapped store of `spmlkit.features.extract_feature_maps`
   (float16 by default, ``map_dtype``; the same store as LAC's eval view) and the head trains on
   them;
 - **feature vectors** (yeast, ``arrays``, cached pooled features): each vector is a ``1 x 1``
@@ -47,7 +47,7 @@ Deviations from the official code (deliberate, documented):
   decay) on the head, epochs, batch size and lr from the run's config (``spml train`` default
   25 epochs, batch 8, lr 1e-3; the tables use Cole et al.'s grid), seeded initialisation and
   batch order, the epoch with the best val mAP kept. The official ``train.py`` is unseeded.
-- The large-loss schedule is spmlkit's (:mod:`spmlkit.losses.large_loss`): ``k`` from the exact
+- The large-loss schedule is spmlkit's (`spmlkit.losses.large_loss`): ``k`` from the exact
   product rather than the official running ``clean_rate`` (``k_rounding="official"`` gives the
   drifting one), the top-k among unobserved entries only, ``k`` clamped. Unlike the 2022
   repository, this one compares the scheme with ``==`` (``P['largelossmod_scheme'] ==
@@ -131,24 +131,24 @@ def fit_boostlu(train: MapRows, observed, loss, config: TrainConfig, *, val: Map
                 y_val=None, alpha: float = OFFICIAL_ALPHA, eval_alpha: float | None = None,
                 k: float | None = None, on_epoch=None, checkpoint=None,
                 resume: dict | None = None) -> tuple[BoostLUHead, object]:
-    """Train a :class:`BoostLUHead` on stored feature maps (or vectors) with ``loss``; keep the
+    """Train a `BoostLUHead` on stored feature maps (or vectors) with ``loss``; keep the
     epoch with the best val score.
 
-    The linear mode's loop (:func:`spmlkit.engine.fit_linear`) with the head in place of
+    The linear mode's loop (`spmlkit.engine.fit_linear`) with the head in place of
     ``nn.Linear``: one permutation of the train rows per epoch from a generator seeded with
-    ``config.seed``, Adam (:func:`spmlkit.engine.make_optimizer`) at ``config.lr``, the loss's
+    ``config.seed``, Adam (`spmlkit.engine.make_optimizer`) at ``config.lr``, the loss's
     hooks, the engine's selection, checkpoints (``checkpoint(state_fn)``) and ``resume`` (a
     saved state: the uninterrupted run's result).
 
     Args:
-        train: the train rows (:class:`MapRows`); observed: their N x L observed labels.
+        train: the train rows (`MapRows`); observed: their N x L observed labels.
         loss: the SPML loss (its ``on_train_start`` is called here).
-        config: the run's :class:`TrainConfig`.
+        config: the run's [`TrainConfig`][spmlkit.engine.config.TrainConfig].
         val, y_val: the val rows and their full labels (None: the last epoch is kept).
         alpha: BoostLU's factor; eval_alpha: its factor in eval mode (default ``alpha``;
-            :class:`spmlkit.models.heads.BoostLUHead`).
+            `spmlkit.models.heads.BoostLUHead`).
         k: expected positives per example, for the loss.
-        on_epoch, checkpoint, resume: as :func:`spmlkit.engine.fit_linear`.
+        on_epoch, checkpoint, resume: as `spmlkit.engine.fit_linear`.
 
     Returns:
         ``(head, result)``: the head holds the best epoch's weights, ``loss`` its state.
@@ -232,7 +232,7 @@ def run_config(ctx) -> dict:
 
 
 def _inputs(ctx, device) -> tuple[dict, dict]:
-    """``(rows, info)``: a :class:`MapRows` per split and what describes them."""
+    """``(rows, info)``: a `MapRows` per split and what describes them."""
     splits, o = ctx.splits, ctx.options
     if _check(ctx):
         return ({s: MapRows(getattr(splits, s).x, device) for s in ("train", "val", "test")},
@@ -248,8 +248,9 @@ def _inputs(ctx, device) -> tuple[dict, dict]:
 
 
 def fit(ctx: RunContext) -> Fitted:
-    """BoostLU's fit for :func:`spmlkit.methods.train_run`: the split's maps (or vectors),
-    :func:`fit_boostlu`, the best epoch's probabilities."""
+    """BoostLU's fit for [`spmlkit.methods.train_run`][spmlkit.methods.train_run]: the split's maps
+    (or vectors),
+    `fit_boostlu`, the best epoch's probabilities."""
     splits, config, o = ctx.splits, ctx.config, ctx.options
     device = torch.device(config.device)
     rows, info = _inputs(ctx, device)

@@ -1,13 +1,14 @@
-"""What a training method is: :class:`TrainingMethod`, the registry (:data:`METHODS`), what a
-method's ``fit`` is given (:class:`RunContext`) and returns (:class:`Fitted`), and what it is
-checked and resolved with (inputs, learning-rate defaults, the loss's hyperparameters, k).
+"""What a training method is: [`TrainingMethod`][spmlkit.methods.contract.TrainingMethod], the
+registry (`METHODS`), what a method's ``fit`` is given (`RunContext`) and returns (`Fitted`), and
+what it is checked and resolved with (inputs, learning-rate defaults, the loss's hyperparameters,
+k).
 
 A *training method* says how a model is trained on a dataset's splits with a loss: ``linear``
 (a linear head on feature vectors, Cole et al.'s linear protocol), ``finetune`` and
 ``linear_init`` (a backbone end to end on images), ``lac`` (Xie et al.'s label-wise embedding
 model), ``smile`` (Xu et al.), ``mime`` (Liu et al.), ``boostlu`` (Kim et al. 2023's CAM head).
-Each is one :class:`TrainingMethod` in :data:`METHODS`, registered by the module that
-implements it, with:
+Each is one [`TrainingMethod`][spmlkit.methods.contract.TrainingMethod] in `METHODS`, registered by
+the module that implements it, with:
 
 - ``fit(ctx) -> Fitted``: trains and predicts (the engine's loop does the epochs);
 - ``load_model(best, config) -> (model, info)``: rebuilds the trained model from ``best.pt``
@@ -17,9 +18,10 @@ implements it, with:
 - what it needs (feature vectors or images), its default batch size, whether it runs under
   ``torchrun``.
 
-Adding a method: one module with its ``fit`` and ``load_model`` and one :func:`register_method`
-call; the CLI (``spml train --mode``), studies (``mode:``), ``spml predict``, the figures and the
-generated tests (tests/test_methods.py) pick it up. :mod:`spmlkit.methods.driver` runs it.
+Adding a method: one module with its ``fit`` and ``load_model`` and one
+[`register_method`][spmlkit.methods.contract.register_method] call; the CLI (``spml train --mode``),
+studies (``mode:``), ``spml predict``, the figures and the generated tests (tests/test_methods.py)
+pick it up. `spmlkit.methods.driver` runs it.
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ class TrainingMethod:
     processes: bool = False                       # runs under torchrun --nproc_per_node=N
     default_epochs: int = 25
     #: the learning rate of a run that names none (``spml train`` without ``--lr``) and the
-    #: loss has no selected value for (:data:`SELECTED_LR`), and where it comes from
+    #: loss has no selected value for (`SELECTED_LR`), and where it comes from
     default_lr: float = 1e-4
     default_lr_source: str = "no selected value for this loss is known here; Adam at 1e-4, " \
         "spmlkit's earlier default for every mode"
@@ -64,7 +66,7 @@ class TrainingMethod:
     #: the epochs a run will show (a progress bar's total): count_epochs(config, options)
     count_epochs: Callable | None = None
     #: write the resumable checkpoint when this many seconds passed since the last one
-    #: (None: :data:`CHECKPOINT_SECONDS`; 0: every epoch)
+    #: (None: `CHECKPOINT_SECONDS`; 0: every epoch)
     checkpoint_seconds: float | None = None
     #: the run's TrainConfig from the given one and the options (LAC: its stages fix the
     #: epochs, LACConfig's batch size and lr win): resolve_config(config, options)
@@ -73,14 +75,14 @@ class TrainingMethod:
     #: the generated tests (tests/test_methods.py) train, resume and predict every method so
     smoke_options: dict = field(default_factory=dict)
     #: several runs at once (the linear mode's stacked runs): ``fit_many(contexts)`` returns
-    #: a ``Fitted`` or the exception that ended it, per context (:func:`train_runs`); None:
+    #: a ``Fitted`` or the exception that ended it, per context (`train_runs`); None:
     #: the method trains one run at a time
     fit_many: Callable | None = None
     #: an image method that also trains on feature vectors, read as D x 1 x 1 maps (mime,
     #: boostlu)
     accepts_vectors: bool = False
     #: ``baseline_cause(config, options) -> str | None``: the likely cause, in this method's
-    #: terms, of a run ending near the trivial baseline (:func:`baseline_warning`; None: the
+    #: terms, of a run ending near the trivial baseline (`baseline_warning`; None: the
     #: generic learning-rate advice)
     baseline_cause: Callable | None = None
     #: ``check_run(splits, config, options, resume)``: refuses (ValueError) a run this method
@@ -91,12 +93,12 @@ class TrainingMethod:
     #: under ``lac`` as before), so that the ids stay; None: as they are
     id_options: Callable | None = None
     #: ``stack_refusal(options) -> str | None``: why runs with these options (defaults filled
-    #: in) cannot train stacked by ``fit_many``, None when they can (:meth:`can_stack`)
+    #: in) cannot train stacked by ``fit_many``, None when they can (`can_stack`)
     stack_refusal: Callable | None = None
 
     def can_stack(self, options: dict) -> str | None:
         """None when runs with ``options`` can train together (``fit_many``), else the reason
-        they train one by one (as :func:`spmlkit.engine.vectorised.can_stack` says for a loss).
+        they train one by one (as `spmlkit.engine.vectorised.can_stack` says for a loss).
         A method without ``fit_many`` never stacks."""
         if self.fit_many is None:
             return f"method {self.name!r} trains one run at a time"
@@ -107,7 +109,7 @@ class TrainingMethod:
     def total_epochs(self, config, options: dict) -> int:
         """How many epoch records a run with ``config`` and ``options`` writes (after
         ``resolve_config``: LAC's stage epochs fix its total); an unknown option is refused
-        first (:meth:`check_options`)."""
+        first (`check_options`)."""
         options = self.check_options(options)
         if self.resolve_config is not None:
             config = self.resolve_config(config, options)
@@ -132,7 +134,7 @@ METHODS = Registry("training method")
 
 
 def register_method(method: TrainingMethod) -> TrainingMethod:
-    """Add ``method`` to :data:`METHODS` (one call per method module)."""
+    """Add ``method`` to `METHODS` (one call per method module)."""
     METHODS.register(method.name, method.description, paper=method.paper,
                      defaults=method.options, factory=method)
     return method
@@ -151,7 +153,7 @@ def list_methods() -> list[TrainingMethod]:
 # ---- what every run shares -------------------------------------------------------------------
 #: learning rates a paper selected or prescribes for a loss under a training method:
 #: ``(method, loss, dataset or None for every dataset) -> (lr, source)``; ``spml train`` uses
-#: them when ``--lr`` is not given (:func:`default_lr`). Cole et al.'s own per-loss selections
+#: them when ``--lr`` is not given (`default_lr`). Cole et al.'s own per-loss selections
 #: (their supplement) are not in the text this project has, so their losses fall back to the
 #: method's default.
 SELECTED_LR: dict = {
@@ -168,7 +170,7 @@ def default_lr(method: "str | TrainingMethod", loss: str, dataset: str | None
     """``(lr, why)``: the learning rate of a run that names none.
 
     The paper's selected value for ``loss`` under ``method`` on ``dataset`` where
-    :data:`SELECTED_LR` has one (for that dataset, else for every dataset), otherwise the
+    `SELECTED_LR` has one (for that dataset, else for every dataset), otherwise the
     method's ``default_lr``. ``why`` says which, for the user.
 
     >>> default_lr("finetune", "ll_r", "voc")[0], default_lr("linear", "an", "yeast")[0]
@@ -208,7 +210,7 @@ _INTERVALS: dict = {}
 
 
 def _k_interval(y, m: int):
-    """:func:`spmlkit.labels.k_interval` of ``y``, kept per (rows, M): a study's runs resolve
+    """`spmlkit.labels.k_interval` of ``y``, kept per (rows, M): a study's runs resolve
     the same interval many times."""
     from ..labels import k_interval
 
@@ -225,10 +227,10 @@ def resolve_k(k, splits, seed: int, report: bool = False):
     """A run's ``k`` (expected positives per example): ``None`` and numbers as they are;
     ``"true"`` the split's own mean (``splits.k``: the paper's k*, what ``None`` trains with);
     ``"estimate:M:lower|point|upper"`` estimated from M fully labelled rows drawn with ``seed``
-    (:func:`spmlkit.labels.estimate_k`): the estimate or an end of its normal 95% interval;
+    (`spmlkit.labels.estimate_k`): the estimate or an end of its normal 95% interval;
     ``"interval:M:lower|upper|I/N"`` a value of Cole et al. App. B's interval ``I_M`` (Table A2:
     the 5th and 95th percentiles of the estimate over 10^5 draws of M rows,
-    :func:`spmlkit.labels.k_interval`; the same for every seed): its low end, its high end, or
+    `spmlkit.labels.k_interval`; the same for every seed): its low end, its high end, or
     ``low + I/N (high - low)`` (Figure A1's linearly spaced values: ``0/9`` .. ``9/9``). The
     rows are train rows, or val rows when the training labels are only observed ones (regime
     ``given``: the train rows' full labels are unknown). ``report`` prints the estimate to
@@ -355,7 +357,7 @@ def feature_record(splits) -> dict:
 
 @dataclass
 class RunContext:
-    """What a method's ``fit`` gets from :func:`train_run`."""
+    """What a method's ``fit`` gets from `train_run`."""
 
     method: TrainingMethod
     splits: Any

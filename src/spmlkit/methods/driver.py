@@ -1,13 +1,13 @@
-"""The one driver that turns a method's fit into a run (:mod:`spmlkit.methods.contract` says
+"""The one driver that turns a method's fit into a run (`spmlkit.methods.contract` says
 what a method is).
 
-:func:`train_run` is the one driver of every method: it resolves the loss and its
-hyperparameters, creates the run folder (:class:`spmlkit.runs.RunDir`) and writes its config,
+[`train_run`][spmlkit.methods.driver.train_run] is the one driver of every method: it resolves the
+loss and its hyperparameters, creates the run folder (`spmlkit.runs.RunDir`) and writes its config,
 logs every epoch, hands the method a checkpoint writer and, for ``resume``, the saved state, then
 scores the best epoch's predictions the same way for every method and finishes the folder.
-:func:`train_runs` trains several runs of one method at once where the method can (the linear
-mode's stacked runs); :func:`resume_run` continues an interrupted run folder with its own
-settings; :func:`load_run_model` rebuilds a finished run's model.
+`train_runs` trains several runs of one method at once where the method can (the linear
+mode's stacked runs); `resume_run` continues an interrupted run folder with its own
+settings; [`load_run_model`][spmlkit.methods.driver.load_run_model] rebuilds a finished run's model.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ CHECKPOINT_SECONDS = 10.0
 
 
 def training_warnings(fit) -> list[str]:
-    """Warnings about a finished fit (a :class:`spmlkit.engine.FitResult`), for the user and
+    """Warnings about a finished fit (a `spmlkit.engine.FitResult`), for the user and
     ``final.json``: the best epoch being the last of two or more (val mAP still rising, so
     the model is probably under-trained)."""
     n = len(fit.history)
@@ -48,7 +48,7 @@ def training_warnings(fit) -> list[str]:
 
 
 #: a run of an image method whose test mAP closes less than this share of the way from the
-#: trivial baseline (every image scored alike) to 100 is reported (:func:`baseline_warning`)
+#: trivial baseline (every image scored alike) to 100 is reported (`baseline_warning`)
 BASELINE_LIFT = 0.15
 
 
@@ -62,7 +62,7 @@ def trivial_map(y, convention: str = "present") -> float:
 def baseline_warning(method: "TrainingMethod", config, options: dict, test_map: float,
                      trivial: float) -> str | None:
     """A warning when an image run's test mAP is near the trivial baseline (less than
-    :data:`BASELINE_LIFT` of the way from it to 100), naming the likely cause from the method
+    `BASELINE_LIFT` of the way from it to 100), naming the likely cause from the method
     and its learning rates; None otherwise."""
     if not np.isfinite(test_map) or trivial >= 100:
         return None
@@ -106,7 +106,7 @@ def pseudo_label_record(loss_module, y_train) -> dict:
     N_train x L 0/1 (the label it asserts on each): ``em_apl`` (0: its soft negatives), ``ll_cp``
     (1: flipped entries), ``soft_opml`` / ``opml_sp`` (1: corrected entries). ``pl_precision``
     is a fraction in [0, 1] (NaN while nothing is pseudo-labelled); see
-    :func:`spmlkit.metrics.pseudo_label_stats`.
+    `spmlkit.metrics.pseudo_label_stats`.
     """
     method = getattr(loss_module, "hard_pseudo_labels", None)
     if method is None:
@@ -234,10 +234,11 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
 
     Args:
         method: a registered training method (``spml list methods``) or its entry.
-        splits: the dataset's splits (:func:`spmlkit.data.load_splits`).
+        splits: the dataset's splits ([`spmlkit.data.load_splits`][spmlkit.data.load_splits]).
         loss, hparams: a registered loss and its hyperparameters (over its per-dataset
             official defaults).
-        config: :class:`spmlkit.engine.TrainConfig` (default: the method's epochs and batch).
+        config: [`spmlkit.engine.TrainConfig`][spmlkit.engine.TrainConfig] (default: the method's
+            epochs and batch).
         k: expected positives per example for the loss (default: the train split's mean).
         out, run_name: create the run folder ``out/run_name`` (default name
             ``{dataset}-{loss}[-{method}]-{regime}-s{seed}``, no method for linear); without
@@ -245,10 +246,10 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
         on_epoch: ``on_epoch(record, model, loss)`` after every epoch (after it is logged).
         dataset_options: recorded in ``config.json`` (what ``load_splits`` was given).
         resume: a run folder of this method to continue from its ``checkpoint.pt`` (use
-            :func:`resume_run`, which reads the settings from the folder); a finished folder
+            `resume_run`, which reads the settings from the folder); a finished folder
             returns its ``final.json``.
         checkpoint_seconds: write the resumable checkpoint after an epoch when this many
-            seconds have passed since the last one (default :data:`CHECKPOINT_SECONDS`; 0 every
+            seconds have passed since the last one (default `CHECKPOINT_SECONDS`; 0 every
             epoch).
         **options: the method's options (``TrainingMethod.options``).
 
@@ -257,18 +258,18 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
         ``train_recovery_map`` (the train split's predictions against its full labels, Cole et
         al. Table 2; None for regime ``given``, whose train rows have no full labels),
         ``labels`` (one line: which labels trained and scored the run,
-        :func:`spmlkit.data.protocol.describe_labels`), ``test`` (P@k ...), ``metric`` (what the
+        `spmlkit.data.protocol.describe_labels`), ``test`` (P@k ...), ``metric`` (what the
         best epoch was selected on, ``config.metric``) and ``val_score`` (its value there),
-        ``val_metrics`` and ``test_metrics`` (every metric of :data:`spmlkit.metrics.METRICS`
-        of the selected epoch's predictions, :func:`spmlkit.metrics.classic_metrics`; F1s and
-        Hamming loss at ``threshold["value"]``, the global threshold chosen on val that
-        ``spml predict`` applies by default: :data:`spmlkit.metrics.THRESHOLD_POLICY`),
-        ``seconds``,
+        ``val_metrics`` and ``test_metrics`` (every metric of `spmlkit.metrics.METRICS`
+        of the selected epoch's predictions,
+        [`spmlkit.metrics.classic_metrics`][spmlkit.metrics.classic_metrics]; F1s and Hamming loss
+        at ``threshold["value"]``, the global threshold chosen on val that ``spml predict`` applies
+        by default: `spmlkit.metrics.THRESHOLD_POLICY`), ``seconds``,
         ``loss``, ``mode``, ``regime``, ``seed``, ``batch_size``, ``lr``; ``pl_count`` /
         ``pl_precision`` at the selected epoch for a loss that pseudo-labels
         (``pl_precision`` None for regime ``given``);
         ``estimator_recovery_map`` for ROLE (not for ``given``); the method's
-        own keys; ``warnings`` (:func:`training_warnings`, e.g. the best epoch being the
+        own keys; ``warnings`` (`training_warnings`, e.g. the best epoch being the
         last); ``run_dir`` when a folder was written.
 
     Raises:
@@ -349,8 +350,9 @@ def _epoch_logger(splits, run, pseudo: dict, on_epoch=None, is_main: bool = True
 
 def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
                   extra: dict | None = None, durable: bool = True) -> dict:
-    """Score a fitted run and finish its folder (the end of :func:`train_run`; ``durable``: as
-    :meth:`spmlkit.runs.RunDir.finish`)."""
+    """Score a fitted run and finish its folder (the end of
+    [`train_run`][spmlkit.methods.driver.train_run]; ``durable``: as
+    `spmlkit.runs.RunDir.finish`)."""
     method, splits, config, loss, loss_fn = ctx.method, ctx.splits, ctx.config, \
         ctx.loss_name, ctx.loss
     is_main, hparams = ctx.is_main, ctx.hparams
@@ -421,25 +423,26 @@ def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
 def train_runs(method: str | TrainingMethod, splits, loss, hparams, configs, *,
                k=None, out=None, run_names=None, dataset_options: dict | None = None,
                **options) -> list:
-    """Train several fresh runs of one method that differ in their :class:`TrainConfig` (seed,
-    learning rate) at once, when the method can (``TrainingMethod.fit_many``: the linear mode's
-    stacked runs, :mod:`spmlkit.engine.vectorised`), else one after the other.
+    """Train several fresh runs of one method that differ in their
+    [`TrainConfig`][spmlkit.engine.config.TrainConfig] (seed, learning rate) at once, when the
+    method can (``TrainingMethod.fit_many``: the linear mode's stacked runs,
+    `spmlkit.engine.vectorised`), else one after the other.
 
-    Each run gets the folder, records and result :func:`train_run` gives it alone
-    (``config.json``, ``metrics.jsonl``, ``best.pt``, ``predictions.npz``, ``final.json``), but
-    no ``checkpoint.pt`` while it trains (runs trained together are not resumed one by one: a
-    study trains an interrupted group again; :func:`resume_run` restarts such a folder); its
+    Each run gets the folder, records and result [`train_run`][spmlkit.methods.driver.train_run]
+    gives it alone (``config.json``, ``metrics.jsonl``, ``best.pt``, ``predictions.npz``,
+    ``final.json``), but no ``checkpoint.pt`` while it trains (runs trained together are not resumed
+    one by one: a study trains an interrupted group again; `resume_run` restarts such a folder); its
     ``seconds`` is its share of the stacked training plus its own scoring, and its result has
     ``"vectorised"``: how many runs trained together.
 
     Args:
-        splits, loss, hparams, k: as :func:`train_run`, one for all runs or a list with one per
-            run (the linear mode stacks runs of different losses, hyperparameters and regimes
-            of one dataset when every loss is closed-form,
-            :func:`spmlkit.engine.vectorised.closed_form`).
-        configs: one :class:`TrainConfig` per run.
+        splits, loss, hparams, k: as [`train_run`][spmlkit.methods.driver.train_run], one for all
+            runs or a list with one per run (the linear mode stacks runs of different losses,
+            hyperparameters and regimes of one dataset when every loss is closed-form,
+            `spmlkit.engine.vectorised.closed_form`).
+        configs: one [`TrainConfig`][spmlkit.engine.config.TrainConfig] per run.
         run_names: one folder name per run (with ``out``).
-        Others: as :func:`train_run`.
+        Others: as [`train_run`][spmlkit.methods.driver.train_run].
 
     Returns:
         per run, its result dict or the exception that ended it (that run's folder records
@@ -569,7 +572,7 @@ def load_run_model(run, device: str = "cpu") -> tuple[torch.nn.Module, dict]:
 
     Returns ``(model, info)``: ``model`` maps inputs to logits; ``info["inputs"]`` says which
     inputs: ``"features"`` (a linear head on feature vectors: apply ``info["preprocess"]``
-    first, see :func:`preprocess_features`) or ``"images"`` (3 x S x S tensors normalised with
+    first, see `preprocess_features`) or ``"images"`` (3 x S x S tensors normalised with
     ``info["mean"]`` / ``info["std"]`` at side ``info["image_size"]``). ``info`` also holds
     ``mode``, ``class_names``, ``num_classes``, ``config`` (config.json) and ``checkpoint``
     (best.pt without the weights). Checkpoints load with ``weights_only=True``.

@@ -1,22 +1,22 @@
 """``finetune`` and ``linear_init``: a backbone and a linear head trained end to end on images.
 
 ``finetune`` trains the pretrained backbone and a fresh head together
-(:func:`spmlkit.engine.fit_finetune`); ``linear_init`` (Cole et al.) first trains the head on the
+(`spmlkit.engine.fit_finetune`); ``linear_init`` (Cole et al.) first trains the head on the
 frozen backbone's cached features for ``linear_epochs`` (at ``linear_lr``, default the run's lr),
 then fine-tunes from that head with the loss's state carried over
-(:func:`spmlkit.engine.fit_linear_init`). Both run in one process or many under ``torchrun``
+(`spmlkit.engine.fit_linear_init`). Both run in one process or many under ``torchrun``
 (process 0 writes the run folder). ``best.pt`` names the backbone, the input size and the
 normalisation, so ``spml predict`` rebuilds the model from the run folder alone.
 
 Fine-tuning options (defaults: today's runs, unchanged): ``augment`` (``none`` / ``weak`` /
-``strong``, :func:`train_transform`), ``weight_decay`` (decoupled, on weights only),
+``strong``, `train_transform`), ``weight_decay`` (decoupled, on weights only),
 ``warmup_epochs`` and ``lr_schedule`` (``constant`` / ``cosine``), ``cpu_bf16`` (bfloat16
-autocast of the training forward on a CPU): :class:`spmlkit.engine.FinetuneOptions`.
+autocast of the training forward on a CPU): `spmlkit.engine.FinetuneOptions`.
 
 Options: ``backbone`` (``spml list backbones``), ``pretrained``, ``backbone_options``
-(:func:`spmlkit.models.create_backbone`'s), ``linear_epochs`` and ``linear_lr`` (linear_init),
+(`spmlkit.models.create_backbone`'s), ``linear_epochs`` and ``linear_lr`` (linear_init),
 and linear_init's feature store: ``feature_dtype``, ``cache_dir``, ``progress`` and more
-:func:`spmlkit.features.extract_features` options in ``features`` (``batch_size``,
+`spmlkit.features.extract_features` options in ``features`` (``batch_size``,
 ``num_workers``).
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ OPTIONS = {"backbone": "efficientnet_lite0", "pretrained": True, "backbone_optio
            "augment": "weak", "weight_decay": 0.0, "warmup_epochs": 0.0,
            "lr_schedule": "constant", "cpu_bf16": False}
 
-#: the training images' augmentation (option ``augment``): :mod:`spmlkit.data.transforms`
+#: the training images' augmentation (option ``augment``): `spmlkit.data.transforms`
 AUGMENTATIONS = {"none": "eval_transform", "weak": "weak_view", "strong": "strong_view"}
 
 
@@ -52,7 +52,7 @@ def train_transform(augment: str, geometry: dict):
 
 
 def tuning_options(o: dict):
-    """The :class:`spmlkit.engine.FinetuneOptions` of a run's options."""
+    """The `spmlkit.engine.FinetuneOptions` of a run's options."""
     from ..engine import FinetuneOptions
 
     return FinetuneOptions(weight_decay=float(o["weight_decay"]),

@@ -2,22 +2,22 @@
 
 Each builds a backbone of its own by name (option ``backbone``), reads its feature maps or the
 images through it, and writes what rebuilds it into ``best.pt``; LAC and MIME train a
-label-wise embedding head configured by a dataclass of their own (:class:`LACConfig
-<spmlkit.methods.lac.LACConfig>`, :class:`MIMEConfig <spmlkit.methods.mime.MIMEConfig>`) from
+label-wise embedding head configured by a dataclass of their own (`LACConfig
+<spmlkit.methods.lac.LACConfig>`, `MIMEConfig <spmlkit.methods.mime.MIMEConfig>`) from
 the method's flat options. Here, once:
 
-- the options of such a method and of its smoke run (:func:`image_options`,
-  :func:`smoke_image_options`);
-- the run's device, backbone and input geometry (:func:`run_device`, :func:`run_backbone`,
-  :func:`run_geometry`), what ``config.json`` / ``best.pt`` record of them
-  (:func:`backbone_record`), and the way back (:func:`rebuild_backbone`,
-  :func:`image_model_info`);
+- the options of such a method and of its smoke run (`image_options`,
+  `smoke_image_options`);
+- the run's device, backbone and input geometry (`run_device`, `run_backbone`,
+  `run_geometry`), what ``config.json`` / ``best.pt`` record of them
+  (`backbone_record`), and the way back (`rebuild_backbone`,
+  `image_model_info`);
 - a dataclass config from a dict or from the method's options, with named ablations
-  (:func:`config_from_dict`, :func:`config_from_options`), and the checks a label-wise head's
-  config shares (:func:`check_head_config`);
-- the training views of image splits: :class:`CachedMapViews` (a frozen backbone's cached
-  feature maps of weak / strong draws, the CPU path), :class:`EvalMapViews` (its eval-view maps
-  only, the store every method on that backbone shares) and :class:`ImageViews` (the images
+  (`config_from_dict`, `config_from_options`), and the checks a label-wise head's
+  config shares (`check_head_config`);
+- the training views of image splits: `CachedMapViews` (a frozen backbone's cached
+  feature maps of weak / strong draws, the CPU path), `EvalMapViews` (its eval-view maps
+  only, the store every method on that backbone shares) and `ImageViews` (the images
   through the weak and strong transforms at every step, the end-to-end path).
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ _SMOKE_OPTIONS = {"backbone": "tiny_cnn", "pretrained": False, "progress": False
 def image_options(*, without: Sequence[str] = (), **overrides) -> dict:
     """The options (with defaults) of a method that builds its own backbone: ``backbone``,
     ``image_size``, ``cache_dir``, ``progress``, ``pretrained``, ``backbone_options``,
-    ``features`` (:func:`spmlkit.features.extract_feature_maps` options), ``image_reader``;
+    ``features`` (`spmlkit.features.extract_feature_maps` options), ``image_reader``;
     ``overrides`` change a default, ``without`` drops options the method does not take."""
     unknown = sorted((set(overrides) | set(without)) - set(_IMAGE_OPTIONS))
     if unknown:
@@ -81,7 +81,7 @@ def run_device(config: TrainConfig) -> torch.device:
 
 def run_backbone(ctx) -> tuple[nn.Module, str]:
     """The run's backbone module and its name (option ``backbone``: a name of
-    :func:`spmlkit.models.backbones.create_backbone` or a module), built once per run (its
+    `spmlkit.models.backbones.create_backbone` or a module), built once per run (its
     ``run_config`` and ``fit`` both need it; kept in ``ctx.prepared``)."""
     from ..models.backbones import create_backbone
 
@@ -116,7 +116,7 @@ def backbone_record(ctx) -> dict:
 
 
 def rebuild_backbone(best: dict) -> nn.Module:
-    """The backbone a :func:`backbone_record` names (``best.pt``), built again."""
+    """The backbone a `backbone_record` names (``best.pt``), built again."""
     from ..models.backbones import create_backbone
 
     return create_backbone(best["backbone"], pretrained=best.get("pretrained", True),
@@ -179,13 +179,13 @@ _HEAD_INTEGERS = (("dim", 4), ("heads", 1), ("encoder_layers", 0), ("decoder_lay
 def check_head_config(cfg, *, views: Sequence[str], flags: Sequence[str] = (),
                       integers: Sequence[tuple[str, int]] = (),
                       optional: Sequence[str] = ("ffn",), maxima: dict | None = None) -> None:
-    """The checks a config of a label-wise embedding head shares (:class:`LACConfig
-    <spmlkit.methods.lac.LACConfig>`, :class:`MIMEConfig <spmlkit.methods.mime.MIMEConfig>`):
+    """The checks a config of a label-wise embedding head shares (`LACConfig
+    <spmlkit.methods.lac.LACConfig>`, `MIMEConfig <spmlkit.methods.mime.MIMEConfig>`):
     ``flags`` and ``train_backbone`` true or false; the head's sizes (``dim`` a multiple of 4
     and of ``heads``, ``encoder_layers``, ``decoder_layers``, ``dropout`` in [0, 1)),
     ``weak_views`` and ``integers`` ``(name, least)`` whole numbers, ``optional`` ones (``ffn``)
     None or >= 1, each at most ``maxima[name]`` where given (checked before anything is
-    allocated); ``views`` one of ``views``, ``map_dtype`` one of :data:`MAP_DTYPES`, and
+    allocated); ``views`` one of ``views``, ``map_dtype`` one of `MAP_DTYPES`, and
     ``train_backbone`` only with ``views="images"``.
 
     Raises:
@@ -265,10 +265,10 @@ class CachedMapViews:
         backbone: the backbone module (its ``cache_key`` names the stores).
         size: input side.
         weak_views, strong_views: cached draws of the weak / strong view per train image
-            (``strong_views=0``: none); map_dtype: the stores' dtype (:data:`MAP_DTYPES`).
+            (``strong_views=0``: none); map_dtype: the stores' dtype (`MAP_DTYPES`).
         seed: the run seed (the view choice per epoch; the cached views themselves are seeded
             ``0 .. n - 1`` and shared by every run).
-        store_options: :func:`spmlkit.features.extract_features` options (``cache_dir``,
+        store_options: `spmlkit.features.extract_features` options (``cache_dir``,
             ``progress``, ``num_workers``, ``batch_size``, ``device``).
     """
 
@@ -401,10 +401,10 @@ class _Batches:
 class ImageViews:
     """Views computed from the images at every step (the end-to-end path, for a GPU).
 
-    Weak view (:func:`spmlkit.data.transforms.weak_view`) and strong view
-    (:func:`~spmlkit.data.transforms.strong_view`) at the backbone's normalisation, in
+    Weak view (`spmlkit.data.transforms.weak_view`) and strong view
+    (`strong_view`) at the backbone's normalisation, in
     ``config.num_workers`` DataLoader workers; val / test / train predictions through the eval
-    transform (:class:`spmlkit.engine.ItemPredictor`, autocast on CUDA).
+    transform (`spmlkit.engine.ItemPredictor`, autocast on CUDA).
     """
 
     kind = "images"

@@ -2,9 +2,9 @@
 
 "Label-Aware Global Consistency for Multi-Label Learning with Single Positive Labels"
 (NeurIPS 2022; docs/spec.md#lac). The model is a backbone feature map
-through a label-wise embedding head (:class:`spmlkit.models.LabelEmbeddingModel`); every train
+through a label-wise embedding head (`spmlkit.models.LabelEmbeddingModel`); every train
 image is seen in a weak view ``w`` (flip + resize) and a strong view ``s`` (Cutout,
-RandAugment, colour jitter, grayscale; :mod:`spmlkit.data.transforms`). With ``z_obs`` the
+RandAugment, colour jitter, grayscale; `spmlkit.data.transforms`). With ``z_obs`` the
 observed labels and ``h`` the label-wise embeddings::
 
     stage 1 (delta1):  base(z_w) + lambda_plc * PLC(z_s | z_w, z_obs, delta1)
@@ -13,11 +13,11 @@ observed labels and ``h`` the label-wise embeddings::
 
 ``base`` is any registered SPML loss on the weak view's logits (default ``an``, the paper's;
 every other loss on this model gives the paper's "LEM" columns). PLC and LAC are
-:func:`spmlkit.losses.lac.plc_loss` and :func:`spmlkit.losses.lac.lac_loss`; LAC's positive
+`spmlkit.losses.lac.plc_loss` and `spmlkit.losses.lac.lac_loss`; LAC's positive
 entries are the observed positives and the pseudo-positives of the stage's delta; as in the
 authors' ``second_stage.train`` (pinned by ``tests/test_lac_official.py``), each step first
-writes them (both views) into the memory queue (:class:`spmlkit.losses.lac.LACQueue`) and then
-takes every valid queue item's two views as the anchors (:func:`spmlkit.losses.lac.lac_term`).
+writes them (both views) into the memory queue (`spmlkit.losses.lac.LACQueue`) and then
+takes every valid queue item's two views as the anchors (`spmlkit.losses.lac.lac_term`).
 Stage 2 starts from stage 1's best weights (the better of the model and its EMA on val), adds
 the projection head (frozen, i.e. not optimised, in stage 1) and LAC, with a fresh AdamW,
 OneCycle schedule, EMA and queue (empty at the start of stage 2, as the official second stage's;
@@ -31,14 +31,14 @@ score is the better of the two, and the run keeps the best epoch over both stage
 whether the model or the EMA won). ``config.early_stop`` applies within each stage (stage 1
 "until convergence").
 
-Table 3 of the paper (the ablation) as configurations (:data:`ABLATIONS`): ``an`` (no PLC, no
+Table 3 of the paper (the ablation) as configurations (`ABLATIONS`): ``an`` (no PLC, no
 LAC: one stage), ``an_plc`` (one stage), ``an_plc_lac`` (two stages), and the two variants
 ``lac_end_to_end`` (LAC from the first epoch, one stage) and ``no_queue`` (queue_size 0).
 
 Views (``LACConfig.views``):
 
 - ``"cached"`` (the default; for a CPU): the backbone is frozen and its feature maps are
-  computed once per view and stored memory-mapped (:func:`spmlkit.features.extract_feature_maps`,
+  computed once per view and stored memory-mapped (`spmlkit.features.extract_feature_maps`,
   float16, resumable, shared by every later run with the same backbone, size and images):
   ``weak_views`` draws of the weak view and ``strong_views`` draws of the strong view of every
   train image (view ``v`` seeded with ``v``), and the eval view of train / val / test. Each
@@ -54,19 +54,19 @@ Randomness: the head's initialisation, the batch order and the view choice come 
 inside ``torch.random.fork_rng`` re-seeded from ``mix_seed(seed, epoch)`` every epoch, so the
 caller's global RNG is left as it was and a resumed run repeats an uninterrupted one exactly.
 
-The loop is the engine's (:func:`spmlkit.engine.train_loop`): LAC is its stages (each stage's
+The loop is the engine's (`spmlkit.engine.train_loop`): LAC is its stages (each stage's
 set-up builds AdamW, OneCycle, the EMA and resets the queue; stage 2 starts from the best
 weights), a step hook (PLC and LAC terms with the queue, schedule and EMA steps) and two evaluators
-(the model and its EMA). :func:`fit_lac` runs it on given views; the registered method (``lac``:
-:func:`spmlkit.methods.train_run`) adds the run folder.
+(the model and its EMA). `fit_lac` runs it on given views; the registered method (``lac``:
+[`spmlkit.methods.train_run`][spmlkit.methods.train_run]) adds the run folder.
 
 Resuming: after every epoch the run folder gets ``checkpoint.pt`` (written atomically, through
 the loop's ``checkpoint=`` callback) with the loop's whole state: model, EMA, optimiser,
 schedule, loss, queue, stage and epoch, the best weights so far with their score, the history
 and the elapsed time; tensors, numbers and strings only, loaded with ``weights_only=True``
-(:func:`spmlkit.runs.load_torch`: a file holding pickled code is refused, nothing runs).
+(`spmlkit.runs.load_torch`: a file holding pickled code is refused, nothing runs).
 ``train_run("lac", ..., resume=RUN_DIR)`` (``spml train --resume RUN_DIR``, or
-:func:`spmlkit.methods.resume_run`) continues in either stage and ends with the same weights and
+`spmlkit.methods.resume_run`) continues in either stage and ends with the same weights and
 metrics as a run that was never interrupted.
 """
 from __future__ import annotations
@@ -126,13 +126,13 @@ _LAC_MAX = {"dim": 8192, "heads": 256, "encoder_layers": 64, "decoder_layers": 6
 class LACConfig:
     """LAC's hyperparameters, validated; defaults are the paper's / the authors' code's.
 
-    Label-wise embedding head (:class:`spmlkit.models.LabelEmbeddingHead`):
+    Label-wise embedding head (`spmlkit.models.LabelEmbeddingHead`):
 
     - ``dim`` (256; official 2048 = ResNet-50's channels), ``heads`` (4), ``ffn`` (None: 4 *
       dim; official 8192), ``dropout`` (0.1), ``encoder_layers`` (1), ``decoder_layers`` (2),
       ``proj_dim`` (128, the projection head's output).
 
-    Regularisers and the ablation switches (Table 3; :data:`ABLATIONS`):
+    Regularisers and the ablation switches (Table 3; `ABLATIONS`):
 
     - ``plc`` (True): the PLC term; ``lambda_plc`` (1.0); ``delta1`` (0.6, stage 1),
       ``delta2`` (0.9, stage 2), both in [0.5, 1] (the paper searches 0.5 .. 0.9);
@@ -144,9 +144,9 @@ class LACConfig:
     Schedule (per stage): ``stage1_epochs`` / ``stage2_epochs`` (None: ``config.epochs``
     split in two, stage 1 taking the larger half; one stage takes all; official 40 epochs in
     all with early stopping), ``batch_size`` / ``lr`` (None: the run's
-    :class:`spmlkit.engine.TrainConfig` values, so a study grid selects over them; official 32
-    and 1e-4, the OneCycle max lr), ``weight_decay`` (0.01, AdamW), ``pct_start`` (0.2,
-    OneCycle warm-up fraction), ``ema_decay`` (0.9997; with a few hundred steps per run, as on
+    [`spmlkit.engine.TrainConfig`][spmlkit.engine.TrainConfig] values, so a study grid selects over
+    them; official 32 and 1e-4, the OneCycle max lr), ``weight_decay`` (0.01, AdamW), ``pct_start``
+    (0.2, OneCycle warm-up fraction), ``ema_decay`` (0.9997; with a few hundred steps per run, as on
     a CPU, an EMA that slow barely leaves its start: use e.g. 0.99 there).
 
     Views: ``views`` (``"cached"``: frozen backbone + cached feature maps; ``"images"``: end
@@ -156,7 +156,7 @@ class LACConfig:
 
     Raises:
         ValueError: a value out of range (the message names the field), or an unknown field
-            in :meth:`from_dict`.
+            in `from_dict`.
 
     >>> LACConfig(**ABLATIONS["an_plc_lac"]).stages(10)
     [(1, 5, 0.6), (2, 5, 0.9)]
@@ -223,7 +223,7 @@ class LACConfig:
         return 2 if self.lac and self.two_stage else 1
 
     def head_kwargs(self) -> dict:
-        """The :class:`spmlkit.models.LabelEmbeddingHead` arguments."""
+        """The `spmlkit.models.LabelEmbeddingHead` arguments."""
         return {"dim": self.dim, "heads": self.heads, "ffn": self.ffn, "dropout": self.dropout,
                 "encoder_layers": self.encoder_layers, "decoder_layers": self.decoder_layers,
                 "proj_dim": self.proj_dim}
@@ -249,8 +249,8 @@ class LACConfig:
 
     @classmethod
     def from_dict(cls, values: dict | None) -> "LACConfig":
-        """A config from a dict of its fields; ``ablation=NAME`` applies :data:`ABLATIONS`
-        first; unknown keys raise (:func:`spmlkit.methods.image_methods.config_from_dict`)."""
+        """A config from a dict of its fields; ``ablation=NAME`` applies `ABLATIONS`
+        first; unknown keys raise (`spmlkit.methods.image_methods.config_from_dict`)."""
         return config_from_dict(cls, values, what="LAC", ablations=ABLATIONS)
 
 
@@ -282,9 +282,9 @@ def upgrade_options(options: dict) -> dict:
 
 
 def config_of(options: dict, **fields) -> LACConfig:
-    """The run's :class:`LACConfig` from the method's options (``--option KEY=VALUE``, a
-    study's ``mode_options``): ``ablation`` (a name of :data:`ABLATIONS`) and every field not
-    None there (:func:`upgrade_options` reads the deprecated nested form), ``fields`` on top."""
+    """The run's `LACConfig` from the method's options (``--option KEY=VALUE``, a
+    study's ``mode_options``): ``ablation`` (a name of `ABLATIONS`) and every field not
+    None there (`upgrade_options` reads the deprecated nested form), ``fields`` on top."""
     return config_from_options(LACConfig, upgrade_options(options), what="LAC",
                                ablations=ABLATIONS, more=fields)
 
@@ -303,7 +303,7 @@ def id_options(options: dict) -> dict:
 
 
 def ablation_config(name: str, **overrides) -> LACConfig:
-    """The Table-3 row ``name`` (:data:`ABLATIONS`) with ``overrides`` on top.
+    """The Table-3 row ``name`` (`ABLATIONS`) with ``overrides`` on top.
 
     >>> ablation_config("an").num_stages, ablation_config("an_plc_lac").num_stages
     (1, 2)
@@ -349,11 +349,11 @@ class _LACStep(StepHook):
         + lambda_plc * PLC(ls | lw, observed, delta)          (lac.plc)
         + lambda_lac * LAC(proj(ew), proj(es), positives, queue)   (this stage's LAC)
 
-    (the queue is written before the LAC term, :func:`spmlkit.losses.lac.lac_term`); after
+    (the queue is written before the LAC term, `spmlkit.losses.lac.lac_term`); after
     the optimiser step, the OneCycle step and the EMA update. The
     epoch's record gets the mean base / PLC / LAC losses, the pseudo-positives PLC found on
     unobserved entries (``pl_count``) and the fraction of them that are true positives
-    (``pl_precision`` in [0, 1], as :func:`spmlkit.metrics.pseudo_label_stats`; NaN when
+    (``pl_precision`` in [0, 1], as `spmlkit.metrics.pseudo_label_stats`; NaN when
     none), the queue's fill and the learning rate of the epoch's last step."""
 
     def __init__(self, recipe: "_LACRecipe", lac_on: bool, delta: float, opt, sched, ema):
@@ -417,7 +417,7 @@ class _LACStep(StepHook):
 
 
 class _LACRecipe:
-    """LAC as stages, step hooks and evaluators of :func:`spmlkit.engine.train_loop`.
+    """LAC as stages, step hooks and evaluators of `spmlkit.engine.train_loop`.
 
     Each stage's set-up builds AdamW (weight decay on the model; the loss's own state at
     ``lr * loss.lr_multiplier`` without), the per-step OneCycle schedule, a fresh EMA of what
@@ -549,22 +549,22 @@ def fit_lac(model: LabelEmbeddingModel, loss, views, observed, y_train, y_val, l
     seeded per epoch from ``mix_seed(config.seed, 0x1AC, epoch)``.
 
     Args:
-        model: a :class:`spmlkit.models.LabelEmbeddingModel` on the run's device.
+        model: a `spmlkit.models.LabelEmbeddingModel` on the run's device.
         loss: the base SPML loss (``on_train_start`` is called here).
-        views: :class:`CachedMapViews` or :class:`ImageViews` of the splits.
+        views: `CachedMapViews` or `ImageViews` of the splits.
         observed: N x L observed train labels; ``y_train``: their full labels (PLC's
             ``pl_precision``); ``y_val``: the full val labels (selection).
         lac, config: the method's and the run's settings.
         k: expected positives per example, for the base loss.
         on_epoch: ``on_epoch(record, model, loss)`` after each epoch.
-        checkpoint, resume: as :func:`spmlkit.engine.fit_linear`: ``checkpoint(state_fn)``
+        checkpoint, resume: as `spmlkit.engine.fit_linear`: ``checkpoint(state_fn)``
             after every epoch, ``state_fn()`` the whole resumable state (model, loss, AdamW,
             OneCycle, EMA, queue, loss scaler, stage and epoch, best weights, history, time;
             it loads with ``torch.load(weights_only=True)``), and ``resume=`` such a state to
             continue in either stage with the uninterrupted run's result.
 
     Returns:
-        the :class:`spmlkit.engine.FitResult` (``best_stage``, ``best_source``: ``"model"``
+        the `spmlkit.engine.FitResult` (``best_stage``, ``best_source``: ``"model"``
         or ``"ema"``); ``model`` and ``loss`` hold the best epoch's state.
     """
     device = next(model.parameters()).device
@@ -599,8 +599,9 @@ def run_config(ctx) -> dict:
 
 
 def fit(ctx):
-    """LAC's fit for :func:`spmlkit.methods.train_run`: views (cached feature maps or images),
-    the label-wise embedding model, :func:`fit_lac`; the best epoch's predictions."""
+    """LAC's fit for [`spmlkit.methods.train_run`][spmlkit.methods.train_run]: views (cached feature
+    maps or images),
+    the label-wise embedding model, `fit_lac`; the best epoch's predictions."""
     from .contract import Fitted
 
     splits, config, o = ctx.splits, ctx.config, ctx.options
@@ -678,7 +679,7 @@ from .contract import TrainingMethod, register_method  # noqa: E402
 
 def baseline_cause(config: TrainConfig, options: dict) -> str:
     """Why a LAC run may end near the trivial baseline: the paper's learning rate on a short
-    schedule (:func:`spmlkit.methods.driver.baseline_warning`)."""
+    schedule (`spmlkit.methods.driver.baseline_warning`)."""
     lr = float(config.lr)
     if lr <= 1e-4:
         return (f"LAC's lr {lr:g} is the paper's OneCycle peak for 40 epochs on a GPU; on a "

@@ -2,13 +2,13 @@
 
 The features are the dataset's own (yeast, ``arrays``, the authors' published ResNet-50
 features) or an image source's cached backbone features (``--backbone``). The engine's
-:func:`spmlkit.engine.fit_linear` trains the head; the best epoch (val mAP) is kept.
+`spmlkit.engine.fit_linear` trains the head; the best epoch (val mAP) is kept.
 
-Options ``head`` (``"linear"``, the default, or ``"mlp"``: :class:`spmlkit.models.heads.MLPHead`,
+Options ``head`` (``"linear"``, the default, or ``"mlp"``: `spmlkit.models.heads.MLPHead`,
 one hidden ReLU layer of ``hidden`` units, default 256; the tabular SPML protocol's MLP) and
 ``save_train_probs``: also store the eval-mode train probabilities after every epoch
 as ``train_probs.npy`` (epochs x N_train x L, float16; row ``e - 1`` is epoch ``e``), for
-:func:`spmlkit.analysis.unobserved_positive_histograms` (needs a run folder).
+`spmlkit.analysis.unobserved_positive_histograms` (needs a run folder).
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def _probs(model, x) -> np.ndarray:
 @torch.no_grad()
 def _prob_chunks(model, x):
     """``(start, probabilities)`` of ``x``'s rows chunk by chunk
-    (:data:`~spmlkit.data.rows.CHUNK_ROWS` rows, float32), the values :func:`_probs` gives."""
+    (`CHUNK_ROWS` rows, float32), the values `_probs` gives."""
     from ..data import rows as stored_rows
 
     device = next(model.parameters()).device
@@ -74,7 +74,7 @@ def _prob_chunks(model, x):
 class _EpochProbs:
     """``save_train_probs``: each epoch's eval-mode train probabilities (float16), written chunk
     by chunk into a memory map of a nameless temporary file in the run folder (gone when let
-    go), so the epochs x N x L probabilities are never in memory; :meth:`written` is what
+    go), so the epochs x N x L probabilities are never in memory; `written` is what
     ``train_probs.npy`` gets (the epochs run, in order)."""
 
     def __init__(self, folder, epochs: int, shape: tuple):
@@ -101,7 +101,7 @@ MAX_TRAIN_PROBS_BYTES = 8 * 2**30
 
 def check_run(splits, config, options: dict, resume=None) -> None:
     """``save_train_probs`` refused where it cannot work (a resume; more than
-    :data:`MAX_TRAIN_PROBS_BYTES` of probabilities), before the run folder is made."""
+    `MAX_TRAIN_PROBS_BYTES` of probabilities), before the run folder is made."""
     if not options["save_train_probs"]:
         return
     if resume is not None:
@@ -185,7 +185,7 @@ def _fitted(ctx: RunContext, model, result, x_train) -> Fitted:
 
 def stack_refusal(options: dict) -> str | None:
     """Why runs with these options (defaults filled in) train one by one, None when
-    :func:`fit_many` can stack them: a stack is linear heads that store no per-epoch train
+    `fit_many` can stack them: a stack is linear heads that store no per-epoch train
     probabilities (``TrainingMethod.can_stack``; the study groups its runs by it)."""
     if options["save_train_probs"]:
         return "save_train_probs stores one run's probabilities per epoch"
@@ -195,7 +195,7 @@ def stack_refusal(options: dict) -> str | None:
 
 
 def fit_many(contexts: list[RunContext]) -> list:
-    """Several runs at once (:func:`spmlkit.engine.vectorised.fit_linear_stacked`): per context
+    """Several runs at once (`spmlkit.engine.vectorised.fit_linear_stacked`): per context
     its ``Fitted`` or the exception that ended it. The runs share their features (runs whose
     train or val data differ are stacked apart); they share one loss and observed labels, or
     their losses are all closed-form (then their losses, hyperparameters, regimes and k may
@@ -205,7 +205,7 @@ def fit_many(contexts: list[RunContext]) -> list:
     A run that fails fails alone: the stacked engine ends a diverged run (or one whose hooks or
     callbacks raise) and trains the others on; an error of the stack as a whole (a loss that
     raises in the stacked step or when its labels are set) trains each of its runs alone
-    (:func:`fit`), so every other run ends as ``train_run`` would end it."""
+    (`fit`), so every other run ends as ``train_run`` would end it."""
     for ctx in contexts:
         if stack_refusal(ctx.options) is not None or ctx.resume is not None:
             raise ValueError("stacked linear runs take neither save_train_probs, an MLP head "
@@ -248,7 +248,7 @@ def fit_many(contexts: list[RunContext]) -> list:
 
 
 def _alone(ctx: RunContext):
-    """A run of a stack that raised as a whole, trained on its own (:func:`fit`, what
+    """A run of a stack that raised as a whole, trained on its own (`fit`, what
     ``train_run`` runs): a fresh loss module (the stack's hooks changed the old one) and no epoch
     records of the stacked try. Its ``Fitted``, or the exception that ended it."""
     from ..losses import create_loss

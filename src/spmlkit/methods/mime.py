@@ -7,7 +7,7 @@ the authors' code, ``palm-biaoliu/mime`` at commit
 
 - the model, ``lib_lagc/models/LEModel.py`` (``LEModel_VIB``): the label-wise embeddings ``h``
   (B x L x d) of the LAC / Query2Label head (``lib_lagc`` is LAC's library; here
-  :class:`spmlkit.models.LabelEmbeddingHead`) go through a projector ``Linear(d, d) -> ReLU ->
+  `spmlkit.models.LabelEmbeddingHead`) go through a projector ``Linear(d, d) -> ReLU ->
   Linear(d, 2 k)`` (k = ``z_dim``, official 256); the first k outputs are the mean ``mu``, the
   last k give ``sigma = exp(clamp(s / 2, -6, 6))`` of a Gaussian per (example, label); ``z`` is
   the mean of ``samples`` (official 10) reparameterised draws ``mu + sigma * eps`` and the
@@ -34,7 +34,7 @@ So MIME alternates, EM style, between fitting the model to the current targets (
 "E-step", the threshold rule); the paper's "mutual label enhancement" is this loop, in which
 the classifier and the pseudo-labels improve each other.
 
-Hyperparameters (:class:`MIMEConfig`): the 62a0f66 tree holds the functions above but not the
+Hyperparameters (`MIMEConfig`): the 62a0f66 tree holds the functions above but not the
 driver script its README names (``train_vib.py``); the stored ``train_mime.py`` (commit
 06e15de8bf35bf44b6046be5c3bd838c2b92630e), whose pseudo-labelling is the same rule, gives the
 schedule: 10 epochs, batch 32, Adamax (no weight decay, no schedule) at lr 1e-4 for the
@@ -47,11 +47,11 @@ Views (``MIMEConfig.views``; the backbone is ``efficientnet_lite0`` unless ``bac
 
 - ``"cached"`` (default for images; a CPU): the backbone is frozen and LAC's cached feature maps
   of ``weak_views`` weak draws (flip + resize, the official training transform) of every train
-  image are reused (:class:`spmlkit.methods.image_methods.CachedMapViews`, no strong views);
+  image are reused (`spmlkit.methods.image_methods.CachedMapViews`, no strong views);
 - ``"eval"``: the frozen backbone's eval-view maps only (no augmentation), the store every
   other method on the same backbone and size shares (fmnist_mosaic at 224 px: 1280 x 7 x 7);
 - ``"images"`` (a GPU): the weak view computed at every step (LAC's
-  :class:`~spmlkit.methods.image_methods.ImageViews`), ``train_backbone=true`` fine-tunes the
+  `ImageViews`), ``train_backbone=true`` fine-tunes the
   backbone (BatchNorm frozen) at ``lr`` while the head trains at ``head_lr_mult * lr``;
 - feature vectors (yeast, or an image source with a dataset backbone): each vector is a
   ``D x 1 x 1`` map. With one spatial token the head's cross-attention has a single key, so all
@@ -60,7 +60,7 @@ Views (``MIMEConfig.views``; the backbone is ``efficientnet_lite0`` unless ``bac
   differ by their classifiers ``(W_j, b_j)`` only (LAC refuses feature vectors; MIME takes
   them so that it runs on the tabular benchmark).
 
-Ablations (:data:`ABLATIONS`): ``an`` (no noise and no KL term, ``z = mu``; no pseudo-labels:
+Ablations (`ABLATIONS`): ``an`` (no noise and no KL term, ``z = mu``; no pseudo-labels:
 assume-negative on the same head), ``vib`` (the information bottleneck without pseudo-labels),
 ``an_pl`` (pseudo-labels without it) and ``mime`` (both).
 
@@ -194,7 +194,7 @@ class MIMEConfig:
       ``weak_views`` (2, cached weak draws), ``map_dtype`` (``"float16"``).
 
     Raises:
-        ValueError: a value out of range, or an unknown key in :meth:`from_dict`.
+        ValueError: a value out of range, or an unknown key in `from_dict`.
 
     >>> MIMEConfig(**ABLATIONS["an"]).vib
     False
@@ -237,7 +237,7 @@ class MIMEConfig:
             bad("theta", "must be in [0, 1]")
 
     def head_kwargs(self) -> dict:
-        """The :class:`spmlkit.models.LabelEmbeddingHead` arguments (its projector outputs
+        """The `spmlkit.models.LabelEmbeddingHead` arguments (its projector outputs
         ``2 * z_dim``)."""
         return {"dim": self.dim, "heads": self.heads, "ffn": self.ffn, "dropout": self.dropout,
                 "encoder_layers": self.encoder_layers, "decoder_layers": self.decoder_layers,
@@ -246,8 +246,8 @@ class MIMEConfig:
     @classmethod
     def from_dict(cls, values: dict | None) -> "MIMEConfig":
         """A config from a dict (``--option KEY=VALUE`` pairs, a study's options);
-        ``ablation=NAME`` applies :data:`ABLATIONS` first; unknown keys raise
-        (:func:`spmlkit.methods.image_methods.config_from_dict`)."""
+        ``ablation=NAME`` applies `ABLATIONS` first; unknown keys raise
+        (`spmlkit.methods.image_methods.config_from_dict`)."""
         return config_from_dict(cls, values, what="MIME", ablations=ABLATIONS)
 
 
@@ -256,20 +256,20 @@ class MIMEModel(nn.Module):
     """LAC's label-wise embedding model with MIME's Gaussian bottleneck per label
     (``LEModel_VIB``).
 
-    ``net`` is a :class:`spmlkit.models.LabelEmbeddingModel` whose projection head (``Linear d
+    ``net`` is a `spmlkit.models.LabelEmbeddingModel` whose projection head (``Linear d
     -> d, ReLU, Linear d -> 2 k``, used without LAC's L2 normalisation) gives ``(mu, sigma)``
-    (:func:`vib_statistics`); the classifier is ``weight`` (L x k) and ``bias`` (L),
+    (`vib_statistics`); the classifier is ``weight`` (L x k) and ``bias`` (L),
     initialised ``U(+-1/sqrt(k))`` as ``GroupWiseLinear``. In training mode with ``vib`` the
     latent is the mean of ``samples`` draws ``mu + sigma * eps`` (``eps`` from torch's global
     RNG); in eval mode, or without ``vib``, it is ``mu``.
 
     Args:
-        backbone: as :class:`~spmlkit.models.LabelEmbeddingModel` (None: inputs are feature
+        backbone: as `LabelEmbeddingModel` (None: inputs are feature
             maps, or feature vectors B x D taken as D x 1 x 1 maps).
         num_classes: L.
         z_dim, samples, vib: the bottleneck's size, draws and switch.
         seed: seeds the head's and the classifier's initialisation.
-        **kwargs: :class:`~spmlkit.models.LabelEmbeddingModel` / head arguments.
+        **kwargs: `LabelEmbeddingModel` / head arguments.
 
     >>> m = MIMEModel(None, 3, in_channels=6, dim=8, heads=2, z_dim=4, proj_dim=8).eval()
     >>> logits, mu, sigma = m.forward_all(torch.zeros(2, 6))
@@ -339,9 +339,9 @@ class MIMEModel(nn.Module):
 class MIMEObjective(SPMLLoss):
     """MIME's data term with its pseudo-label generator, for the engine's loop.
 
-    ``entries`` is :func:`mime_an_loss` on ``sigmoid(logits / T)`` against the targets
+    ``entries`` is `mime_an_loss` on ``sigmoid(logits / T)`` against the targets
     (observed positives, plus the pseudo-positives so far); ``on_epoch_end`` runs the
-    threshold rule (:func:`pseudo_positives`) on the eval-mode train logits from the
+    threshold rule (`pseudo_positives`) on the eval-mode train logits from the
     ``warmup_epoch``-th epoch on. The pseudo-positives are the buffer ``pseudo`` (N x L, 0/1),
     part of the state dict, so they are checkpointed and a resumed run continues with them.
 
@@ -469,8 +469,8 @@ CONFIG_KEYS = config_fields(MIMEConfig)
 
 
 def config_of(options: dict) -> MIMEConfig:
-    """The run's :class:`MIMEConfig` from the method options: ``ablation`` (a name of
-    :data:`ABLATIONS`, or None) and every option of :data:`CONFIG_KEYS` that is not None."""
+    """The run's `MIMEConfig` from the method options: ``ablation`` (a name of
+    `ABLATIONS`, or None) and every option of `CONFIG_KEYS` that is not None."""
     return config_from_options(MIMEConfig, options, what="MIME", ablations=ABLATIONS)
 
 
@@ -506,7 +506,7 @@ def _build_model(views, net, num_classes: int, mime: MIMEConfig, seed: int) -> M
 
 
 def run_config(ctx) -> dict:
-    """MIME's entries of ``config.json``: the resolved :class:`MIMEConfig` (and, on images, the
+    """MIME's entries of ``config.json``: the resolved `MIMEConfig` (and, on images, the
     backbone and input size)."""
     mime = _config(ctx)
     out = {"mime": asdict(mime)}
@@ -517,7 +517,8 @@ def run_config(ctx) -> dict:
 
 
 def fit(ctx: RunContext) -> Fitted:
-    """MIME's fit for :func:`spmlkit.methods.train_run` (module docstring)."""
+    """MIME's fit for [`spmlkit.methods.train_run`][spmlkit.methods.train_run] (module
+    docstring)."""
     start = time.perf_counter()
     splits, config = ctx.splits, ctx.config
     mime = _config(ctx)
@@ -630,7 +631,7 @@ def _check_options(config: TrainConfig, options: dict) -> TrainConfig:
 
 def baseline_cause(config: TrainConfig, options: dict) -> str:
     """Why a MIME run may end near the trivial baseline: its head's learning rate
-    (:func:`spmlkit.methods.driver.baseline_warning`)."""
+    (`spmlkit.methods.driver.baseline_warning`)."""
     lr, mult = float(config.lr), float(config_of(options).head_lr_mult)
     head = lr * mult
     if head >= 1e-3:

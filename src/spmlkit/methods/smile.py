@@ -35,12 +35,12 @@ does not involve the classifier, so one Adam over both with the step loss ``L_cl
 the official two optimisers exactly; both see the same forward pass, as in the official step
 (the GCN runs once per step over the whole train graph, the batch's rows are taken from it).
 
-The kNN graph (:func:`knn_indices`): Euclidean distances between train rows, each row's ``k``
+The kNN graph (`knn_indices`): Euclidean distances between train rows, each row's ``k``
 nearest other rows (``k = 3``; ties to the lower index, as ``np.argmin``), directed edges
-``i -> j`` for ``j`` a neighbour of ``i``. A GCN layer (:class:`GraphConvolution`) is DGL's
+``i -> j`` for ``j`` a neighbour of ``i``. A GCN layer (`GraphConvolution`) is DGL's
 ``GraphConv(norm="both")`` on that graph, without self-loops: messages flow from ``i`` to
 ``j``, ``h_j = b + sum_i x_i W / sqrt(outdeg(i) indeg(j))`` with degrees clamped at 1, i.e.
-``H = P X W + b`` with ``P = D_in^{-1/2} A^T D_out^{-1/2}`` (:func:`gcn_propagation`; a row
+``H = P X W + b`` with ``P = D_in^{-1/2} A^T D_out^{-1/2}`` (`gcn_propagation`; a row
 nobody chose as neighbour gets only the bias). DGL initialises the layer with Xavier-uniform
 weights and zero bias, and so do we; the MLPs are ``nn.Linear`` with PyTorch's default init. The
 hidden width of every network is the number of classes (the official ``look_up`` table).
@@ -52,7 +52,7 @@ enhancer are used only during training (the enhancer's state is kept in ``best.p
 train recovery mAP in the result as ``enhanced_recovery_map``).
 
 Per-dataset hyperparameters (``p``, ``mu``, ``bias``, ``rate``): the README's commands
-(:data:`OFFICIAL_HPARAMS`; yeast: ``p=0.05, mu=0.5, bias=False, rate=0.1``); for a dataset it
+(`OFFICIAL_HPARAMS`; yeast: ``p=0.05, mu=0.5, bias=False, rate=0.1``); for a dataset it
 does not list, the argument defaults of ``train_smile2.py`` (``p=0.5, mu=0.5, bias=True,
 rate=1``). Always ``gamma=0.001, delta=1, T=1`` and ``k = 3`` neighbours (options ``gamma``,
 ``delta``, ``temperature``, ``neighbours``; ``hidden``: the networks' width, default L); Adam
@@ -86,7 +86,7 @@ Deviations from the official code (documented, deliberate):
   (a - 1) digamma(a) + (b - 1) digamma(b)`` (``a = d + 1e-6``, ``b = 1 - d + 1e-6``), whose
   log-gamma terms have the wrong sign and which drops the ``a + b`` terms (constant here). We
   keep the official term (``kl="official"``, the default, faithful to the published numbers)
-  and offer the exact divergence as ``kl="exact"`` (:func:`beta_uniform_kl`).
+  and offer the exact divergence as ``kl="exact"`` (`beta_uniform_kl`).
 - The paper's inference model outputs the parameters (alpha, beta) of a Beta posterior per
   entry (``spl_models.Encoder_SMILE``, which the released script does not use); the released
   ``train_smile2.py`` instead takes the GCN's ``d`` as ``Beta(d, 1 - d)`` (in the decoder's
@@ -225,7 +225,7 @@ def gcn_propagation(neighbours: torch.Tensor, n: int | None = None,
 # ---- the networks ------------------------------------------------------------------------------
 class GraphConvolution(nn.Module):
     """One GCN layer ``P @ h @ W + b`` (DGL's ``GraphConv(norm="both")`` with the graph's
-    normalisation in ``P``, :func:`gcn_propagation`): ``W`` (in x out) Xavier-uniform, ``b``
+    normalisation in ``P``, `gcn_propagation`): ``W`` (in x out) Xavier-uniform, ``b``
     zero, as DGL initialises them; the product is taken in DGL's order (``W`` first when it
     narrows the features)."""
 
@@ -353,8 +353,8 @@ def enhancer_loss(d, observed, x, x_rec, y_rec, a_batch, a_rec, gamma: float = 1
         x, x_rec: B x D features and their reconstruction (``x`` is not differentiated).
         y_rec: B x L labels sampled by the decoder; ``a_rec`` = ``y_rec @ y_rec.T``.
         a_batch: B x B kNN adjacency among the batch's rows (a target).
-        gamma, delta: the weights; ``kl``: "official" (:func:`beta_kl_official`) or "exact"
-            (:func:`beta_uniform_kl`).
+        gamma, delta: the weights; ``kl``: "official" (`beta_kl_official`) or "exact"
+            (`beta_uniform_kl`).
 
     Returns:
         ``(total, parts)``: the scalar and a dict of its five terms (tensors).
@@ -373,15 +373,15 @@ def enhancer_loss(d, observed, x, x_rec, y_rec, a_batch, a_rec, gamma: float = 1
 
 # ---- the objective the engine trains with --------------------------------------------------------
 class SmileObjective(SPMLLoss):
-    """SMILE's step loss for the engine's loop: the classifier's :func:`weighted_bce` on the
-    enhanced targets (per entry) plus the enhancer's :func:`enhancer_loss` (the scalar
+    """SMILE's step loss for the engine's loop: the classifier's `weighted_bce` on the
+    enhanced targets (per entry) plus the enhancer's `enhancer_loss` (the scalar
     penalty), so its "mean" is ``L_cls + L_LE``. It holds the enhancer's networks (its state
     dict, checkpointed with the run) and, as plain attributes (rebuilt from the features, not
     saved), the train features, the kNN neighbours and the propagation matrix.
 
     Args:
         x_train: N x D train features (float tensor, on the training device).
-        neighbours: N x k kNN indices (:func:`knn_indices`).
+        neighbours: N x k kNN indices (`knn_indices`).
         num_classes, hidden: L and the networks' hidden width.
         p, mu, bias, rate, gamma, delta, temperature, kl: the hyperparameters (module
             docstring).
@@ -450,7 +450,7 @@ class _Record(StepHook):
 # ---- the method --------------------------------------------------------------------------------
 def resolve_hparams(options: dict, dataset: str | None) -> dict:
     """SMILE's hyperparameters of a run: the options given, else the README's for ``dataset``
-    (:data:`OFFICIAL_HPARAMS`), else ``train_smile2.py``'s defaults.
+    (`OFFICIAL_HPARAMS`), else ``train_smile2.py``'s defaults.
 
     Raises:
         ValueError: a value out of range (naming it).
@@ -508,7 +508,8 @@ def _features(x, where: str) -> torch.Tensor:
 
 
 def fit(ctx: RunContext) -> Fitted:
-    """SMILE's fit for :func:`spmlkit.methods.train_run` (module docstring)."""
+    """SMILE's fit for [`spmlkit.methods.train_run`][spmlkit.methods.train_run] (module
+    docstring)."""
     start = time.perf_counter()
     splits, config = ctx.splits, ctx.config
     hp = resolve_hparams(ctx.options, splits.name)

@@ -1,4 +1,4 @@
-"""Models: image backbones behind one registry (:mod:`spmlkit.models.backbones`)."""
+"""Models: image backbones behind one registry (`spmlkit.models.backbones`)."""
 from __future__ import annotations
 
 from .backbones import BACKBONES, Backbone, backbone_spec, create_backbone, list_backbones

@@ -90,7 +90,7 @@ class Backbone(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Global average pooling of :meth:`forward_features`: B x num_features."""
+        """Global average pooling of `forward_features`: B x num_features."""
         return self.forward_features(x).mean(dim=(2, 3))
 
     def extra_repr(self) -> str:
@@ -359,8 +359,8 @@ HEAD_PREFIXES = ("fc.", "_fc.", "classifier.", "head.", "heads.", "last_linear."
 
 def read_state_dict(path) -> dict:
     """The ``name -> tensor`` dict of a weights file, loaded safely (``weights_only``, via
-    :func:`spmlkit.runs.load_torch`: a file that would import code is refused), unwrapped from
-    a checkpoint's container (:data:`CONTAINER_KEYS`).
+    `spmlkit.runs.load_torch`: a file that would import code is refused), unwrapped from
+    a checkpoint's container (`CONTAINER_KEYS`).
 
     Raises:
         FileNotFoundError: no such file.
@@ -406,12 +406,12 @@ def _names(keys, shown: int = 8) -> str:
 
 
 def load_backbone_weights(net: Backbone, path) -> dict:
-    """Load a weights file into ``net`` (its :meth:`Backbone.weights_module`), strictly.
+    """Load a weights file into ``net`` (its `Backbone.weights_module`), strictly.
 
     The file is a state dict of the same architecture: saved from this package's backbone, by
     torchvision or timm, or a training checkpoint holding one. Wrapper prefixes
-    (:data:`STRIP_PREFIXES`) are stripped where that matches more keys, and the keys of an
-    ImageNet classifier (:data:`HEAD_PREFIXES`) are ignored; anything else that does not
+    (`STRIP_PREFIXES`) are stripped where that matches more keys, and the keys of an
+    ImageNet classifier (`HEAD_PREFIXES`) are ignored; anything else that does not
     match is an error. BatchNorm's ``num_batches_tracked`` counters may be absent.
 
     Returns:
@@ -419,7 +419,7 @@ def load_backbone_weights(net: Backbone, path) -> dict:
         loaded, the classifier keys left out, the prefixes taken off.
 
     Raises:
-        FileNotFoundError, ValueError: as :func:`read_state_dict`; keys that do not match
+        FileNotFoundError, ValueError: as `read_state_dict`; keys that do not match
             (missing and unexpected ones named, with counts, and how many matched), or tensors
             whose shapes differ (named with both shapes).
     """
@@ -470,7 +470,7 @@ def create_backbone(name: str, pretrained: bool = True, weights=None, **kwargs) 
     """Build the backbone ``name`` (``list_backbones()``; ``timm:<model>`` for timm models).
 
     ``pretrained`` is ignored for ``tiny_cnn`` (it has no pretrained weights). ``weights``: a
-    file of your own weights for this architecture (:func:`load_backbone_weights`), which then
+    file of your own weights for this architecture (`load_backbone_weights`), which then
     replace the pretrained ones (``cache_key`` names the file's content). Extra keyword
     arguments go to the backbone's constructor (``tiny_cnn``: ``seed``, ``width``,
     ``num_features``, ``input_size``).

@@ -58,7 +58,7 @@ class ModelEMA:
             p.requires_grad_(False)
 
     def current_decay(self) -> float:
-        """The decay the next :meth:`update` uses."""
+        """The decay the next `update` uses."""
         if self.warmup:
             n = self.updates
             return min(self.decay, (1 + n) / (10 + n))
@@ -94,7 +94,7 @@ class ModelEMA:
                 "module": self.module.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned.
+        """Restore what `state_dict` returned.
 
         Raises:
             ValueError: a key of ``{"decay", "updates", "module"}`` is missing.

@@ -1,8 +1,8 @@
 """Classifier heads on top of a backbone, for fine-tuning.
 
-:class:`ImageClassifier` is the fine-tuning model: a backbone (any module mapping
+`ImageClassifier` is the fine-tuning model: a backbone (any module mapping
 ``B x 3 x S x S`` images to ``B x num_features`` pooled features, e.g.
-:func:`spmlkit.models.backbones.create_backbone`) and a linear head ``num_features -> L``. The
+`spmlkit.models.backbones.create_backbone`) and a linear head ``num_features -> L``. The
 head is the attribute ``head``, which the engine's ``head_lr_mult`` and the losses'
 ``penalty(model)`` hook (L1R / L2R on the head's weights) look for; ``linear_init`` copies the
 linear phase's ``nn.Linear`` into it.
@@ -17,8 +17,8 @@ from .rng import global_rng
 
 def seeded_linear(in_features: int, out_features: int, seed: int) -> nn.Linear:
     """``nn.Linear`` with PyTorch's default init drawn from ``seed`` (the global RNG is left as
-    it was, and other threads do not change the draw: :func:`spmlkit.models.rng.global_rng`);
-    :func:`spmlkit.engine.make_linear_head`."""
+    it was, and other threads do not change the draw: `spmlkit.models.rng.global_rng`);
+    `spmlkit.engine.make_linear_head`."""
     with global_rng(seed):
         return nn.Linear(in_features, out_features)
 
@@ -57,7 +57,7 @@ class MLPHead(nn.Module):
 def make_head(kind: str, in_features: int, num_classes: int, seed: int,
               hidden: int = 256) -> nn.Module:
     """A head on feature vectors: ``"linear"`` (``nn.Linear``, as
-    :func:`spmlkit.engine.make_linear_head`) or ``"mlp"`` (:class:`MLPHead` with ``hidden``
+    `spmlkit.engine.make_linear_head`) or ``"mlp"`` (`MLPHead` with ``hidden``
     units).
 
     Raises:
@@ -149,7 +149,7 @@ def boostlu(cam: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 def boosted_logits(cam: torch.Tensor, alpha: float) -> torch.Tensor:
-    """Logits ``B x L`` of a class activation map ``B x L x h x w``: :func:`boostlu`, then
+    """Logits ``B x L`` of a class activation map ``B x L x h x w``: `boostlu`, then
     global average pooling over ``h x w`` (the official ``F.adaptive_avg_pool2d(CAM, 1)``).
 
     >>> cam = torch.tensor([[[[1.0, -1.0], [2.0, -4.0]]]])   # B = L = 1, a 2 x 2 map
@@ -170,7 +170,7 @@ class BoostLUHead(nn.Module):
     ``forward(x)`` takes a feature map ``B x C x h x w`` (``cam(x)`` is the map ``B x L x h x w``
     before BoostLU) or feature vectors ``B x C``, read as ``1 x 1`` maps: then the logits are
     ``boostlu(W x + b, alpha)``, the linear head's logits with their positive part scaled
-    (with ``alpha = 1`` exactly :class:`torch.nn.Linear`'s). Without BoostLU (``alpha = 1``) on
+    (with ``alpha = 1`` exactly `torch.nn.Linear`'s). Without BoostLU (``alpha = 1``) on
     a map, the head is a linear head on the average-pooled features.
 
     The convolution's weight is kept as ``weight`` (``L x C``, as ``nn.Linear``'s; the L1R / L2R
@@ -250,7 +250,7 @@ def check_alpha(alpha) -> float:
 
 
 class BoostLUClassifier(nn.Module):
-    """A backbone's last feature map through a :class:`BoostLUHead`: images ``B x 3 x S x S``
+    """A backbone's last feature map through a `BoostLUHead`: images ``B x 3 x S x S``
     to logits (the model of a ``boostlu`` run on an image source; the attribute ``head`` is the
     head)."""
 

@@ -3,7 +3,7 @@
 A backbone feature map ``B x C x H x W`` becomes one embedding per label (``B x L x d``):
 
 1. a 1x1 convolution ``C -> d`` and a fixed 2-D sine positional encoding
-   (:func:`sine_position_encoding`, DETR style);
+   (`sine_position_encoding`, DETR style);
 2. ``encoder_layers`` transformer encoder layers (post-norm, DETR) over the ``H * W`` tokens,
    the positional encoding added to queries and keys;
 3. ``decoder_layers`` decoder layers **without self-attention** (Query2Label style, the
@@ -353,10 +353,10 @@ class LabelEmbeddingHead(nn.Module):
 
 
 class LabelEmbeddingModel(nn.Module):
-    """A backbone's feature map through a :class:`LabelEmbeddingHead`.
+    """A backbone's feature map through a `LabelEmbeddingHead`.
 
     Args:
-        backbone: a :class:`spmlkit.models.backbones.Backbone` (``forward_features(x) ->
+        backbone: a `spmlkit.models.backbones.Backbone` (``forward_features(x) ->
             B x C x h x w``, ``num_features``), or ``None`` for the cached feature-map path:
             then ``forward`` takes feature maps ``B x C x H x W`` directly and
             ``head_kwargs["in_channels"]`` gives ``C``.
@@ -366,7 +366,7 @@ class LabelEmbeddingModel(nn.Module):
             stays in eval mode even under ``.train()``.
         freeze_batchnorm: keep only the backbone's BatchNorm layers frozen (eval mode, no
             gradients), as the authors' ResNet-50; implied by ``freeze_backbone``.
-        **head_kwargs: passed to :class:`LabelEmbeddingHead` (``dim``, ``heads``, ``seed`` ...).
+        **head_kwargs: passed to `LabelEmbeddingHead` (``dim``, ``heads``, ``seed`` ...).
 
     Attributes: ``backbone`` (or None), ``head``.
 
@@ -449,5 +449,5 @@ class LabelEmbeddingModel(nn.Module):
         return self.head(self.features(x))
 
     def attention_maps(self, x: torch.Tensor) -> torch.Tensor:
-        """The head's :meth:`LabelEmbeddingHead.attention_maps` on ``features(x)``."""
+        """The head's `LabelEmbeddingHead.attention_maps` on ``features(x)``."""
         return self.head.attention_maps(self.features(x))

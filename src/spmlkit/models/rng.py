@@ -1,7 +1,7 @@
 """Seeded draws from torch's global random number generator, one thread at a time.
 
 PyTorch's default initialisers and dropout draw from the process-wide generator. spmlkit seeds
-it for such draws inside :func:`global_rng`, which forks it (the caller's state comes back
+it for such draws inside `global_rng`, which forks it (the caller's state comes back
 afterwards) and holds a process-wide lock, so that runs trained at once in threads of one
 process (a ``dask worker --nthreads 2``) each draw from their own seed.
 """

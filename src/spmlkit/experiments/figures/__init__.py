@@ -1,31 +1,31 @@
 """The papers' figures as functions on explicit data, and thin loaders for runs and studies.
 
 Every ``plot_*`` function takes plain arrays / rows or a result object, draws on matplotlib's Agg
-canvas (:func:`new_figure`, no pyplot), writes PNG, or SVG when the output path ends in ``.svg``,
+canvas (`new_figure`, no pyplot), writes PNG, or SVG when the output path ends in ``.svg``,
 atomically and never over an existing file unless ``force=True`` (the next free name is taken:
 ``curves.png`` exists, ``curves-2.png`` is written), and returns the path written. The numbers
 behind a figure come from a pure function (``sweep_points``, ``probability_histograms``,
-``loss_landscape``, ``class_activation_maps``, the analyses of :mod:`spmlkit.analysis`) so they
+``loss_landscape``, ``class_activation_maps``, the analyses of `spmlkit.analysis`) so they
 can be tested and printed. The ``*_from_run`` / ``*_from_study`` loaders read run folders
-(:mod:`spmlkit.runs`, models through :func:`spmlkit.methods.load_run_model`) and study folders
-(:func:`spmlkit.experiments.study.open_study`). ``spml figure ...`` and ``spml analyze ...``
-wire them.
+(`spmlkit.runs`, models through [`spmlkit.methods.load_run_model`][spmlkit.methods.load_run_model])
+and study folders ([`spmlkit.experiments.study.open_study`][spmlkit.experiments.study.open_study]).
+``spml figure ...`` and ``spml analyze ...`` wire them.
 
 Modules, one concept each:
 
-- :mod:`.plotting`: the figure helper, :func:`save_figure`, shared small helpers;
-- :mod:`.curves`: val mAP and train loss per epoch of runs (OPML Fig. 4); pseudo-label count
+- `plotting`: the figure helper, `save_figure`, shared small helpers;
+- `curves`: val mAP and train loss per epoch of runs (OPML Fig. 4); pseudo-label count
   and precision per epoch (Zhou Table 2);
-- :mod:`.histograms`: train probabilities of observed positives, unobserved positives and
+- `histograms`: train probabilities of observed positives, unobserved positives and
   negatives (Cole Fig. 2, OPML Fig. 3, Zhou Fig. 4b); unobserved positives per epoch (Cole
   Fig. 2);
-- :mod:`.classwise`: per-class AP difference (Zhou Fig. 4c) and Wasserstein distance (Zhou
+- `classwise`: per-class AP difference (Zhou Fig. 4c) and Wasserstein distance (Zhou
   Fig. 4a) bars;
-- :mod:`.sweeps`: selected test mAP (mean +- std over seeds) against a study's vary axis (LAC
+- `sweeps`: selected test mAP (mean +- std over seeds) against a study's vary axis (LAC
   Figs. 3-5, Zhou Fig. 3a, Cole Fig. 1);
-- :mod:`.landscape`: the training loss on the plane ``theta + a d1 + b d2`` of two
+- `landscape`: the training loss on the plane ``theta + a d1 + b d2`` of two
   filter-normalised random directions (Li et al. 2018; Zhou Fig. 5a-b);
-- :mod:`.image_panels`: image panels (Zhou Fig. 6), class activation maps (OPML Fig. 7), a LAC
+- `image_panels`: image panels (Zhou Fig. 6), class activation maps (OPML Fig. 7), a LAC
   model's attention maps (LAC Fig. 6).
 """
 from .plotting import FIGURE_SUFFIXES, FIGURES_DIR, new_canvas, new_figure, save_figure

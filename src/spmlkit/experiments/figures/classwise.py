@@ -1,6 +1,6 @@
 """Per-class bars of two or more runs: the AP difference (Zhou et al. Fig. 4c) and the
 Wasserstein-1 distance between unobserved positives and negatives (Zhou et al. Fig. 4a), drawn
-from :mod:`spmlkit.analysis` results."""
+from `spmlkit.analysis` results."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +11,7 @@ from .plotting import new_figure, save_figure
 
 
 def plot_ap_difference(res, out, *, force: bool = False) -> Path:
-    """Bars of AP(b) - AP(a) per class (:class:`spmlkit.analysis.APDifference`), sorted by the
+    """Bars of AP(b) - AP(a) per class (`spmlkit.analysis.APDifference`), sorted by the
     difference; returns the path written."""
     order = res.order()
     d = res.diff[order]
@@ -37,7 +37,7 @@ def plot_ap_difference(res, out, *, force: bool = False) -> Path:
 
 
 def plot_wasserstein(results, out, *, force: bool = False) -> Path:
-    """Grouped bars of the per-class W1 distance (:class:`spmlkit.analysis.WassersteinResult`
+    """Grouped bars of the per-class W1 distance (`spmlkit.analysis.WassersteinResult`
     per run), one colour per run; returns the path written."""
     results = list(results)
     if not results:

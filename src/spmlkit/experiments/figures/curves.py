@@ -1,5 +1,5 @@
 """Per-epoch curves of runs: val mAP and training loss (OPML Fig. 4), and the pseudo-label
-count and precision of :func:`spmlkit.analysis.pseudo_label_precision` (Zhou et al. Table 2)."""
+count and precision of `spmlkit.analysis.pseudo_label_precision` (Zhou et al. Table 2)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,7 +29,7 @@ def plot_curves(curves: dict, out, metric: str = "val_map", title: str | None = 
         force: replace ``out`` if it exists (else the next free name is written).
 
     Returns:
-        the path written (see :func:`~spmlkit.experiments.figures.save_figure`).
+        the path written (see `save_figure`).
 
     Raises:
         ValueError: no curve, or a curve without ``metric`` in any record.
@@ -85,7 +85,7 @@ def plot_small_curves(panels: dict, out, metric: str = "val_map", title: str | N
     in their order (a swept value) and are named in one legend beside the panels.
 
     Returns:
-        the path written (see :func:`~spmlkit.experiments.figures.save_figure`).
+        the path written (see `save_figure`).
 
     Raises:
         ValueError: no panel.
@@ -174,7 +174,7 @@ def curves_from_runs(runs, labels=None) -> dict:
 
 def plot_pl_precision(results, out, *, force: bool = False) -> Path:
     """Pseudo-label count and precision per epoch, one line per run
-    (:class:`spmlkit.analysis.PseudoLabelPrecision` results); returns the path written."""
+    (`spmlkit.analysis.PseudoLabelPrecision` results); returns the path written."""
     results = list(results)
     if not results:
         raise ValueError("no run given")

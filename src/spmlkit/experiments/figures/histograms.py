@@ -1,6 +1,6 @@
 """Histograms of predicted probabilities on the train split: observed positives, unobserved
 positives and negatives of the best epoch (Cole Fig. 2, OPML Fig. 3, Zhou Fig. 4b), and the
-unobserved positives after chosen epochs (:func:`spmlkit.analysis.unobserved_positive_histograms`,
+unobserved positives after chosen epochs (`spmlkit.analysis.unobserved_positive_histograms`,
 Cole Fig. 2)."""
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def plot_probability_histograms(h: ProbHistograms, out, *, force: bool = False) 
 
 
 def histograms_from_run(run, bins: int = 20) -> ProbHistograms:
-    """:func:`probability_histograms` of a run's best-epoch train probabilities
+    """`probability_histograms` of a run's best-epoch train probabilities
     (``predictions.npz``)."""
     pred = read_predictions(run)
     return probability_histograms(pred["probs_train"], pred["observed"], pred["y_train"], bins,
@@ -95,7 +95,7 @@ def histograms_from_run(run, bins: int = 20) -> ProbHistograms:
 
 
 def plot_histograms(h, out, *, force: bool = False) -> Path:
-    """Small multiples of :class:`spmlkit.analysis.Histograms` (the unobserved positives'
+    """Small multiples of `spmlkit.analysis.Histograms` (the unobserved positives'
     probabilities): one histogram per epoch, shared axes; returns the path written."""
     k = len(h.epochs)
     ncols = min(k, 4)

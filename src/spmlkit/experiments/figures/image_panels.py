@@ -2,8 +2,9 @@
 Fig. 6), class activation maps ``CAM_k = sum_c W_kc fmap_c`` (Zhou et al. 2016; OPML Fig. 7) and
 a LAC model's label-wise attention maps (LAC Fig. 6).
 
-Models come from the run folder through :func:`spmlkit.methods.load_run_model`; the images from
-reloading the run's dataset (``config.json``) without its feature cache.
+Models come from the run folder through
+[`spmlkit.methods.load_run_model`][spmlkit.methods.load_run_model]; the images from reloading the
+run's dataset (``config.json``) without its feature cache.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from .plotting import new_figure, pick_rows, save_figure, short_list, source_opt
 
 @dataclass
 class Panel:
-    """What :func:`plot_panel` draws for each image."""
+    """What `plot_panel` draws for each image."""
 
     images: list                # RGB PIL images or H x W x 3 uint8 arrays
     items: list                 # names (paths)
@@ -98,7 +99,7 @@ def _image_split(run, config, split: str):
 
 
 def panel_from_run(run, split: str = "test", n: int = 8, seed: int = 0) -> Panel:
-    """:class:`Panel` of ``n`` images of ``split`` (seeded choice) with the run's best-epoch
+    """`Panel` of ``n`` images of ``split`` (seeded choice) with the run's best-epoch
     probabilities (``predictions.npz``); labels are the observed positives on ``train``, the
     true labels otherwise. Works for fine-tuned runs and linear runs on a backbone's features
     (the image paths come from reloading the dataset of ``config.json``)."""
@@ -178,7 +179,7 @@ def _to_array(img) -> np.ndarray:
 
 @dataclass
 class MapOverlays:
-    """Per image, maps of its top classes (what :func:`plot_overlays` draws)."""
+    """Per image, maps of its top classes (what `plot_overlays` draws)."""
 
     images: list                # n RGB images (PIL or H x W x 3)
     maps: np.ndarray            # n x L x h x w
@@ -231,7 +232,7 @@ def plot_overlays(ov: MapOverlays, out, top: int = 3, *, force: bool = False) ->
 
 def plot_cam(images, fmap, weight, probs, class_names, out, top: int = 3, items=(),
              title: str = "", *, force: bool = False) -> Path:
-    """:func:`class_activation_maps` of ``fmap`` (n x C x h x w) with ``weight`` (L x C), drawn
+    """`class_activation_maps` of ``fmap`` (n x C x h x w) with ``weight`` (L x C), drawn
     over ``images`` for each image's ``top`` classes by ``probs`` (n x L); returns the path
     written."""
     return plot_overlays(MapOverlays(list(images), class_activation_maps(fmap, weight), probs,
@@ -322,7 +323,7 @@ def attention_from_run(run, split: str = "test", n: int = 4, seed: int = 0) -> M
     model's probabilities recomputed from the images.
 
     Raises:
-        ValueError: the run is not a LAC run (use :func:`cam_from_run` for a linear head).
+        ValueError: the run is not a LAC run (use `cam_from_run` for a linear head).
     """
     import torch
 

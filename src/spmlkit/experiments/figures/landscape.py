@@ -77,7 +77,7 @@ def loss_landscape(model, objective, *, steps: int = 21, span: float = 1.0, seed
     """The objective on a ``steps x steps`` grid around ``model``'s weights.
 
     ``values[i, j] = objective(model with theta + a_i d1 + b_j d2)`` for ``a, b`` in
-    ``linspace(-span, span, steps)``; ``d1``, ``d2`` from :func:`filter_normalized_direction`
+    ``linspace(-span, span, steps)``; ``d1``, ``d2`` from `filter_normalized_direction`
     with ``torch.Generator().manual_seed(seed)`` (drawn one after the other). The model's
     weights are restored afterwards.
 
@@ -147,7 +147,7 @@ def plot_landscape(ls: Landscape, out, *, force: bool = False) -> Path:
 
 
 def _train_loss(ckpt, config, run, observed):
-    """The run's loss with its best-epoch state (see :func:`landscape_from_run`)."""
+    """The run's loss with its best-epoch state (see `landscape_from_run`)."""
     from ...losses import TrainInfo, create_loss
 
     name = ckpt.get("loss_name") or config.get("loss")
@@ -188,7 +188,7 @@ def landscape_from_run(run, *, steps: int = 21, span: float = 1.0, seed: int = 0
                        max_examples: int | None = None, batch_size: int = 256) -> Landscape:
     """The training loss landscape of a run folder.
 
-    The model is rebuilt from ``best.pt`` (:mod:`spmlkit.predict`), the train split reloaded
+    The model is rebuilt from ``best.pt`` (`spmlkit.predict`), the train split reloaded
     from ``config.json`` (dataset, its options, regime; linear runs on a backbone's cached
     features get those features) with the run's observed labels (``observed.npy``). The
     objective is the run's registered loss on the observed train labels, plus its
@@ -197,7 +197,7 @@ def landscape_from_run(run, *, steps: int = 21, span: float = 1.0, seed: int = 0
     estimator, pseudo-labels), in eval mode.
 
     Args:
-        steps, span, seed: :func:`loss_landscape`'s.
+        steps, span, seed: `loss_landscape`'s.
         max_examples: use this many train rows (seeded choice with ``seed``; default: all for
             linear runs, 256 for fine-tuned ones, whose every grid point runs the backbone).
         batch_size: rows per forward pass (the mean over batches is weighted by their sizes).

@@ -1,9 +1,9 @@
 """Shared plotting: one way to make a figure, one way to write it.
 
 Figures use matplotlib's object-oriented API on the Agg canvas (no pyplot, no global backend
-switch); matplotlib is imported only when a figure is drawn. :func:`save_figure` writes PNG, or
+switch); matplotlib is imported only when a figure is drawn. `save_figure` writes PNG, or
 SVG for a ``.svg`` path, atomically and never over an existing file unless ``force``
-(:func:`spmlkit.runs.write_output`: ``curves.png`` exists, ``curves-2.png`` is written).
+(`spmlkit.runs.write_output`: ``curves.png`` exists, ``curves-2.png`` is written).
 """
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """Sensitivity sweeps of a study: the selected metric (mean +- std over seeds) against a reported
 (``vary``) axis, one line per method (LAC Figs. 3-5, Zhou Fig. 3a, Cole Fig. 1).
 
-The numbers come from :func:`sweep_points` on selected rows; :func:`sweep_from_study` takes them
-from a study folder through :func:`spmlkit.experiments.study.open_study`, the one reader of study
-folders (the current spec's runs only, as ``spml study table`` and ``spml report``).
+The numbers come from `sweep_points` on selected rows; `sweep_from_study` takes them
+from a study folder through
+[`spmlkit.experiments.study.open_study`][spmlkit.experiments.study.open_study], the one reader of
+study folders (the current spec's runs only, as ``spml study table`` and ``spml report``).
 """
 from __future__ import annotations
 
@@ -61,23 +62,23 @@ TRAIN_LABELS = "train_labels"
 
 
 #: ``sweep_points(..., x=K_VALUE)``: each point at the k its runs trained with (an
-#: ``interval:`` / ``estimate:`` / ``true`` k resolved, :func:`spmlkit.methods.resolve_k`; Cole
+#: ``interval:`` / ``estimate:`` / ``true`` k resolved, `spmlkit.methods.resolve_k`; Cole
 #: et al. Fig. A1 plots mAP against k)
 K_VALUE = "k_value"
-#: the x axis label of a :data:`TRAIN_LABELS` sweep
+#: the x axis label of a `TRAIN_LABELS` sweep
 TRAIN_LABELS_XLABEL = "number of observed training labels (log scale)"
 
 
 def default_x(axis: str) -> str | None:
-    """The x a sweep of ``axis`` is drawn against by default: :data:`TRAIN_LABELS` for
+    """The x a sweep of ``axis`` is drawn against by default: `TRAIN_LABELS` for
     ``data.subsample`` (Cole et al. Fig. 1: mAP against the number of training labels),
-    :data:`K_VALUE` for ``k`` (Fig. A1: mAP against the value of k), else the axis value
+    `K_VALUE` for ``k`` (Fig. A1: mAP against the value of k), else the axis value
     (None)."""
     return {"data.subsample": TRAIN_LABELS, "k": K_VALUE}.get(axis)
 
 
 def x_layout(x: str | None) -> tuple:
-    """``(logx, xlabel)`` of a sweep drawn against ``x`` (:func:`sweep_points`): a log axis
+    """``(logx, xlabel)`` of a sweep drawn against ``x`` (`sweep_points`): a log axis
     of training labels, k's value, or the defaults (``None, None``)."""
     if x == TRAIN_LABELS:
         return True, TRAIN_LABELS_XLABEL
@@ -133,13 +134,13 @@ def sweep_points(rows, axis: str, metric: str = "test_map",
             ``StudyStore.selected()`` returns. Rows whose status is not ``done`` are skipped.
         axis: a vary key (``hparams.alpha``, ``data.subsample``, ``k``, ``regime``).
         metric: the row column on the y axis.
-        x: ``None`` (the axis value), :data:`TRAIN_LABELS`: the point of each axis value is
-            drawn at its runs' number of observed training labels (:func:`train_label_count`;
-            Cole et al. Fig. 1 plots mAP against it on a log axis), or :data:`K_VALUE`: at the
-            k the runs trained with (:func:`resolved_k`).
+        x: ``None`` (the axis value), `TRAIN_LABELS`: the point of each axis value is
+            drawn at its runs' number of observed training labels (`train_label_count`;
+            Cole et al. Fig. 1 plots mAP against it on a log axis), or `K_VALUE`: at the
+            k the runs trained with (`resolved_k`).
 
     Returns:
-        one :class:`SweepLine` per (dataset, method, other keys): x sorted (numerically when
+        one `SweepLine` per (dataset, method, other keys): x sorted (numerically when
         every value is a number), mean and sample std over seeds. Methods without the axis in
         any row (references such as ``bce@full``) give one ``reference`` line with one value.
 
@@ -212,7 +213,7 @@ def sweep_points(rows, axis: str, metric: str = "test_map",
 
 
 def sweep_table(lines, axis: str, metric: str = "test_map") -> str:
-    """A plain-text table of :func:`sweep_points`' lines (one row per point)."""
+    """A plain-text table of `sweep_points`' lines (one row per point)."""
     rows = []
     for ln in lines:
         xs = ln.x if not ln.reference else ["(all)"]
@@ -228,14 +229,14 @@ def plot_sweep(lines, axis: str, out, metric: str = "test_map", title: str | Non
     dataset; reference methods as dashed flat lines. ``logx`` (default: automatic) uses a log
     axis when every x is positive and they span a factor >= 100; ``xlabel`` names the x axis
     (default ``axis``). Returns the path written (``force``: replace ``out`` if it exists,
-    else the next free name is taken). :func:`draw_sweep` draws it."""
+    else the next free name is taken). `draw_sweep` draws it."""
     fig = draw_sweep(lines, axis, metric, title, logx, xlabel=xlabel)
     return save_figure(fig, out, force=force)
 
 
 def draw_sweep(lines, axis: str, metric: str = "test_map", title: str | None = None,
                logx: bool | None = None, *, xlabel: str | None = None):
-    """The matplotlib Figure :func:`plot_sweep` writes."""
+    """The matplotlib Figure `plot_sweep` writes."""
     lines = list(lines)
     if not lines:
         raise ValueError("no sweep line to plot")
@@ -274,9 +275,9 @@ def draw_sweep(lines, axis: str, metric: str = "test_map", title: str | None = N
 
 def sweep_from_study(study_dir, axis: str, metric: str = "test_map",
                      x: str | None = None) -> tuple[list, str]:
-    """:func:`sweep_points` of a study folder's selected rows (the current spec's runs, read by
-    :func:`spmlkit.experiments.study.open_study`; ``x`` as there), and a title (the study's
-    title).
+    """`sweep_points` of a study folder's selected rows (the current spec's runs, read by
+    [`spmlkit.experiments.study.open_study`][spmlkit.experiments.study.open_study]; ``x`` as there),
+    and a title (the study's title).
 
     Raises:
         FileNotFoundError: no study folder, ``study.yaml`` or ``results.sqlite`` (named).

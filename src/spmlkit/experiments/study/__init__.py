@@ -2,7 +2,7 @@
 
 A study reproduces one table or figure of a paper. Its spec (a YAML file, or a preset shipped in
 ``spmlkit/experiments/presets/``, looked up by name) names the datasets, the methods (benchmark
-method specs ``loss[+reg...][@regime]``, see :func:`spmlkit.experiments.benchmark.parse_methods`),
+method specs ``loss[+reg...][@regime]``, see `spmlkit.experiments.benchmark.parse_methods`),
 the training mode, the seeds, the hyperparameter grid that is *selected over* on val mAP, fixed
 hyperparameters, and the ``vary`` axes that are *reported* (one table column or figure point per
 value)::
@@ -35,49 +35,50 @@ settings of one trainer, not losses). A method with a ``mode`` of its own trains
 Its runs differ from the study mode's in their configuration (``mode``), hence in their run
 ids; a method without one keeps the ids it always had. Tables show such a row with its mode
 in brackets (``an [smile]``) unless the label names the mode already
-(:meth:`StudySpec.row_labels`).
+(`StudySpec.row_labels`).
 
 A vary axis applies to the methods it concerns: ``hparams.<name>`` to losses with that
 hyperparameter, ``k`` to losses with a ``k`` (EPR, ROLE), ``regime`` to methods that do not fix
-their regime with ``@``; ``data.<option>`` (passed to :func:`spmlkit.data.load_splits`) to all.
-``lac.<field>`` (a :class:`spmlkit.methods.lac.LACConfig` field: ``lac.queue_size``,
-``lac.temperature``, Xie et al. Figs. 4-5) to the methods that train in mode ``lac``, laid over
-their ``mode_options`` (LAC's options are flat: ``mode_options: {queue_size: 512}``).
-``k`` is a number, ``true`` (the train split's mean, Cole et al.'s k*),
-``estimate:M:lower|point|upper`` (the estimate, or an end of its normal 95%
+their regime with ``@``; ``data.<option>`` (passed to
+[`spmlkit.data.load_splits`][spmlkit.data.load_splits]) to all. ``lac.<field>`` (a
+`spmlkit.methods.lac.LACConfig` field: ``lac.queue_size``, ``lac.temperature``, Xie et al. Figs.
+4-5) to the methods that train in mode ``lac``, laid over their ``mode_options`` (LAC's options are
+flat: ``mode_options: {queue_size: 512}``). ``k`` is a number, ``true`` (the train split's mean,
+Cole et al.'s k*), ``estimate:M:lower|point|upper`` (the estimate, or an end of its normal 95%
 interval, from M fully labelled train rows drawn with the run's seed) or
 ``interval:M:lower|upper|I/N`` (Cole et al. App. B's interval I_M: the 5th / 95th percentiles of
 the estimate over 10^5 draws of M rows, the same for every seed; ``I/N`` a point between them,
-:func:`spmlkit.methods.resolve_k`).
+`spmlkit.methods.resolve_k`).
 
 Grid points and seeds differ in training only (initialisation, batch order): the observed labels
 are drawn with the official seed 1200, as in the papers' code; ``vary: {data.seed: [...]}``
 draws other ones.
 
-:func:`expand` turns a spec into :class:`RunTask` s with stable ``run_id`` s (readable, plus a
-short hash of the resolved configuration). :func:`run_study` runs the missing ones in worker
-processes (:mod:`spmlkit.experiments.pool`), each in ``<out>/runs/<run_id>/`` through the mode's
-trainer, and writes each finished run's row to ``<out>/results.sqlite``
-(:class:`spmlkit.experiments.store.StudyStore`) as it comes back. A re-launch with the same
-``out`` skips finished runs (and failed ones, unless ``retry_failed``) and reruns the rest:
+`expand` turns a spec into `RunTask` s with stable ``run_id`` s (readable, plus a
+short hash of the resolved configuration). [`run_study`][spmlkit.experiments.study.launch.run_study]
+runs the missing ones in worker processes (`spmlkit.experiments.pool`), each in
+``<out>/runs/<run_id>/`` through the mode's trainer, and writes each finished run's row to
+``<out>/results.sqlite`` (`spmlkit.experiments.store.StudyStore`) as it comes back. A re-launch with
+the same ``out`` skips finished runs (and failed ones, unless ``retry_failed``) and reruns the rest:
 a killed run's folder is resumed from its checkpoint, or replaced when it has none
-(:func:`execute`). The runs go to the local pool, or to a Dask cluster (``dask``,
-``scheduler_file``; :mod:`spmlkit.experiments.dask_executor`), through one executor seam.
+(`execute`). The runs go to the local pool, or to a Dask cluster (``dask``,
+``scheduler_file``; `spmlkit.experiments.dask_executor`), through one executor seam.
 
 The package, one concept a module (every public name is importable from the package itself):
 
-- :mod:`.grammar`: the method grammar (``loss[+reg...][@regime]``, the reference rows);
-- :mod:`.yaml_text`: YAML as a spec is read (``1e-3`` a number, repeated keys refused);
-- :mod:`.schema`: the spec's keys as data (type, default, help), read by validation and the docs;
-- :mod:`.spec`: :class:`StudySpec` and its datasets and methods;
-- :mod:`.validate`: a raw spec (a dict) checked and resolved into a :class:`StudySpec`;
-- :mod:`.loading`: :func:`load_study` (a file, a folder, a preset, a dict; ``--set`` overrides);
-- :mod:`.expand`: the runs of a spec and their run ids;
-- :mod:`.worker`: one run (or one stack of runs) in a worker process, and its store row;
-- :mod:`.grouping`: which runs train together (:func:`group_tasks`);
-- :mod:`.launch`: :func:`run_study`;
-- :mod:`.folder`: reading a study folder (:func:`open_study`);
-- :mod:`.layout`: the file names of a study folder.
+- `grammar`: the method grammar (``loss[+reg...][@regime]``, the reference rows);
+- `yaml_text`: YAML as a spec is read (``1e-3`` a number, repeated keys refused);
+- `schema`: the spec's keys as data (type, default, help), read by validation and the docs;
+- `spec`: `StudySpec` and its datasets and methods;
+- `validate`: a raw spec (a dict) checked and resolved into a `StudySpec`;
+- `loading`: [`load_study`][spmlkit.experiments.study.loading.load_study] (a file, a folder, a
+preset, a dict; ``--set`` overrides);
+- `expand`: the runs of a spec and their run ids;
+- `worker`: one run (or one stack of runs) in a worker process, and its store row;
+- `grouping`: which runs train together (`group_tasks`);
+- `launch`: [`run_study`][spmlkit.experiments.study.launch.run_study];
+- `folder`: reading a study folder ([`open_study`][spmlkit.experiments.study.folder.open_study]);
+- `layout`: the file names of a study folder.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Expansion: a study spec -> its runs (:class:`RunTask`), each with a stable run id."""
+"""Expansion: a study spec -> its runs (`RunTask`), each with a stable run id."""
 from __future__ import annotations
 
 import hashlib
@@ -62,7 +62,7 @@ NOT_RESULTS = {"dataset_options": ("cache_dir", "progress"),
 
 
 def result_config(config: dict) -> dict:
-    """``config`` without the :data:`NOT_RESULTS` keys (what a run id's hash is of)."""
+    """``config`` without the `NOT_RESULTS` keys (what a run id's hash is of)."""
     out = json.loads(json.dumps(config, default=str))
     for where, keys in NOT_RESULTS.items():
         node = out
@@ -84,7 +84,7 @@ def result_config(config: dict) -> dict:
 
 def run_id_for(config: dict, seed: int, variant: dict) -> str:
     """``<dataset>-<method>-<regime>-s<seed>-b<batch>-lr<lr>[-<vary>]-<hash8>``; the hash is of
-    the resolved configuration without what cannot change the numbers (:func:`result_config`:
+    the resolved configuration without what cannot change the numbers (`result_config`:
     cache folders, progress bars, worker counts), so the id changes with anything that changes
     the run and with nothing else."""
     digest = hashlib.sha1(json.dumps(result_config(config), sort_keys=True,

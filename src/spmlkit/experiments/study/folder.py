@@ -1,4 +1,5 @@
-"""Reading a study folder against its current spec (:func:`open_study`)."""
+"""Reading a study folder against its current spec
+([`open_study`][spmlkit.experiments.study.folder.open_study])."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -63,9 +64,10 @@ def study_spec(out) -> StudySpec:
 
 @dataclass
 class StudyFolder:
-    """A study folder read against its current spec: what :func:`open_study` returns, and the
-    one view of a study's results that ``spml study status | table | export``, ``spml report``
-    and ``spml figure sweep`` share.
+    """A study folder read against its current spec: what
+    [`open_study`][spmlkit.experiments.study.folder.open_study] returns, and the one view of a
+    study's results that ``spml study status | table | export``, ``spml report`` and ``spml figure
+    sweep`` share.
 
     A run id hashes the run's whole configuration, so a folder re-run with a changed spec
     (``--set epochs=3``, another grid) holds rows of the earlier spec's runs too. Those are
@@ -79,7 +81,7 @@ class StudyFolder:
         rows: the stored rows of those runs (any status), ordered by run id.
         selected: per (method, dataset, regime, seed, variant) the finished row of ``rows``
             with the best val value of the spec's ``metric`` (mAP by default;
-            :func:`spmlkit.experiments.store.select_best`).
+            `spmlkit.experiments.store.select_best`).
         stale: the stored rows of runs the current spec does not have.
         has_results: whether ``results.sqlite`` exists (the study has run).
     """
@@ -131,7 +133,7 @@ class StudyFolder:
                include_stale: bool = False, force: bool = False) -> Path:
         """Write the current spec's rows (or the selected ones; or, with ``include_stale``,
         every stored row) as ``csv`` / ``json`` / ``markdown`` / ``latex``
-        (:func:`spmlkit.experiments.store.format_rows`) to ``path``, atomically; an existing
+        (`spmlkit.experiments.store.format_rows`) to ``path``, atomically; an existing
         file is kept and the next free name written unless ``force``. Returns the path written.
         """
         from ...runs import write_output
@@ -150,7 +152,7 @@ class StudyFolder:
 
 
 def open_study(out) -> StudyFolder:
-    """Read a study folder against its current spec (see :class:`StudyFolder`): ``study.yaml``,
+    """Read a study folder against its current spec (see `StudyFolder`): ``study.yaml``,
     and ``results.sqlite`` when the study has run (a folder without it has no rows).
 
     Raises:
@@ -173,13 +175,13 @@ def open_study(out) -> StudyFolder:
 
 
 def study_status(out) -> dict:
-    """:meth:`StudyFolder.status` of the study folder ``out``."""
+    """`StudyFolder.status` of the study folder ``out``."""
     return open_study(out).status()
 
 
 def study_rows(out) -> tuple[StudySpec, list[dict]]:
     """A study folder's spec and its selected rows (best val per group among the current
-    spec's runs; :func:`open_study`)."""
+    spec's runs; [`open_study`][spmlkit.experiments.study.folder.open_study])."""
     study = open_study(out)
     return study.spec, study.selected
 

@@ -7,20 +7,20 @@ from .expand import RunTask
 
 
 def group_tasks(tasks: list[RunTask], jobs: int = 1) -> list:
-    """The tasks of a study as the workers get them: single :class:`RunTask` s, and lists of
+    """The tasks of a study as the workers get them: single `RunTask` s, and lists of
     tasks that train together (the linear mode's stacked runs,
-    :mod:`spmlkit.engine.vectorised`).
+    `spmlkit.engine.vectorised`).
 
     Runs group when they differ only in seed and learning rate (same dataset and options,
     regime, method, loss and hyperparameters, ``k`` as resolved for the run (an
     ``estimate:`` / ``interval:`` k is resolved here, with the run's seed), batch size and the
     rest of the train config, mode options), their mode can train several at once
     with their options (``TrainingMethod.can_stack``) and their loss can be stacked
-    (:func:`spmlkit.engine.vectorised.can_stack`). Runs of closed-form losses
-    (:func:`spmlkit.engine.vectorised.closed_form`: AN, AN-LS, WAN, EPR, BCE, ...) group across
+    (`spmlkit.engine.vectorised.can_stack`). Runs of closed-form losses
+    (`spmlkit.engine.vectorised.closed_form`: AN, AN-LS, WAN, EPR, BCE, ...) group across
     losses, hyperparameters, regimes and ``k`` too (one stack for the BCE family of a batch
     size). A group is cut into chunks of at most
-    :func:`spmlkit.engine.vectorised.stack_limit` runs (memory, and on a CPU whether the
+    `spmlkit.engine.vectorised.stack_limit` runs (memory, and on a CPU whether the
     per-step work is small enough to gain: 1 means the runs stay single), and the largest
     groups are halved until there are at least ``jobs`` tasks, so every worker has work.
     """
@@ -73,7 +73,7 @@ def _stack_key(t: RunTask, closed: dict) -> str | None:
 
 def _cut(members: list, shapes: dict) -> list:
     """The units of one group: its runs single (its loss cannot be stacked on the device, its
-    data cannot be loaded, or :func:`~spmlkit.engine.vectorised.stack_limit` says 1), or
+    data cannot be loaded, or `stack_limit` says 1), or
     chunks of equal size of at most the stack limit. ``shapes`` caches the data's shapes."""
     import numpy as np
 

@@ -1,4 +1,5 @@
-"""Launching a study: :func:`run_study` runs the missing runs and records the launch."""
+"""Launching a study: [`run_study`][spmlkit.experiments.study.launch.run_study] runs the missing
+runs and records the launch."""
 from __future__ import annotations
 
 import contextlib
@@ -147,7 +148,8 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
     """Run a study's missing runs in parallel; every finished run's row goes to the store at once.
 
     Args:
-        spec: a :class:`StudySpec`, or anything :func:`load_study` reads.
+        spec: a `StudySpec`, or anything
+            [`load_study`][spmlkit.experiments.study.loading.load_study] reads.
         out: the study folder (default ``runs/studies/<name>``): ``study.yaml`` (the resolved
             spec), ``results.sqlite``, ``runs/<run_id>/``, ``launches.jsonl``.
         jobs: worker processes (default: the CPU count; 1: in this process), also those of a
@@ -161,34 +163,34 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
         threads: torch threads per worker (default 1 in linear mode, else cores / jobs).
         retries: how many more times a run whose worker process died (killed by the
             out-of-memory killer, say) is run (alone, in the local pool) before it is recorded
-            as ``failed`` with the reason (:func:`spmlkit.experiments.pool.run_tasks`; on Dask
-            see :mod:`spmlkit.experiments.dask_executor`). A retried run resumes from
-            its ``checkpoint.pt`` (:func:`execute`), as does a run of an earlier launch that
+            as ``failed`` with the reason (`spmlkit.experiments.pool.run_tasks`; on Dask
+            see `spmlkit.experiments.dask_executor`). A retried run resumes from
+            its ``checkpoint.pt`` (`execute`), as does a run of an earlier launch that
             was stopped.
         checkpoint_seconds: how often a run writes its resumable checkpoint (seconds between
             writes, after an epoch; default
-            :data:`spmlkit.methods.driver.CHECKPOINT_SECONDS`; 0: every epoch).
+            `spmlkit.methods.driver.CHECKPOINT_SECONDS`; 0: every epoch).
         dask: run on Dask distributed (``pip install -e ".[dask]"`` in the clone): ``"local"`` for a
             ``LocalCluster`` of ``jobs`` worker processes on this machine, or a scheduler's
             address (``"tcp://host:8786"``); the study folder must be visible to the workers at
-            the same path (:mod:`spmlkit.experiments.dask_executor`).
+            the same path (`spmlkit.experiments.dask_executor`).
         scheduler_file: run on the Dask scheduler this JSON file names (``dask scheduler
             --scheduler-file``, dask-jobqueue). The scheduler is reached before anything is
             written; the stacks are cut for the worker threads it has then.
-        executor: any :class:`spmlkit.experiments.pool.Executor` (overrides ``jobs``,
+        executor: any `spmlkit.experiments.pool.Executor` (overrides ``jobs``,
             ``dask`` and ``scheduler_file``).
         vectorise: train the runs that differ only in seed and learning rate together where
-            the mode and loss can (:func:`group_tasks`; the linear mode's stacked runs, same
+            the mode and loss can (`group_tasks`; the linear mode's stacked runs, same
             results up to floating-point summation order); False: one task per run. A group
             whose worker dies is retried (or lost) as a whole and restarts from scratch.
         connect_timeout: seconds a Dask scheduler gets to answer (default
-            :data:`spmlkit.experiments.dask_executor.CONNECT_TIMEOUT`).
+            `spmlkit.experiments.dask_executor.CONNECT_TIMEOUT`).
 
     Returns:
         ``{"out", "runs_total", "runs_done_before", "runs_run", "failures", "seconds",
         "jobs", "executor", "failure_groups"}`` (``executor``: where the runs ran, in words);
         ``failure_groups``: this launch's failed runs grouped by their error
-        (:func:`failure_groups`), also summarised in ``launches.jsonl``.
+        (`failure_groups`), also summarised in ``launches.jsonl``.
 
     Raises:
         ModuleNotFoundError: mlflow, or dask for ``dask`` / ``scheduler_file``, asked for but
@@ -211,8 +213,9 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
 
 @dataclass(frozen=True)
 class LaunchOptions:
-    """How a study is launched: :func:`run_study`'s keywords (see there), checked by
-    :meth:`check` before anything is written."""
+    """How a study is launched: [`run_study`][spmlkit.experiments.study.launch.run_study]'s keywords
+    (see there), checked by
+    `check` before anything is written."""
 
     out: object = None
     jobs: int | None = None
@@ -267,12 +270,13 @@ class LaunchOptions:
 
 
 class Launch:
-    """One launch of a study (what :func:`run_study` does), step by step: :meth:`run` checks
-    the options and reaches a Dask cluster before anything is written, then, holding the study
-    folder's lock, writes the spec, finds the runs still to do (:meth:`plan`), picks the
-    workers (:meth:`place`), records the launch in ``launches.jsonl`` (:meth:`record`),
-    prepares the runs' data (:meth:`prepare`), cuts them into worker tasks
-    (:meth:`payloads`) and stores every row that comes back (:meth:`execute`)."""
+    """One launch of a study (what [`run_study`][spmlkit.experiments.study.launch.run_study] does),
+    step by step: `run` checks the options and reaches a Dask cluster before anything is written,
+        then, holding the study
+    folder's lock, writes the spec, finds the runs still to do (`plan`), picks the
+    workers (`place`), records the launch in ``launches.jsonl`` (`record`),
+    prepares the runs' data (`prepare`), cuts them into worker tasks
+    (`payloads`) and stores every row that comes back (`execute`)."""
 
     def __init__(self, spec: StudySpec, options: LaunchOptions):
         self.spec, self.options = spec, options
@@ -381,7 +385,7 @@ class Launch:
             self.mlflow.set_experiment(self.spec.name)
 
     def payloads(self) -> list:
-        """The worker tasks: stacked groups (:func:`group_tasks`, unless ``vectorise`` is
+        """The worker tasks: stacked groups (`group_tasks`, unless ``vectorise`` is
         False) first, then single runs, as dicts."""
         units = group_tasks(self.todo, self.jobs) if self.options.vectorise else \
             list(self.todo)
@@ -401,7 +405,7 @@ class Launch:
     def execute(self, payloads: list) -> list:
         """Run the tasks; store each row as it comes back (and log it to MLflow); keep the
         launch record true after every task, and at the end, however it ends. Returns this
-        launch's failed runs grouped by their error (:func:`failure_groups`)."""
+        launch's failed runs grouped by their error (`failure_groups`)."""
         from tqdm import tqdm
 
         launch, spec, progress = self.launch_record, self.spec, self.options.progress

@@ -63,8 +63,8 @@ def load_study(path_or_preset, overrides=None) -> StudySpec:
 
     Args:
         path_or_preset: a YAML file, a study folder (its ``study.yaml``), a preset name
-            (``"cole-table1"``: ``presets/cole-table1.yaml``), a dict, or a :class:`StudySpec`.
-        overrides: see :func:`apply_overrides` (``["seeds=1", "epochs=5"]``).
+            (``"cole-table1"``: ``presets/cole-table1.yaml``), a dict, or a `StudySpec`.
+        overrides: see `apply_overrides` (``["seeds=1", "epochs=5"]``).
 
     Raises:
         FileNotFoundError: neither a file, a study folder nor a preset (the presets are listed).

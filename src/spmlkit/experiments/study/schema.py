@@ -1,9 +1,9 @@
 """The study spec's schema as data: every key with its type, default, allowed values and help.
 
-:data:`SPEC_SCHEMA` is the one place a spec key is described. Validation
-(:mod:`spmlkit.experiments.study.validate`) takes the known and required keys, the defaults of
+`SPEC_SCHEMA` is the one place a spec key is described. Validation
+(`spmlkit.experiments.study.validate`) takes the known and required keys, the defaults of
 the keys left out and the wording of its "expected ..." errors from it; ``docs/gen.py`` writes
-the reference page ``docs/studies/schema.md`` from it; :data:`METHOD_SCHEMA` does the same for a
+the reference page ``docs/studies/schema.md`` from it; `METHOD_SCHEMA` does the same for a
 method given as a mapping. A key added to the spec is added here, with its help text, or it is
 an unknown key.
 """
@@ -32,7 +32,7 @@ class Key:
     Attributes:
         name: the key.
         type: its type, in words (the docs' type column).
-        default: the value a spec that leaves the key out has (:data:`REQUIRED`: none, the
+        default: the value a spec that leaves the key out has (`REQUIRED`: none, the
             key must be given); ``default_text`` says it in words where the value is derived
             (a name from the file's stem).
         help: what it means (Markdown; the docs' meaning column).

@@ -1,4 +1,4 @@
-"""The validated study spec: :class:`StudySpec` and its datasets and methods."""
+"""The validated study spec: `StudySpec` and its datasets and methods."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -30,8 +30,8 @@ class MethodSpec:
 @dataclass
 class StudySpec:
     """A validated study spec (see the package docstring; its keys, defaults and help:
-    :mod:`spmlkit.experiments.study.schema`); :meth:`to_dict` is its resolved form,
-    written to ``<out>/study.yaml`` and readable by :func:`load_study` again."""
+    `spmlkit.experiments.study.schema`); `to_dict` is its resolved form,
+    written to ``<out>/study.yaml`` and readable by `load_study` again."""
 
     name: str
     datasets: list

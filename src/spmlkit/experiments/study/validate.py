@@ -1,9 +1,9 @@
-"""Validation of a raw study spec (a dict from YAML) into a :class:`StudySpec`.
+"""Validation of a raw study spec (a dict from YAML) into a `StudySpec`.
 
-:func:`validate` checks the keys one at a time, in the order an error is most useful (names
+`validate` checks the keys one at a time, in the order an error is most useful (names
 before numbers, numbers before the run count), each check its own function; the known keys,
 the required ones, the defaults and the "expected ..." wording come from the schema table
-(:mod:`spmlkit.experiments.study.schema`). Every error is a ``ValueError`` that names the
+(`spmlkit.experiments.study.schema`). Every error is a ``ValueError`` that names the
 spec's source, the key (``methods[2].mode_options``) and what is expected."""
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def _check_k(value, source: str, key: str):
 
 
 def validate(raw: dict, source: str, stem: str | None) -> StudySpec:
-    """The :class:`StudySpec` of the raw spec ``raw`` (read from ``source``; ``stem``: the
+    """The `StudySpec` of the raw spec ``raw`` (read from ``source``; ``stem``: the
     name of a spec without ``name``), or a ``ValueError`` naming the source and the key."""
     unknown = sorted(set(raw) - set(SPEC_KEYS))
     if unknown:
@@ -391,7 +391,7 @@ def _vary_regime(values: list, source: str) -> list:
 
 
 def _check_run_count(datasets, methods, modes, seeds, vary, grid, source: str) -> None:
-    """A spec that expands to more than :data:`MAX_RUNS` runs is refused, naming its axes."""
+    """A spec that expands to more than `MAX_RUNS` runs is refused, naming its axes."""
     runs = sum(len(seeds)
                * math.prod(len(vary[k]) for k in applicable_axes(modes[m.label].name, m, vary))
                * math.prod(len(grid[k]) for k in applicable_axes(modes[m.label].name, m, grid))

@@ -28,7 +28,7 @@ def _row_header(task: dict) -> dict:
 
 def lost_row(task: dict, reason: str) -> dict:
     """The ``failed`` store row of a task whose worker process died on every try (``reason``,
-    from :func:`spmlkit.experiments.pool.run_tasks`, says how and how often)."""
+    from `spmlkit.experiments.pool.run_tasks`, says how and how often)."""
     return {**_row_header(task), "status": "failed", "error": reason, "seconds": None,
             "metrics": "{}"}
 
@@ -83,21 +83,21 @@ def _task_setup(task: dict):
 
 
 def run_task(task: dict) -> list[dict]:
-    """What the study's workers run: a task dict of one run (:func:`execute`) or of a group of
-    runs trained at once (``{"group": [task, ...], ...}``, :func:`execute_group`); the store
+    """What the study's workers run: a task dict of one run (`execute`) or of a group of
+    runs trained at once (``{"group": [task, ...], ...}``, `execute_group`); the store
     rows, one per run."""
     return execute_group(task) if "group" in task else [execute(task)]
 
 
 def lost_rows(task: dict, reason: str) -> list[dict]:
-    """:func:`lost_row` of every run of a (group) task."""
+    """`lost_row` of every run of a (group) task."""
     return [lost_row(t, reason) for t in task.get("group", [task])]
 
 
 def execute_group(task: dict) -> list[dict]:
     """Run a group of task dicts at once (the linear mode's stacked runs,
-    :func:`spmlkit.methods.train_runs`; :func:`group_tasks` says which runs group); one store
-    row per run, each as :func:`execute` would have made it: a run that fails (its data or k
+    `spmlkit.methods.train_runs`; `group_tasks` says which runs group); one store
+    row per run, each as `execute` would have made it: a run that fails (its data or k
     cannot be set up, its loss raises, it diverges) fails alone, the others train on."""
     from ...engine import TrainConfig
     from ...methods import train_runs
@@ -149,10 +149,10 @@ def execute(task: dict) -> dict:
     becomes a ``failed`` row with the traceback.
 
     A run folder left by an earlier try (a worker that died, a launch that was stopped) is
-    *resumed* from its ``checkpoint.pt`` (:func:`spmlkit.methods.train_run` with ``resume``;
-    the epochs after the checkpoint are trained again, none twice in ``metrics.jsonl``), or
-    read back if it finished; one without a checkpoint, or one that cannot be resumed
-    (:class:`spmlkit.methods.ResumeError`), is replaced by a fresh run.
+    *resumed* from its ``checkpoint.pt`` ([`spmlkit.methods.train_run`][spmlkit.methods.train_run]
+    with ``resume``; the epochs after the checkpoint are trained again, none twice in
+    ``metrics.jsonl``), or read back if it finished; one without a checkpoint, or one that cannot be
+    resumed (`spmlkit.methods.ResumeError`), is replaced by a fresh run.
     """
     from ...engine import TrainConfig
     from ...methods import ResumeError, train_run
