@@ -272,6 +272,7 @@ def test_a_results_store_that_is_a_folder_is_refused(tmp_path, capsys):
     assert "results.sqlite is a folder" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_killed_launch_leaves_a_true_record_and_no_empty_stale_folder(tmp_path):
     """A study killed (SIGKILL) after some runs are stored: ``launches.jsonl`` counts the runs
     stored (it said ``runs_run: 0``); the next launch removes the killed run's folder and

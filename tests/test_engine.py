@@ -299,6 +299,7 @@ def test_fit_linear_resume_is_bit_identical(name, tmp_path):
             (ref.best_epoch, ref.val_map, ref.stopped_early)
 
 
+@pytest.mark.slow
 def test_every_registered_loss_resumes_exactly(tmp_path):
     """The state of every registered loss lives in its state_dict: resuming after epoch 2
     gives the uninterrupted run, for each of them."""

@@ -394,6 +394,7 @@ def _yeast_scores(tmp_path, flip=0.05):
     return path
 
 
+@pytest.mark.slow
 def test_spml_train_em_pl_with_a_good_scorer_beats_an(tmp_path):
     """A scorer that flips 5 % of the true labels (scores sigmoid(+-2 + N(0, 1))) gives em_pl
     pseudo-positives that AN lacks: with the same budget (10 epochs, batch 16, lr 1e-3) its test
@@ -437,6 +438,7 @@ class _Stop(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_resumes_with_its_pseudo_labels(tmp_path):
     """Stopped after epoch 2 of 4 and resumed (the loss's epoch counters and pseudo-labels come
     back from the checkpoint): the same test mAP as the run that was never interrupted."""

@@ -5,6 +5,8 @@ import sys
 from importlib.metadata import metadata, version
 from pathlib import Path
 
+import pytest
+
 import spmlkit
 from spmlkit.cli import main
 
@@ -25,6 +27,7 @@ def test_spml_version_flag(capsys):
     assert capsys.readouterr().out.strip() == f"spml (spmlkit) {spmlkit.__version__}"
 
 
+@pytest.mark.slow
 def test_python_dash_m_runs_the_command_line():
     out = subprocess.run([sys.executable, "-m", "spmlkit", "--version"], capture_output=True,
                          text=True, timeout=120)

@@ -96,6 +96,7 @@ def _shrunk(name, **extra):
                              "grid.lr": [1e-2], **extra})
 
 
+@pytest.mark.slow
 def test_yeast_papers_runs_shrunk(tmp_path):
     # (the preset's hparams name em, em_apl and opml_sp, so the shrunk list keeps them)
     methods = ["an", {"label": "EM", "spec": "em"}, {"label": "EM+APL", "spec": "em_apl"},
@@ -148,6 +149,7 @@ def test_lac_preset_matches_the_lac_trainer():
     assert len({t.run_id for t in tasks.values()}) == 3
 
 
+@pytest.mark.slow
 def test_lac_preset_runs_shrunk_in_pool_workers(tmp_path):
     """The three rows in two pool worker processes, end to end: the workers are daemonic, so
     the feature-map extraction must not start DataLoader workers of its own."""

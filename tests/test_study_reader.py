@@ -140,6 +140,7 @@ def test_export_keeps_an_existing_file(rerun, tmp_path, capsys):
     assert target.read_text().startswith("| run_id |")
 
 
+@pytest.mark.slow
 def test_figure_and_analyze_keep_existing_files(rerun, tmp_path, capsys):
     out, new, _ = rerun
     run = out / new["run_dir"]

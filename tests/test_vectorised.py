@@ -318,6 +318,7 @@ def test_checkpoint_state_resumes_as_a_single_run():
     torch.testing.assert_close(resumed.weight, full.weight, atol=2e-6, rtol=0)
 
 
+@pytest.mark.slow
 def test_a_study_gives_the_same_table_vectorised_or_not(tmp_path):
     from spmlkit.experiments.benchmark import run_benchmark
     from spmlkit.experiments.store import StudyStore
