@@ -274,6 +274,12 @@ def test_cli_image_run_figures(image_runs, tmp_path, capsys):
         assert ov.maps.shape[:2] == (2, 3) and "e-0" in ov.note  # GAP check: ~1e-7
         err = float(ov.note.rsplit(" ", 1)[1])
         assert err < 1e-4
+        # the CAM figure shows each image's true labels next to the predicted classes: the
+        # labels of the same images the panel draws (same seeded choice)
+        same = fg.panel_from_run(run, "test", n=2, seed=0)
+        assert same.label_kind == "true" and ov.items == same.items
+        assert ov.true_labels == [list(t) for t in same.labels]
+        assert all(ov.true_labels)
         assert main(["figure", "attention", run]) == 2
         assert "LAC" in capsys.readouterr().err
     panel = fg.panel_from_run(image_runs["finetune"], "train", n=4, seed=0)

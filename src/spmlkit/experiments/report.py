@@ -473,9 +473,11 @@ def render_html(study: StudyFolder, figures=()) -> str:
         title = f"Classic metrics (test; selected on val {chosen})"
         add(f'<h3 id="table-classic">{_esc(title)}</h3>')
         add("<p>Example-based ranking metrics (label-ranking average precision, ranking loss, "
-            "normalised coverage, one-error) and the threshold metrics at 0.5 (Hamming loss, "
-            "F1); the best value of each column is marked in its own direction (lower is "
-            "better for the losses, coverage and one-error).</p>")
+            "normalised coverage, one-error) and the threshold metrics (Hamming loss, F1) at "
+            "each run's global threshold chosen on val (the one that maximises val micro-F1, "
+            "the threshold spml predict applies), not at 0.5; the best value of each column is "
+            "marked in its own direction (lower is better for the losses, coverage and "
+            "one-error).</p>")
         add(_classic_table(study, classic, title))
     add("</section>")
 

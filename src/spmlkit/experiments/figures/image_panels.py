@@ -189,11 +189,14 @@ class MapOverlays:
     kind: str = "CAM"
     title: str = ""
     note: str = ""              # e.g. the GAP check of a CAM
+    true_labels: list | None = None   # per image, its true class names (shown under it)
 
 
 def plot_overlays(ov: MapOverlays, out, top: int = 3, *, force: bool = False) -> Path:
-    """One row per image: the image, then its ``top`` predicted classes' maps (min-max scaled
-    per map, upsampled bilinearly) over it; returns the path written."""
+    """One row per image: the image (with its true labels under it when ``ov.true_labels`` is
+    given), then its ``top`` predicted classes' maps (min-max scaled per map, upsampled
+    bilinearly) over it, each titled green when the class is a true label, red when not;
+    returns the path written."""
     n = len(ov.images)
     maps = np.asarray(ov.maps, dtype=np.float64)
     probs = np.asarray(ov.probs, dtype=np.float64)
@@ -213,6 +216,9 @@ def plot_overlays(ov: MapOverlays, out, top: int = 3, *, force: bool = False) ->
         ax.imshow(img)
         ax.set_title(Path(str(ov.items[i])).name if ov.items else f"image {i}",
                      fontsize="x-small")
+        truth = set(ov.true_labels[i]) if ov.true_labels is not None else None
+        if truth is not None:
+            ax.set_xlabel("true: " + (short_list(sorted(truth))), fontsize="x-small")
         order = np.argsort(-probs[i], kind="stable")[:top]
         up = upsample_maps(maps[i, order], (h, w))
         for r, (k, m) in enumerate(zip(order, up)):
@@ -221,11 +227,15 @@ def plot_overlays(ov: MapOverlays, out, top: int = 3, *, force: bool = False) ->
             a = axes[i, r + 1]
             a.imshow(img)
             a.imshow(scaled, cmap="jet", alpha=0.5, vmin=0, vmax=1)
-            a.set_title(f"{ov.class_names[k]} p={probs[i, k]:.2f}", fontsize="small")
+            a.set_title(f"{ov.class_names[k]} p={probs[i, k]:.2f}", fontsize="small",
+                        color="black" if truth is None else "green" if ov.class_names[k] in truth
+                        else "red")
         for a in axes[i]:
             a.set_xticks([])
             a.set_yticks([])
     fig.suptitle((ov.title or f"{ov.kind} of the top-{top} predicted classes")
+                 + ("; under each image its true labels, a predicted class in green when true, "
+                    "red when not" if ov.true_labels is not None else "")
                  + (f"\n{ov.note}" if ov.note else ""), fontsize="medium")
     return save_figure(fig, out, force=force)
 
@@ -252,17 +262,21 @@ def plot_attention(images, maps, probs, class_names, out, top: int = 3, items=()
 
 
 def _run_images(run, split: str, n: int, seed: int):
-    """``(paths, load)`` of ``n`` images of ``split`` (seeded choice): ``load(size, mean, std)``
-    gives the model's input tensor and the images to display."""
+    """``(paths, true, load)`` of ``n`` images of ``split`` (seeded choice): ``true`` their true
+    class names, ``load(size, mean, std)`` the model's input tensor and the images to
+    display."""
     import torch
 
     from ...data.image_files import open_image
     from ...data.transforms import eval_transform
 
     config = read_config(run)
-    items, _, _ = _image_split(run, config, split)
-    chosen = [items[i] for i in pick_rows(len(items), n, seed)]
-    return chosen, lambda size, mean, std: (
+    items, y, splits = _image_split(run, config, split)
+    rows = pick_rows(len(items), n, seed)
+    names = list(splits.class_names)
+    true = [[names[j] for j in np.flatnonzero(y[i])] for i in rows]
+    chosen = [items[i] for i in rows]
+    return chosen, true, lambda size, mean, std: (
         torch.stack([eval_transform(size, mean, std)(open_image(p)) for p in chosen]),
         [open_image(p).resize((size, size)) for p in chosen])
 
@@ -290,7 +304,7 @@ def cam_from_run(run, split: str = "test", n: int = 4, seed: int = 0) -> MapOver
         raise ValueError(f"run {run_label(run)} is a linear run on feature vectors: class "
                          f"activation maps need an image model (a fine-tuned run, or a linear "
                          f"run on a backbone's features of an image source)")
-    chosen, load = _run_images(run, split, n, seed)
+    chosen, true, load = _run_images(run, split, n, seed)
     x, shown = load(info["image_size"], info["mean"], info["std"])
     with torch.no_grad():
         fmap = model.backbone.forward_features(x)
@@ -306,7 +320,7 @@ def cam_from_run(run, split: str = "test", n: int = 4, seed: int = 0) -> MapOver
                            "BoostLU CAM", f"BoostLU class activation maps (alpha {alpha:g}), "
                            f"{run_label(run)} ({split})",
                            f"check: each logit is its map's mean (the CAM, bias included, with "
-                           f"positive cells x {alpha:g}); largest difference {err:.2g}")
+                           f"positive cells x {alpha:g}); largest difference {err:.2g}", true)
     weight = model.head.weight.detach().numpy()
     maps = class_activation_maps(fmap.numpy(), weight)
     gap = maps.mean(axis=(2, 3)) + model.head.bias.detach().numpy()[None].astype(np.float64)
@@ -314,7 +328,7 @@ def cam_from_run(run, split: str = "test", n: int = 4, seed: int = 0) -> MapOver
     return MapOverlays(shown, maps, torch.sigmoid(logits).numpy(), names, chosen, "CAM",
                        f"Class activation maps, {run_label(run)} ({split})",
                        f"check: each logit is its CAM's mean plus the bias (average-pooling "
-                       f"backbones); largest difference {err:.2g}")
+                       f"backbones); largest difference {err:.2g}", true)
 
 
 def attention_from_run(run, split: str = "test", n: int = 4, seed: int = 0) -> MapOverlays:
@@ -337,7 +351,7 @@ def attention_from_run(run, split: str = "test", n: int = 4, seed: int = 0) -> M
 
     model, info = load_run_model(run)
     best = info["checkpoint"]  # best.pt's record: the epoch, stage and weights it kept
-    chosen, load = _run_images(run, split, n, seed)
+    chosen, true, load = _run_images(run, split, n, seed)
     x, shown = load(int(info["image_size"]), info["mean"], info["std"])
     with torch.no_grad():
         maps = model.attention_maps(x)
@@ -345,4 +359,4 @@ def attention_from_run(run, split: str = "test", n: int = 4, seed: int = 0) -> M
     return MapOverlays(shown, maps.numpy(), probs.numpy(), list(info["class_names"]), chosen,
                        "attention", f"Label-wise attention maps, {run_label(run)} ({split})",
                        f"best epoch {best['best_epoch']} (stage {best['best_stage']}, "
-                       f"{best['best_source']})")
+                       f"{best['best_source']})", true)
