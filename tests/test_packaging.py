@@ -39,8 +39,30 @@ def test_python_dash_m_runs_the_command_line():
 
 
 def test_license_is_the_one_pyproject_names():
-    assert "MIT" in metadata("spmlkit").get("License", "")
+    meta = metadata("spmlkit")
+    assert "MIT" in (meta.get("License-Expression") or meta.get("License") or "")
     assert ROOT.joinpath("LICENSE").read_text().startswith("MIT License")
+
+
+@pytest.mark.slow
+def test_the_wheel_carries_license_classifiers_and_py_typed(tmp_path):
+    """The wheel a user builds (setuptools, no deprecation warning about the license table):
+    an SPDX license expression with its file, classifiers and the PEP 561 marker."""
+    import zipfile
+
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                           "--no-build-isolation", "--disable-pip-version-check", "-v", "-w",
+                           str(tmp_path), str(ROOT)], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "project.license" not in done.stdout + done.stderr   # setuptools' deprecation
+    wheel = zipfile.ZipFile(next(tmp_path.glob("spmlkit-*.whl")))
+    names = wheel.namelist()
+    assert "spmlkit/py.typed" in names
+    assert any(n.endswith("experiments/presets/yeast-papers.yaml") for n in names)
+    meta = wheel.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "License-Expression: MIT" in meta and "License-File: LICENSE" in meta
+    assert "Classifier: Typing :: Typed" in meta and meta.count("Classifier: ") >= 8
 
 
 def test_changelog_has_a_section_for_this_version_or_unreleased():
