@@ -10,6 +10,11 @@ from spmlkit.methods import SELECTED_LR, default_lr, get_method, train_run
 from spmlkit.losses import LOSSES
 
 
+def _config(out: Path) -> dict:
+    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    return json.loads((run / "config.json").read_text())
+
+
 def _final(out: Path) -> dict:
     (run,) = [p for p in out.iterdir() if p.is_dir()]
     return json.loads((run / "final.json").read_text())
@@ -70,3 +75,54 @@ def test_python_api_result_carries_the_warnings():
     assert res["best_epoch"] == 2 and res["warnings"] == [
         "best epoch is the last (2); the model may be under-trained: try more --epochs or a "
         "larger --lr"]
+
+
+def test_config_file_gives_options_and_flags_override_them(tmp_path, capsys):
+    """``--config FILE`` (YAML or JSON): its options as if typed, the command line's flags over
+    them; ``--verbose`` prints the resolved settings and one line per epoch."""
+    (tmp_path / "run.yaml").write_text("dataset: yeast\nloss: role\nepochs: 3\nlr: 1e-2\n"
+                                       "hp: {lam: 2}\nbatch-size: 16\nverbose: true\n")
+    assert main(["train", "--config", str(tmp_path / "run.yaml"), "--epochs", "2", "--out",
+                 str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    config = _config(tmp_path / "a")
+    train = config["train"]
+    assert (config["loss"], config["hparams"], train["epochs"], train["lr"],
+            train["batch_size"]) == ("role", {"lam": 2.0}, 2, pytest.approx(1e-2), 16)
+    assert "settings: --mode linear --loss role hparams {'lam': 2}" in err
+    assert "epoch 1: loss " in err and "epoch 2: loss " in err and "epoch 3:" not in err
+    (tmp_path / "run.json").write_text(json.dumps({"dataset": "yeast", "epochs": 1,
+                                                   "quiet": True}))
+    assert main(["train", "--config", str(tmp_path / "run.json"), "--out",
+                 str(tmp_path / "b")]) == 0
+    assert _config(tmp_path / "b")["train"]["epochs"] == 1
+    assert "epoch 1:" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("los: role\n", "unknown option 'los' for spml train; did you mean 'loss'?"),
+    ("epochs: many\n", "epochs: expected a whole number >= 1, got 'many'"),
+    ("quiet: 1\n", "quiet: a switch, give true or false, got 1"),
+    ("metric: nope\n", "metric:"),
+    ("- loss\n", "must hold a mapping of spml train options"),
+    ("quiet: true\nverbose: true\n", "quiet and verbose exclude each other"),
+])
+def test_config_file_errors_name_the_key(text, message, tmp_path, capsys):
+    (tmp_path / "bad.yaml").write_text(text)
+    assert main(["train", "--dataset", "yeast", "--config", str(tmp_path / "bad.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"spml train: error: --config {tmp_path / 'bad.yaml'}: ")
+    assert message in err and "Traceback" not in err
+
+
+def test_config_with_resume_is_refused(tmp_path, capsys):
+    (tmp_path / "c.yaml").write_text("epochs: 2\n")
+    assert main(["train", "--resume", str(tmp_path), "--config", str(tmp_path / "c.yaml")]) == 2
+    assert "--config gives the options of a new run" in capsys.readouterr().err
+
+
+def test_benchmark_seeds_has_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["benchmark", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--seeds SEEDS seeds per method (0, 1, ... N-1)" in out

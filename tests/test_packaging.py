@@ -79,3 +79,23 @@ def test_docstrings_use_the_renderers_cross_reference_syntax():
     found = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "src").rglob("*.py"))
              for i, line in enumerate(p.read_text().splitlines(), 1) if role.search(line)]
     assert not found, f"Sphinx roles in docstrings: {found[:10]}"
+
+
+def test_every_command_line_option_has_help():
+    """``spml ... --help`` says what every option does (``--seeds`` once had no text)."""
+    import argparse
+
+    from spmlkit.cli import build_parser
+
+    missing = []
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, [*path, name])
+            elif action.option_strings and not action.help:
+                missing.append(f"{' '.join(path)} {action.option_strings[-1]}")
+
+    walk(build_parser(), ["spml"])
+    assert not missing, missing

@@ -84,6 +84,18 @@ def main(argv=None) -> int:
         argv.insert(1, "run")  # `spml study <preset or spec>` is `spml study run ...`
     args = build_parser().parse_args(argv)
     prog = _prog(args)
+    if getattr(args, "config", None):  # spml train --config FILE: its options under the flags
+        from .train import parse_with_config
+
+        try:
+            if args.resume:
+                raise ValueError("--config gives the options of a new run; --resume continues "
+                                 "a run with the settings in its config.json")
+            args = parse_with_config(argv, args.config)
+        except ValueError as err:
+            return _fail(prog, str(err))
+        except OSError as err:
+            return _fail(prog, _os_message(err))
     if (args.func is cmd_benchmark or (args.func is cmd_study and args.action == "run")) and \
             getattr(args, "jobs", None) != 1 and not getattr(args, "dask", None) and \
             not getattr(args, "scheduler", None) and not getattr(args, "scheduler_file", None):

@@ -83,7 +83,10 @@ def register(sub) -> None:
                            "labels) is the default, and the only one that runs, when --data "
                            "train_labels=observed says the data's training labels are the "
                            "observed ones (1 / 0 / -1 or empty cells)")
-    grid.add_argument("--seeds", type=int, default=3)
+    grid.add_argument("--seeds", type=int, default=3,
+                      help="seeds per method (0, 1, ... N-1): each draws its own observed labels "
+                           "and initialisation; a table cell is the mean +- sample standard "
+                           "deviation over them (default: %(default)s, as Cole et al.)")
     grid.add_argument("--batch-sizes", type=_ints, default=None, help="grid, default 8,16")
     grid.add_argument("--lrs", type=_floats, default=None, help="grid, default 1e-2,1e-3,1e-4,1e-5")
     training.add_argument("--jobs", type=int, default=None,
@@ -95,6 +98,6 @@ def register(sub) -> None:
     output.add_argument("--out", default="runs/benchmark",
                         help="output folder, a study folder; re-running with the same folder runs "
                              "only the grid points it is missing")
-    output.add_argument("--quiet", action="store_true")
+    output.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_backbone(p, group=data)
     p.set_defaults(func=cmd_benchmark)

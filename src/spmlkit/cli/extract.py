@@ -46,10 +46,13 @@ def register(sub) -> None:
     p.add_argument("--data", action="append", metavar="KEY=VALUE",
                    help="dataset option, e.g. --data root=/data/pascal (repeatable)")
     _add_backbone(p, default="efficientnet_lite0")
-    p.add_argument("--transform", default="eval", choices=["eval", "weak", "strong"])
+    p.add_argument("--transform", default="eval", choices=["eval", "weak", "strong"],
+                   help="the image transform before the backbone: eval (resize and "
+                        "normalise; default), weak or strong (the training augmentations)")
     p.add_argument("--size", type=_whole(1), default=None,
                    help="input side (default: the backbone's)")
-    p.add_argument("--batch-size", type=_whole(1), default=32)
+    p.add_argument("--batch-size", type=_whole(1), default=32,
+                   help="images per forward pass (default: %(default)s)")
     p.add_argument("--workers", type=_whole(0), default=None,
                    help="image decoding processes (default: cores - 1, at most 8)")
     p.add_argument("--limit", type=_whole(1), default=None, metavar="N",

@@ -100,7 +100,8 @@ def register(sub) -> None:
                         "Fig. 4c)")
     a.add_argument("run_a", metavar="RUN_A")
     a.add_argument("run_b", metavar="RUN_B")
-    a.add_argument("--split", choices=["train", "val", "test"], default="test")
+    a.add_argument("--split", choices=["train", "val", "test"], default="test",
+                   help="the split whose per-class AP is compared (default: test)")
     a = asub.add_parser("wasserstein", help="per-class Wasserstein-1 distance between unobserved "
                         "positives and negatives on the train split (Zhou et al. Fig. 4a)")
     a.add_argument("runs", nargs="+", metavar="RUN", help="run folders")
@@ -111,7 +112,7 @@ def register(sub) -> None:
     a.add_argument("--epochs", type=_ints, default=None,
                    help="comma-separated 1-based epochs, e.g. 1,5,25 (default: first, middle, "
                         "last)")
-    a.add_argument("--bins", type=int, default=20)
+    a.add_argument("--bins", type=int, default=20, help="histogram bins (default: 20)")
     for a in asub.choices.values():
         a.add_argument("--out", required=True, metavar="FILE",
                        help="where to write the figure (.png or .svg)")
@@ -140,7 +141,7 @@ def register(sub) -> None:
     f = fsub.add_parser("histograms", help="train probabilities of observed positives, "
                         "unobserved positives and negatives (Cole Fig. 2, Zhou Fig. 4b)")
     f.add_argument("run", metavar="RUN")
-    f.add_argument("--bins", type=int, default=20)
+    f.add_argument("--bins", type=int, default=20, help="histogram bins (default: 20)")
     f = fsub.add_parser("landscape", help="training loss around the trained weights along two "
                         "filter-normalised random directions (Li et al. 2018; Zhou Fig. 5)")
     f.add_argument("run", metavar="RUN")
@@ -161,7 +162,8 @@ def register(sub) -> None:
     f.add_argument("--n", type=int, default=4, help="images shown")
     for name in ("panel", "cam", "attention"):
         f = fsub.choices[name]
-        f.add_argument("--split", choices=["train", "val", "test"], default="test")
+        f.add_argument("--split", choices=["train", "val", "test"], default="test",
+                       help="the split the images are drawn from (default: test)")
         f.add_argument("--top", type=int, default=3, help="predicted classes shown per image")
         f.add_argument("--seed", type=int, default=0, help="seed of the image choice")
     for f in fsub.choices.values():

@@ -43,8 +43,10 @@ def register(sub) -> None:
     p.add_argument("--format", choices=["csv", "json"], default=None,
                    help="default: json when --out ends with .json, else csv")
     p.add_argument("--out", default=None, metavar="FILE", help="default: standard output")
-    p.add_argument("--device", type=_device, default="cpu")
-    p.add_argument("--batch-size", type=_whole(1), default=64)
+    p.add_argument("--device", type=_device, default="cpu",
+                   help="cpu (default), cuda, cuda:1")
+    p.add_argument("--batch-size", type=_whole(1), default=64,
+                   help="inputs per forward pass (default: %(default)s)")
     p.add_argument("--workers", type=_whole(0), default=0, help="image-loading processes")
     p.add_argument("--skip-corrupt", action="store_true",
                    help="leave out input images that cannot be decoded (listed on stderr and "

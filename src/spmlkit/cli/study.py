@@ -236,7 +236,8 @@ def register(sub) -> None:
     s = ssub.add_parser("table", help="the paper-style table of a study folder (mean ± std "
                         "over seeds of the best-val grid point; best bold, second underlined)")
     s.add_argument("dir", metavar="DIR")
-    s.add_argument("--format", choices=["md", "markdown", "latex", "csv", "html"], default="md")
+    s.add_argument("--format", choices=["md", "markdown", "latex", "csv", "html"], default="md",
+                   help="md / markdown (default), latex, csv or html")
     s.add_argument("--metric", default="test_map", help=LazyHelp(_table_metric_help))
     s.add_argument("--select", default=None, metavar="METRIC",
                    help="with metric names: the val metric the grid point is selected on "
@@ -247,8 +248,8 @@ def register(sub) -> None:
                         "ones) to a file")
     s.add_argument("dir", metavar="DIR")
     s.add_argument("--format", choices=["csv", "md", "markdown", "latex", "json"],
-                   required=True)
-    s.add_argument("--output", required=True, metavar="FILE")
+                   required=True, help="the file's format")
+    s.add_argument("--output", required=True, metavar="FILE", help="the file written")
     which = s.add_mutually_exclusive_group()
     which.add_argument("--selected", action="store_true",
                        help="only the best-val run per (method, dataset, regime, seed, variant)")

@@ -64,6 +64,10 @@ def cmd_train(args) -> int:
                          num_workers=args.workers, image_size=args.image_size,
                          metric=args.metric, drop_last=args.drop_last)
     method_options = _method_options(args, method)
+    if args.verbose and ctx.is_main:
+        print(f"settings: --mode {method.name} --loss {args.loss} hparams {hparams or '{}'} "
+              f"k {'train mean' if k is None else f'{k:g}'}; {config}; method options "
+              f"{method_options or '{}'}; regime {args.regime}; out {args.out}", file=sys.stderr)
     bar, show = _epoch_bar(args, method.total_epochs(config, method_options) if ctx.is_main
                            else 0, f"{args.loss} {method.name} on {args.dataset}",
                            batches=images)
@@ -196,6 +200,10 @@ def _epoch_bar(args, total, desc: str, batches: bool = False):
         epochs[0] += 1
         if batches:
             shown = {"epoch": f"{epochs[0]}/{total}", **shown}
+        if getattr(args, "verbose", False):  # one line per epoch, kept above the bar
+            bar.write(f"epoch {rec.get('epoch', epochs[0])}: "
+                      + ", ".join(f"{key} {value}" for key, value in shown.items()
+                                  if key != "epoch"), file=sys.stderr)
         bar.set_postfix(shown)
         if not batches:
             bar.update()
@@ -316,14 +324,25 @@ def register(sub) -> None:
                           help="learning rate (default: the value the paper selected for the loss "
                                "where known, else the method's default: 1e-3 for a linear head, "
                                "1e-4 fine-tuned; the value used and why are printed)")
-    training.add_argument("--seed", type=SEED, default=0)
+    training.add_argument("--seed", type=SEED, default=0,
+                          help="the run's seed: the observed labels drawn, the initialisation "
+                               "and the batch order (default: 0)")
     method.add_argument("--k", type=_positive, default=None,
                         help="expected positives per example (default: the train split's mean)")
     method.add_argument("--k-estimate", type=_whole(1), default=None, metavar="M",
                         help="estimate k from M fully labelled train rows (Cole et al. App. B; val "
                              "rows with --regime given)")
     output.add_argument("--out", default="runs", help="parent folder of the run folder")
-    output.add_argument("--quiet", action="store_true", help="no progress bar")
+    shown = output.add_mutually_exclusive_group()
+    shown.add_argument("--quiet", action="store_true", help="no progress bar")
+    shown.add_argument("--verbose", action="store_true",
+                       help="print the resolved settings before the run and one line per epoch "
+                            "(train loss, val metrics)")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="read options from a YAML or JSON file: a mapping of long option names "
+                        "without -- (batch_size: 16, hp: {lam: 2}, data: {path: t.csv}, "
+                        "quiet: true); flags on the command line override it; an unknown key "
+                        "is an error")
     output.add_argument("--save-train-probs", action="store_true",
                         help="store the train probabilities after every epoch (train_probs.npy, "
                              "float16) for `spml analyze histograms`")
@@ -335,3 +354,93 @@ def register(sub) -> None:
     _add_backbone(p, group=data)
     _add_finetune(method, training, finetune)
     p.set_defaults(func=cmd_train)
+
+
+def parse_with_config(argv: list, path: str):
+    """``spml train ... --config FILE``: the file's options become the train parser's
+    defaults, so flags given on the command line override them; returns the parsed args.
+
+    Raises:
+        ValueError: the file is not a mapping, names an option spml train does not have
+            (with the closest one), or gives a value of the wrong kind (naming the key).
+        FileNotFoundError: no such file.
+    """
+    import argparse
+
+    import yaml
+
+    from . import build_parser
+
+    parser = build_parser()
+    train = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)) \
+        .choices["train"]
+    where = f"--config {path}"
+    with open(path, encoding="utf-8") as f:
+        try:
+            raw = yaml.safe_load(f)  # YAML, and JSON (a subset of YAML)
+        except yaml.YAMLError as err:
+            raise ValueError(f"{where}: not YAML or JSON: {err}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: must hold a mapping of spml train options (e.g. "
+                         f"'loss: role'), got {type(raw).__name__}")
+    actions = {a.dest: a for a in train._actions
+               if a.option_strings and a.dest not in ("help", "config")}
+    train.set_defaults(**{dest: _config_value(where, key, value, actions[dest])
+                          for key, value in raw.items()
+                          for dest in [_config_dest(where, key, actions)]})
+    args = parser.parse_args(argv)
+    if args.quiet and args.verbose:  # the command line's choice overrides the file's
+        if "--quiet" in argv or "--verbose" in argv:
+            args.verbose = args.verbose and "--verbose" in argv
+            args.quiet = not args.verbose
+        else:
+            raise ValueError(f"{where}: quiet and verbose exclude each other")
+    return args
+
+
+def _config_dest(where: str, key, actions: dict) -> str:
+    import difflib
+
+    dest = str(key).lstrip("-").replace("-", "_")
+    if dest not in actions:
+        close = difflib.get_close_matches(dest, list(actions), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"{where}: unknown option {key!r} for spml train{hint} (the keys are "
+                         f"spml train --help's long options without --, e.g. batch_size)")
+    return dest
+
+
+def _config_value(where: str, key, value, action):
+    """A file's value as the flag would have given it: the flag's type and choices applied
+    (scalars), true / false for switches, ``KEY=VALUE`` strings for the repeatable options."""
+    import argparse
+
+    what = f"{where}: {key}"
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{what}: a switch, give true or false, got {value!r}")
+        return value if isinstance(action, argparse._StoreTrueAction) else not value
+    if isinstance(action, argparse._AppendAction):
+        if isinstance(value, dict):
+            return [f"{k}={_flag_text(v)}" for k, v in value.items()]
+        if isinstance(value, list):
+            return [str(v) for v in value]
+        return [str(value)]
+    if isinstance(value, (dict, list)):
+        raise ValueError(f"{what}: one value, got {value!r}")
+    try:
+        converted = action.type(_flag_text(value)) if action.type else _flag_text(value)
+    except (TypeError, ValueError, argparse.ArgumentTypeError) as err:
+        raise ValueError(f"{what}: {err}") from None
+    if action.choices is not None and converted not in action.choices:
+        raise ValueError(f"{what}: {value!r} is not one of {', '.join(map(str, action.choices))}")
+    return converted
+
+
+def _flag_text(value) -> str:
+    """How ``value`` is written on the command line (YAML's true -> true)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
