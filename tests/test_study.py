@@ -862,3 +862,16 @@ def test_a_method_in_its_own_mode_runs_resumes_and_tables_beside_the_linear_ones
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(" | ")[0] for line in lines[-3:]] == ["| an", "| SMILE",
                                                              "| an-k2 [smile]"]
+
+
+def test_the_progress_bar_counts_planned_run_epochs(tmp_path, capsys):
+    """The launch's bar counts work (each run's planned epochs), advanced by a whole group of
+    runs at once, with its ETA from the launch's average rate: a stack of runs that ends at
+    once no longer makes one run look like the whole stack's time (an ETA 100x too long)."""
+    from spmlkit.experiments.study.launch import planned_epochs
+
+    spec = load_study("smoke")  # two methods, one seed, one grid point, two epochs
+    assert [planned_epochs(t) for t in expand(spec)] == [2, 2]
+    run_study(spec, tmp_path / "s", jobs=1, progress=True)
+    err = capsys.readouterr().err.replace("\r", "\n")
+    assert "4/4 [" in err and "run-epoch/s" in err and "2/2 runs, failed 0" in err

@@ -155,7 +155,8 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
         jobs: worker processes (default: the CPU count; 1: in this process), also those of a
             Dask ``LocalCluster`` (``dask="local"``); not with a running cluster (``dask`` an
             address, ``scheduler_file``), which has the workers it has.
-        progress: a tqdm bar (runs done / total, failures, ETA).
+        progress: a tqdm bar of the planned run-epochs (runs done / total, failures, an ETA
+            from the launch's average rate).
         mlflow: also log each run's parameters and final metrics to MLflow (as does
             ``mlflow: true`` in the spec); needs ``pip install mlflow``.
         argv: the command line recorded in ``launches.jsonl`` (the CLI passes ``sys.argv``).
@@ -411,8 +412,13 @@ class Launch:
         launch, spec, progress = self.launch_record, self.spec, self.options.progress
         finished_before = launch["runs_done_before"]
         by_id = {t.run_id: t for t in self.todo}
-        bar = tqdm(total=len(self.tasks), initial=finished_before, desc=f"study {spec.name}",
-                   unit="run", disable=not progress)
+        # the bar counts work, not runs: each run weighs its planned epochs, and its ETA is the
+        # launch's average rate (smoothing 0); runs come back in groups (a stack of runs ends
+        # at once), so a per-run rate would swing by the size of a stack
+        work = {t.run_id: planned_epochs(t) for t in self.todo}
+        bar = tqdm(total=sum(work.values()), desc=f"study {spec.name}", unit="run-epoch",
+                   smoothing=0, disable=not progress)
+        done = finished_before
         if finished_before and progress:
             bar.write(f"resuming {self.out}: {finished_before} of {len(self.tasks)} run(s) "
                       f"already finished")
@@ -433,9 +439,11 @@ class Launch:
                             _log_mlflow(self.mlflow, by_id[row["run_id"]], row)
                         val = row.get("val_map")
                         last = f"val {val:.1f}" if isinstance(val, float) else row["status"]
-                        bar.set_postfix_str(f"failed {launch['failures']}, last "
-                                            f"{row['method']} {last}")
-                        bar.update()
+                        done += 1
+                        bar.set_postfix_str(f"{done}/{len(self.tasks)} runs, failed "
+                                            f"{launch['failures']}, last {row['method']} {last}",
+                                            refresh=False)
+                    bar.update(sum(work.get(row["run_id"], 0) for row in rows))
                     _update_launch(self.launches, launch)  # a killed launch's record stays true
             launch["finished"] = _now()
         finally:
@@ -447,6 +455,12 @@ class Launch:
                                               "first": g["run_ids"][0]} for g in groups]
             _update_launch(self.launches, launch)
         return groups
+
+
+def planned_epochs(task) -> int:
+    """A run's share of a launch's work for its progress bar: the epochs it may train
+    (``train["epochs"]``, at least 1; early stopping ends some sooner)."""
+    return max(1, int(task.train.get("epochs") or 1))
 
 
 def _prepare_features(spec: StudySpec, todo, progress: bool = True) -> None:
