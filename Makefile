@@ -11,7 +11,7 @@ PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 OUT ?= runs/yeast-benchmark
 SYSTEM_DEPS ?=
 
-.PHONY: install demo test test-fast lint docs clean image-data browser system-deps mdi-icons \
+.PHONY: install demo test test-fast lint docs serve-docs clean image-data browser system-deps mdi-icons \
 	fmnist-data system-check
 
 install: $(VENV)/.installed
@@ -48,11 +48,19 @@ lint: install
 # The docs site (mkdocs.yml, docs/) into site/, with --strict: a broken link, a missing anchor,
 # an unresolved cross-reference or a docstring mkdocstrings cannot read fails the build (about
 # 20 s). Not -q: it silences mkdocs-autorefs' warnings, so an unresolved reference would pass.
-# Open site/index.html from the file system (links and search work offline).
+# site/index.html opened from the file system navigates (page.html links); search needs the
+# site served (browsers do not start its worker from file://): make serve-docs.
 # `python docs/gen.py` regenerates the generated pages; tests/test_docs.py fails when they are
 # out of date.
 docs: install
 	NO_MKDOCS_2_WARNING=1 PYTHONPATH=src $(PY) -m mkdocs build --strict
+
+# The built site on http://127.0.0.1:8000/ (Python's own server, this machine only; no network
+# needed): navigation and search. Ctrl-C stops it.
+DOCS_PORT ?= 8000
+serve-docs: docs
+	@echo "serve-docs: http://127.0.0.1:$(DOCS_PORT)/ (Ctrl-C stops)"
+	$(PY) -m http.server --directory site --bind 127.0.0.1 $(DOCS_PORT)
 
 # --- system packages: only on request ----------------------------------------------------------
 # Debian's dataset-fashion-mnist (the fmnist_mosaic image set) and chromium (tests/test_report.py
