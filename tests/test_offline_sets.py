@@ -170,8 +170,8 @@ def test_a_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
 def test_missing_debian_package_names_the_install_command(tmp_path, monkeypatch):
     monkeypatch.setattr(fmnist_mosaic, "FMNIST_DIR", tmp_path / "not-installed")
     with pytest.raises(FileNotFoundError,
-                       match=r"not-installed/train-images-idx3-ubyte\.gz.*apt-get install -y "
-                             r"dataset-fashion-mnist"):
+                       match=r"not-installed/train-images-idx3-ubyte\.gz.*apt-get install "
+                             r"--no-install-recommends dataset-fashion-mnist"):
         load_dataset("fmnist_mosaic", cache_dir=tmp_path / "cache", **SMALL)
     assert not (tmp_path / "cache").exists() or list((tmp_path / "cache").iterdir()) == []
 
