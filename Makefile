@@ -102,12 +102,13 @@ system-check:
 	  "make test SYSTEM_DEPS=1 installs Debian's chromium"
 
 # @mdi/svg (the mdi_icons image set) from npm into .cache/npm, inside this folder (about 11 s
-# when missing, nothing when present). Without npm the mdi_icons tests skip.
+# when missing, nothing when present). Without npm, or offline, the mdi_icons tests skip.
 MDI_SVG_PKG := @mdi/svg@7.4.47
 mdi-icons:
 	@if [ -f .cache/npm/node_modules/@mdi/svg/meta.json ]; then :; \
 	elif command -v npm >/dev/null; then \
-	  npm install --prefix .cache/npm --no-audit --no-fund --loglevel=error $(MDI_SVG_PKG); \
+	  npm install --prefix .cache/npm --no-audit --no-fund --loglevel=error $(MDI_SVG_PKG) || \
+	  echo "mdi-icons: npm install failed (offline?): the mdi_icons tests skip"; \
 	else echo "mdi-icons: no npm: the mdi_icons tests skip;" \
 	  "npm install --prefix .cache/npm $(MDI_SVG_PKG) provides them"; fi
 
