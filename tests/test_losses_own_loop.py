@@ -254,6 +254,43 @@ def test_stateless_losses_compile_without_graph_breaks():
     assert len(STATELESS) >= 15
 
 
+def _ready(name):
+    """A loss in epoch 2 of 4 of a run (its hooks called as the engine calls them)."""
+    loss = _loss(name) if name != "ll_cp" else create_loss("ll_cp", delta_rel=5.0)
+    loss.on_train_start(Z, TrainInfo(N, L, k=K, seed=SEED, num_epochs=4))
+    g = torch.Generator().manual_seed(1)
+    for epoch in range(2):
+        loss.on_epoch_start(epoch)
+        loss.on_epoch_end(epoch, torch.randn(N, L, generator=g))
+    loss.on_epoch_start(2)
+    return loss
+
+
+def test_stateful_losses_compile_without_graph_breaks_once_their_hooks_ran():
+    """The losses with hooks or state too: ``forward`` (the hooks' bookkeeping left to eager
+    calls) compiles whole and gives eager's value, gradient and state (LL-Cp's flips)."""
+    stateful = [n for n in NAMES if n not in STATELESS]
+    g = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(B, L, generator=g)
+    idx = torch.arange(B)
+    for name in stateful:
+        torch._dynamo.reset()
+        eager_loss, compiled_loss = _ready(name), _ready(name)
+        compiled = torch.compile(compiled_loss, fullgraph=True, backend="aot_eager",
+                                 dynamic=False)
+        a = logits.clone().requires_grad_(True)
+        b = logits.clone().requires_grad_(True)
+        eager, fast = eager_loss(a, Z[idx], index=idx), compiled(b, Z[idx], index=idx)
+        torch.testing.assert_close(fast, eager, rtol=1e-6, atol=1e-6, msg=name)
+        eager.backward()
+        fast.backward()
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-6, atol=1e-7, msg=name)
+        for (key, x), y in zip(eager_loss.state_dict().items(),
+                               compiled_loss.state_dict().values()):
+            assert torch.equal(x, y), (name, key)
+    assert len(stateful) == len(NAMES) - len(STATELESS) >= 12
+
+
 def test_compiled_loss_skips_the_label_check_eager_keeps_it():
     """Inside torch.compile the label check (a host read) is left out; eager calls on CPU check
     every batch."""
