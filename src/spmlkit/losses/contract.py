@@ -335,15 +335,37 @@ def observed_validated(loss: nn.Module):
     >>> loss._observed_validated
     False
     """
+    with _flagged(loss, "_observed_validated"):
+        yield loss
+
+
+@contextlib.contextmanager
+def hooks_driven(loss: nn.Module):
+    """Within the block, ``loss`` (and every :class:`SPMLLoss` inside it) skips the checks of
+    its hooks (:meth:`SPMLLoss.required_hooks`) at each training call: for a caller that calls
+    every hook itself, as the engine's training loop does (the checks would cost each step a
+    few microseconds for nothing).
+
+    >>> from spmlkit.losses import create_loss
+    >>> loss = create_loss("ll_r")
+    >>> with hooks_driven(loss):  # no on_epoch_start: trusted to come from the caller
+    ...     value = loss(torch.zeros(1, 2, requires_grad=True), torch.tensor([[1, 0]]))
+    """
+    with _flagged(loss, "_hooks_driven"):
+        yield loss
+
+
+@contextlib.contextmanager
+def _flagged(loss: nn.Module, flag: str):
     parts = [m for m in loss.modules() if isinstance(m, SPMLLoss)]
-    before = [m._observed_validated for m in parts]
+    before = [getattr(m, flag) for m in parts]
     for m in parts:
-        m._observed_validated = True
+        setattr(m, flag, True)
     try:
         yield loss
     finally:
-        for m, flag in zip(parts, before):
-            m._observed_validated = flag
+        for m, value in zip(parts, before):
+            setattr(m, flag, value)
 
 
 class SPMLLoss(nn.Module):
@@ -371,6 +393,8 @@ class SPMLLoss(nn.Module):
 
     #: set within :func:`observed_validated`: the caller has checked the labels already
     _observed_validated = False
+    #: set within :func:`hooks_driven`: the caller calls every hook (the engine)
+    _hooks_driven = False
     needs_index = False
     needs_train_predictions = False
     lr_multiplier = 1.0
@@ -573,8 +597,8 @@ class SPMLLoss(nn.Module):
                                                  not self.__dict__.get("_labels_checked")):
                 check_observed(observed, type(self).__name__)
                 self.__dict__["_labels_checked"] = True
-            if self.training and torch.is_grad_enabled() and logits.requires_grad and \
-                    logits.shape[0]:
+            if not self._hooks_driven and self.training and torch.is_grad_enabled() and \
+                    logits.requires_grad and logits.shape[0]:
                 self._check_hooks(logits.shape[0])
         if self.needs_index:
             if index is None:
