@@ -55,6 +55,9 @@ from torch import nn
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
 
 REDUCTIONS = ("mean", "sum", "none")
+#: True while torch.compile traces (torch >= 2.3; older torch: never, the checks then break the
+#: graph instead)
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 
 
 @dataclass(frozen=True)
@@ -592,7 +595,7 @@ class SPMLLoss(nn.Module):
         if logits.ndim != 2 or observed.shape != logits.shape:
             raise ValueError(f"{type(self).__name__}: logits and observed labels must both be "
                              f"B x L; got {tuple(logits.shape)} and {tuple(observed.shape)}")
-        if not torch.compiler.is_compiling():  # Python-side checks (a graph break inside)
+        if not _is_compiling():  # Python-side checks (a graph break inside)
             if not self._observed_validated and (observed.device.type == "cpu" or
                                                  not self.__dict__.get("_labels_checked")):
                 check_observed(observed, type(self).__name__)
