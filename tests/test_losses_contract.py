@@ -73,6 +73,7 @@ def build(name, reduction="mean", observed=None, **hparams):
         pytest.skip(why)
     loss.on_train_start(observed, TrainInfo(num_examples=N, num_classes=L, k=1.5, seed=0,
                                             num_epochs=3))
+    loss.on_epoch_start(0)  # a training loop's first epoch (the hook a schedule needs)
     return loss, observed
 
 
@@ -83,7 +84,15 @@ def batch(observed, seed=0, b=B, scale=2.0, dtype=torch.float32):
     return logits, observed[idx], idx
 
 
+_HEAD = torch.nn.Linear(3, L)
+
+
 def call(loss, logits, obs, idx):
+    """The loss of a batch; a loss with a penalty on the model's weights gets its
+    ``penalty(model)`` call as in a training step (the value is not added: these tests are about
+    ``forward``)."""
+    if "penalty" in loss.required_hooks():
+        loss.penalty(_HEAD)
     return loss(logits, obs, index=idx)
 
 
@@ -251,8 +260,11 @@ def test_epoch_hooks_cycle(name):
     whole split's eval logits when the loss asks for them; values stay finite throughout."""
     loss, obs_all = build(name)
     g = torch.Generator().manual_seed(7)
+    own = loss.param_groups(0.01)  # the loss's own parameters (ROLE) are trained too
+    opt = torch.optim.SGD(own, lr=0.01) if own else None
     for epoch in range(3):
-        loss.on_epoch_start(epoch)
+        if epoch:
+            loss.on_epoch_start(epoch)
         for step in range(3):
             idx = torch.randperm(N, generator=g)[:B]
             logits = torch.randn(B, L, generator=g, requires_grad=True)
@@ -260,6 +272,9 @@ def test_epoch_hooks_cycle(name):
             assert torch.isfinite(out), f"{name}: epoch {epoch} step {step}: {out}"
             out.backward()
             assert torch.isfinite(logits.grad).all()
+            if opt is not None:
+                opt.step()
+                opt.zero_grad()
         train_logits = torch.randn(N, L, generator=g) if loss.needs_train_predictions else None
         loss.on_epoch_end(epoch, train_logits)
 

@@ -167,6 +167,7 @@ def test_gradcheck_float64():
     logits = torch.randn(6, 4, dtype=torch.float64,
                          generator=torch.Generator().manual_seed(2)).requires_grad_(True)
     assert torch.autograd.gradcheck(lambda s: loss(s, obs[:6]), (logits,))
+    loss = _started(obs)
     loss.on_epoch_start(0)  # the AN warm-up, too
     assert torch.autograd.gradcheck(lambda s: loss(s, obs[:6]), (logits,))
 

@@ -134,6 +134,10 @@ def test_select_large_losses_threshold():
     sel, thr = select_large_losses(loss, unobs, 2)
     assert sel.tolist() == [[True, False, True, False]] and thr.item() == 2.0
     sel, thr = select_large_losses(loss, torch.zeros_like(unobs), 3)
+    assert not sel.any() and thr.item() == float("-inf")  # no candidate
+    sel, thr = select_large_losses(loss, unobs, 5)  # k clamped to the 3 candidates
+    assert sel.tolist() == [[True, True, True, False]] and thr.item() == 1.0
+    sel, thr = select_large_losses(loss, unobs, 0)
     assert not sel.any() and thr is None
 
 

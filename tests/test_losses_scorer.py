@@ -40,6 +40,7 @@ def _loss(name, obs=OBS, scores=PL, epochs=8, k=1.5, **hp):
     loss = create_loss(name, scores=scores, **hp)
     loss.on_train_start(torch.as_tensor(obs), TrainInfo(len(obs), obs.shape[1], k=k,
                                                         num_epochs=epochs))
+    loss.on_epoch_start(0)
     return loss
 
 

@@ -187,6 +187,7 @@ def test_finite_at_saturated_logits(name, eps):
     obs = torch.tensor([[P, U, N, U], [U, P, U, N]])
     if name == "em_apl":
         loss.on_train_start(obs, TrainInfo(2, 4, num_epochs=10))
+        loss.on_epoch_start(0)
         loss.pseudo_mask[0, 1] = loss.pseudo_mask[1, 0] = True
     x = torch.tensor([[100.0, -100.0, 100.0, 100.0], [-100.0, -100.0, 100.0, -100.0]],
                      requires_grad=True)

@@ -531,7 +531,8 @@ def train_loop(model: nn.Module, loss: SPMLLoss, stages: Sequence[Stage], *, num
                start=time.perf_counter() if start is None else start, metric=metric)
     if resume is not None:
         run.load_state_dict(resume)
-    from ..losses.contract import observed_validated
+    from ..losses.contract import hooks_driven, observed_validated
 
-    with observed_validated(loss):  # the fit functions validated the observed matrix once
+    # the fit functions validated the observed matrix once; the loop calls every hook
+    with observed_validated(loss), hooks_driven(loss):
         return run.run()

@@ -18,8 +18,8 @@ from . import large_loss, opml  # noqa: F401
 from . import robust  # noqa: F401  (GR, Hill, SPLC)
 from . import scorer  # noqa: F401  (em_pl, gpr: an external scorer's pseudo-labels)
 from . import crisp  # noqa: F401  (CRISP: class-prior estimation)
-from .contract import SPMLLoss, TrainInfo, check_observed, log_1mp, log_p, observed_validated, \
-    soft_bce
+from .contract import HOOKS, SPMLLoss, TrainInfo, check_observed, hooks_driven, log_1mp, \
+    log_p, observed_validated, soft_bce
 from .registry import LOSSES
 from .regularizers import REGULARIZERS, Regularized, parse_regularizers
 
@@ -72,6 +72,7 @@ def list_losses() -> list[tuple[str, str]]:
     return [(e.name, e.description) for e in LOSSES.entries()]
 
 
-__all__ = ["LOSSES", "REGULARIZERS", "Regularized", "SPMLLoss", "TrainInfo", "check_observed",
+__all__ = ["HOOKS", "LOSSES", "REGULARIZERS", "Regularized", "SPMLLoss", "TrainInfo",
+           "check_observed", "hooks_driven",
            "create_loss", "list_losses", "loss_hparams", "observed_validated",
            "log_p", "log_1mp", "soft_bce"]

@@ -173,6 +173,10 @@ class EPRLoss(_NeedsK, _BCEForm):
     def count_penalty(self):
         return self.lam, self._k()
 
+    def required_hooks(self) -> tuple[str, ...]:
+        """``on_train_start`` (for ``k``) unless ``k=`` was given: then none."""
+        return () if self.k is not None else ("on_train_start",)
+
 
 def _logit(p: float) -> float:
     return math.log(p / (1 - p))

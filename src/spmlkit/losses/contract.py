@@ -44,6 +44,7 @@ methods) keeps ``stackable = False`` and its runs are trained one by one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass
 
@@ -54,11 +55,33 @@ from torch import nn
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
 
 REDUCTIONS = ("mean", "sum", "none")
+#: True while torch.compile traces (torch >= 2.3; older torch: never, the checks then break the
+#: graph instead)
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 
 
 @dataclass(frozen=True)
 class TrainInfo:
-    """What the engine tells a loss about the training split before the first step."""
+    """What a loss learns about the training split before the first step
+    (`SPMLLoss.on_train_start`).
+
+    Args:
+        num_examples: rows of the train split (N): per-example state is N x L; a loss with
+            parameters of its own raises when an epoch's rows pass without an update of them
+            (`SPMLLoss.param_groups`).
+        num_classes: labels per row (L).
+        k: expected positives per example (EPR, ROLE, GPR's penalty); None: the loss's own
+            ``k=`` hyperparameter, or none. ``spml train`` passes the train split's mean number
+            of (true) positives per row, the papers' k* (``--k`` chooses another).
+        seed: the run's seed (ROLE's initial label estimates are drawn from it).
+        num_epochs: the run's epochs (schedules that span the run: EM-APL, GR, GPR, CRISP).
+
+    Raises:
+        ValueError: ``k`` outside [0, num_classes].
+
+    >>> TrainInfo(num_examples=100, num_classes=5, k=1.0, seed=0, num_epochs=10).k
+    1.0
+    """
 
     num_examples: int
     num_classes: int
@@ -72,6 +95,101 @@ class TrainInfo:
                                    or not 0 <= self.k <= self.num_classes):
             raise ValueError(f"k (expected positives per example) must be a number in [0, "
                              f"{self.num_classes}] (the number of classes), got {self.k!r}")
+
+
+#: the hooks the engine calls (module docstring), in the order it calls them
+HOOKS = ("on_train_start", "on_epoch_start", "on_epoch_end", "penalty")
+
+#: per hook: why a loss that overrides it depends on it, and how a training loop calls it
+_HOW = {
+    "on_train_start": ("it builds state from the whole train split (or takes k or the run's "
+                       "epochs from it)",
+                       "call loss.on_train_start(observed, TrainInfo(num_examples=N, "
+                       "num_classes=L, k=..., seed=..., num_epochs=...)) once before training, "
+                       "with the whole train split's observed labels (N x L)"),
+    "on_epoch_start": ("its behaviour follows the epoch: without the hook every epoch is "
+                       "epoch 0",
+                       "call loss.on_epoch_start(epoch) before each epoch's first batch "
+                       "(epoch counts from 0)"),
+    "on_epoch_end": ("it updates its state after each epoch",
+                     "call loss.on_epoch_end(epoch, train_logits) after each epoch's last step"),
+    "penalty": ("its penalty is on the model's weights, which forward does not see",
+                "add loss.penalty(model) to every step's loss: value = loss(logits, observed) "
+                "+ loss.penalty(model)"),
+}
+_GUIDE = "docs/guide/own-loop.md shows a loop that calls every hook"
+
+
+class _HookLog:
+    """What a loss has seen of its hooks and training calls (for `SPMLLoss.forward`'s
+    checks; not state: never in ``state_dict()``)."""
+
+    __slots__ = ("info", "started", "epoch", "open", "ended", "unended", "calls", "penalties",
+                 "penalties_seen", "params", "since_update", "arrived", "depth", "snapshot",
+                 "checked")
+
+    def __init__(self):
+        self.info: TrainInfo | None = None
+        self.started = False
+        self.depth = 0                  # hooks running (a hook calling its parent's records once)
+        self._new_run()
+        self.calls = 0                  # training calls
+        self.penalties = 0              # penalty(model) calls
+        self.penalties_seen = 0         # ... at the last training call
+
+    def _new_run(self) -> None:
+        self.epoch: int | None = None   # the last on_epoch_start's epoch
+        self.open = False               # between on_epoch_start and on_epoch_end
+        self.ended: int | None = None   # the last on_epoch_end's epoch
+        self.unended: int | None = None  # an epoch that began and got no on_epoch_end
+        self.params: dict = {}          # id(parameter) -> its gradient's (id, version)
+        self.snapshot = None            # [(parameter, a copy of its values)] at the first call
+        self.since_update = 0           # training rows since the snapshot
+        self.arrived = False            # gradients reached the parameters since then
+        self.checked = False            # the parameters' check is done for this run
+
+    def record(self, hook: str, args, kwargs) -> None:
+        if hook == "on_train_start":
+            info = args[1] if len(args) > 1 else kwargs.get("info")
+            self.info = info if isinstance(info, TrainInfo) else self.info
+            self.started = True
+            self._new_run()
+        elif hook == "on_epoch_start":
+            if self.open:
+                self.unended = self.epoch
+            self.epoch, self.open = int(args[0] if args else kwargs["epoch"]), True
+        elif hook == "on_epoch_end":
+            self.ended, self.open = int(args[0] if args else kwargs["epoch"]), False
+        else:
+            self.penalties += 1
+
+
+def _hook_log(loss: nn.Module) -> _HookLog:
+    log = loss.__dict__.get("_hook_log")
+    if log is None:
+        log = _HookLog()
+        loss.__dict__["_hook_log"] = log
+    return log
+
+
+def _recorded(hook: str, fn):
+    """``fn`` (a loss class's own ``hook``) that also notes the call in the loss's
+    `_HookLog` (after it returns)."""
+
+    @functools.wraps(fn)
+    def recorded(self, *args, **kwargs):
+        log = _hook_log(self)
+        log.depth += 1
+        try:
+            out = fn(self, *args, **kwargs)
+        finally:
+            log.depth -= 1
+        if log.depth == 0:  # once per call (not again in a parent's hook that it calls)
+            log.record(hook, args, kwargs)
+        return out
+
+    recorded._spml_recorded = True
+    return recorded
 
 
 def as_compute(x: torch.Tensor) -> torch.Tensor:
@@ -167,8 +285,10 @@ def check_observed(observed: torch.Tensor, where: str) -> None:
     (`observed_validated`): one ``aminmax`` reduction for integer labels (the engine's
     int8) and a second operation for float labels (which must also be whole numbers). About 4 us
     per call on a CPU: 4-6% of a linear-mode step on yeast (``benchmarks/observed_check.py``).
-    On CUDA reading the result waits for the labels' device work (a host sync before the
-    backward pass), one more reason for the training loop to use `observed_validated`.
+    On an accelerator reading the result waits for the labels' device work (a host sync), so
+    `SPMLLoss.forward` checks labels on an accelerator at its first call only, and not
+    at all inside ``torch.compile``; validate the whole matrix once
+    (`spmlkit.labels.validate_observed`) and use `observed_validated`.
     Only a failing check looks further, to name the values and the first row. Boolean labels
     (True = positive) pass.
 
@@ -218,22 +338,66 @@ def observed_validated(loss: nn.Module):
     >>> loss._observed_validated
     False
     """
+    with _flagged(loss, "_observed_validated"):
+        yield loss
+
+
+@contextlib.contextmanager
+def hooks_driven(loss: nn.Module):
+    """Within the block, ``loss`` (and every `SPMLLoss` inside it) skips the checks of
+    its hooks (`SPMLLoss.required_hooks`) at each training call: for a caller that calls
+    every hook itself, as the engine's training loop does (the checks would cost each step a
+    few microseconds for nothing).
+
+    >>> from spmlkit.losses import create_loss
+    >>> loss = create_loss("ll_r")
+    >>> with hooks_driven(loss):  # no on_epoch_start: trusted to come from the caller
+    ...     value = loss(torch.zeros(1, 2, requires_grad=True), torch.tensor([[1, 0]]))
+    """
+    with _flagged(loss, "_hooks_driven"):
+        yield loss
+
+
+@contextlib.contextmanager
+def _flagged(loss: nn.Module, flag: str):
     parts = [m for m in loss.modules() if isinstance(m, SPMLLoss)]
-    before = [m._observed_validated for m in parts]
+    before = [getattr(m, flag) for m in parts]
     for m in parts:
-        m._observed_validated = True
+        setattr(m, flag, True)
     try:
         yield loss
     finally:
-        for m, flag in zip(parts, before):
-            m._observed_validated = flag
+        for m, value in zip(parts, before):
+            setattr(m, flag, value)
 
 
 class SPMLLoss(nn.Module):
-    """Base class: shape checks, float32, the reduction, and no-op engine hooks."""
+    """Base class: shape checks, float32, the reduction, and no-op engine hooks.
+
+    In your own training loop (docs/guide/own-loop.md) a loss whose values depend on a hook
+    (`required_hooks`) checks at its training calls (training mode, gradients on, outside
+    ``torch.compile``) that the hook was called, and raises ``RuntimeError`` naming the hook
+    and the call to add: at the first call for ``on_train_start`` and ``on_epoch_start``;
+    ``penalty`` at the second call (it must be called between two calls); a training call
+    after ``on_epoch_end`` without a new ``on_epoch_start``; an ``on_epoch_start`` without the
+    previous epoch's ``on_epoch_end`` (at the next call); the loss's own parameters (ROLE's
+    label estimates) when gradients reached them for a whole epoch's rows
+    (``TrainInfo.num_examples``) and no optimiser step changed them (`param_groups`).
+    A hook called once where it is due every epoch is not noticed. Losses without
+    required hooks (AN, EM, ...) need nothing but ``loss(logits, observed)``.
+    """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for hook in HOOKS:  # a class's own hooks note their calls (the checks above)
+            fn = cls.__dict__.get(hook)
+            if callable(fn) and not getattr(fn, "_spml_recorded", False):
+                setattr(cls, hook, _recorded(hook, fn))
 
     #: set within `observed_validated`: the caller has checked the labels already
     _observed_validated = False
+    #: set within `hooks_driven`: the caller calls every hook (the engine)
+    _hooks_driven = False
     needs_index = False
     needs_train_predictions = False
     lr_multiplier = 1.0
@@ -285,16 +449,132 @@ class SPMLLoss(nn.Module):
 
     # --- engine hooks (no-ops by default) ---------------------------------------------------
     def on_train_start(self, observed: torch.Tensor, info: TrainInfo) -> None:
-        pass
+        """Once before the first step: the whole train split's observed labels (N x L, the
+        rows ``index`` refers to) and a `TrainInfo`. Builds per-example state (ROLE's
+        label estimates, stored labels), takes ``k`` or the run's epochs. Called again with
+        the same labels (a resumed run), a loss keeps the state it holds."""
 
     def on_epoch_start(self, epoch: int) -> None:
-        pass
+        """Before the first batch of ``epoch`` (from 0): schedules (LL-R's rejected share, GR's
+        weights, SPLC's correction, CRISP's priors from its warm-up on)."""
 
     def on_epoch_end(self, epoch: int, train_logits: torch.Tensor | None = None) -> None:
-        pass
+        """After the last step of ``epoch``; ``train_logits``: the eval-mode logits (N x L) of
+        every train row in row order when `needs_train_predictions` (EM-APL's
+        pseudo-labels, soft OPML's per-class AP, CRISP's priors), else None."""
 
     def penalty(self, model: nn.Module):
+        """A term on ``model``'s own weights added to every step's loss (L1R / L2R on the
+        head's weights); 0 (a number) by default."""
         return 0.0
+
+    def required_hooks(self) -> tuple[str, ...]:
+        """The hooks (names in `HOOKS`) this loss's values depend on, with its current
+        hyperparameters: by default every hook its class overrides, and ``on_epoch_start``
+        with ``on_epoch_end`` (epochs are bracketed, so that a missed end shows at the next
+        start). A loop that does not call them gets a ``RuntimeError`` naming them (class
+        docstring); an empty tuple: the loss is a drop-in, ``loss(logits, observed)`` is all it
+        needs.
+
+        >>> from spmlkit.losses import create_loss
+        >>> create_loss("em").required_hooks(), create_loss("ll_r").required_hooks()
+        ((), ('on_epoch_start',))
+        """
+        own = {h for h in HOOKS if getattr(type(self), h) is not getattr(SPMLLoss, h)}
+        if "on_epoch_end" in own:
+            own.add("on_epoch_start")
+        return tuple(h for h in HOOKS if h in own)
+
+    def param_groups(self, lr: float) -> list[dict]:
+        """The optimiser parameter groups of the loss's own trainable state (ROLE's label
+        estimates), at ``lr * lr_multiplier`` as the engine trains them; ``[]`` for a loss
+        without any. Add them to your optimiser:
+        ``torch.optim.Adam([{"params": model.parameters()}, *loss.param_groups(lr)], lr=lr)``.
+
+        >>> from spmlkit.losses import create_loss
+        >>> create_loss("an").param_groups(1e-3)
+        []
+        """
+        own = [p for p in self.parameters() if p.requires_grad]
+        return [{"params": own, "lr": lr * self.lr_multiplier}] if own else []
+
+    def _check_hooks(self, rows: int) -> None:
+        """The checks of a training call (class docstring); ``rows``: the batch's."""
+        log = _hook_log(self)
+        needed = self.required_hooks()
+        name = type(self).__name__
+        missing = [h for h in needed if (h == "on_train_start" and not log.started)
+                   or (h == "on_epoch_start" and log.epoch is None)]
+        if missing:
+            verb = "were" if len(missing) > 1 else "was"
+            raise RuntimeError(f"{name} depends on the hook(s) {', '.join(needed)}; "
+                               f"{' and '.join(missing)} {verb} not called. "
+                               + " ".join(self._how(h) for h in needed) + f" ({_GUIDE})")
+        if "on_epoch_start" in needed and not log.open:
+            raise RuntimeError(f"{name}: epoch {log.ended} ended (on_epoch_end) and no "
+                               f"on_epoch_start followed: call loss.on_epoch_start("
+                               f"{log.ended + 1}) before the next epoch's first batch; {_GUIDE}")
+        if "on_epoch_end" in needed and log.unended is not None:
+            raise RuntimeError(f"{name}: epoch {log.unended} began (on_epoch_start) and the next "
+                               f"one began without on_epoch_end({log.unended}, ...). "
+                               f"{self._how('on_epoch_end')} ({_GUIDE})")
+        n = log.info.num_examples if log.info is not None else 0
+        if "penalty" in needed:
+            if log.calls and log.penalties == log.penalties_seen:
+                raise RuntimeError(f"{name} depends on penalty(model), which was not called "
+                                   f"since the previous step ({_HOW['penalty'][0]}): "
+                                   f"{_HOW['penalty'][1]}; {_GUIDE}")
+            log.penalties_seen = log.penalties
+        self._check_own_parameters(log, n)
+        log.since_update += rows
+        log.calls += 1
+
+    def _how(self, hook: str) -> str:
+        """What ``hook`` does for this loss and how a loop calls it (one sentence)."""
+        why, how = _HOW[hook]
+        if hook == "on_epoch_start" and type(self).on_epoch_start is SPMLLoss.on_epoch_start:
+            why = ("it marks where each epoch begins (a no-op here, so that a missed "
+                   "on_epoch_end shows)")
+        if hook == "on_epoch_end" and self.needs_train_predictions:
+            how += (", with train_logits the eval-mode logits of every train row in row order "
+                    "(N x L: model.eval(), torch.no_grad())")
+        return f"{hook}: {why}; {how}."
+
+    def _check_own_parameters(self, log: _HookLog, n: int) -> None:
+        """Once a run: the loss's own trainable parameters (ROLE's label estimates), copied at
+        the run's first training call, are compared with their values at the first call an
+        epoch's rows (``n``) later; gradients reached them meanwhile and no value changed: they
+        are not in the optimiser. (A copy of them held for an epoch, one host read a run;
+        gradient accumulation over less than an epoch passes.)"""
+        if log.checked or not n:
+            return
+        own = [p for p in self.parameters() if p.requires_grad]
+        if not own:
+            log.checked = True
+            return
+        for p in own:  # a gradient that appeared or grew since the previous call
+            grad = p.grad
+            mark = None if grad is None else (id(grad), grad._version)
+            before = log.params.get(id(p), None)
+            log.arrived = log.arrived or (mark is not None and mark != before)
+            log.params[id(p)] = mark
+        if log.snapshot is None or [id(p) for p in own] != [id(p) for p, _ in log.snapshot]:
+            log.snapshot, log.since_update, log.arrived = \
+                [(p, p.detach().clone()) for p in own], 0, False
+            return
+        if log.since_update < n:
+            return
+        log.checked = True
+        stale = log.arrived and all(torch.equal(p.detach(), copy) for p, copy in log.snapshot)
+        log.snapshot = None
+        if stale:
+            names = [k for k, p in self.named_parameters() if p.requires_grad]
+            raise RuntimeError(f"{type(self).__name__}'s own parameters {names} received "
+                               f"gradients for {log.since_update} rows (an epoch) and no step "
+                               f"changed them: they are not in the optimiser. Add their group: "
+                               f"torch.optim.Adam([{{'params': model.parameters()}}, "
+                               f"*loss.param_groups(lr)], lr=lr) (lr x {self.lr_multiplier}, as "
+                               f"the engine trains them); {_GUIDE}")
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         resize_state_on_load(self, state_dict, prefix, self.resizable_state)
@@ -302,14 +582,27 @@ class SPMLLoss(nn.Module):
 
     # --- the contract -----------------------------------------------------------------------
     def forward(self, logits: torch.Tensor, observed: torch.Tensor, index=None) -> torch.Tensor:
-        """The loss of a batch (module docstring); ``observed`` values outside {1, 0, -1}
-        raise ``ValueError`` (`check_observed`, skipped within
-        `observed_validated`)."""
+        """The loss of a batch (module docstring).
+
+        ``observed`` values outside {1, 0, -1} raise ``ValueError`` (`check_observed`):
+        at every call on CPU tensors, at the first call on an accelerator (reading the check's
+        result there is a host sync), never within `observed_validated` or inside
+        ``torch.compile``; nothing else in ``forward`` reads a tensor's value on the host, so a
+        loss without state compiles with ``fullgraph=True``. A training call (training mode,
+        gradients on) of a loss with `required_hooks` checks that they were called
+        (class docstring).
+        """
         if logits.ndim != 2 or observed.shape != logits.shape:
             raise ValueError(f"{type(self).__name__}: logits and observed labels must both be "
                              f"B x L; got {tuple(logits.shape)} and {tuple(observed.shape)}")
-        if not self._observed_validated:
-            check_observed(observed, type(self).__name__)
+        if not _is_compiling():  # Python-side checks (a graph break inside)
+            if not self._observed_validated and (observed.device.type == "cpu" or
+                                                 not self.__dict__.get("_labels_checked")):
+                check_observed(observed, type(self).__name__)
+                self.__dict__["_labels_checked"] = True
+            if not self._hooks_driven and self.training and torch.is_grad_enabled() and \
+                    logits.requires_grad and logits.shape[0]:
+                self._check_hooks(logits.shape[0])
         if self.needs_index:
             if index is None:
                 raise ValueError(f"{type(self).__name__} needs the batch's row indices in the "
@@ -331,3 +624,8 @@ class SPMLLoss(nn.Module):
         hp = {k: v for k, v in vars(self).items()
               if not k.startswith("_") and k != "training" and isinstance(v, (int, float, str))}
         return ", ".join(f"{k}={v}" for k, v in hp.items())
+
+
+for _hook in HOOKS:  # the base's own (no-op) hooks note their calls too
+    setattr(SPMLLoss, _hook, _recorded(_hook, SPMLLoss.__dict__[_hook]))
+del _hook

@@ -102,13 +102,24 @@ def select_large_losses(loss: torch.Tensor, unobserved: torch.Tensor, k: int):
 
     Returns:
         ``(selected, threshold)``: a B x L bool mask (more than ``k`` entries when several tie at
-        the threshold) and the threshold (None when nothing is selected).
+        the threshold) and the threshold, a 0-d tensor (``-inf`` when there is no candidate:
+        nothing is selected); None when ``k <= 0``. Computed on the device without reading a
+        value on the host: the top ``min(k, B * L)`` of the losses with the other entries at
+        ``-inf``, and the ``min(k, candidates)``-th of them picked by a device-side index.
+
+    >>> loss = torch.tensor([[3.0, 1.0, 2.0, 5.0]])
+    >>> sel, thr = select_large_losses(loss, torch.tensor([[True, True, True, False]]), 2)
+    >>> sel.tolist(), float(thr)
+    ([[True, False, True, False]], 2.0)
     """
-    loss = loss.detach()
-    k = min(int(k), int(unobserved.sum()))
+    k = int(k)
     if k <= 0:
         return torch.zeros_like(unobserved), None
-    threshold = torch.topk(loss[unobserved], k).values[-1]
+    loss = loss.detach()
+    masked = torch.where(unobserved, loss, torch.full_like(loss, float("-inf"))).flatten()
+    top = torch.topk(masked, min(k, masked.numel())).values  # descending
+    last = (unobserved.sum().clamp(max=top.numel()) - 1).clamp(min=0)  # the clamped k-th
+    threshold = top.gather(0, last.view(1)).squeeze(0)
     return unobserved & (loss >= threshold), threshold
 
 
@@ -127,6 +138,7 @@ class _LargeLoss(SPMLLoss):
         self.delta_rel = float(delta_rel)
         self.k_rounding = k_rounding
         self.register_buffer("current_epoch", torch.zeros((), dtype=torch.long))
+        self._epoch = 0  # current_epoch as a Python int (a step reads no device value)
         #: the entries selected in the last batch (B x L bool, detached); for analyses
         self.last_selected: torch.Tensor | None = None
 
@@ -134,10 +146,15 @@ class _LargeLoss(SPMLLoss):
         if epoch < 0:
             raise ValueError(f"epoch counts from 0, got {epoch}")
         self.current_epoch.fill_(int(epoch))
+        self._epoch = int(epoch)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self._epoch = int(self.current_epoch)
 
     def k_for(self, batch_size: int, num_classes: int) -> int:
         """``k`` for a batch of this size in the current epoch (before clamping)."""
-        return large_loss_k(batch_size, num_classes, int(self.current_epoch), self.delta_rel,
+        return large_loss_k(batch_size, num_classes, self._epoch, self.delta_rel,
                             self.scheme, self.k_rounding)
 
     def _observed(self, observed, index):
@@ -279,6 +296,9 @@ class LargeLossCorrectionPermanent(_LargeLoss):
         to_flip = selected
         if self.flip == "above":
             to_flip = selected & (an_loss > threshold)
-        r, c = torch.nonzero(to_flip.to(self.observed_labels.device), as_tuple=True)
-        self.observed_labels[rows[r], c] = POSITIVE
-        self.flipped[rows[r], c] = True
+        # without reading which (no host sync): OR the flips into their rows (a row twice in
+        # the batch gets both), then the rows' labels from the flips
+        self.flipped.index_put_((rows,), to_flip.to(self.flipped.device), accumulate=True)
+        stored = self.observed_labels[rows]
+        self.observed_labels[rows] = torch.where(self.flipped[rows],
+                                                 torch.full_like(stored, POSITIVE), stored)

@@ -194,6 +194,9 @@ class Regularized(SPMLLoss):
     def penalty(self, model):
         return self.base.penalty(model)
 
+    def required_hooks(self) -> tuple[str, ...]:
+        return self.base.required_hooks()
+
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # accept a checkpoint of the unwrapped loss: its keys lack the "base." level
         own = set(self.base.state_dict().keys())

@@ -243,6 +243,11 @@ class GRLoss(SPMLLoss):
         self._epoch = int(epoch)
         self._schedule = None
 
+    def required_hooks(self) -> tuple[str, ...]:
+        """``on_epoch_start``, and ``on_train_start`` (the run's epochs) unless
+        ``num_epochs=`` was given."""
+        return ("on_epoch_start",) if self.num_epochs else ("on_train_start", "on_epoch_start")
+
     def _load_from_state_dict(self, *args, **kwargs):
         super()._load_from_state_dict(*args, **kwargs)
         self._epoch, self._total = int(self.current_epoch), int(self.total_epochs)

@@ -389,6 +389,10 @@ class _WeightPenaltyLoss(AssumeNegativeLoss):
         vectorised engine's R stacked runs, one row each)."""
         raise NotImplementedError
 
+    def required_hooks(self) -> tuple[str, ...]:
+        """``penalty`` (none with ``lam = 0``)."""
+        return ("penalty",) if self.lam else ()
+
     def penalty(self, model: nn.Module):
         """``lam`` times the norm of the head's weight matrices; for the vectorised engine's
         stacked heads (``stacked_runs``) one value per run, shape (R,)."""
