@@ -393,7 +393,11 @@ def main(argv=None) -> int:
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.smoke:
-        args.images, args.workers, args.batches, args.epochs = 50, 1, "8,4", 2
+        args.images, args.workers = 50, 1
+        if args.batches == "32,8":  # the defaults: a smoke's own unless given
+            args.batches = "8,4"
+        if args.epochs == 3:
+            args.epochs = 2
         if args.backbone == "timm:resnet50":
             args.backbone, args.image_size = "tiny_cnn", 16
     if args.device is None:
