@@ -224,3 +224,9 @@ def test_compile_runs_a_cpu_finetune(images):
             pytest.skip(f"torch.compile cannot build here: {err}")
         raise
     assert math.isfinite(result.history[0]["train_loss"])
+
+
+def test_gpu_decode_refused_for_a_cpu_prediction_pass(images):
+    with acceleration(gpu_decode=True), pytest.raises(ValueError, match="nvJPEG on a CUDA"):
+        ItemPredictor(images["val"], T.eval_transform(16), TrainConfig(), (3, 16, 16),
+                      torch.device("cpu"))

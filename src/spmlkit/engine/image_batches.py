@@ -324,7 +324,9 @@ class ItemPredictor:
         self.amp = amp_dtype(config.amp, device)
         self.channels_last = device.type == "cuda" and config.channels_last
         self.transform = transform
-        raw = current_acceleration().gpu_decode
+        accel = current_acceleration()
+        accel.check(device, "this prediction pass")
+        raw = accel.gpu_decode
         self.loader = make_loader(ImageItems(items, transform, read, raw=raw), _Rows(rows, batch),
                                   config, shape, device, batch_size=batch) if len(rows) else None
 
