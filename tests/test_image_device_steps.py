@@ -230,3 +230,77 @@ def test_gpu_decode_refused_for_a_cpu_prediction_pass(images):
     with acceleration(gpu_decode=True), pytest.raises(ValueError, match="nvJPEG on a CUDA"):
         ItemPredictor(images["val"], T.eval_transform(16), TrainConfig(), (3, 16, 16),
                       torch.device("cpu"))
+
+
+# -- on a GPU (skipped without one) ---------------------------------------------------------------
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+@pytest.mark.parametrize("factory", [T.eval_transform, T.weak_view])
+def test_cuda_finish_is_the_cpu_finish_bit_for_bit(factory, images):
+    t = factory(16)
+    x, flips, _ = _Collate((3, 16, 16))([ImageItems(images["train"][:8], t, seed=1)[(r, 0)]
+                                         for r in range(8)])
+    on_cpu = finish_view(t, x, flips, torch.device("cpu"))
+    on_gpu = finish_view(t, x.pin_memory(), flips, torch.device("cuda"), channels_last=True)
+    assert torch.equal(on_gpu.cpu(), on_cpu)
+
+
+@pytest.fixture(scope="module")
+def jpegs(tmp_path_factory):
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("jpegs")
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(12):
+        small = rng.integers(0, 256, (6, 8, 3)).astype(np.uint8)
+        img = Image.fromarray(small).resize((80, 60), Image.Resampling.BICUBIC)
+        paths.append(str(root / f"{i}.jpg"))
+        img.save(paths[-1], quality=95)
+    return paths
+
+
+@cuda
+def test_cuda_gpu_decode_is_close_to_the_pil_path(jpegs):
+    pytest.importorskip("torchvision")
+    t = T.eval_transform(32)
+    cpu = _Collate((3, 32, 32))([ImageItems(jpegs, t)[r] for r in range(12)])
+    raw = _Collate((3, 32, 32))([ImageItems(jpegs, t, raw=True)[r] for r in range(12)])
+    assert isinstance(raw[0], list) and raw[0][0].dtype == torch.uint8
+    from spmlkit.engine.image_batches import _decode_jpegs
+
+    decoded = _decode_jpegs(raw[0], 32, torch.device("cuda")).cpu().int()
+    diff = (decoded - cpu[0].int()).abs().float()
+    assert diff.mean() < 3 and diff.max() < 64, (diff.mean(), diff.max())
+
+
+@cuda
+def test_cuda_gpu_decode_fine_tunes(jpegs):
+    pytest.importorskip("torchvision")
+    y = (np.arange(36).reshape(12, 3) % 4 == 0).astype(np.uint8)
+    y[y.sum(1) == 0, 0] = 1
+    config = TrainConfig(epochs=2, batch_size=4, lr=1e-2, device="cuda", image_size=16)
+    with acceleration(gpu_decode=True, cudnn_benchmark=True):
+        _, result = fit_finetune(tiny_model(0), jpegs, make_observed(y, "1p"),
+                                 create_loss("an"), config, val_items=jpegs, y_val=y, k=1.0)
+    assert all(math.isfinite(h["train_loss"]) for h in result.history)
+
+
+@cuda
+def test_cuda_syncs_per_epoch_do_not_grow_with_the_batches(images):
+    import warnings
+
+    per_epoch = {}
+    for n, batch_size in ((16, 8), (40, 4)):
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                _, result = _fit(images, n=n, batch_size=batch_size, device="cuda", amp="bf16")
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        syncs = [w for w in caught if "synchroniz" in str(w.message)]
+        per_epoch[n] = len(syncs) / len(result.history)
+    assert per_epoch[16] == per_epoch[40], per_epoch
