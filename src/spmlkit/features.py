@@ -59,6 +59,9 @@ import torch
 from .data.protocol import Dataset, LabelledSet, Splits
 from .data.rows import holds_vectors
 from .engine import loader_workers
+from .engine.accel import start as start_acceleration
+from .engine.image_batches import (_raw_item, finish_view, gpu_decodable, load_view,
+                                   prefetch_factor)
 from .runs import write_json
 
 FORMAT_VERSION = 1
@@ -109,8 +112,9 @@ class _Rows(torch.utils.data.Dataset):
     """Decodes and transforms the rows still to compute; an unreadable image comes back as an
     error message (raised cleanly in the main process), not as a traceback from a worker."""
 
-    def __init__(self, items, rows, transform, seed: int | None):
+    def __init__(self, items, rows, transform, seed: int | None, raw: bool = False):
         self.items, self.rows, self.transform, self.seed = items, rows, transform, seed
+        self.raw = raw  # --gpu-decode: the file's bytes (decoded on the device)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -121,7 +125,9 @@ class _Rows(torch.utils.data.Dataset):
         try:
             g = None if self.seed is None else torch.Generator().manual_seed(
                 self.seed * 1_000_003 + i)
-            return i, self.transform(_open(path), g), None
+            if self.raw:
+                return i, _raw_item(path, self.transform, g), None
+            return i, load_view(self.transform, _open(path), g), None
         except (ValueError, OSError) as err:
             return i, None, str(err) if os.fspath(path) in str(err) else f"{path}: {err}"
 
@@ -129,8 +135,11 @@ class _Rows(torch.utils.data.Dataset):
 def _collate(batch):
     rows = torch.tensor([b[0] for b in batch], dtype=torch.int64)
     errors = [(b[0], b[2]) for b in batch if b[2] is not None]
-    x = None if errors else torch.stack([b[1] for b in batch])
-    return rows, x, errors
+    if errors:
+        return rows, None, errors
+    xs, flips = zip(*(b[1] for b in batch))
+    xs = list(xs) if xs[0].ndim == 1 else torch.stack(xs)  # raw files: a list
+    return rows, (xs, torch.tensor(flips, dtype=torch.bool)), errors
 
 
 # ---- keys and stores --------------------------------------------------------------------------
@@ -431,16 +440,21 @@ def _fill(plan, items, backbone, transform, batch_size, num_workers, pretrained,
     amp = dev.type == "cuda" if amp is None else bool(amp)
     size = int(plan.fields["transform"].get("size") or net.input_size)
     tf, _ = make_transform(transform, size, net.mean, net.std)
+    accel = start_acceleration(dev, "this extraction")
+    if accel.gpu_decode:
+        gpu_decodable(tf)
     workers = loader_workers(default_workers() if num_workers is None else num_workers)
     loader = torch.utils.data.DataLoader(
-        _Rows(items, todo, tf, None if transform == "eval" else seed), batch_size=batch_size,
-        shuffle=False, num_workers=workers, collate_fn=_collate, pin_memory=dev.type == "cuda",
-        prefetch_factor=4 if workers > 0 else None)
+        _Rows(items, todo, tf, None if transform == "eval" else seed, raw=accel.gpu_decode),
+        batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=_collate,
+        pin_memory=dev.type == "cuda",
+        prefetch_factor=prefetch_factor(batch_size) if workers > 0 else None)
     was_training = net.training
     old_threads = torch.get_num_threads()
     torch.set_num_threads(int(threads or os.cpu_count() or 1))
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     net.eval().to(dev, memory_format=memory_format)
+    run = accel.compiled(net.forward_features if "maps" in plan.fields else net)
     bar = tqdm(total=plan.n, initial=plan.n - todo.size, unit="img", disable=not progress,
                desc=desc or f"extract {plan.fields['backbone']}", smoothing=0.1)
     try:
@@ -452,9 +466,9 @@ def _fill(plan, items, backbone, transform, batch_size, num_workers, pretrained,
                 raise ValueError(f"feature extraction stopped at row {row}: {message}{more}; "
                                  f"the {int(mask.sum())} rows computed so far are kept: fix or "
                                  f"drop the image and run again to finish the store")
-            x = x.to(dev, non_blocking=True).contiguous(memory_format=memory_format)
+            x = finish_view(tf, *x, dev, channels_last)
             with torch.inference_mode(), torch.autocast(dev.type, enabled=amp):
-                feats = net.forward_features(x) if "maps" in plan.fields else net(x)
+                feats = run(x)
             feats = feats.float().flatten(1).cpu().numpy()
             if feats.shape != (len(rows), plan.d):
                 raise ValueError(f"backbone {plan.fields['backbone']} returned features of "

@@ -332,3 +332,29 @@ def _fail(prog: str, message: str) -> int:
     text = "; ".join(line.strip() for line in message.splitlines() if line.strip())
     print(f"{prog}: error: {text}", file=sys.stderr)
     return 2
+
+
+def _add_acceleration(p) -> None:
+    """``--cudnn-benchmark``, ``--compile [MODE]``, ``--gpu-decode``: the opt-in speed-ups of
+    the image paths (`spmlkit.engine.accel`), each changing bits."""
+    p.add_argument("--cudnn-benchmark", action="store_true",
+                   help="CUDA: cudnn's autotuner (seconds at the start and at each new input "
+                        "shape; results no longer bit-reproducible)")
+    p.add_argument("--compile", nargs="?", const="default", default=None, metavar="MODE",
+                   choices=["default", "reduce-overhead", "max-autotune"],
+                   help="run the model through torch.compile (MODE: default, reduce-overhead = "
+                        "CUDA graphs for small batches, max-autotune); costs a compilation of "
+                        "tens of seconds or more at the start and per new batch shape")
+    p.add_argument("--gpu-decode", action="store_true",
+                   help="decode JPEGs on the GPU (torchvision's nvJPEG) and resize there "
+                        "(antialiased bilinear: pixels differ a little from PIL's); eval and "
+                        "weak views only; needs CUDA and torchvision")
+
+
+def _acceleration(args):
+    """The `spmlkit.engine.accel.Acceleration` of the flags above."""
+    from ..engine.accel import Acceleration
+
+    return Acceleration(cudnn_benchmark=bool(getattr(args, "cudnn_benchmark", False)),
+                        compile=getattr(args, "compile", None),
+                        gpu_decode=bool(getattr(args, "gpu_decode", False)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import _data, _whole, _device, _add_backbone
+from .common import _acceleration, _add_acceleration, _add_backbone, _data, _device, _whole
 
 
 def cmd_extract(args) -> int:
@@ -23,13 +23,16 @@ def cmd_extract(args) -> int:
             val=None if ds.val is None else ds.val.subset(np.arange(min(args.limit,
                                                                          len(ds.val)))),
             observed=None if ds.observed is None else ds.observed[first["pool"]])
+    from ..engine.accel import acceleration
+
     t0 = time.perf_counter()
-    out = feature_dataset(ds, args.backbone, transform=args.transform, size=args.size,
-                          batch_size=args.batch_size, num_workers=args.workers,
-                          dtype=args.feature_dtype, cache_dir=args.cache_dir,
-                          pretrained=not args.random_init, device=args.device,
-                          progress=not args.quiet, recompute=args.recompute,
-                          weights=args.weights)
+    with acceleration(_acceleration(args)):
+        out = feature_dataset(ds, args.backbone, transform=args.transform, size=args.size,
+                              batch_size=args.batch_size, num_workers=args.workers,
+                              dtype=args.feature_dtype, cache_dir=args.cache_dir,
+                              pretrained=not args.random_init, device=args.device,
+                              progress=not args.quiet, recompute=args.recompute,
+                              weights=args.weights)
     seconds = time.perf_counter() - t0
     for what, s, store in zip(("pool", "test"), (out.pool, out.test), out.meta["feature_stores"]):
         print(f"{args.dataset} {what}: {s.x.shape[0]} x {s.x.shape[1]} {s.x.dtype} -> {store}")
@@ -63,4 +66,5 @@ def register(sub) -> None:
                    "weights")
     p.add_argument("--recompute", action="store_true", help="discard the stores and recompute")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_acceleration(p)
     p.set_defaults(func=cmd_extract)

@@ -6,7 +6,7 @@ import sys
 from .common import (
     LazyHelp, _losses_help, _methods_help, _regimes_help,
     _pairs, _data, _dataset, _describe_features, _whole, _positive, _nonnegative, _device, SEED,
-    _add_common, _add_backbone, _feature_data)
+    _add_common, _add_backbone, _feature_data, _acceleration, _add_acceleration)
 
 
 def cmd_train(args) -> int:
@@ -15,6 +15,7 @@ def cmd_train(args) -> int:
 
     from ..data import load_splits
     from ..engine import TrainConfig
+    from ..engine.accel import acceleration
     from ..engine.loop import batch_progress
     from ..methods import default_lr, get_method, resolve_k, resume_run, train_run
 
@@ -24,12 +25,18 @@ def cmd_train(args) -> int:
         method = get_method(read_run(args.resume).config.get("mode", "linear"))
         bar, show = _epoch_bar(args, None, f"resume {args.resume}")
         try:
-            res = resume_run(args.resume, on_epoch=show, device=args.device,
+            with acceleration(_acceleration(args)):
+                res = resume_run(args.resume, on_epoch=show, device=args.device,
                              **_resume_overrides(args, method))
         finally:
             bar.close()
         return _print_result(args, res)
     method = get_method(args.mode)
+    accel = _acceleration(args)
+    if accel.any and method.inputs != "images":
+        raise ValueError(f"{' '.join(accel.flags())}: --mode {method.name} trains on feature "
+                         f"vectors; these flags speed up the methods that read images (finetune, "
+                         f"linear_init, lac, mime, boostlu) and spml extract")
     ctx = _processes(method, args)
     images = method.inputs == "images"  # else --backbone names the features to train on
     data = _data(args)
@@ -72,7 +79,7 @@ def cmd_train(args) -> int:
                            else 0, f"{args.loss} {method.name} on {args.dataset}",
                            batches=images)
     try:
-        with batch_progress(show.batch):
+        with batch_progress(show.batch), acceleration(accel):
             res = train_run(method, splits, args.loss, hparams, config, k=k, out=args.out,
                             on_epoch=show, dataset_options=options, **method_options)
         if ctx.world_size > 1:  # every process done before any tears the group down (gloo
@@ -295,6 +302,7 @@ def _add_finetune(method, training, finetune) -> None:
     finetune.add_argument("--cpu-bf16", action="store_true", default=None,
                           help="fine-tuning on a CPU: bfloat16 autocast of the training forward "
                                "(faster only on CPUs with native bf16: AVX-512-BF16 / AMX)")
+    _add_acceleration(finetune)
     finetune.add_argument("--linear-epochs", type=_whole(1), default=None,
                           help="linear_init: epochs of the linear phase (default 25)")
     finetune.add_argument("--linear-lr", type=_positive, default=None,

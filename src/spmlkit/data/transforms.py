@@ -385,21 +385,67 @@ class ImageTransform:
 
     def to_tensor(self, img) -> torch.Tensor:
         """An RGB image as a normalised 3 x H x W float32 tensor."""
-        arr = np.asarray(to_rgb(img), dtype=np.uint8).astype(np.float32)
-        arr *= self._scale
-        arr += self._shift
+        return self.finish(self.to_uint8(img)[None])[0]
+
+    @staticmethod
+    def to_uint8(img) -> torch.Tensor:
+        """An RGB image as a 3 x H x W uint8 tensor (what a loader worker delivers)."""
+        arr = np.asarray(to_rgb(img), dtype=np.uint8)
         return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
 
-    def __call__(self, img, generator: torch.Generator | None = None) -> torch.Tensor:
+    def load(self, img, generator: torch.Generator | None = None) -> tuple[torch.Tensor, bool]:
+        """The part of the transform that runs where the image is decoded (a loader worker):
+        RGB, the exact resize and the random steps, as a 3 x H x W **uint8** tensor, and
+        whether `finish` flips it. A horizontal flip that is the last step is only drawn
+        here (the same draw, so the generator's stream is unchanged) and applied by
+        `finish`: a mirror commutes with the per-pixel normalisation, so the result is
+        the one of ``self(img, generator)``, bit for bit."""
         Image = _pil()
         img = to_rgb(img)
         if img.size != (self.size, self.size):
             img = img.resize((self.size, self.size), Image.Resampling.BILINEAR)
+        flip = False
         if self.steps:
             g = _generator(generator)
-            for step in self.steps:
+            steps, last = self.steps, None
+            if isinstance(steps[-1], RandomHorizontalFlip):
+                steps, last = steps[:-1], steps[-1]
+            for step in steps:
                 img = step(img, g)
-        return self.to_tensor(img)
+            if last is not None:
+                flip = _coin(g, last.p)
+        return self.to_uint8(img), flip
+
+    def finish(self, batch: torch.Tensor, flips: torch.Tensor | None = None) -> torch.Tensor:
+        """The cheap steps on a B x 3 x H x W uint8 batch where the model runs (the training
+        process, on its device): the deferred horizontal flips (``flips``: B booleans), then
+        ``(pixel / 255 - mean) / std`` as one float32 multiply and one add per value (the same
+        operations, in the same order, on every device)."""
+        if batch.dtype != torch.uint8 or batch.ndim != 4 or batch.shape[1] != 3:
+            raise ValueError(f"finish takes a B x 3 x H x W uint8 batch, got "
+                             f"{tuple(batch.shape)} {batch.dtype}")
+        if flips is not None and (flips.device.type != "cpu" or bool(flips.any())):
+            flips = flips.to(batch.device, non_blocking=True).view(-1, 1, 1, 1)
+            batch = torch.where(flips, batch.flip(-1), batch)
+        scale, shift = self._device_constants(batch.device)
+        return batch.float().mul_(scale).add_(shift)
+
+    def __getstate__(self):  # what a loader worker gets: no device tensors
+        state = dict(self.__dict__)
+        state.pop("_constants", None)
+        return state
+
+    def _device_constants(self, device: torch.device):
+        cached = getattr(self, "_constants", None)
+        if cached is None or cached[0].device != device:
+            cached = tuple(torch.from_numpy(v).view(1, 3, 1, 1).to(device)
+                           for v in (self._scale, self._shift))
+            self._constants = cached
+        return cached
+
+    def __call__(self, img, generator: torch.Generator | None = None) -> torch.Tensor:
+        x, flip = self.load(img, generator)
+        return self.finish(x[None], torch.tensor([flip]))[0]
 
 
 class _Eval(ImageTransform):

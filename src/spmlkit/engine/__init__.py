@@ -34,6 +34,7 @@ Every ``fit_*`` takes ``checkpoint=`` (called after every epoch with a function 
 the resumable state; the caller decides whether and when to write it) and ``resume=`` (such a
 state): a resumed run ends with the uninterrupted run's weights, history and best epoch.
 """
+from .accel import Acceleration, acceleration, current_acceleration
 from .amp import LossScaler, amp_dtype
 from .config import (AMP_MODES, TrainConfig, batch_starts, config_dict, epoch_rows,
                      parse_early_stop, torch_threads)
@@ -48,7 +49,8 @@ from .optim import LeanAdam, make_optimizer
 from .selection import Selection, no_finite_val_map, snapshot
 from .vectorised import fit_linear_stacked
 
-__all__ = ["AMP_MODES", "Batch", "amp_dtype", "FitResult", "GeneratorState", "GlobalBatchSampler",
+__all__ = ["AMP_MODES", "Acceleration", "Batch", "acceleration", "current_acceleration",
+           "amp_dtype", "FitResult", "GeneratorState", "GlobalBatchSampler",
            "ImageItems", "ItemPredictor", "LINEAR_INIT_FORMAT", "LeanAdam", "LossScaler",
            "STATE_FORMAT", "Selection", "Stage", "StageParts", "StepBatch", "StepHook",
            "TrainConfig", "FinetuneOptions", "batch_starts", "check_val_labels", "config_dict",

@@ -17,8 +17,9 @@ from ..labels import validate_full_labels, validate_observed
 from ..losses import SPMLLoss, TrainInfo
 from .amp import LossScaler, amp_dtype, run_model
 from .config import TrainConfig
-from .image_batches import (GlobalBatchSampler, ImageItems, ItemPredictor, check_items, make_loader,
-                     _transforms, mix_seed)
+from .accel import start as start_acceleration
+from .image_batches import (GlobalBatchSampler, ImageItems, ItemPredictor, check_items,
+                            finish_view, make_loader, _transforms, mix_seed)
 from .linear import fit_linear, val_map
 from .loop import FitResult, Stage, StageParts, StepHook, check_val_labels, snapshot, \
     train_loop
@@ -119,26 +120,31 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
     loss.on_train_start(z, TrainInfo(n, num_classes, k, config.seed, config.epochs))
     if ctx.world_size > 1:
         dist_utils.broadcast_state(loss)  # one start in every process, whatever it drew
-    net = dist_utils.wrap_model(model, ctx)
+    accel = start_acceleration(device, "this fine-tuning run")
+    net = accel.compiled(dist_utils.wrap_model(model, ctx))
     sampler = GlobalBatchSampler(n, config.batch_size, config.seed, ctx.rank, ctx.world_size,
                                  drop_last=config.drop_last)
-    loader = make_loader(ImageItems(train_items, train_t, image_reader, config.seed), sampler,
-                     config, shape, device)
+    loader = make_loader(ImageItems(train_items, train_t, image_reader, config.seed,
+                                    raw=accel.gpu_decode), sampler, config, shape, device)
     predict_train = ItemPredictor(train_items, eval_t, config, shape, device, image_reader, ctx)
     predict_val = ItemPredictor(val_items, eval_t, config, shape, device, image_reader, ctx) \
         if has_val else None
+    predicted = accel.compiled(model)  # the eval passes (compiled: one graph of their own)
 
     per_epoch = len(sampler)
     live = {}  # the stage's optimiser and its groups' base learning rates
 
     def batches(epoch):
         sampler.set_epoch(epoch)
-        for i, ((inputs, _), rows) in enumerate(zip(loader, sampler.global_batches(epoch))):
+        for i, ((inputs, flips, local), rows) in enumerate(zip(loader,
+                                                               sampler.global_batches(epoch))):
             if tuning.schedules and "opt" in live:  # from (epoch, batch): the same on resume
                 set_lr(live["opt"], live["base"], tuning.lr_factor(epoch * per_epoch + i,
                                                                    config.epochs * per_epoch,
                                                                    per_epoch))
-            rows = rows.to(device)
+            # one process: the loader's (pinned) rows are the global batch's
+            rows = (local if ctx.world_size == 1 else rows).to(device, non_blocking=True)
+            inputs = finish_view(train_t, inputs, flips, device)
             yield inputs, z[rows], rows  # observed labels and index of the global batch
 
     def forward(inputs, obs, idx):
@@ -158,7 +164,7 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
                           state={"scaler": scaler}, hooks=hooks)
 
     def evaluate():
-        return val_map(predict_val(model), yv, config.map_convention, config.metric)
+        return val_map(predict_val(predicted), yv, config.map_convention, config.metric)
 
     def after_epoch():
         if ctx.world_size > 1:
@@ -173,7 +179,8 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
                         batches=batches, forward=forward,
                         evaluators={"model": evaluate} if has_val else None,
                         early_stop=config.early_stop,
-                        train_logits=lambda: predict_train(model), after_epoch=after_epoch,
+                        train_logits=lambda: predict_train(predicted),
+                        after_epoch=after_epoch,
                         on_epoch=report, checkpoint=checkpoint if ctx.is_main else None,
                         resume=resume, metric=config.metric,
                         epoch_seed=lambda epoch: mix_seed(config.seed, _RNG_TAG, epoch,

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .. import distributed as dist_utils
+from .accel import current_acceleration
 from .amp import amp_dtype, run_model
 from .config import TrainConfig, epoch_rows
 
@@ -130,15 +131,21 @@ class ImageItems(torch.utils.data.Dataset):
     With ``(row, epoch)`` the transform gets a ``torch.Generator`` seeded with
     ``mix_seed(seed, epoch, row)``: a row's augmentation depends on the seed, the epoch and the
     row only (not on the worker, the process or the batch it lands in). With a bare row the
-    transform gets ``None`` (deterministic eval transforms). Returns ``(image tensor, row)``.
+    transform gets ``None`` (deterministic eval transforms). Returns ``(image, flip, row)``
+    (`load_view`): a uint8 image for the transforms of `spmlkit.data.transforms`,
+    whose cheap steps `finish_view` runs in the training process. ``raw=True``
+    (``--gpu-decode``): the file's bytes, decoded on the device by `finish_view`.
     """
 
     def __init__(self, items: Sequence, transform: Callable, read: Callable | None = None,
-                 seed: int = 0):
+                 seed: int = 0, raw: bool = False):
         self.items = items
         self.transform = transform
         self.read = read or default_image_reader()
         self.seed = int(seed)
+        self.raw = bool(raw)
+        if self.raw:
+            gpu_decodable(transform)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -146,25 +153,102 @@ class ImageItems(torch.utils.data.Dataset):
     def __getitem__(self, key):
         row, epoch = key if isinstance(key, tuple) else (key, None)
         item = self.items[row]
-        img = self.read(item) if isinstance(item, (str, bytes)) or hasattr(item, "__fspath__") \
-            else item
         gen = None if epoch is None else \
             torch.Generator().manual_seed(mix_seed(self.seed, epoch, row))
-        return self.transform(img, gen), row
+        if self.raw:
+            return _raw_item(item, self.transform, gen), row
+        img = self.read(item) if isinstance(item, (str, bytes)) or hasattr(item, "__fspath__") \
+            else item
+        return load_view(self.transform, img, gen), row
+
+
+def load_view(transform: Callable, img, generator) -> tuple[torch.Tensor, bool]:
+    """What a loader worker delivers of ``img``: ``(uint8 image, flip)`` from a transform with
+    ``load`` / ``finish`` (`spmlkit.data.transforms.ImageTransform`), else
+    ``(transform(img, generator), False)`` (a user's transform, finished as it is)."""
+    if hasattr(transform, "load") and hasattr(transform, "finish"):
+        return transform.load(img, generator)
+    return transform(img, generator), False
+
+
+def finish_view(transform: Callable, inputs, flips, device: torch.device,
+                channels_last: bool = False) -> torch.Tensor:
+    """A batch of `load_view` on ``device``: copied there (asynchronously from pinned
+    memory), then the transform's cheap steps (flips, normalisation) run there; a list of raw
+    files (``--gpu-decode``) is decoded and resized there first."""
+    if isinstance(inputs, list):
+        inputs = _decode_jpegs(inputs, transform.size, device)
+    else:
+        inputs = inputs.to(device, non_blocking=True)
+    if inputs.dtype == torch.uint8:
+        inputs = transform.finish(inputs, flips)
+    if channels_last:
+        inputs = inputs.contiguous(memory_format=torch.channels_last)
+    return inputs
+
+
+def gpu_decodable(transform) -> None:
+    """Refuse a transform that GPU decoding cannot run (PIL steps beyond a flip)."""
+    from ..data.transforms import ImageTransform, RandomHorizontalFlip
+
+    steps = getattr(transform, "steps", None)
+    if not isinstance(transform, ImageTransform) or len(steps) > 1 or \
+            any(not isinstance(step, RandomHorizontalFlip) for step in steps):
+        name = getattr(transform, "name", type(transform).__name__)
+        raise ValueError(f"--gpu-decode runs the eval and weak views (resize, flip, normalise) "
+                         f"on the GPU; the {name} has PIL steps that need the decoded image on "
+                         f"the CPU: leave --gpu-decode off")
+
+
+def _raw_item(item, transform, gen) -> tuple[torch.Tensor, bool]:
+    from ..data.transforms import _coin
+
+    if not (isinstance(item, (str, bytes)) or hasattr(item, "__fspath__")):
+        raise ValueError(f"--gpu-decode reads image files; got a {type(item).__name__} item")
+    data = torch.from_numpy(np.fromfile(item, dtype=np.uint8))
+    steps = transform.steps
+    flip = bool(steps) and _coin(gen if gen is not None else torch.Generator(), steps[0].p)
+    return data, flip
+
+
+def _decode_jpegs(files: list, size: int, device: torch.device) -> torch.Tensor:
+    """JPEG files' bytes -> B x 3 x size x size uint8 on ``device`` (nvJPEG, then a bilinear
+    antialiased resize there)."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    try:
+        images = decode_jpeg(files, mode=ImageReadMode.RGB, device=device)
+    except RuntimeError as err:
+        raise ValueError(f"--gpu-decode: nvJPEG could not decode a file of the batch ("
+                         f"{str(err).splitlines()[0]}); it takes JPEG files only") from None
+    out = torch.empty((len(images), 3, size, size), dtype=torch.uint8, device=device)
+    for i, img in enumerate(images):
+        if tuple(img.shape[1:]) == (size, size):
+            out[i] = img
+            continue
+        resized = torch.nn.functional.interpolate(img[None].float(), size=(size, size),
+                                                  mode="bilinear", align_corners=False,
+                                                  antialias=True)
+        out[i] = resized[0].round_().clamp_(0, 255)
+    return out
 
 
 class _Collate:
-    """Stacks ``(tensor, row)`` pairs; an empty chunk (many processes, a short last batch)
-    becomes an empty ``0 x C x H x W`` batch so that every process still runs its step."""
+    """Stacks ``((image, flip), row)`` items into ``(images, flips, rows)``; raw files stay a
+    list. An empty chunk (many processes, a short last batch) becomes an empty
+    ``0 x C x H x W`` batch so that every process still runs its step."""
 
     def __init__(self, shape: tuple):
         self.shape = tuple(shape)
 
     def __call__(self, batch):
         if not batch:
-            return torch.empty((0, *self.shape)), torch.empty(0, dtype=torch.long)
-        xs, rows = zip(*batch)
-        return torch.stack(xs), torch.tensor(rows, dtype=torch.long)
+            return (torch.empty((0, *self.shape)), torch.empty(0, dtype=torch.bool),
+                    torch.empty(0, dtype=torch.long))
+        views, rows = zip(*batch)
+        xs, flips = zip(*views)
+        xs = list(xs) if xs[0].ndim == 1 else torch.stack(xs)
+        return xs, torch.tensor(flips, dtype=torch.bool), torch.tensor(rows, dtype=torch.long)
 
 
 def loader_workers(n: int) -> int:
@@ -175,18 +259,31 @@ def loader_workers(n: int) -> int:
     return 0 if multiprocessing.current_process().daemon else int(n)
 
 
+def prefetch_factor(batch_size: int) -> int:
+    """Batches each loader worker keeps ready: about 64 images, 2 to 8 batches.
+
+    >>> prefetch_factor(32), prefetch_factor(8), prefetch_factor(256)
+    (2, 8, 2)
+    """
+    return max(2, min(8, 64 // max(1, int(batch_size))))
+
+
 def make_loader(dataset, batch_sampler, config: TrainConfig, shape, device,
-            persistent: bool = True) -> torch.utils.data.DataLoader:
-    """A DataLoader over ``batch_sampler``'s batches. It has a generator of its own: the base
-    seed that a DataLoader draws for its workers comes from it, not from (and without
-    advancing) torch's global RNG, so training draws the same global random numbers (dropout)
-    whether the loader is new or persistent (a resumed run builds a new one)."""
+                persistent: bool = True, batch_size: int | None = None
+                ) -> torch.utils.data.DataLoader:
+    """A DataLoader over ``batch_sampler``'s batches: persistent workers (started once per run),
+    pinned memory on CUDA, `prefetch_factor` batches per worker. It has a generator of
+    its own: the base seed that a DataLoader draws for its workers comes from it, not from (and
+    without advancing) torch's global RNG, so training draws the same global random numbers
+    (dropout) whether the loader is new or persistent (a resumed run builds a new one)."""
     workers = loader_workers(config.num_workers)
+    more = {"prefetch_factor": prefetch_factor(batch_size or config.batch_size)} \
+        if workers else {}
     return torch.utils.data.DataLoader(dataset, batch_sampler=batch_sampler, num_workers=workers,
                                        collate_fn=_Collate(shape),
                                        pin_memory=device.type == "cuda",
                                        persistent_workers=persistent and workers > 0,
-                                       generator=torch.Generator())
+                                       generator=torch.Generator(), **more)
 
 
 class _Rows(torch.utils.data.Sampler):
@@ -207,7 +304,8 @@ class ItemPredictor:
     """Eval-mode outputs of a module on every item, in row order, gathered across processes.
 
     Each process predicts a contiguous share of the rows (eval transform, no randomness,
-    ``config.num_workers`` workers started for each pass); the shares are all-gathered, so
+    ``config.num_workers`` persistent workers: started at the first pass, kept for the next
+    ones); the shares are all-gathered, so
     every process gets the full ``N x ...`` output. AMP on CUDA as in training; outputs are
     float32, written batch by batch into one N x ... tensor (no list of batches joined at the
     end: the output exists once), or into ``out`` (`__call__`).
@@ -225,8 +323,12 @@ class ItemPredictor:
         self.device = device
         self.amp = amp_dtype(config.amp, device)
         self.channels_last = device.type == "cuda" and config.channels_last
-        self.loader = make_loader(ImageItems(items, transform, read), _Rows(rows, batch), config,
-                              shape, device, persistent=False) if len(rows) else None
+        self.transform = transform
+        accel = current_acceleration()
+        accel.check(device, "this prediction pass")
+        raw = accel.gpu_decode
+        self.loader = make_loader(ImageItems(items, transform, read, raw=raw), _Rows(rows, batch),
+                                  config, shape, device, batch_size=batch) if len(rows) else None
 
     @torch.no_grad()
     def __call__(self, module: nn.Module, out=None):
@@ -242,7 +344,8 @@ class ItemPredictor:
         was = module.training
         module.eval()
         local, start = out, 0
-        for inputs, _ in (self.loader or ()):
+        for inputs, flips, _ in (self.loader or ()):
+            inputs = finish_view(self.transform, inputs, flips, self.device)
             part = run_model(module, inputs, self.device, self.amp, self.channels_last).float()
             if local is None:
                 local = torch.empty((self.sizes[self.ctx.rank], *part.shape[1:]),

@@ -357,7 +357,7 @@ class _Run:
         forward = parts.forward or self.forward
         opt = parts.optimizer
         model.train()
-        total = 0.0
+        total = None  # the epoch's loss sum, on the device: read once, after the epoch
         progress = _BATCH_PROGRESS.get()
         with self._rng(g):
             loss.on_epoch_start(g)
@@ -389,10 +389,10 @@ class _Run:
                     parts.step(value)
                 for hook in hooks:
                     hook.after_step(seen)
-                total += float(value.detach()) * len(idx)
+                total = _accumulate(total, value, len(idx))
                 if progress is not None:
                     progress(len(idx), self.num_examples)
-        train_loss = total / self.num_examples
+        train_loss = (0.0 if total is None else float(total)) / self.num_examples
         if not np.isfinite(train_loss):
             where = f" (stage {stage.name}, its epoch {e + 1})" if stage.name is not None else ""
             raise FloatingPointError(f"training diverged at epoch {g + 1}{where} (loss "
@@ -442,6 +442,18 @@ class _Run:
         self.loss.load_state_dict(loss)
         return FitResult(**self.selection.result_fields(),
                          seconds=self.seconds_before + time.perf_counter() - self.start)
+
+
+def _accumulate(total, value: torch.Tensor, rows: int):
+    """``total + value * rows`` without reading ``value`` back to the host (no synchronisation
+    inside the training step): float64 where the device has it, which adds exactly what
+    ``float(value) * rows`` added before (a float32 value is exact in float64), so the epoch's
+    mean is the same to the bit."""
+    value = value.detach()
+    if value.device.type != "mps":
+        value = value.double()
+    part = value * rows
+    return part if total is None else total.add_(part)
 
 
 def _seeded(seed: int, devices: list[int]):

@@ -34,6 +34,7 @@ from torch import nn
 
 from ..data.rows import read_rows
 from ..engine import ItemPredictor, TrainConfig, loader_workers, mix_seed
+from ..engine.image_batches import finish_view, load_view, prefetch_factor
 
 __all__ = ["MAP_DTYPES", "CachedMapViews", "EvalMapViews", "ImageViews", "backbone_record",
            "check_head_config", "config_fields", "config_from_dict", "config_from_options",
@@ -373,14 +374,21 @@ class _TwoViewItems(torch.utils.data.Dataset):
         img = self.read(item) if isinstance(item, (str, bytes)) or hasattr(item, "__fspath__") \
             else item
         gen = torch.Generator().manual_seed
-        w = self.weak(img, gen(mix_seed(self.seed, epoch, row, 0)))
-        s = self.strong(img, gen(mix_seed(self.seed, epoch, row, 1))) if strong else None
+        w = load_view(self.weak, img, gen(mix_seed(self.seed, epoch, row, 0)))
+        s = load_view(self.strong, img, gen(mix_seed(self.seed, epoch, row, 1))) \
+            if strong else None
         return w, s, row
 
 
+def _stack_views(views):
+    xs, flips = zip(*views)
+    return torch.stack(xs), torch.tensor(flips, dtype=torch.bool)
+
+
 def _collate_two(batch):
-    weak = torch.stack([b[0] for b in batch])
-    strong = torch.stack([b[1] for b in batch]) if batch[0][1] is not None else None
+    """``((weak, weak flips), (strong, strong flips) or None, rows)`` of uint8 views."""
+    weak = _stack_views([b[0] for b in batch])
+    strong = _stack_views([b[1] for b in batch]) if batch[0][1] is not None else None
     return weak, strong, torch.tensor([b[2] for b in batch], dtype=torch.long)
 
 
@@ -414,17 +422,27 @@ class ImageViews:
         from ..data import transforms as T
         from ..engine import default_image_reader
 
+        from ..engine.accel import start
+
+        accel = start(device, "this run on images")
+        if accel.compile or accel.gpu_decode:
+            raise ValueError(f"{' '.join(accel.flags())}: the image methods with a label-wise "
+                             f"head (lac, mime) train on the strong view's PIL steps and do not "
+                             f"compile their model; --compile and --gpu-decode are for "
+                             f"finetune, linear_init and spml extract")
         read = image_reader or default_image_reader()
         self.device, self.seconds = device, 0.0
         self.size = int(size)
         weak, strong = T.weak_view(size, mean, std), T.strong_view(size, mean, std)
+        self.weak, self.strong = weak, strong
         self.sampler = _Batches()
         workers = loader_workers(config.num_workers)
+        more = {"prefetch_factor": prefetch_factor(config.batch_size)} if workers else {}
         self.loader = torch.utils.data.DataLoader(
             _TwoViewItems(list(splits.train.x), weak, strong, read, seed),
             batch_sampler=self.sampler, num_workers=workers, collate_fn=_collate_two,
             pin_memory=device.type == "cuda", persistent_workers=workers > 0,
-            generator=torch.Generator())  # its workers' base seed: not from the global RNG
+            generator=torch.Generator(), **more)  # workers' base seed: not the global RNG
         eval_t = T.eval_transform(size, mean, std)
         self.predictors = {s: ItemPredictor(list(getattr(splits, s).x), eval_t, config,
                                             (3, size, size), device, read)
@@ -436,11 +454,11 @@ class ImageViews:
 
     def train_epoch(self, batches: Sequence[torch.Tensor], epoch: int, strong: bool):
         self.sampler.batches = [[(int(r), int(epoch), bool(strong)) for r in b] for b in batches]
-        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        last = self.channels_last
         for weak, stro, rows in self.loader:
-            weak = weak.to(self.device, non_blocking=True).contiguous(memory_format=fmt)
+            weak = finish_view(self.weak, *weak, self.device, last)
             if stro is not None:
-                stro = stro.to(self.device, non_blocking=True).contiguous(memory_format=fmt)
+                stro = finish_view(self.strong, *stro, self.device, last)
             yield weak, stro, rows
 
     def predict(self, module: nn.Module, split: str, batch_size: int = 0) -> torch.Tensor:
