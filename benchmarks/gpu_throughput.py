@@ -333,8 +333,8 @@ def run_child(args) -> None:
     import torch
 
     device = torch.device(args.device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)  # torch 2.11 refuses a device without an index here
     torch.set_num_threads(1 if device.type == "cpu" else 4)
     busy = Busy(device)
     kind = args.child
