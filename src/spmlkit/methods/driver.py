@@ -24,7 +24,8 @@ from ..metrics import (THRESHOLD_POLICY, classic_metrics, evaluate, map_score,
                        pseudo_label_stats, select_thresholds)
 from ..data.protocol import describe_labels
 from ..runs import RunDir, read_run, sync_files
-from .contract import (RunContext, TrainingMethod, check_inputs, feature_record, get_method,
+from .contract import (RunContext, TrainingMethod, check_inputs, check_train_fields,
+                       feature_record, get_method,
                        resolve_hparams, resolve_k)
 
 
@@ -218,6 +219,8 @@ def _run_settings(method: TrainingMethod, splits, loss: str, hparams, config, k,
                                    lr=method.default_lr)
     if method.resolve_config is not None:
         config = method.resolve_config(config, options)
+    if resume is None:  # (a resumed run trains with its folder's settings, as they were)
+        check_train_fields(method, config)
     hparams = resolve_hparams(loss, splits.name, hparams)
     loss_fn = create_loss(loss, **hparams)
     k = splits.k if k is None else resolve_k(k, splits, config.seed)
