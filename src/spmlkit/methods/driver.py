@@ -171,8 +171,9 @@ def _check_resume(path, stored: dict, fresh: dict) -> None:
         "dataset_options", "train", "options", "class_names", "versions", "processes",
         "labels")]
     differ = [k for k in keys if stored.get(k) != fresh.get(k)]
-    # a folder written before TrainConfig had ``metric`` selected on mAP
-    strip = (lambda t: {"metric": "map", **{k: v for k, v in (t or {}).items()
+    # a folder written before TrainConfig had ``metric`` / ``weight_decay`` selected on mAP,
+    # without weight decay
+    strip = (lambda t: {"metric": "map", "weight_decay": 0.0, **{k: v for k, v in (t or {}).items()
                                              if k not in RESUME_FREE}})
     if strip(stored.get("train")) != strip(fresh.get("train")):
         differ.append("train")

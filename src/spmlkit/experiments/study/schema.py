@@ -97,7 +97,9 @@ SPEC_SCHEMA = (
         "points below the best val mAP)."),
     Key("grid", "mapping of lists", DEFAULT_GRID,
         "what is *selected over* on val: `batch_size`, `lr`, `hparams.<name>` or another "
-        "`TrainConfig` field; missing `batch_size` / `lr` take the paper grid."),
+        "`TrainConfig` field, e.g. `weight_decay` (L2 of the heads on feature vectors, Adam's "
+        "coupled decay; 0 is the run without it, its id unchanged; runs of different weight "
+        "decays stack like learning rates); missing `batch_size` / `lr` take the paper grid."),
     Key("hparams", "mapping: method label or loss name -> mapping", {},
         "fixed loss hyperparameters, e.g. `{em: {alpha: 0.1}}`; unknown names are refused with "
         "the loss's list."),

@@ -299,6 +299,14 @@ def _grid(raw: dict, accepts: dict, config_fields: set, source: str) -> dict:
         elif k in OWN_KEYS or k not in config_fields:
             _fail(source, f"grid.{k}", "expected batch_size, lr, hparams.<name> or a "
                                        "TrainConfig field")
+        else:  # another TrainConfig field (weight_decay): each value as TrainConfig checks it
+            from ...engine import TrainConfig
+
+            for v in values:
+                try:
+                    TrainConfig(**{k: v})
+                except (TypeError, ValueError) as err:
+                    _fail(source, f"grid.{k}", str(err))
         if len(set(map(json.dumps, values))) < len(values):
             _fail(source, f"grid.{k}", f"values repeat: {values}")
         grid[k] = values
