@@ -179,6 +179,6 @@ def test_own_data_benchmark_searches_weight_decay_and_has_no_full_label_rows(tmp
                  "--batch-sizes", "16", "--epochs", "2", "--jobs", "1", "--quiet",
                  "--out", str(out)]) == 0
     table = (out / "table.md").read_text()
-    assert "x weight decay [0.0, 0.0001, 0.001, 0.01]" in table
+    assert "x weight decay [0.0, 0.001, 0.01, 0.1]" in table
     assert "| *sklearn_lr* (reference, scikit-learn) | given |" in table
     assert "sklearn_lr@full" not in table

@@ -110,7 +110,7 @@ def register(sub) -> None:
     grid.add_argument("--weight-decays", type=_decays, default=None,
                       help="grid of the linear head's weight decay (Adam's coupled L2 on the "
                            "weights; runs of different decays stack like learning rates); "
-                           "default: 0,1e-4,1e-3,1e-2 on your own data (--data "
+                           "default: 0,1e-3,1e-2,1e-1 on your own data (--data "
                            "train_labels=observed, or the tabular / arrays / csv / folder "
                            "sources), none (the papers' grid) on the built-in sets")
     training.add_argument("--jobs", type=int, default=None,

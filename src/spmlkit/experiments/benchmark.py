@@ -44,8 +44,9 @@ def observed_labels(dataset_options: dict | None) -> bool:
 
 
 #: the weight-decay grid ``spml benchmark`` searches on your own data (the built-in sets keep
-#: the papers' grid: batch size x learning rate); measured in the changelog of issue 29
-OWN_DATA_WEIGHT_DECAYS = (0.0, 1e-4, 1e-3, 1e-2)
+#: the papers' grid: batch size x learning rate); measured on yeast and the README's toy CSV:
+#: results/weight-decay-grid.csv
+OWN_DATA_WEIGHT_DECAYS = (0.0, 1e-3, 1e-2, 1e-1)
 #: the sources of your own data
 OWN_SOURCES = ("tabular", "arrays", "csv", "folder")
 
@@ -310,7 +311,8 @@ def format_table(selected, methods, dataset, seeds, grid, epochs, seconds,
                 else "") + f", {epochs} epochs, linear head"
              + ("; training drops each epoch's last short batch" if drop_last else "") + ").",
              "",
-             "| method | regime | test mAP | val mAP | train recovery mAP | selected (batch, lr) |"
+             "| method | regime | test mAP | val mAP | train recovery mAP | selected (batch, lr"
+             + (", weight decay) |" if "weight_decay" in grid else ") |")
              + extra, "|---|---|---|---|---|---|" + ("---|---|" if extra else "")]
     refs = [m for m in methods if m.label in REFERENCES]
     for m in [m for m in methods if m.label not in REFERENCES] + refs:
