@@ -182,3 +182,25 @@ def test_own_data_benchmark_searches_weight_decay_and_has_no_full_label_rows(tmp
     assert "x weight decay [0.0, 0.001, 0.01, 0.1]" in table
     assert "| *sklearn_lr* (reference, scikit-learn) | given |" in table
     assert "sklearn_lr@full" not in table
+
+
+def test_a_study_with_sklearn_reference_has_its_rows_in_the_table(tmp_path, capsys):
+    from spmlkit.experiments.study import load_study, run_study
+
+    spec = {"name": "ref", "datasets": ["yeast"], "methods": ["an", "bce@full"], "seeds": [0],
+            "epochs": 1, "grid": {"batch_size": [16], "lr": [1e-2]},
+            "sklearn_reference": True}
+    out = tmp_path / "study"
+    run_study(spec, out=out, jobs=1, progress=False)
+    refs = json.loads((out / "sklearn-reference.json").read_text())
+    assert [(r["loss"], r["regime"]) for r in refs] == [("sklearn_lr", "1p"),
+                                                          ("sklearn_lr@full", "full")]
+    assert main(["study", "table", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "sklearn_lr (scikit-learn reference)" in table
+    assert "sklearn_lr@full (scikit-learn reference)" in table
+    assert f"{refs[0]['test_map']:.2f}" in table
+    for bad, match in (({"sklearn_reference": "yes"}, "true or false"),
+                       ({"sklearn_reference": True, "mode": "finetune"}, "mode linear")):
+        with pytest.raises(ValueError, match=match):
+            load_study({**spec, **bad})

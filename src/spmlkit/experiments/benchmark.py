@@ -30,8 +30,6 @@ from ..runs import write_json, write_text
 from .study import DEFAULT_GRID, MAX_RUNS, REFERENCES, parse_methods
 
 DEFAULT_LOSSES = ("an", "an_ls", "wan", "epr", "role", "pr")
-#: the scikit-learn reference rows' records, in the benchmark folder
-SKLEARN_FILE = "sklearn-reference.json"
 #: the resume file of the benchmarks before they ran as studies (no longer read)
 OLD_RESUME_FILE = "grid.jsonl"
 
@@ -194,11 +192,12 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
     missing = [(m.label, s) for m in spec.methods for s in spec.seeds if (m.label, s) not in have]
     refs = []
     if sklearn:
-        from .reference import reference_records
+        from .reference import SKLEARN_FILE, reference_records
 
+        regimes = [regime or ("given" if observed_labels(dataset_options) else "1p")]
         refs = reference_records(dataset, dict(dataset_options or {}),
-                                 regime or ("given" if observed_labels(dataset_options) else "1p"),
-                                 spec.seeds, full=not observed_labels(dataset_options))
+                                 regimes + ([] if observed_labels(dataset_options) else ["full"]),
+                                 spec.seeds)
         write_json(out / SKLEARN_FILE, refs)
     table = format_table(selected, spec.methods, dataset, seeds, spec.grid, spec.epochs,
                          res["seconds"], metric, bool(spec.train.get("drop_last")), refs)

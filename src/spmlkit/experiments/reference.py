@@ -20,8 +20,10 @@ import numpy as np
 C_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
 #: lbfgs iterations per class (yeast's 103 standardised features converge in far fewer)
 MAX_ITER = 500
-#: the reference rows' names in the benchmark table (method label, regime)
+#: the reference rows' name in the tables
 NAME = "sklearn_lr"
+#: their records in a benchmark or study folder
+SKLEARN_FILE = "sklearn-reference.json"
 
 
 def _fit_predict(x, targets: np.ndarray, c: float, seed: int, sets: list) -> list:
@@ -82,29 +84,46 @@ def _reference(splits, seed, labels, grid, start, map_score) -> dict:
             "val_maps": [float(v) for v in scored], "seconds": time.perf_counter() - start}
 
 
-def reference_records(dataset: str, options: dict, regime: str, seeds, full: bool) -> list:
-    """The table records of the scikit-learn rows: per seed, ``sklearn_lr`` on the methods'
-    regime and, with ``full``, ``sklearn_lr@full`` (as :func:`spmlkit.experiments.benchmark.
-    run_benchmark`'s records: ``loss`` the row's label, ``C`` where the methods have
-    ``(batch_size, lr)``)."""
+def reference_records(dataset: str, options: dict, regimes, seeds) -> list:
+    """The records of the scikit-learn rows on ``dataset``: per regime of ``regimes`` and
+    seed, :func:`sklearn_reference` on that regime's observed labels (``full``: the full
+    labels), labelled ``sklearn_lr`` for the single-positive and ``given`` regimes and
+    ``sklearn_lr@<regime>`` for the others. Records as :func:`spmlkit.experiments.benchmark.
+    run_benchmark`'s (``loss`` the row's label; ``C`` where the methods have
+    ``(batch_size, lr)``), with ``dataset``."""
     from .pool import cached_splits
 
     out, done = [], {}
-    for label, reg, on in ([(NAME, regime, "observed")] +
-                           ([(f"{NAME}@full", "full", "full")] if full else [])):
+    for regime in regimes:
+        label = NAME if regime in ("1p", "given") else f"{NAME}@{regime}"
         for seed in seeds:
             opts = dict(options)
             if opts.get("protocol") == "tabular":
                 opts.setdefault("seed", seed)  # a trial: its own split, as the methods' runs
             splits = cached_splits(dataset, regime, opts)
             # lbfgs draws nothing: on the same splits every seed's fit is the same one
-            key = (id(splits), on)
-            if key not in done:
-                done[key] = sklearn_reference(splits, seed, on)
-            res = done[key]
-            out.append({"loss": label, "regime": reg, "seed": seed, "C": res["C"],
-                        "val_map": res["val_map"], "test_map": res["test_map"],
+            if id(splits) not in done:
+                done[id(splits)] = sklearn_reference(splits, seed)
+            res = done[id(splits)]
+            out.append({"loss": label, "dataset": dataset, "regime": regime, "seed": seed,
+                        "C": res["C"], "val_map": res["val_map"], "test_map": res["test_map"],
                         "train_recovery_map": res["train_recovery_map"],
                         "seconds": res["seconds"], "val_maps": res["val_maps"],
                         "reference": "scikit-learn"})
     return out
+
+
+def study_references(spec) -> list:
+    """The scikit-learn rows of a study (``sklearn_reference: true``): per dataset, the regimes
+    of its methods (:func:`reference_records`)."""
+    regimes = list(dict.fromkeys(m.regime for m in spec.methods))
+    return [r for ds in spec.datasets
+            for r in reference_records(ds.name, ds.options, regimes, spec.seeds)]
+
+
+def table_rows(records) -> list:
+    """The records as selected study rows (:func:`spmlkit.experiments.tables.study_table`)."""
+    return [{"method": f"{r['loss']} (scikit-learn reference)", "dataset": r["dataset"],
+             "regime": r["regime"], "seed": r["seed"], "test_map": r["test_map"],
+             "val_map": r["val_map"], "train_recovery_map": r["train_recovery_map"],
+             "status": "done", "variant": "{}"} for r in records]

@@ -206,7 +206,14 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
                             checkpoint_seconds=checkpoint_seconds, dask=dask,
                             scheduler_file=scheduler_file, executor=executor,
                             vectorise=vectorise, connect_timeout=connect_timeout)
-    return Launch(load_study(spec), options).run()
+    spec = load_study(spec)
+    res = Launch(spec, options).run()
+    if spec.sklearn_reference:
+        from ...runs import write_json
+        from ..reference import SKLEARN_FILE, study_references
+
+        write_json(Path(res["out"]) / SKLEARN_FILE, study_references(spec))
+    return res
 
 
 @dataclass(frozen=True)

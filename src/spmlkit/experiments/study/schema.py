@@ -115,6 +115,11 @@ SPEC_SCHEMA = (
         "`early_stop` and `metric` have their own keys."),
     Key("mode_options", "mapping", {},
         "the study mode's own options (table below), e.g. `{backbone: efficientnet_lite0}`."),
+    Key("sklearn_reference", "boolean", False,
+        "add the scikit-learn reference rows (`mode: linear`, feature vectors): one-vs-rest "
+        "LogisticRegression on each method regime's observed labels, unknown = negative, C "
+        "chosen on val mAP; `sklearn_lr@<regime>` rows of `spml study table` "
+        "(`sklearn-reference.json` in the study folder).", expected="true or false"),
     Key("mlflow", "boolean", False,
         "also log every run to MLflow (when it is installed).", expected="true or false"),
     Key("metric", "metric name", "map",
