@@ -117,8 +117,9 @@ def register(sub) -> None:
                           help="worker processes (default: cores)")
     training.add_argument("--no-vectorise", action="store_true",
                           help="train every grid point alone (default: the linear mode trains the "
-                               "runs that differ only in seed and learning rate together, as one "
-                               "stacked model; same results up to float summation order)")
+                               "runs that differ only in seed, learning rate and weight decay "
+                               "together, as one stacked model; same results up to float summation "
+                               "order)")
     output.add_argument("--out", default="runs/benchmark",
                         help="output folder, a study folder; re-running with the same folder runs "
                              "only the grid points it is missing")

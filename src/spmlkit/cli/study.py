@@ -220,8 +220,9 @@ def register(sub) -> None:
                            "passed since the last (default 10; 0: every epoch)")
     runs.add_argument("--no-vectorise", action="store_true",
                       help="train every grid point alone (default: the linear mode trains the "
-                           "runs that differ only in seed and learning rate together, as one "
-                           "stacked model; same results up to float summation order)")
+                           "runs that differ only in seed, learning rate and weight decay "
+                           "together, as one stacked model; same results up to float summation "
+                           "order)")
     workers.add_argument("--jobs", type=int, default=None,
                          help="worker processes (default: cores)")
     workers.add_argument("--threads", type=_whole(1), default=None,

@@ -599,8 +599,7 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
     Raises:
         ValueError: configs that differ in more than seed, lr and weight_decay, losses of
             different classes, hyperparameters or labels that are not all closed-form, losses
-            not stackable, bad
-            inputs (as ``fit_linear``).
+            not stackable, bad inputs (as ``fit_linear``).
     """
     start = time.perf_counter()
     runs = len(configs)

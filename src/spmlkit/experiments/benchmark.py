@@ -150,8 +150,9 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
         drop_last: train without each epoch's last, shorter batch (``TrainConfig.drop_last``,
             Cole et al.'s loader); validation and test still score every row.
         argv: the command line recorded in ``launches.jsonl``.
-        vectorise: train the grid points that differ only in seed and learning rate together
-            (:func:`spmlkit.experiments.study.run_study`); False: one run at a time.
+        vectorise: train the grid points that differ only in seed, learning rate and weight
+            decay together (:func:`spmlkit.experiments.study.run_study`); False: one run at a
+            time.
         sklearn: add the scikit-learn reference rows (:mod:`spmlkit.experiments.reference`:
             one-vs-rest logistic regression on the observed labels, unknown = negative, C
             chosen on val; and on full labels where the data has them), written to

@@ -177,9 +177,10 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
             written; the stacks are cut for the worker threads it has then.
         executor: any :class:`spmlkit.experiments.pool.Executor` (overrides ``jobs``,
             ``dask`` and ``scheduler_file``).
-        vectorise: train the runs that differ only in seed and learning rate together where
-            the mode and loss can (:func:`group_tasks`; the linear mode's stacked runs, same
-            results up to floating-point summation order); False: one task per run. A group
+        vectorise: train the runs that differ only in seed, learning rate and weight decay
+            together where the mode and loss can (:func:`group_tasks`; the linear mode's
+            stacked runs, same results up to floating-point summation order); False: one task
+            per run. A group
             whose worker dies is retried (or lost) as a whole and restarts from scratch.
         connect_timeout: seconds a Dask scheduler gets to answer (default
             :data:`spmlkit.experiments.dask_executor.CONNECT_TIMEOUT`).
