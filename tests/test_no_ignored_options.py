@@ -30,7 +30,7 @@ MODE_INDEPENDENT = {"out", "quiet", "threads", "device", "resume", "jobs", "no_v
 
 #: a value other than the default for each option (the flag alone for a switch)
 SAMPLES = {
-    "dataset": ["--dataset", "tabular"], "data": ["--data", "standardize=false"],
+    "dataset": ["--dataset", "tabular"], "data": ["--data", "seed=3"],
     "epochs": ["--epochs", "3"], "early_stop": ["--early-stop", "patience:2"],
     "metric": ["--metric", "lrap"], "loss": ["--loss", "epr"], "regime": ["--regime", "1p_alln"],
     "hp": ["--hp", "eps=1e-6"], "reg": ["--reg", "highrank:1e-3"],

@@ -390,7 +390,8 @@ def register(sub) -> None:
                         help="linear mode: the head on the features, linear (default) or mlp (one "
                              "hidden ReLU layer, the tabular SPML protocol's MLP)")
     method.add_argument("--hidden", type=_whole(1), default=None,
-                        help="--head mlp: hidden units (default 256)")
+                        help="--head mlp: hidden units (default 256); --mode smile: its "
+                             "networks' width (default: the number of labels)")
     _add_backbone(p, group=data)
     _add_finetune(method, training, finetune)
     p.set_defaults(func=cmd_train)
