@@ -204,3 +204,14 @@ def test_a_study_with_sklearn_reference_has_its_rows_in_the_table(tmp_path, caps
                        ({"sklearn_reference": True, "mode": "finetune"}, "mode linear")):
         with pytest.raises(ValueError, match=match):
             load_study({**spec, **bad})
+
+
+def test_the_sklearn_row_is_left_out_with_a_note_where_it_cannot_run(yeast, monkeypatch,
+                                                                      capsys):
+    import spmlkit.experiments.reference as ref
+
+    monkeypatch.setattr(ref, "MAX_ENTRIES", 1000)
+    with pytest.raises(ValueError, match="more than the 1,000 entries"):
+        ref.sklearn_reference(yeast, 0)
+    assert ref.reference_records("yeast", {}, ["1p"], [0, 1]) == []
+    assert "note: sklearn_lr left out on yeast" in capsys.readouterr().err
