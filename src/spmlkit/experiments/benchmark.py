@@ -140,7 +140,9 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
             arguments runs what they need (the other runs' rows stay in the store, unused).
         jobs: worker processes (default: the CPU count).
         epochs, early_stop: per run (:class:`spmlkit.engine.TrainConfig`).
-        grid: ``{"batch_size": [...], "lr": [...]}`` laid over :data:`DEFAULT_GRID`.
+        grid: ``{"batch_size": [...], "lr": [...]}`` laid over :data:`DEFAULT_GRID`, and
+            optionally ``"weight_decay": [...]`` (``spml benchmark --weight-decays``; the CLI
+            adds :data:`OWN_DATA_WEIGHT_DECAYS` on your own data, :func:`own_data`).
         hparams: per-loss (or per method label) hyperparameter overrides,
             ``{"epr": {"lam": 2.0}}``.
         progress: the study's progress bar.
