@@ -320,3 +320,23 @@ def test_yeast_cross_val_score_and_the_standardize_parameter(yeast):
     # scored on the fold's own labels, the same fits look different: the partial-label catch
     observed = cross_val_score(SPMLClassifier(**est), x, y, cv=cv)
     assert np.isfinite(observed).all() and abs(observed.mean() - own.mean()) > 1
+
+
+def test_weight_decay_is_a_searched_parameter_that_changes_the_head(yeast):
+    """weight_decay (Adam's coupled L2 on the weights, not the bias) is a constructor
+    parameter GridSearchCV searches; it shrinks the weights and changes the scores."""
+    x, y = yeast["x"], yeast["y"]
+    fits = {wd: SPMLClassifier(epochs=3, batch_size=64, lr=1e-2, weight_decay=wd).fit(x, y)
+            for wd in (0.0, 0.5)}
+    norm = {wd: float(f.model_.weight.detach().norm()) for wd, f in fits.items()}
+    assert norm[0.5] < 0.9 * norm[0.0]
+    assert not np.allclose(fits[0.0].predict_proba(x), fits[0.5].predict_proba(x))
+    scorer = validation_scorer(yeast["x_val"], yeast["y_val"], classes=yeast["classes"])
+    search = GridSearchCV(SPMLClassifier(epochs=3, batch_size=64, lr=1e-2),
+                          {"weight_decay": [0.0, 1e-2, 0.5]}, scoring=scorer, cv=2,
+                          error_score="raise").fit(x, y)
+    scores = search.cv_results_["mean_test_score"]
+    assert len({round(s, 6) for s in scores}) == 3
+    assert search.best_params_["weight_decay"] == [0.0, 1e-2, 0.5][int(np.argmax(scores))]
+    with pytest.raises(ValueError, match="weight_decay must be a finite number >= 0"):
+        SPMLClassifier(weight_decay=-1.0).fit(x, y)

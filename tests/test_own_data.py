@@ -60,8 +60,10 @@ def own(tmp_path_factory):
 
 
 def _rows(folder) -> list[str]:
+    """The method rows of a benchmark's table.md (not the scikit-learn reference row)."""
     return [line for line in (folder / "table.md").read_text().splitlines()
-            if line.startswith("| ") and not line.startswith("| method")]
+            if line.startswith("| ") and not line.startswith("| method")
+            and "(reference, scikit-learn)" not in line]
 
 
 def test_the_fixture_is_a_users_partially_labelled_table(own):
@@ -91,6 +93,7 @@ def test_benchmark_on_own_observed_labels_lists_every_method_as_no_vectorise(own
     assert [r.split(" | ")[0] for r in rows] == [f"| {m}" for m in GIVEN.split(",")]
     assert all("| given |" in r and "| n/a |" in r for r in rows)  # no train recovery: unknown
     assert rows == _rows(one)
+    assert "| *sklearn_lr* (reference, scikit-learn) | given |" in (vec / "table.md").read_text()
     results = json.loads((vec / "results.json").read_text())
     stacked = [json.loads((vec / r["run_dir"] / "final.json").read_text()).get("vectorised")
                for r in results]

@@ -63,7 +63,7 @@ def test_the_schema_table_is_what_validation_reads():
     assert all(k.help and k.type for k in SPEC_SCHEMA + METHOD_SCHEMA)
     s = load_study({"name": "t", "datasets": ["yeast"], "methods": ["an"]})
     resolved = {**s.to_dict(), "mode_options": s.mode_options, "mlflow": s.mlflow,
-                "metric": s.metric}
+                "metric": s.metric, "sklearn_reference": s.sklearn_reference}
     for key in SPEC_SCHEMA:
         if key.required or key.default is None:
             continue

@@ -264,7 +264,7 @@ def test_a_diverging_run_fails_alone():
 def test_non_stackable_losses_and_configs_are_refused():
     assert "not stackable" in can_stack(create_loss("ll_r"), TrainConfig())
     assert can_stack(create_loss("an"), TrainConfig()) is None
-    with pytest.raises(ValueError, match="seed and lr only"):
+    with pytest.raises(ValueError, match="seed, lr and weight_decay only"):
         fit_linear_stacked(X, Z, [create_loss("an"), create_loss("an")],
                            [TrainConfig(batch_size=8), TrainConfig(batch_size=16)])
     with pytest.raises(ValueError, match="cannot be stacked"):

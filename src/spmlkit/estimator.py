@@ -70,6 +70,9 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
             features as they are (for example after a ``StandardScaler`` step of a Pipeline).
         threshold: ``predict``'s cut on the probabilities (``>=``), a number in [0, 1] or one
             per class; ``spml train`` picks thresholds on val, the estimator does not.
+        weight_decay: L2 on the head's weights (not its bias), Adam's coupled decay
+            (``TrainConfig.weight_decay``); 0 (default): none. A hyperparameter like any other:
+            ``GridSearchCV(SPMLClassifier(), {"weight_decay": [0, 1e-3, 1e-2]})``.
 
     Fitted attributes: ``classes_``, ``n_classes_``, ``n_features_in_``,
     ``feature_names_in_`` (DataFrame input), ``mean_`` / ``scale_`` (None without
@@ -89,7 +92,8 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
     def __init__(self, loss: str = "an", loss_params: dict | None = None, epochs: int = 25,
                  batch_size: int = 8, lr: float = 1e-3, seed: int = 0,
                  early_stop: str = "none", k: float | None = None,
-                 n_threads: int | None = 1, standardize: bool = True, threshold=0.5):
+                 n_threads: int | None = 1, standardize: bool = True, threshold=0.5,
+                 weight_decay: float = 0.0):
         self.loss = loss
         self.loss_params = loss_params
         self.epochs = epochs
@@ -101,6 +105,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         self.n_threads = n_threads
         self.standardize = standardize
         self.threshold = threshold
+        self.weight_decay = weight_decay
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -162,7 +167,8 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
                 raise ValueError(f"fit: X_val has {len(xv)} rows, Y_val {len(yv)}")
         k = self.k if self.k is not None else float((z == POSITIVE).sum(axis=1).mean())
         config = TrainConfig(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr,
-                             seed=self.seed, early_stop=self.early_stop)
+                             seed=self.seed, early_stop=self.early_stop,
+                             weight_decay=self.weight_decay)
         loss = create_loss(self.loss, **(self.loss_params or {}))
         with torch_threads(self.n_threads):
             self.model_, self.fit_ = fit_linear(x, z, loss, config, x_val=xv, y_val=yv, k=k)

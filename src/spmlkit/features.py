@@ -633,6 +633,11 @@ def feature_options(backbone: str | None, dtype: str | None = None, cache_dir=No
         if extra.get("weights") is not None:
             raise ValueError(f"--weights {extra['weights']}: weights are for a backbone; give "
                              f"--backbone NAME too (spml list backbones)")
+        unused = [flag for flag, given in (("--float16", dtype not in (None, "float32")),
+                                           ("--cache-dir", cache_dir is not None)) if given]
+        if unused:
+            raise ValueError(f"{' and '.join(unused)}: for the features a --backbone extracts "
+                             f"and caches; without --backbone the features are the data's own")
         return {}
     if extra.get("weights") is not None:
         extra["weights"] = str(Path(extra["weights"]).resolve())

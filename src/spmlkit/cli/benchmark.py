@@ -7,10 +7,23 @@ from .common import (
     _data, _dataset, _describe_features, _floats, _ints, _add_common, _add_backbone, _feature_data)
 
 
+def _decays(text: str) -> list:
+    """``--weight-decays``: comma-separated finite numbers >= 0."""
+    import argparse
+    import math
+
+    values = _floats(text)
+    bad = [v for v in values if not math.isfinite(v) or v < 0]
+    if bad or not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated finite numbers >= 0, got "
+                                         f"{text!r}")
+    return values
+
+
 def cmd_benchmark(args) -> int:
     """``spml benchmark``: the paper's grid as a study in ``--out`` (resumable, one launch at a
     time), its table printed and written."""
-    from ..experiments.benchmark import run_benchmark
+    from ..experiments.benchmark import OWN_DATA_WEIGHT_DECAYS, own_data, run_benchmark
     from ..experiments.study import DEFAULT_GRID
 
     if args.seeds < 1:
@@ -20,6 +33,11 @@ def cmd_benchmark(args) -> int:
     refs = [] if args.no_references else ["bce", "iun"]
     options = {**_data(args), **_feature_data(args)}
     args.dataset = _dataset(args)
+    decays = args.weight_decays
+    if decays is None and own_data(args.dataset, options):
+        decays = list(OWN_DATA_WEIGHT_DECAYS)
+    if decays and decays != [0.0]:  # (a grid of 0 alone: the runs, and ids, without it)
+        grid["weight_decay"] = tuple(decays)
     given = {"epochs": args.epochs} if args.epochs is not None else {}  # else the paper's 25
     if args.dataset == "tabular" and "path" in options:  # the columns, before any run
         from ..data import load_dataset
@@ -31,7 +49,8 @@ def cmd_benchmark(args) -> int:
                         grid=grid, early_stop=args.early_stop, dataset_options=options,
                         metric=args.metric, regime=args.regime, drop_last=args.drop_last,
                         progress=not args.quiet, argv=sys.argv,
-                        vectorise=not args.no_vectorise, **given)
+                        vectorise=not args.no_vectorise, sklearn=not args.no_references,
+                        **given)
     print(res["table"] if res["results"] else "no grid point finished: nothing to tabulate")
     print(f"wrote {args.out}/results.json and {args.out}/table.md (a study folder: spml study "
           f"status | table | export {args.out}, spml report {args.out})")
@@ -75,8 +94,10 @@ def register(sub) -> None:
     grid.add_argument("--losses", default=",".join(DEFAULT_LOSSES),
                       help="comma-separated losses, loss@regime, or 'all' (default: %(default)s)")
     grid.add_argument("--no-references", action="store_true",
-                      help="leave out the bce (full labels) and iun reference rows (left out "
-                           "anyway, with a note, on data whose training labels are observed ones)")
+                      help="leave out the reference rows: bce (full labels), iun and the "
+                           "scikit-learn logistic regression (sklearn_lr; its full-label row and "
+                           "bce / iun are left out anyway, with a note, on data whose training "
+                           "labels are observed ones)")
     data.add_argument("--regime", default=None,
                       help="the regime of every method given without @regime: 1p (default) or "
                            "another of spml list regimes; given (your own observed training "
@@ -89,12 +110,19 @@ def register(sub) -> None:
                            "deviation over them (default: %(default)s, as Cole et al.)")
     grid.add_argument("--batch-sizes", type=_ints, default=None, help="grid, default 8,16")
     grid.add_argument("--lrs", type=_floats, default=None, help="grid, default 1e-2,1e-3,1e-4,1e-5")
+    grid.add_argument("--weight-decays", type=_decays, default=None,
+                      help="grid of the linear head's weight decay (Adam's coupled L2 on the "
+                           "weights; runs of different decays stack like learning rates); "
+                           "default: 0,1e-3,1e-2,1e-1 on your own data (--data "
+                           "train_labels=observed, or the tabular / arrays / csv / folder "
+                           "sources), none (the papers' grid) on the built-in sets")
     training.add_argument("--jobs", type=int, default=None,
                           help="worker processes (default: cores)")
     training.add_argument("--no-vectorise", action="store_true",
                           help="train every grid point alone (default: the linear mode trains the "
-                               "runs that differ only in seed and learning rate together, as one "
-                               "stacked model; same results up to float summation order)")
+                               "runs that differ only in seed, learning rate and weight decay "
+                               "together, as one stacked model; same results up to float summation "
+                               "order)")
     output.add_argument("--out", default="runs/benchmark",
                         help="output folder, a study folder; re-running with the same folder runs "
                              "only the grid points it is missing")

@@ -45,8 +45,21 @@ def _study_table(out, fmt: str = "markdown", metric: str = "test_map",
     if select:
         raise ValueError("--select needs --metric to name metrics of spml list metrics "
                          f"({', '.join(METRICS)}), not {metric!r}")
-    return study_table(study.selected, fmt, metric, columns=columns, title=study.title,
-                       order=order, labels=labels)
+    return study_table(study.selected + _sklearn_rows(out, metric), fmt, metric,
+                       columns=columns, title=study.title, order=order, labels=labels)
+
+
+def _sklearn_rows(out, metric: str) -> list:
+    """The scikit-learn reference rows of a study run with ``sklearn_reference: true`` (its
+    ``sklearn-reference.json``), as selected rows, for the mAP columns they have."""
+    from pathlib import Path
+
+    from ..experiments.reference import SKLEARN_FILE, table_rows
+
+    path = Path(out) / SKLEARN_FILE
+    if metric not in ("test_map", "val_map") or not path.is_file():
+        return []
+    return table_rows(json.loads(path.read_text()))
 
 
 def _study_source(args) -> tuple:
@@ -207,8 +220,9 @@ def register(sub) -> None:
                            "passed since the last (default 10; 0: every epoch)")
     runs.add_argument("--no-vectorise", action="store_true",
                       help="train every grid point alone (default: the linear mode trains the "
-                           "runs that differ only in seed and learning rate together, as one "
-                           "stacked model; same results up to float summation order)")
+                           "runs that differ only in seed, learning rate and weight decay "
+                           "together, as one stacked model; same results up to float summation "
+                           "order)")
     workers.add_argument("--jobs", type=int, default=None,
                          help="worker processes (default: cores)")
     workers.add_argument("--threads", type=_whole(1), default=None,

@@ -64,13 +64,14 @@ def cmd_train(args) -> int:
     device = args.device or ("cuda" if images and torch.cuda.is_available() else "cpu")
     lr, why = (args.lr, None) if args.lr is not None else \
         default_lr(method, args.loss, splits.name)
+    method_options = _method_options(args, method)
     config = TrainConfig(epochs=args.epochs or method.default_epochs,
                          batch_size=args.batch_size or method.default_batch_size, lr=lr,
                          seed=args.seed, early_stop=args.early_stop, device=device,
                          head_lr_mult=args.head_lr_mult, amp=args.amp,
-                         num_workers=args.workers, image_size=args.image_size,
-                         metric=args.metric, drop_last=args.drop_last)
-    method_options = _method_options(args, method)
+                         num_workers=_workers(args, method), image_size=args.image_size,
+                         metric=args.metric, drop_last=args.drop_last,
+                         weight_decay=_train_weight_decay(args, method))
     if args.verbose and ctx.is_main:
         print(f"settings: --mode {method.name} --loss {args.loss} hparams {hparams or '{}'} "
               f"k {'train mean' if k is None else f'{k:g}'}; {config}; method options "
@@ -143,6 +144,60 @@ def _flag_options(args, method) -> dict:
             "cpu_bf16": getattr(args, "cpu_bf16", None)}
 
 
+def _workers(args, method) -> int:
+    """``--workers``, or for a method that loads images (``num_workers`` in its
+    ``train_fields``) min(4, the CPU count); 0 for the others (a given ``--workers`` they do
+    not use is refused with the run's other settings)."""
+    import os
+
+    if args.workers is not None:
+        return args.workers
+    return min(4, os.cpu_count() or 1) if "num_workers" in method.train_fields else 0
+
+
+def _train_weight_decay(args, method) -> float:
+    """``--weight-decay`` as ``TrainConfig.weight_decay`` (the heads on feature vectors: Adam's
+    coupled L2); a method with a ``weight_decay`` option of its own (the fine-tuning modes' and
+    LAC's decoupled decay) takes it there instead (`_method_options`)."""
+    wd = getattr(args, "weight_decay", None)
+    return 0.0 if wd is None or "weight_decay" in method.options else wd
+
+
+#: ``spml train`` flags that are read into the data options (the feature modes' --backbone
+#: features: spmlkit.features.feature_options) or only change what is shown, not method options
+_NOT_METHOD_OPTIONS = {"progress"}
+_FEATURE_FLAGS = {"backbone", "feature_dtype", "cache_dir", "backbone_options"}
+#: the flag of each method option _flag_options gives
+_FLAG_OF = {"save_train_probs": "--save-train-probs", "head": "--head", "hidden": "--hidden",
+            "backbone": "--backbone", "pretrained": "--random-init",
+            "linear_epochs": "--linear-epochs", "linear_lr": "--linear-lr",
+            "feature_dtype": "--float16", "cache_dir": "--cache-dir",
+            "backbone_options": "--weights", "augment": "--augment",
+            "weight_decay": "--weight-decay", "warmup_epochs": "--warmup-epochs",
+            "lr_schedule": "--lr-schedule", "cpu_bf16": "--cpu-bf16"}
+
+
+def _refuse_unused(flags: dict, method) -> None:
+    """A flag given for a method option the ``--mode`` does not have is an error naming the
+    modes that take it (never silently dropped); ``--weight-decay`` goes to TrainConfig for the
+    modes that read ``TrainConfig.weight_decay``."""
+    skip = set(_NOT_METHOD_OPTIONS)
+    if method.inputs == "features":
+        skip |= _FEATURE_FLAGS
+    if "weight_decay" in method.train_fields:
+        skip.add("weight_decay")
+    for key, value in flags.items():
+        if value is None or key in skip or key in method.options:
+            continue
+        if key == "feature_dtype" and value == "float32":  # the default of --float32/--float16
+            continue
+        users = [m.name for m in _methods() if key in m.options or (
+            key in _FEATURE_FLAGS and m.inputs == "features") or (
+            key == "weight_decay" and key in m.train_fields)]
+        raise ValueError(f"{_FLAG_OF.get(key, key)}: --mode {method.name} does not use it; it "
+                         f"is for --mode {', '.join(users)}")
+
+
 def _weights_option(args, method) -> dict | None:
     """``backbone_options`` of ``--weights FILE`` (an absolute path), for the methods that
     build the backbone themselves (finetune, linear_init, lac, mime, boostlu); a method with a
@@ -159,8 +214,9 @@ def _weights_option(args, method) -> dict | None:
 
 
 def _method_options(args, method) -> dict:
-    given = {k: v for k, v in _flag_options(args, method).items()
-             if v is not None and k in method.options}
+    flags = _flag_options(args, method)
+    _refuse_unused(flags, method)
+    given = {k: v for k, v in flags.items() if v is not None and k in method.options}
     given.update(_pairs(getattr(args, "lac", None), "--lac"))  # deprecated: --option's
     given.update(_pairs(getattr(args, "option", None), "--option"))  # unknown keys: refused
     if method.inputs == "images" and "backbone" in method.options and not args.backbone and \
@@ -257,7 +313,6 @@ def _print_result(args, res: dict) -> int:
 
 def _add_finetune(method, training, finetune) -> None:
     """``spml train``'s method, resume, device and fine-tuning options, into their groups."""
-    import os
 
     method.add_argument("--mode", default="linear", metavar="METHOD",
                         help=LazyHelp(_methods_help))
@@ -277,8 +332,9 @@ def _add_finetune(method, training, finetune) -> None:
     finetune.add_argument("--amp", choices=["auto", "none", "bf16", "fp16"], default="auto",
                           help="fine-tuning on CUDA: autocast dtype (auto: bf16 where supported); "
                                "the loss is always float32")
-    finetune.add_argument("--workers", type=_whole(0), default=min(4, os.cpu_count() or 1),
-                          help="fine-tuning: image-loading processes per training process")
+    finetune.add_argument("--workers", type=_whole(0), default=None,
+                          help="the image modes: image-loading processes per training process "
+                               "(default min(4, CPUs); refused by the feature modes)")
     finetune.add_argument("--image-size", type=_whole(1), default=None,
                           help="fine-tuning: input side (default: the backbone's)")
     training.add_argument("--device", type=_device, default=None,
@@ -290,9 +346,12 @@ def _add_finetune(method, training, finetune) -> None:
                           help="fine-tuning: training-image augmentation: none (resize only), weak "
                                "(default: resize + horizontal flip) or strong (flip, Cutout, "
                                "RandAugment 2 ops at 9, colour jitter, grayscale)")
-    finetune.add_argument("--weight-decay", type=_nonnegative, default=None, metavar="WD",
-                          help="fine-tuning: decoupled (AdamW-style) weight decay on weights, not "
-                               "biases or norms (default 0)")
+    training.add_argument("--weight-decay", type=_nonnegative, default=None, metavar="WD",
+                          help="L2 on the weights, not biases (default 0; LAC: its 0.01): the "
+                               "heads on feature vectors (linear, --head mlp, smile's "
+                               "classifier) as Adam's coupled L2, as their Adam has it; "
+                               "finetune / linear_init / lac decoupled (AdamW-style), as their "
+                               "optimisers have it; refused by the other modes")
     finetune.add_argument("--warmup-epochs", type=_nonnegative, default=None, metavar="E",
                           help="fine-tuning: linear learning-rate warm-up over E epochs, moved "
                                "every batch (default 0)")
@@ -358,7 +417,8 @@ def register(sub) -> None:
                         help="linear mode: the head on the features, linear (default) or mlp (one "
                              "hidden ReLU layer, the tabular SPML protocol's MLP)")
     method.add_argument("--hidden", type=_whole(1), default=None,
-                        help="--head mlp: hidden units (default 256)")
+                        help="--head mlp: hidden units (default 256); --mode smile: its "
+                             "networks' width (default: the number of labels)")
     _add_backbone(p, group=data)
     _add_finetune(method, training, finetune)
     p.set_defaults(func=cmd_train)

@@ -16,7 +16,15 @@ class TrainConfig:
     without a better val mAP; ``patience:1`` is Zhou et al.'s rule) or ``"drop:X"`` (stop when
     val mAP falls more than X points below the best, Kim et al.).
 
-    Fine-tuning only (the linear mode ignores them):
+    ``weight_decay`` (0: none): L2 on the weights of a head trained on feature vectors (the
+    linear and MLP heads, SMILE's classifier), *coupled* as in ``torch.optim.Adam(weight_decay=)``:
+    ``weight_decay * w`` is added to the gradient before Adam's moments, because these modes
+    train with Adam (the fine-tuning modes train with their own decoupled, AdamW-style decay,
+    their ``weight_decay`` option). Biases and a loss's own state are not decayed. A method
+    that does not read a field refuses a value other than its default
+    (`spmlkit.methods.check_train_fields`).
+
+    Image methods only (a feature method refuses them):
 
     - ``head_lr_mult``: the head's learning rate is ``lr * head_lr_mult`` (Kim et al.: 10);
     - ``amp``: ``"auto"`` (bfloat16 where the GPU supports it, else float16), ``"bf16"``,
@@ -59,8 +67,15 @@ class TrainConfig:
     eval_batch_size: int | None = None
     metric: str = "map"
     drop_last: bool = False
+    weight_decay: float = 0.0
 
     def __post_init__(self):
+        import math
+
+        if isinstance(self.weight_decay, bool) or not isinstance(self.weight_decay, (int, float)) \
+                or not math.isfinite(self.weight_decay) or self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be a finite number >= 0, got "
+                             f"{self.weight_decay!r}")
         if not isinstance(self.drop_last, bool):
             raise ValueError(f"drop_last must be true or false, got {self.drop_last!r}")
         if self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:

@@ -2,7 +2,8 @@
 
 One epoch = a permutation of the train rows drawn from one ``torch.Generator`` seeded with
 ``config.seed`` (one draw per epoch, in order), cut into batches that index pre-loaded tensors
-(no per-row ``DataLoader``). Adam (`LeanAdam`), no weight decay, no schedule.
+(no per-row ``DataLoader``). Adam (`LeanAdam`), with
+``config.weight_decay`` as Adam's coupled L2 on the weights (default 0: none), no schedule.
 
 Stored features (a memory map or `Rows`: a feature store, your own
 ``.npy``) are not loaded: each chunk of `CHUNK_ROWS` rows of the epoch's
@@ -209,7 +210,8 @@ def fit_linear(x_train, observed, loss: SPMLLoss, config: TrainConfig, *, x_val=
     def evaluate():
         return val_map(predict_logits(model, xv), yv, config.map_convention, config.metric)
 
-    stage = Stage(config.epochs, lambda: StageParts(make_optimizer(model, loss, config.lr)))
+    stage = Stage(config.epochs, lambda: StageParts(make_optimizer(
+        model, loss, config.lr, weight_decay=config.weight_decay)))
     result = train_loop(model, loss, [stage], num_examples=epoch_rows(n, bs, config.drop_last),
                         batches=batches, evaluators={"model": evaluate} if has_val else None,
                         early_stop=config.early_stop,

@@ -9,22 +9,26 @@ from ..losses import SPMLLoss
 
 
 class LeanAdam:
-    """Adam (no weight decay) that calls torch's fused Adam kernel directly.
+    """Adam (coupled L2 weight decay per group, default none) that calls torch's fused Adam
+    kernel directly.
 
     The update is exactly ``torch.optim.Adam(fused=True)``'s (same kernel; a test checks it),
     without ``Optimizer.step``'s per-call bookkeeping, which costs about as much as the whole
     forward and backward pass of a small linear head (~0.15 ms a step here). Param groups are
     ``(params, lr)`` pairs; ``state_dict()`` / ``load_state_dict()`` checkpoint the moments and
-    step counts. Where this torch lacks the fused CPU kernel, use `make_optimizer`'s
-    fallback instead.
+    step counts. A group may be ``(params, lr, weight_decay)``: Adam's own (coupled) L2, the
+    kernel adds ``weight_decay * p`` to the gradient before the moments, as
+    ``torch.optim.Adam(weight_decay=...)``. Where this torch lacks the fused CPU kernel, use
+    `make_optimizer`'s fallback instead.
     """
 
     def __init__(self, groups, betas=(0.9, 0.999), eps=1e-8):
         self.groups = []
-        for params, lr in groups:
+        for params, lr, *decay in groups:
             params = [p for p in params if p.requires_grad]
             self.groups.append({
                 "params": params, "lr": float(lr),
+                "weight_decay": float(decay[0]) if decay else 0.0,
                 "exp_avg": [torch.zeros_like(p) for p in params],
                 "exp_avg_sq": [torch.zeros_like(p) for p in params],
                 "steps": [torch.zeros((), dtype=torch.float32, device=p.device)
@@ -89,14 +93,27 @@ class LeanAdam:
                                [g["exp_avg"][i] for i in live],
                                [g["exp_avg_sq"][i] for i in live], [], steps,
                                lr=g["lr"], beta1=self.betas[0], beta2=self.betas[1],
-                               weight_decay=0.0, eps=self.eps, amsgrad=False, maximize=False)
+                               weight_decay=g["weight_decay"], eps=self.eps, amsgrad=False,
+                               maximize=False)
 
 
-def make_optimizer(model: nn.Module, loss: SPMLLoss, lr: float, head_lr_mult: float = 1.0):
-    """Adam (no weight decay) over the model, plus the loss's own trainable state at
-    ``lr * loss.lr_multiplier``: `LeanAdam` where torch has the fused kernel for these
-    tensors, else ``torch.optim.Adam``. Both expose ``zero_grad()``, ``step()``,
-    ``state_dict()`` and ``load_state_dict()``.
+def decayed(params) -> tuple[list, list]:
+    """``(weights, others)``: the parameters weight decay applies to (matrices and kernels,
+    ``ndim >= 2``) and those it leaves alone (biases, norms' scales)."""
+    params = list(params)
+    return [p for p in params if p.ndim >= 2], [p for p in params if p.ndim < 2]
+
+
+def make_optimizer(model: nn.Module, loss: SPMLLoss, lr: float, head_lr_mult: float = 1.0,
+                   weight_decay: float = 0.0):
+    """Adam over the model, plus the loss's own trainable state at ``lr * loss.lr_multiplier``:
+    `LeanAdam` where torch has the fused kernel for these tensors, else
+    ``torch.optim.Adam``. Both expose ``zero_grad()``, ``step()``, ``state_dict()`` and
+    ``load_state_dict()``.
+
+    ``weight_decay`` (0: none, the groups as they always were): Adam's coupled L2 on the
+    model's weights (`decayed`: not its biases, never the loss's own state), the
+    linear and MLP heads' and SMILE's classifier's regulariser (``TrainConfig.weight_decay``).
 
     With ``head_lr_mult != 1`` the model's ``head`` (an attribute, as in
     `spmlkit.models.heads.ImageClassifier`) trains at ``lr * head_lr_mult`` and the rest
@@ -113,6 +130,9 @@ def make_optimizer(model: nn.Module, loss: SPMLLoss, lr: float, head_lr_mult: fl
         groups = [([p for p in model.parameters() if id(p) not in in_head], lr),
                   (list(head.parameters()), lr * head_lr_mult)]
         groups = [(ps, g_lr) for ps, g_lr in groups if any(p.requires_grad for p in ps)]
+    if weight_decay:
+        groups = [part for params, g_lr in groups
+                  for part in zip(decayed(params), (g_lr, g_lr), (weight_decay, 0.0)) if part[0]]
     own = [p for p in loss.parameters() if p.requires_grad]
     if own:
         groups.append((own, lr * loss.lr_multiplier))
@@ -123,5 +143,6 @@ def make_optimizer(model: nn.Module, loss: SPMLLoss, lr: float, head_lr_mult: fl
         LeanAdam([([probe], 0.0)]).step()  # raises where the kernel is missing
         return opt
     except (AttributeError, RuntimeError, NotImplementedError):
-        return torch.optim.Adam([{"params": p, "lr": g_lr} for p, g_lr in groups], lr=lr)
+        return torch.optim.Adam([{"params": p, "lr": g_lr, "weight_decay": d[0] if d else 0.0}
+                                 for p, g_lr, *d in groups], lr=lr)
 

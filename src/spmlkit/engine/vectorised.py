@@ -3,7 +3,7 @@
 The linear protocol trains many tiny models (yeast: ~0.4 s a run, nearly all of it per-step
 overhead: Python, autograd and kernel launches for a 103 x 14 head). `fit_linear_stacked`
 trains R runs that share the data, the loss (its hyperparameters) and the batch size, with
-their own seeds (initialisation, batch order) and learning rates, as one model:
+their own seeds (initialisation, batch order), learning rates and weight decays, as one model:
 
 - weights stacked to R x L x D and R x L; a step's logits are one batched matrix product of the
   R runs' own batches (R x B x D) -> R x B x L;
@@ -96,6 +96,8 @@ GATHER_BYTES = 32 * 1024 ** 2
 #: stored val rows: every run's val logits (R x N x L float32) from one read of the rows up to
 #: this size, else one run's at a time (`_stored_val_logits`)
 STORED_VAL_BYTES = 64 * 1024 ** 2
+#: the TrainConfig fields in which stacked runs may differ
+STACKED_AXES = ("seed", "lr", "weight_decay")
 #: rows of the closed-form BCE tables built at once (`_closed_form_tables`)
 TABLE_ROWS = 65536
 
@@ -286,62 +288,75 @@ def _device_ap(probs: torch.Tensor, y: torch.Tensor) -> np.ndarray:
 
 
 class _StackedAdam:
-    """Adam over the stacked parameters: for each learning rate, one call of torch's fused
-    kernel on the slices of the runs that train with it (each maximal block of consecutive runs
-    with that rate is one slice; runs ordered by rate give one slice per rate). ``groups``:
-    ``(stacked params, lr per run, gradient buffers or None)``: a parameter with a buffer takes
-    its gradient from it (the head, whose gradient the engine computes itself), else from
-    ``.grad``. Every run takes the same steps (one count)."""
+    """Adam over the stacked parameters: for each (learning rate, weight decay), one call of
+    torch's fused kernel on the slices of the runs that train with it (each maximal block of
+    consecutive runs with that pair is one slice; runs ordered by them give one slice per
+    pair). ``groups``: ``(stacked params, lr per run, gradient buffers or None[, weight decay
+    per run, which params it decays])``: a parameter with a buffer takes its gradient from it
+    (the head, whose gradient the engine computes itself), else from ``.grad``; weight decay is
+    Adam's coupled L2 (the single run's `spmlkit.engine.LeanAdam` group), on the
+    params marked (the head's weights, not its biases), in a call of their own when it is not 0.
+    Every run takes the same steps (one count)."""
 
     def __init__(self, groups, betas=(0.9, 0.999), eps=1e-8):
         self.betas, self.eps = betas, eps
-        self.calls = []  # (params, [(param, slice)], grad slices or None, m, v, steps, lr)
+        self.calls = []  # (params, [(param, slice)], grad slices or None, m, v, steps, lr, wd)
         self.params = []
         self.moments = {}
         self.count = 0
         self.steps: list = []
-        for params, lrs, grads in groups:
+        for params, lrs, grads, *decay in groups:
+            wds, marked = decay if decay else ([0.0] * len(lrs), [False] * len(params))
             keep = [i for i, p in enumerate(params) if p.requires_grad]
             params = [params[i] for i in keep]
+            marked = [marked[i] for i in keep]
             grads = None if grads is None else [grads[i] for i in keep]
             steps = [torch.zeros((), device=p.device) for p in params]
             self.steps += steps
             for p in params:
                 self.params.append(p)
                 self.moments[id(p)] = (torch.zeros_like(p), torch.zeros_like(p))
-            slices: dict = {}  # lr -> its blocks of consecutive runs
+            slices: dict = {}  # (lr, wd) -> its blocks of consecutive runs
             start = 0
-            while start < len(lrs):
+            key = [(float(lr), float(wd)) for lr, wd in zip(lrs, wds)]
+            while start < len(key):
                 stop = start
-                while stop < len(lrs) and lrs[stop] == lrs[start]:
+                while stop < len(key) and key[stop] == key[start]:
                     stop += 1
-                slices.setdefault(float(lrs[start]), []).append(slice(start, stop))
+                slices.setdefault(key[start], []).append(slice(start, stop))
                 start = stop
-            for lr, sls in slices.items():
-                pairs = [(p, sl) for sl in sls for p in params]
-                self.calls.append((
-                    pairs, [p.detach()[sl] for p, sl in pairs],
-                    None if grads is None else [g[sl] for sl in sls for g in grads],
-                    [self.moments[id(p)][0][sl] for p, sl in pairs],
-                    [self.moments[id(p)][1][sl] for p, sl in pairs],
-                    [steps[i] for _ in sls for i in range(len(params))], lr))
+            for (lr, wd), sls in slices.items():
+                parts = [[i for i in range(len(params)) if marked[i]],
+                         [i for i in range(len(params)) if not marked[i]]] if wd else \
+                    [list(range(len(params)))]
+                for j, which in enumerate(parts):
+                    if not which:
+                        continue
+                    pairs = [(params[i], sl) for sl in sls for i in which]
+                    self.calls.append((
+                        pairs, [p.detach()[sl] for p, sl in pairs],
+                        None if grads is None else [grads[i][sl] for sl in sls for i in which],
+                        [self.moments[id(p)][0][sl] for p, sl in pairs],
+                        [self.moments[id(p)][1][sl] for p, sl in pairs],
+                        [steps[i] for _ in sls for i in which], lr,
+                        wd if wd and j == 0 else 0.0))
 
     @torch.no_grad()
     def step(self) -> None:
         self.count += 1
         torch._foreach_add_(self.steps, 1)
-        for pairs, views, grads, m, v, steps, lr in self.calls:
+        for pairs, views, grads, m, v, steps, lr, wd in self.calls:
             if grads is None:
                 grads = [p.grad[sl] for p, sl in pairs]
             torch._fused_adam_(views, grads, m, v, [], steps, lr=lr, beta1=self.betas[0],
-                               beta2=self.betas[1], weight_decay=0.0, eps=self.eps,
+                               beta2=self.betas[1], weight_decay=wd, eps=self.eps,
                                amsgrad=False, maximize=False)
 
     def run_state(self, r: int, groups_of_run) -> dict:
         """Run ``r``'s optimiser state in `spmlkit.engine.LeanAdam`'s format:
         ``groups_of_run``: its ``[(stacked params, lr)]`` in LeanAdam's group order."""
         groups = []
-        for params, lr in groups_of_run:
+        for params, lr, *_ in groups_of_run:
             params = [p for p in params if p.requires_grad]
             groups.append({"lr": float(lr),
                            "exp_avg": [self.moments[id(p)][0][r] for p in params],
@@ -495,9 +510,9 @@ def _check_stack(observed, losses, configs, k) -> tuple[list, list]:
     if runs == 0 or len(losses) != runs:
         raise ValueError(f"fit_linear_stacked needs one loss per config, got {len(losses)} "
                          f"losses and {runs} configs")
-    shared = [{k_: v for k_, v in vars(c).items() if k_ not in ("seed", "lr")} for c in configs]
+    shared = [{k_: v for k_, v in vars(c).items() if k_ not in STACKED_AXES} for c in configs]
     if any(s != shared[0] for s in shared):
-        raise ValueError("stacked runs may differ in seed and lr only; got configs "
+        raise ValueError("stacked runs may differ in seed, lr and weight_decay only; got configs "
                          f"{shared[0]} and {next(s for s in shared if s != shared[0])}")
     observed = list(observed) if isinstance(observed, (list, tuple)) else [observed] * runs
     ks = list(k) if isinstance(k, (list, tuple)) else [k] * runs
@@ -569,8 +584,8 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
         losses: one fresh loss module per run, stackable (`can_stack`): all of one class
             and hyperparameters, or all closed-form (`closed_form`: then of any classes
             and hyperparameters, with observed labels and ``k`` of their own).
-        configs: one [`TrainConfig`][spmlkit.engine.config.TrainConfig] per run; they may differ in
-            ``seed`` and ``lr`` only.
+        configs: one `TrainConfig` per run; they may differ in ``seed``, ``lr`` and
+            ``weight_decay`` only (`STACKED_AXES`).
         on_epoch, checkpoint: per run (None entries allowed), called as ``fit_linear`` calls
             them; a run's checkpoint state is the single-run format (``fit_linear(...,
             resume=state)`` continues it alone).
@@ -582,9 +597,9 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
         finite val mAP, or what its ``on_epoch`` raised); the other runs go on.
 
     Raises:
-        ValueError: configs that differ in more than seed and lr, losses of different classes,
-            hyperparameters or labels that are not all closed-form, losses not stackable, bad
-            inputs (as ``fit_linear``).
+        ValueError: configs that differ in more than seed, lr and weight_decay, losses of
+            different classes, hyperparameters or labels that are not all closed-form, losses
+            not stackable, bad inputs (as ``fit_linear``).
     """
     start = time.perf_counter()
     runs = len(configs)
@@ -610,8 +625,9 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
     per_seed = Counter(c.seed for c in configs)
     shared = per_seed[configs[0].seed] if len(set(per_seed.values())) == 1 else 1
     shared = shared if shared >= SHARE_ROWS else 1
-    order = sorted(range(runs), key=lambda r: (configs[r].seed, configs[r].lr) if shared > 1
-                   else configs[r].lr)
+    order = sorted(range(runs), key=lambda r: (configs[r].seed, configs[r].lr,
+                                               configs[r].weight_decay) if shared > 1
+                   else (configs[r].lr, configs[r].weight_decay))
     cfgs = [configs[r] for r in order]
     loss_list = [losses[r].to(device) for r in order]
     z_list = [z_of[id(observed[r])] for r in order]
@@ -666,8 +682,12 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
     loss_params = [p for p in stacked.parameters() if p.requires_grad]
     # the head's gradient is computed here from the logits' (one batched product), into these
     grad_w, grad_b = torch.zeros_like(model.weight), torch.zeros_like(model.bias)
-    groups = [(list(model.parameters()), lrs, [grad_w, grad_b])]
-    run_groups = [[(list(model.parameters()), c.lr)] for c in cfgs]
+    wds = [c.weight_decay for c in cfgs]
+    groups = [(list(model.parameters()), lrs, [grad_w, grad_b], wds, [True, False])]
+    # each run's groups as its single run's LeanAdam has them (make_optimizer: with weight
+    # decay, the weights' group and the biases')
+    run_groups = [[([model.weight], c.lr), ([model.bias], c.lr)] if c.weight_decay else
+                  [(list(model.parameters()), c.lr)] for c in cfgs]
     if loss_params:
         groups.append((loss_params, [lr * stacked.lr_multiplier for lr in lrs], None))
         for r, c in enumerate(cfgs):

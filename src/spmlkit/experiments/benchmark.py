@@ -41,6 +41,20 @@ def observed_labels(dataset_options: dict | None) -> bool:
     return (dataset_options or {}).get("train_labels") == "observed"
 
 
+#: the weight-decay grid ``spml benchmark`` searches on your own data (the built-in sets keep
+#: the papers' grid: batch size x learning rate); measured on yeast and the README's toy CSV:
+#: results/weight-decay-grid.csv
+OWN_DATA_WEIGHT_DECAYS = (0.0, 1e-3, 1e-2, 1e-1)
+#: the sources of your own data
+OWN_SOURCES = ("tabular", "arrays", "csv", "folder")
+
+
+def own_data(dataset: str, dataset_options: dict | None) -> bool:
+    """Whether the data is the user's own: observed training labels (``train_labels=observed``)
+    or one of `OWN_SOURCES`."""
+    return observed_labels(dataset_options) or dataset in OWN_SOURCES
+
+
 def kept_references(references, dataset_options: dict | None) -> tuple[list, list]:
     """``(kept, skipped)``: the reference rows that can run on the data, and those that cannot
     (every reference row trains on full labels, regime ``full`` or ``1p_alln``, which data
@@ -109,7 +123,7 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
                   hparams: dict | None = None, dataset_options: dict | None = None,
                   progress: bool = True, *, argv=None, vectorise: bool = True,
                   metric: str = "map", regime: str | None = None,
-                  drop_last: bool = False) -> dict:
+                  drop_last: bool = False, sklearn: bool = True) -> dict:
     """Run the grid for every method and seed as a study in ``out``; write results.json and
     table.md there.
 
@@ -126,8 +140,10 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
         out: the study folder; a re-launch with the same arguments resumes, one with other
             arguments runs what they need (the other runs' rows stay in the store, unused).
         jobs: worker processes (default: the CPU count).
-        epochs, early_stop: per run ([`spmlkit.engine.TrainConfig`][spmlkit.engine.TrainConfig]).
-        grid: ``{"batch_size": [...], "lr": [...]}`` laid over `DEFAULT_GRID`.
+        epochs, early_stop: per run (`spmlkit.engine.TrainConfig`).
+        grid: ``{"batch_size": [...], "lr": [...]}`` laid over `DEFAULT_GRID`, and
+            optionally ``"weight_decay": [...]`` (``spml benchmark --weight-decays``; the CLI
+            adds `OWN_DATA_WEIGHT_DECAYS` on your own data, `own_data`).
         hparams: per-loss (or per method label) hyperparameter overrides,
             ``{"epr": {"lam": 2.0}}``.
         progress: the study's progress bar.
@@ -137,9 +153,13 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
         drop_last: train without each epoch's last, shorter batch (``TrainConfig.drop_last``,
             Cole et al.'s loader); validation and test still score every row.
         argv: the command line recorded in ``launches.jsonl``.
-        vectorise: train the grid points that differ only in seed and learning rate together
-            ([`spmlkit.experiments.study.run_study`][spmlkit.experiments.study.run_study]); False:
-            one run at a time.
+        vectorise: train the grid points that differ only in seed, learning rate and weight
+            decay together (`spmlkit.experiments.study.run_study`); False: one run at a
+            time.
+        sklearn: add the scikit-learn reference rows (`spmlkit.experiments.reference`:
+            one-vs-rest logistic regression on the observed labels, unknown = negative, C
+            chosen on val; and on full labels where the data has them), written to
+            ``DIR/sklearn-reference.json`` and in the table, marked as references.
 
     Returns:
         ``{"results": [...], "table": str, "seconds": float, "study": dict,
@@ -174,11 +194,21 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
     selected = _selected_records(out)
     have = {(r["loss"], r["seed"]) for r in selected}
     missing = [(m.label, s) for m in spec.methods for s in spec.seeds if (m.label, s) not in have]
+    refs = []
+    if sklearn:
+        from .reference import SKLEARN_FILE, reference_records
+
+        regimes = [regime or ("given" if observed_labels(dataset_options) else "1p")]
+        refs = reference_records(dataset, dict(dataset_options or {}),
+                                 regimes + ([] if observed_labels(dataset_options) else ["full"]),
+                                 spec.seeds)
+        write_json(out / SKLEARN_FILE, refs)
     table = format_table(selected, spec.methods, dataset, seeds, spec.grid, spec.epochs,
-                         res["seconds"], metric, bool(spec.train.get("drop_last")))
+                         res["seconds"], metric, bool(spec.train.get("drop_last")), refs)
     write_json(out / "results.json", selected)
     write_text(out / "table.md", table)
     return {"results": selected, "table": table, "seconds": res["seconds"], "study": res,
+            "sklearn": refs,
             "failure_groups": _failure_groups(out, spec), "missing": missing}
 
 
@@ -212,9 +242,20 @@ def _selected_records(out: Path) -> list[dict]:
              "batch_size": r["batch_size"], "lr": r["lr"], "best_epoch": r["best_epoch"],
              "val_map": r["val_map"], "test_map": r["test_map"],
              "train_recovery_map": r["train_recovery_map"], "seconds": r["seconds"],
-             **_classic(r),
+             **_weight_decay(r), **_classic(r),
              "grid_seconds": spent[(r["method"], r["seed"])], "run_id": r["run_id"],
              "run_dir": r["run_dir"]} for r in rows]
+
+
+def _weight_decay(row: dict) -> dict:
+    """``{"weight_decay": wd}`` of a store row whose run trained with weight decay (else {})."""
+    import json
+
+    try:
+        wd = json.loads(row.get("config") or "{}").get("train", {}).get("weight_decay")
+    except (TypeError, json.JSONDecodeError, AttributeError):
+        return {}
+    return {"weight_decay": wd} if wd else {}
 
 
 def _classic(row: dict) -> dict:
@@ -236,40 +277,76 @@ def _mean_std(values, decimals: int = 2) -> str:
         f"{v.mean():.{decimals}f}"
 
 
+def _c_grid():
+    from .reference import C_GRID
+
+    return C_GRID
+
+
+def _pick(r: dict, decays: bool) -> str:
+    """A record's selected grid point: ``(batch, lr)``, ``(batch, lr, wd)`` with a weight-decay
+    grid, ``C=...`` for a scikit-learn row."""
+    if "C" in r:
+        return f"C={r['C']:g}"
+    point = f"{r['batch_size']}, {r['lr']:g}"
+    return f"({point}, {r.get('weight_decay', 0.0):g})" if decays else f"({point})"
+
+
 def format_table(selected, methods, dataset, seeds, grid, epochs, seconds,
-                 metric: str = "map", drop_last: bool = False) -> str:
+                 metric: str = "map", drop_last: bool = False, sklearn=()) -> str:
     """Markdown: test mAP mean ± std per method, then the reference rows; with another
     selection ``metric`` also its test and val values (from the records' ``test_metrics`` /
     ``val_metrics``).
 
     ``selected`` are `run_benchmark`'s records (the study's selected run per method x
     seed); ``methods`` have a ``label`` and a ``regime`` (`Method` or the study's
-    ``MethodSpec``); ``seconds`` is the launch's wall time."""
+    ``MethodSpec``); ``seconds`` is the launch's wall time; ``sklearn``: the scikit-learn
+    reference rows' records (`spmlkit.experiments.reference.reference_records`), after
+    the other reference rows."""
     from ..metrics import METRICS
 
     on = "mAP" if metric == "map" else metric
     extra = "" if metric == "map" else f" test {metric} | val {metric} |"
     lines = [f"Test mAP on `{dataset}` (mean ± std over {seeds} seed(s); per seed the grid point "
              f"with the best val {on}; batch {list(grid['batch_size'])} x lr "
-             f"{list(grid['lr'])}, {epochs} epochs, linear head"
+             f"{list(grid['lr'])}"
+             + (f" x weight decay {list(grid['weight_decay'])}" if "weight_decay" in grid
+                else "") + f", {epochs} epochs, linear head"
              + ("; training drops each epoch's last short batch" if drop_last else "") + ").",
              "",
-             "| method | regime | test mAP | val mAP | train recovery mAP | selected (batch, lr) |"
+             "| method | regime | test mAP | val mAP | train recovery mAP | selected (batch, lr"
+             + (", weight decay) |" if "weight_decay" in grid else ") |")
              + extra, "|---|---|---|---|---|---|" + ("---|---|" if extra else "")]
     refs = [m for m in methods if m.label in REFERENCES]
     for m in [m for m in methods if m.label not in REFERENCES] + refs:
         rows = [r for r in selected if r["loss"] == m.label]
         if not rows:
             continue
-        picks = sorted({(r["batch_size"], r["lr"]) for r in rows})
+        picks = sorted({(r["batch_size"], r["lr"], r.get("weight_decay", 0.0)) for r in rows})
+        picks = [_pick({"batch_size": b, "lr": lr, "weight_decay": wd}, "weight_decay" in grid)
+                 for b, lr, wd in picks]
         name = m.label if m.label not in REFERENCES else f"*{m.label}* (reference)"
         lines.append(f"| {name} | {m.regime} | {_mean_std([r['test_map'] for r in rows])} | "
                      f"{_mean_std([r['val_map'] for r in rows])} | "
                      f"{_mean_std([r['train_recovery_map'] for r in rows])} | "
-                     f"{', '.join(f'({b}, {lr:g})' for b, lr in picks)} |"
+                     f"{', '.join(picks)} |"
                      + ("" if not extra else
                         " " + " | ".join(_mean_std([r[f"{split}_metrics"][metric] for r in rows],
                                                    METRICS[metric][1])
                                          for split in ("test", "val")) + " |"))
+    for label in dict.fromkeys(r["loss"] for r in sklearn):
+        rows = [r for r in sklearn if r["loss"] == label]
+        recovery = [np.nan if r["train_recovery_map"] is None else r["train_recovery_map"]
+                    for r in rows]
+        lines.append(f"| *{label}* (reference, scikit-learn) | {rows[0]['regime']} | "
+                     f"{_mean_std([r['test_map'] for r in rows])} | "
+                     f"{_mean_std([r['val_map'] for r in rows])} | {_mean_std(recovery)} | "
+                     f"{', '.join(sorted({_pick(r, False) for r in rows}))} |"
+                     + (" | |" if extra else ""))
+    if sklearn:
+        lines += ["", "*sklearn_lr*: one-vs-rest LogisticRegression (lbfgs, L2) on the same "
+                  "features, the observed labels with unknown = negative (@full: the full "
+                  "labels), C chosen on val mAP from "
+                  f"{list(_c_grid())}; what a user would run instead."]
     lines += ["", f"Wall time: {seconds:.0f} s for the grid points run in this launch."]
     return "\n".join(lines) + "\n"

@@ -10,6 +10,7 @@ al. 2022), ``smile`` (`smile`, Xu et al. 2022), ``mime`` (`mime`, Liu et al. 202
 from __future__ import annotations
 
 from .contract import (METHODS, SELECTED_LR, Fitted, RunContext, TrainingMethod, check_inputs,
+                       check_train_fields,
                        default_lr, get_method, list_methods, preprocess_features,
                        register_method, resolve_hparams, resolve_k)
 from .driver import (ResumeError, load_run_model, pseudo_label_record, resume_run, train_run,
@@ -24,6 +25,7 @@ from . import mime  # noqa: E402,F401
 from . import boostlu  # noqa: E402,F401
 
 __all__ = ["METHODS", "SELECTED_LR", "Fitted", "ResumeError", "RunContext", "TrainingMethod",
-           "check_inputs", "default_lr", "get_method", "list_methods", "load_run_model",
+           "check_inputs", "check_train_fields", "default_lr", "get_method", "list_methods",
+           "load_run_model",
            "preprocess_features", "pseudo_label_record", "register_method", "resolve_hparams",
            "resolve_k", "resume_run", "train_run", "train_runs", "training_warnings", "versions"]

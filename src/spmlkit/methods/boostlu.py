@@ -73,7 +73,8 @@ from ..data.rows import Rows, as_rows, holds_vectors, is_stored, read_rows
 from ..labels import validate_full_labels, validate_observed
 from ..losses import TrainInfo
 from ..models.heads import BoostLUClassifier, BoostLUHead, check_alpha
-from .contract import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
+from .contract import (IMAGE_TRAIN_FIELDS, Fitted, RunContext, TrainingMethod, feature_preprocess,
+                       register_method)
 from .image_methods import (MAP_DTYPES, EvalMapViews, backbone_record, image_model_info,
                             image_options, predict_rows, rebuild_backbone, run_backbone,
                             run_geometry, smoke_image_options)
@@ -297,4 +298,4 @@ BOOSTLU = register_method(TrainingMethod(
     default_lr=1e-3,
     default_lr_source="the linear mode's (a head on frozen features; the official 1e-5 with "
     "a 10x head lr is for a ResNet-50 fine-tuned end to end)",
-    smoke_options=smoke_image_options()))
+    smoke_options=smoke_image_options(), train_fields=IMAGE_TRAIN_FIELDS))

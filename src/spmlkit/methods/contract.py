@@ -95,6 +95,10 @@ class TrainingMethod:
     #: ``stack_refusal(options) -> str | None``: why runs with these options (defaults filled
     #: in) cannot train stacked by ``fit_many``, None when they can (`can_stack`)
     stack_refusal: Callable | None = None
+    #: the `TrainConfig` fields it reads besides `COMMON_TRAIN_FIELDS` (the image
+    #: fields of the image methods, ``weight_decay`` of the heads on feature vectors); a run
+    #: that sets another away from its default is refused (`check_train_fields`)
+    train_fields: tuple = ()
 
     def can_stack(self, options: dict) -> str | None:
         """None when runs with ``options`` can train together (``fit_many``), else the reason
@@ -131,6 +135,40 @@ class TrainingMethod:
 
 
 METHODS = Registry("training method")
+
+#: the `TrainConfig` fields every method reads (the loop's epochs, batches, selection)
+COMMON_TRAIN_FIELDS = ("epochs", "batch_size", "lr", "seed", "early_stop", "map_convention",
+                       "device", "metric", "drop_last")
+#: the ``spml train`` flag of each other `TrainConfig` field (an error names it)
+TRAIN_FIELD_FLAGS = {"head_lr_mult": "--head-lr-mult", "amp": "--amp",
+                     "channels_last": "channels_last", "num_workers": "--workers",
+                     "image_size": "--image-size", "eval_batch_size": "eval_batch_size",
+                     "weight_decay": "--weight-decay"}
+#: image-method fields of `TrainConfig` (the loaders, autocast, input size)
+IMAGE_TRAIN_FIELDS = ("amp", "channels_last", "num_workers", "image_size", "eval_batch_size")
+
+
+def check_train_fields(method: "TrainingMethod", config: TrainConfig) -> None:
+    """Refuse a ``config`` that sets a `TrainConfig` field ``method`` does not read
+    (neither in `COMMON_TRAIN_FIELDS` nor its ``train_fields``) to other than its
+    default: an option a mode does not use is an error, never silently ignored.
+
+    Raises:
+        ValueError: naming the field, its flag, the mode and the modes that use it.
+    """
+    from dataclasses import fields
+
+    for f in fields(TrainConfig):
+        if f.name in COMMON_TRAIN_FIELDS or f.name in method.train_fields:
+            continue
+        value = getattr(config, f.name)
+        if value != f.default:
+            users = [m.name for m in list_methods() if f.name in m.train_fields]
+            flag = TRAIN_FIELD_FLAGS.get(f.name, f.name)
+            also = " (its weight_decay option: --weight-decay)" \
+                if "weight_decay" in method.options and f.name == "weight_decay" else ""
+            raise ValueError(f"{flag} / train.{f.name}={value!r}: --mode {method.name} does not "
+                             f"use it{also}; it is for --mode {', '.join(users) or 'none'}")
 
 
 def register_method(method: TrainingMethod) -> TrainingMethod:

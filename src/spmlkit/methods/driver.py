@@ -24,7 +24,8 @@ from ..metrics import (THRESHOLD_POLICY, classic_metrics, evaluate, map_score,
                        pseudo_label_stats, select_thresholds)
 from ..data.protocol import describe_labels
 from ..runs import RunDir, read_run, sync_files
-from .contract import (RunContext, TrainingMethod, check_inputs, feature_record, get_method,
+from .contract import (RunContext, TrainingMethod, check_inputs, check_train_fields,
+                       feature_record, get_method,
                        resolve_hparams, resolve_k)
 
 
@@ -170,8 +171,9 @@ def _check_resume(path, stored: dict, fresh: dict) -> None:
         "dataset_options", "train", "options", "class_names", "versions", "processes",
         "labels")]
     differ = [k for k in keys if stored.get(k) != fresh.get(k)]
-    # a folder written before TrainConfig had ``metric`` selected on mAP
-    strip = (lambda t: {"metric": "map", **{k: v for k, v in (t or {}).items()
+    # a folder written before TrainConfig had ``metric`` / ``weight_decay`` selected on mAP,
+    # without weight decay
+    strip = (lambda t: {"metric": "map", "weight_decay": 0.0, **{k: v for k, v in (t or {}).items()
                                              if k not in RESUME_FREE}})
     if strip(stored.get("train")) != strip(fresh.get("train")):
         differ.append("train")
@@ -218,6 +220,8 @@ def _run_settings(method: TrainingMethod, splits, loss: str, hparams, config, k,
                                    lr=method.default_lr)
     if method.resolve_config is not None:
         config = method.resolve_config(config, options)
+    if resume is None:  # (a resumed run trains with its folder's settings, as they were)
+        check_train_fields(method, config)
     hparams = resolve_hparams(loss, splits.name, hparams)
     loss_fn = create_loss(loss, **hparams)
     k = splits.k if k is None else resolve_k(k, splits, config.seed)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..engine import TrainConfig, fit_finetune, fit_linear_init, predict_items
-from .contract import Fitted, RunContext, TrainingMethod, register_method
+from .contract import IMAGE_TRAIN_FIELDS, Fitted, RunContext, TrainingMethod, register_method
 
 OPTIONS = {"backbone": "efficientnet_lite0", "pretrained": True, "backbone_options": {},
            "linear_epochs": 25, "linear_lr": None, "feature_dtype": "float32",
@@ -184,11 +184,11 @@ FINETUNE = register_method(TrainingMethod(
     "image source (one process, or many under torchrun)", paper="Cole et al. 2021",
     inputs="images", fit=fit, load_model=load_model, options=dict(OPTIONS),
     run_config=run_config, processes=True, smoke_options=SMOKE,
-    checkpoint_seconds=0.0))
+    checkpoint_seconds=0.0, train_fields=("head_lr_mult", *IMAGE_TRAIN_FIELDS)))
 LINEAR_INIT = register_method(TrainingMethod(
     name="linear_init", description="a linear phase on the frozen backbone's cached features "
     "(linear_epochs), then fine-tuning from that head with the loss's state carried over",
     paper="Cole et al. 2021", inputs="images", fit=fit, load_model=load_model,
     options=dict(OPTIONS), run_config=run_config, processes=True, smoke_options=SMOKE,
-    checkpoint_seconds=0.0,
+    checkpoint_seconds=0.0, train_fields=("head_lr_mult", *IMAGE_TRAIN_FIELDS),
     count_epochs=lambda config, o: config.epochs + int(o["linear_epochs"])))

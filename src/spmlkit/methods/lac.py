@@ -675,7 +675,7 @@ def _load_model(best: dict, config: dict):
     return lac_model_from_checkpoint(best), image_model_info(best)
 
 
-from .contract import TrainingMethod, register_method  # noqa: E402
+from .contract import IMAGE_TRAIN_FIELDS, TrainingMethod, register_method  # noqa: E402
 
 def baseline_cause(config: TrainConfig, options: dict) -> str:
     """Why a LAC run may end near the trivial baseline: the paper's learning rate on a short
@@ -697,7 +697,7 @@ LAC = register_method(TrainingMethod(
     default_batch_size=OFFICIAL_BATCH_SIZE, default_epochs=OFFICIAL_EPOCHS,
     default_lr=OFFICIAL_LR,
     default_lr_source="the OneCycle max lr of Xie et al. 2022",
-    checkpoint_seconds=0.0, baseline_cause=baseline_cause,
+    checkpoint_seconds=0.0, baseline_cause=baseline_cause, train_fields=IMAGE_TRAIN_FIELDS,
     resolve_config=lambda config, o: resolve_train_config(config, config_of(o)),
     id_options=id_options,
     smoke_options=smoke_image_options(dim=8, heads=2, ffn=16, proj_dim=8, queue_size=16,

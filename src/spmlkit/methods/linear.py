@@ -326,7 +326,7 @@ LINEAR = register_method(TrainingMethod(
     "source's cached backbone features with --backbone); Cole et al.'s linear protocol",
     paper="Cole et al. 2021", inputs="features", fit=fit, load_model=load_model,
     options={"save_train_probs": False, "head": "linear", "hidden": 256}, fit_many=fit_many,
-    check_run=check_run, stack_refusal=stack_refusal,
+    check_run=check_run, stack_refusal=stack_refusal, train_fields=("weight_decay",),
     default_lr=1e-3,
     default_lr_source="what Cole et al.'s grid (lr 1e-2 ... 1e-5, batch 8 / 16) "
     "selected for every method of the yeast benchmark (README); 1e-4 under-trains a linear "

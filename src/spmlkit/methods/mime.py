@@ -106,7 +106,8 @@ from ..data.rows import as_rows, holds_vectors, is_stored
 from ..labels import POSITIVE, validate_observed
 from ..losses import SPMLLoss
 from ..models.label_embedding import LabelEmbeddingModel
-from .contract import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
+from .contract import (IMAGE_TRAIN_FIELDS, Fitted, RunContext, TrainingMethod, feature_preprocess,
+                       register_method)
 from .image_methods import (CachedMapViews, EvalMapViews, ImageViews, backbone_record,
                             check_head_config, config_fields, config_from_dict,
                             config_from_options, image_model_info, image_options,
@@ -655,5 +656,6 @@ MIME = register_method(TrainingMethod(
     default_lr_source="the official Adamax rate of the backbone (palm-biaoliu/mime "
                       "train_mime.py); the head trains at 10 x",
     checkpoint_seconds=0.0, resolve_config=_check_options, baseline_cause=baseline_cause,
+    train_fields=IMAGE_TRAIN_FIELDS,
     smoke_options=smoke_image_options(dim=8, heads=2, ffn=16, z_dim=4, samples=2,
                                       warmup_epoch=1, theta=0.5)))

@@ -56,7 +56,8 @@ Per-dataset hyperparameters (``p``, ``mu``, ``bias``, ``rate``): the README's co
 does not list, the argument defaults of ``train_smile2.py`` (``p=0.5, mu=0.5, bias=True,
 rate=1``). Always ``gamma=0.001, delta=1, T=1`` and ``k = 3`` neighbours (options ``gamma``,
 ``delta``, ``temperature``, ``neighbours``; ``hidden``: the networks' width, default L); Adam
-(no weight decay) at lr 1e-3, batch 16, 10 epochs (every README command passes ``--ep 10``).
+(no weight decay; ``TrainConfig.weight_decay`` adds Adam's coupled L2 to the classifier's
+weights) at lr 1e-3, batch 16, 10 epochs (every README command passes ``--ep 10``).
 
 Deviations from the official code (documented, deliberate):
 
@@ -550,11 +551,12 @@ def fit(ctx: RunContext) -> Fitted:
 
     def setup():
         if not optimizer:  # one Adam over both networks (the official two, see the docstring)
-            optimizer.append(make_optimizer(model, objective, config.lr))
+            optimizer.append(make_optimizer(model, objective, config.lr,
+                                            weight_decay=config.weight_decay))
         return StageParts(optimizer[0], hooks=[record])
 
     def evaluate():
-        return val_map(predict_logits(model, xv), yv, config.map_convention)
+        return val_map(predict_logits(model, xv), yv, config.map_convention, config.metric)
 
     result = train_loop(model, objective, [Stage(config.epochs, setup)],
                         num_examples=epoch_rows(n, bs, config.drop_last),
@@ -562,7 +564,8 @@ def fit(ctx: RunContext) -> Fitted:
                         early_stop=config.early_stop, on_epoch=ctx.on_epoch,
                         checkpoint=ctx.checkpoint, resume=ctx.resume,
                         state={"batch_order": GeneratorState(gen)},
-                        epoch_seed=lambda epoch: mix_seed(config.seed, epoch), start=start)
+                        epoch_seed=lambda epoch: mix_seed(config.seed, epoch), start=start,
+                        metric=config.metric)
 
     def probs(features) -> np.ndarray:
         return torch.sigmoid(predict_logits(model, features)).cpu().numpy()
@@ -620,4 +623,4 @@ SMILE = register_method(TrainingMethod(
     default_batch_size=OFFICIAL_BATCH_SIZE, default_epochs=OFFICIAL_EPOCHS,
     default_lr=OFFICIAL_LR, losses=("an",),
     default_lr_source="the official script's Adam rate (palm-ml/smile train_smile2.py)",
-    resolve_config=_check_options))
+    resolve_config=_check_options, train_fields=("weight_decay",)))

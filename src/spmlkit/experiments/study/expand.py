@@ -92,6 +92,8 @@ def run_id_for(config: dict, seed: int, variant: dict) -> str:
     train = config["train"]
     parts = [config["dataset"], config["method"], config["regime"], f"s{seed}",
              f"b{train['batch_size']}", f"lr{train['lr']:g}"]
+    if train.get("weight_decay"):  # (absent at 0: the ids runs without it always had)
+        parts.append(f"wd{train['weight_decay']:g}")
     parts += [f"{k.split('.', 1)[-1]}{v}" for k, v in sorted(variant.items()) if k != "regime"]
     readable = "-".join(_slug(p) for p in parts)[:100]
     return f"{readable}-{digest[:8]}"
@@ -150,6 +152,8 @@ def expand(spec: StudySpec) -> list[RunTask]:
                                 options[key[5:]] = value
                             elif key not in ("k", "regime"):
                                 train[key] = value
+                        if not train.get("weight_decay", 1):  # 0: the run without weight
+                            del train["weight_decay"]  # decay, with the id it always had
                         if options.get("protocol") == "tabular":
                             options.setdefault("seed", seed)  # a trial: its own split
                         if m.reg:

@@ -11,8 +11,8 @@ def group_tasks(tasks: list[RunTask], jobs: int = 1) -> list:
     tasks that train together (the linear mode's stacked runs,
     `spmlkit.engine.vectorised`).
 
-    Runs group when they differ only in seed and learning rate (same dataset and options,
-    regime, method, loss and hyperparameters, ``k`` as resolved for the run (an
+    Runs group when they differ only in seed, learning rate and weight decay (same dataset and
+    options, regime, method, loss and hyperparameters, ``k`` as resolved for the run (an
     ``estimate:`` / ``interval:`` k is resolved here, with the run's seed), batch size and the
     rest of the train config, mode options), their mode can train several at once
     with their options (``TrainingMethod.can_stack``) and their loss can be stacked
@@ -57,7 +57,9 @@ def _stack_key(t: RunTask, closed: dict) -> str | None:
             k = resolve_k(k, cached_splits(t.dataset, t.regime, t.dataset_options), t.seed)
         except Exception:  # noqa: BLE001 (the run itself will say what is wrong)
             return None
-    rest = {k_: v for k_, v in t.train.items() if k_ not in ("seed", "lr")}
+    from ...engine.vectorised import STACKED_AXES
+
+    rest = {k_: v for k_, v in t.train.items() if k_ not in STACKED_AXES}
     own = [t.regime, t.method, t.loss, t.hparams, k]
     spec = json.dumps([t.loss, t.hparams], sort_keys=True, default=str)
     if spec not in closed:

@@ -180,9 +180,10 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
             written; the stacks are cut for the worker threads it has then.
         executor: any `spmlkit.experiments.pool.Executor` (overrides ``jobs``,
             ``dask`` and ``scheduler_file``).
-        vectorise: train the runs that differ only in seed and learning rate together where
-            the mode and loss can (`group_tasks`; the linear mode's stacked runs, same
-            results up to floating-point summation order); False: one task per run. A group
+        vectorise: train the runs that differ only in seed, learning rate and weight decay
+            together where the mode and loss can (`group_tasks`; the linear mode's
+            stacked runs, same results up to floating-point summation order); False: one task
+            per run. A group
             whose worker dies is retried (or lost) as a whole and restarts from scratch.
         connect_timeout: seconds a Dask scheduler gets to answer (default
             `spmlkit.experiments.dask_executor.CONNECT_TIMEOUT`).
@@ -209,7 +210,14 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
                             checkpoint_seconds=checkpoint_seconds, dask=dask,
                             scheduler_file=scheduler_file, executor=executor,
                             vectorise=vectorise, connect_timeout=connect_timeout)
-    return Launch(load_study(spec), options).run()
+    spec = load_study(spec)
+    res = Launch(spec, options).run()
+    if spec.sklearn_reference:
+        from ...runs import write_json
+        from ..reference import SKLEARN_FILE, study_references
+
+        write_json(Path(res["out"]) / SKLEARN_FILE, study_references(spec))
+    return res
 
 
 @dataclass(frozen=True)

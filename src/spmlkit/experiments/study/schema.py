@@ -97,7 +97,9 @@ SPEC_SCHEMA = (
         "points below the best val mAP)."),
     Key("grid", "mapping of lists", DEFAULT_GRID,
         "what is *selected over* on val: `batch_size`, `lr`, `hparams.<name>` or another "
-        "`TrainConfig` field; missing `batch_size` / `lr` take the paper grid."),
+        "`TrainConfig` field, e.g. `weight_decay` (L2 of the heads on feature vectors, Adam's "
+        "coupled decay; 0 is the run without it, its id unchanged; runs of different weight "
+        "decays stack like learning rates); missing `batch_size` / `lr` take the paper grid."),
     Key("hparams", "mapping: method label or loss name -> mapping", {},
         "fixed loss hyperparameters, e.g. `{em: {alpha: 0.1}}`; unknown names are refused with "
         "the loss's list."),
@@ -113,6 +115,11 @@ SPEC_SCHEMA = (
         "`early_stop` and `metric` have their own keys."),
     Key("mode_options", "mapping", {},
         "the study mode's own options (table below), e.g. `{backbone: efficientnet_lite0}`."),
+    Key("sklearn_reference", "boolean", False,
+        "add the scikit-learn reference rows (`mode: linear`, feature vectors): one-vs-rest "
+        "LogisticRegression on each method regime's observed labels, unknown = negative, C "
+        "chosen on val mAP; `sklearn_lr@<regime>` rows of `spml study table` "
+        "(`sklearn-reference.json` in the study folder).", expected="true or false"),
     Key("mlflow", "boolean", False,
         "also log every run to MLflow (when it is installed).", expected="true or false"),
     Key("metric", "metric name", "map",

@@ -48,6 +48,7 @@ class StudySpec:
     train: dict = field(default_factory=dict)
     mode_options: dict = field(default_factory=dict)
     mlflow: bool = default("mlflow")
+    sklearn_reference: bool = default("sklearn_reference")
     source: str = "<dict>"
     metric: str = default("metric")
 
@@ -64,6 +65,8 @@ class StudySpec:
             out["mode_options"] = self.mode_options
         if self.mlflow:
             out["mlflow"] = True
+        if self.sklearn_reference:
+            out["sklearn_reference"] = True
         if self.metric != default("metric"):
             out["metric"] = self.metric
         return out

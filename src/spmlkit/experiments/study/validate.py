@@ -117,6 +117,13 @@ def validate(raw: dict, source: str, stem: str | None) -> StudySpec:
     mlflow = raw.get("mlflow", default("mlflow"))
     if not isinstance(mlflow, bool):
         _fail(source, "mlflow", f"expected {expected('mlflow')}, got {mlflow!r}")
+    sklearn = raw.get("sklearn_reference", default("sklearn_reference"))
+    if not isinstance(sklearn, bool):
+        _fail(source, "sklearn_reference", f"expected {expected('sklearn_reference')}, got "
+                                           f"{sklearn!r}")
+    if sklearn and mode != "linear":
+        _fail(source, "sklearn_reference", f"the scikit-learn rows train on feature vectors: "
+                                           f"mode linear, not {mode!r}")
     from ...metrics import check_metric
 
     metric = raw.get("metric", default("metric"))
@@ -130,7 +137,7 @@ def validate(raw: dict, source: str, stem: str | None) -> StudySpec:
                      description=str(raw.get("description") or default("description")).strip(),
                      mode=mode, seeds=seeds, epochs=epochs, early_stop=early_stop, grid=grid,
                      hparams=hparams, vary=vary, train=train, mode_options=mode_options,
-                     mlflow=mlflow, source=source, metric=metric)
+                     mlflow=mlflow, source=source, metric=metric, sklearn_reference=sklearn)
 
 
 def _early_stop(text: str, source: str, key: str) -> None:
@@ -299,6 +306,14 @@ def _grid(raw: dict, accepts: dict, config_fields: set, source: str) -> dict:
         elif k in OWN_KEYS or k not in config_fields:
             _fail(source, f"grid.{k}", "expected batch_size, lr, hparams.<name> or a "
                                        "TrainConfig field")
+        else:  # another TrainConfig field (weight_decay): each value as TrainConfig checks it
+            from ...engine import TrainConfig
+
+            for v in values:
+                try:
+                    TrainConfig(**{k: v})
+                except (TypeError, ValueError) as err:
+                    _fail(source, f"grid.{k}", str(err))
         if len(set(map(json.dumps, values))) < len(values):
             _fail(source, f"grid.{k}", f"values repeat: {values}")
         grid[k] = values

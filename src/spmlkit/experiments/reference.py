@@ -1,0 +1,153 @@
+"""The scikit-learn reference row: what a user would run instead of an SPML method.
+
+One-vs-rest logistic regression (`sklearn.linear_model.LogisticRegression`, lbfgs, L2)
+on the features the linear head sees (the same standardised train / val / test rows), trained
+on the observed labels with every unknown label read as a negative (what AN assumes), its ``C``
+chosen on the validation rows by val mAP from `C_GRID` (the selection the methods' grids
+use), seeded (``random_state``; lbfgs draws nothing, so on the same splits every seed gives the
+same fit, computed once: std 0). Where the data has full training labels the same is run on
+them (``sklearn_lr@full``, beside the full-label BCE reference row).
+"""
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+
+import numpy as np
+
+#: the inverse regularisation strengths searched on val (a small log grid; yeast selects
+#: 1e-3 on its single positives, inside the grid)
+C_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
+#: lbfgs iterations per class (yeast's 103 standardised features converge in far fewer)
+MAX_ITER = 500
+#: the reference rows' name in the tables
+NAME = "sklearn_lr"
+#: their records in a benchmark or study folder
+SKLEARN_FILE = "sklearn-reference.json"
+#: the most train entries (rows x features) the rows are fitted on: scikit-learn holds them in
+#: memory as float64 (160 MB here); a larger store (spmlkit's out-of-core path) has no such row
+MAX_ENTRIES = 20_000_000
+
+
+def _fit_predict(x, targets: np.ndarray, c: float, seed: int, sets: list) -> list:
+    """Per-class logistic regressions on ``targets`` (N x L, 0/1); each set's probabilities.
+    A class with one target value only in training predicts that value's frequency (0 or 1)."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+
+    out = [np.zeros((len(s), targets.shape[1]), dtype=np.float64) for s in sets]
+    for j in range(targets.shape[1]):
+        t = targets[:, j]
+        if t.min() == t.max():
+            for o in out:
+                o[:, j] = float(t[0])
+            continue
+        clf = LogisticRegression(C=c, max_iter=MAX_ITER, random_state=seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            clf.fit(x, t)
+        for o, s in zip(out, sets):
+            o[:, j] = clf.predict_proba(s)[:, 1]
+    return out
+
+
+def sklearn_reference(splits, seed: int, labels: str = "observed", grid=C_GRID) -> dict:
+    """The reference row of one seed on ``splits`` (a `spmlkit.data.Splits`).
+
+    ``labels``: ``"observed"`` (the regime's observed labels, unknown = negative) or ``"full"``
+    (the full training labels; ValueError when the data has none). Returns ``{"C", "val_map",
+    "test_map", "train_recovery_map", "val_maps", "seconds"}`` (recovery None without full
+    training labels; ``val_maps`` per C of ``grid``).
+
+    Raises:
+        ValueError: ``labels="full"`` on data without full training labels, data that holds
+            images instead of feature vectors, or more than `MAX_ENTRIES` train entries.
+    """
+    from threadpoolctl import threadpool_limits
+
+    from ..metrics import map_score
+
+    from ..data.rows import holds_vectors
+
+    if not holds_vectors(splits.train.x):
+        raise ValueError("sklearn_lr trains on feature vectors; this data holds images (give "
+                         "--backbone NAME for their features)")
+    size = int(np.prod(np.shape(splits.train.x)))
+    if size > MAX_ENTRIES:
+        raise ValueError(f"sklearn_lr: {np.shape(splits.train.x)[0]} x "
+                         f"{np.shape(splits.train.x)[1]} train features are more than the "
+                         f"{MAX_ENTRIES:,} entries scikit-learn is given in memory")
+    start = time.perf_counter()
+    with threadpool_limits(1):  # BLAS threads on busy cores: 15x slower (66 s vs 4 s, yeast)
+        return _reference(splits, seed, labels, grid, start, map_score)
+
+
+def _reference(splits, seed, labels, grid, start, map_score) -> dict:
+    if labels == "full" and not splits.train_labels_complete:
+        raise ValueError("sklearn_lr@full: the data's training labels are not complete")
+    y = splits.train.y if labels == "full" else splits.observed
+    targets = (np.asarray(y) > 0).astype(np.int64)
+    x, xv, xt = (np.asarray(s.x, dtype=np.float64) for s in (splits.train, splits.val,
+                                                             splits.test))
+    scored = []
+    for c in grid:
+        pv, = _fit_predict(x, targets, c, seed, [xv])
+        scored.append(map_score(pv, splits.val.y))
+    best = int(np.argmax(scored))  # the first of equal scores, as the grids select
+    ptr, pv, pt = _fit_predict(x, targets, grid[best], seed, [x, xv, xt])
+    recovery = map_score(ptr, splits.train.y) if splits.train_labels_complete else None
+    return {"C": float(grid[best]), "val_map": map_score(pv, splits.val.y),
+            "test_map": map_score(pt, splits.test.y), "train_recovery_map": recovery,
+            "val_maps": [float(v) for v in scored], "seconds": time.perf_counter() - start}
+
+
+def reference_records(dataset: str, options: dict, regimes, seeds) -> list:
+    """The records of the scikit-learn rows on ``dataset``: per regime of ``regimes`` and
+    seed, `sklearn_reference` on that regime's observed labels (``full``: the full
+    labels), labelled ``sklearn_lr`` for the single-positive and ``given`` regimes and
+    ``sklearn_lr@<regime>`` for the others. Records as `spmlkit.experiments.benchmark.
+    run_benchmark`'s (``loss`` the row's label; ``C`` where the methods have
+    ``(batch_size, lr)``), with ``dataset``."""
+    from .pool import cached_splits
+
+    out, done = [], {}
+    for regime in regimes:
+        label = NAME if regime in ("1p", "given") else f"{NAME}@{regime}"
+        for seed in seeds:
+            opts = dict(options)
+            if opts.get("protocol") == "tabular":
+                opts.setdefault("seed", seed)  # a trial: its own split, as the methods' runs
+            splits = cached_splits(dataset, regime, opts)
+            # lbfgs draws nothing: on the same splits every seed's fit is the same one
+            if id(splits) not in done:
+                try:
+                    done[id(splits)] = sklearn_reference(splits, seed)
+                except ValueError as err:  # images, or too large: the row is left out
+                    done[id(splits)] = err
+            res = done[id(splits)]
+            if isinstance(res, ValueError):
+                print(f"note: {label} left out on {dataset}: {res}", file=sys.stderr)
+                break
+            out.append({"loss": label, "dataset": dataset, "regime": regime, "seed": seed,
+                        "C": res["C"], "val_map": res["val_map"], "test_map": res["test_map"],
+                        "train_recovery_map": res["train_recovery_map"],
+                        "seconds": res["seconds"], "val_maps": res["val_maps"],
+                        "reference": "scikit-learn"})
+    return out
+
+
+def study_references(spec) -> list:
+    """The scikit-learn rows of a study (``sklearn_reference: true``): per dataset, the regimes
+    of its methods (`reference_records`)."""
+    regimes = list(dict.fromkeys(m.regime for m in spec.methods))
+    return [r for ds in spec.datasets
+            for r in reference_records(ds.name, ds.options, regimes, spec.seeds)]
+
+
+def table_rows(records) -> list:
+    """The records as selected study rows (`spmlkit.experiments.tables.study_table`)."""
+    return [{"method": f"{r['loss']} (scikit-learn reference)", "dataset": r["dataset"],
+             "regime": r["regime"], "seed": r["seed"], "test_map": r["test_map"],
+             "val_map": r["val_map"], "train_recovery_map": r["train_recovery_map"],
+             "status": "done", "variant": "{}"} for r in records]

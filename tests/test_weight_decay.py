@@ -1,0 +1,217 @@
+"""Issue 29: weight decay of the heads on feature vectors (single, stacked, MLP, SMILE, CLI,
+studies), and the scikit-learn reference row of ``spml benchmark``."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from spmlkit.cli import main
+from spmlkit.data import load_splits
+from spmlkit.engine import TrainConfig, fit_linear
+from spmlkit.engine.vectorised import fit_linear_stacked
+from spmlkit.losses import create_loss
+
+
+@pytest.fixture(scope="module")
+def yeast():
+    return load_splits("yeast", "1p")
+
+
+def _train(tmp_path, capsys, *extra):
+    out = tmp_path / "runs"
+    assert main(["train", "--mode", "linear", "--epochs", "4", "--lr", "1e-2", "--quiet",
+                 "--out", str(out), *extra]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "test mAP" in x)
+    (folder,) = [p for p in out.iterdir() if p.is_dir()]
+    config = json.loads((folder / "config.json").read_text())
+    return float(line.split("test mAP ")[1].split(",")[0]), config, folder
+
+
+def test_spml_train_weight_decay_changes_the_linear_run_and_is_recorded(tmp_path, capsys):
+    """The issue's symptom: identical results at 0, 1e-2 and 0.5, nothing in config.json."""
+    got = {wd: _train(tmp_path / wd, capsys, "--weight-decay", wd) for wd in ("0", "1e-2", "0.5")}
+    plain = _train(tmp_path / "plain", capsys)
+    assert len({test for test, _, _ in got.values()}) == 3
+    assert [c["train"]["weight_decay"] for _, c, _ in got.values()] == [0.0, 0.01, 0.5]
+    # weight decay 0 is the run without the flag, bit for bit
+    final = [json.loads((f / "final.json").read_text()) for f in (got["0"][2], plain[2])]
+    assert final[0]["test_map"] == final[1]["test_map"]
+    assert final[0]["val_map"] == final[1]["val_map"]
+
+
+def test_weight_decay_is_refused_by_a_mode_that_does_not_read_it(tmp_path, capsys):
+    assert main(["train", "--mode", "boostlu", "--weight-decay", "0.01", "--out",
+                 str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--mode boostlu does not use it" in err and "linear" in err and "smile" in err
+    assert main(["train", "--mode", "smile", "--head", "mlp", "--out", str(tmp_path)]) == 2
+    assert "--head: --mode smile does not use it; it is for --mode linear" in \
+        capsys.readouterr().err
+    assert main(["train", "--amp", "bf16", "--out", str(tmp_path)]) == 2
+    assert "--mode linear does not use it" in capsys.readouterr().err
+    assert main(["train", "--float16", "--out", str(tmp_path)]) == 2
+    assert "--float16: for the features a --backbone extracts" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_weight_decay_shrinks_the_weights_not_the_bias(yeast):
+    runs = {wd: fit_linear(yeast.train.x, yeast.observed, create_loss("an"),
+                           TrainConfig(epochs=3, lr=1e-2, weight_decay=wd))[0]
+            for wd in (0.0, 0.1)}
+    assert runs[0.1].weight.norm() < 0.8 * runs[0.0].weight.norm()
+    with pytest.raises(ValueError, match="weight_decay must be a finite number >= 0"):
+        TrainConfig(weight_decay=-0.1)
+
+
+def test_the_mlp_head_and_smile_take_weight_decay(yeast, tmp_path):
+    from spmlkit.methods import train_run
+
+    def run(mode, wd, **options):
+        cfg = TrainConfig(epochs=2, batch_size=16, lr=1e-3, weight_decay=wd)
+        return train_run(mode, yeast, "an", config=cfg, **options)
+
+    for mode, options in (("linear", {"head": "mlp", "hidden": 16}), ("smile", {})):
+        a, b = run(mode, 0.0, **options), run(mode, 0.5, **options)
+        assert a["test_map"] != b["test_map"], mode
+
+
+def test_runs_of_different_weight_decays_stack_and_equal_single_runs(yeast):
+    configs = [TrainConfig(epochs=3, batch_size=8, lr=lr, seed=seed, weight_decay=wd)
+               for seed in (0, 1) for lr in (1e-3, 1e-2) for wd in (0.0, 1e-2)]
+    stacked = fit_linear_stacked(yeast.train.x, yeast.observed,
+                                 [create_loss("an") for _ in configs], configs,
+                                 x_val=yeast.val.x, y_val=yeast.val.y)
+    for cfg, (model, res) in zip(configs, stacked):
+        alone, ref = fit_linear(yeast.train.x, yeast.observed, create_loss("an"), cfg,
+                                x_val=yeast.val.x, y_val=yeast.val.y)
+        torch.testing.assert_close(model.weight, alone.weight, atol=2e-6, rtol=0)
+        assert res.best_epoch == ref.best_epoch
+
+
+def test_a_stacked_weight_decay_run_resumes_as_a_single_run(yeast):
+    cfg = [TrainConfig(epochs=4, lr=1e-2, seed=s, weight_decay=0.05) for s in (0, 1)]
+    states = [[], []]
+    fit_linear_stacked(yeast.train.x, yeast.observed, [create_loss("an") for _ in cfg], cfg,
+                       x_val=yeast.val.x, y_val=yeast.val.y,
+                       checkpoint=[lambda f, i=i: states[i].append(f()) for i in range(2)])
+    full, _ = fit_linear(yeast.train.x, yeast.observed, create_loss("an"), cfg[1],
+                         x_val=yeast.val.x, y_val=yeast.val.y)
+    resumed, _ = fit_linear(yeast.train.x, yeast.observed, create_loss("an"), cfg[1],
+                            x_val=yeast.val.x, y_val=yeast.val.y, resume=states[1][1])
+    torch.testing.assert_close(resumed.weight, full.weight, atol=2e-6, rtol=0)
+
+
+def test_a_study_grid_of_weight_decays_keeps_the_ids_of_weight_decay_0():
+    from spmlkit.experiments.study import expand, load_study
+
+    base = {"name": "wd", "datasets": ["yeast"], "methods": ["an"], "seeds": [0],
+            "grid": {"batch_size": [8], "lr": [1e-3]}}
+    plain = expand(load_study(base))
+    with_wd = expand(load_study({**base, "grid": {**base["grid"],
+                                                  "weight_decay": [0.0, 1e-3]}}))
+    assert len(with_wd) == 2 and plain[0].run_id == with_wd[0].run_id
+    assert "-wd0.001-" in with_wd[1].run_id and with_wd[1].train["weight_decay"] == 1e-3
+    with pytest.raises(ValueError, match="grid.weight_decay.*>= 0"):
+        load_study({**base, "grid": {"weight_decay": [-1.0]}})
+
+
+def test_the_sklearn_reference_is_one_vs_rest_logistic_regression_with_c_on_val(yeast):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.multiclass import OneVsRestClassifier
+
+    from spmlkit.experiments.reference import sklearn_reference
+    from spmlkit.metrics import map_score
+
+    grid = (1e-3, 1.0)
+    res = sklearn_reference(yeast, 0, grid=grid)
+    targets = (yeast.observed > 0).astype(int)
+    x, xv, xt = (s.x.astype(np.float64) for s in (yeast.train, yeast.val, yeast.test))
+    by_hand = []
+    for c in grid:
+        clf = OneVsRestClassifier(LogisticRegression(C=c, max_iter=500)).fit(x, targets)
+        by_hand.append((map_score(clf.predict_proba(xv), yeast.val.y),
+                        map_score(clf.predict_proba(xt), yeast.test.y)))
+    np.testing.assert_allclose(res["val_maps"], [v for v, _ in by_hand], atol=1e-6)
+    best = int(np.argmax([v for v, _ in by_hand]))
+    assert res["C"] == grid[best]
+    assert res["test_map"] == pytest.approx(by_hand[best][1], abs=1e-6)
+    full = sklearn_reference(yeast, 0, "full", grid=grid)
+    assert full["test_map"] > res["test_map"]
+
+
+def test_benchmark_table_has_the_sklearn_rows_marked_as_references(tmp_path, capsys):
+    out = tmp_path / "bench"
+    assert main(["benchmark", "--losses", "an", "--no-vectorise", "--seeds", "2",
+                 "--batch-sizes", "16", "--lrs", "1e-2", "--epochs", "2", "--jobs", "1",
+                 "--quiet", "--out", str(out)]) == 0
+    table = (out / "table.md").read_text()
+    assert "| *sklearn_lr* (reference, scikit-learn) | 1p |" in table
+    assert "| *sklearn_lr@full* (reference, scikit-learn) | full |" in table
+    refs = json.loads((out / "sklearn-reference.json").read_text())
+    assert [(r["loss"], r["seed"]) for r in refs] == [
+        ("sklearn_lr", 0), ("sklearn_lr", 1), ("sklearn_lr@full", 0), ("sklearn_lr@full", 1)]
+    assert "weight decay" not in table  # the built-in yeast keeps the papers' grid
+
+
+def test_own_data_benchmark_searches_weight_decay_and_has_no_full_label_rows(tmp_path,
+                                                                             capsys):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(160, 4)).round(3)
+    y = (x[:, :3] + 0.5 * rng.normal(size=(160, 3)) > 0.3).astype(int)
+    head = "f1,f2,f3,f4,a,b,c\n"
+    train, test = tmp_path / "train.csv", tmp_path / "test.csv"
+    with open(train, "w") as f, open(test, "w") as g:
+        f.write(head), g.write(head)
+        for i in range(160):
+            feats = ",".join(map(str, x[i]))
+            if i < 110:
+                tags = [""] * 3
+                if y[i].any():
+                    tags[rng.choice(np.flatnonzero(y[i]))] = "1"
+                f.write(f"{feats},{','.join(tags)}\n")
+            else:
+                g.write(f"{feats},{','.join(map(str, y[i]))}\n")
+    out = tmp_path / "bench"
+    assert main(["benchmark", "--dataset", "tabular", "--data", f"path={train}", "--data",
+                 f"test_path={test}", "--data", "labels=a,b,c", "--data",
+                 "train_labels=observed", "--losses", "an", "--seeds", "1", "--lrs", "1e-2",
+                 "--batch-sizes", "16", "--epochs", "2", "--jobs", "1", "--quiet",
+                 "--out", str(out)]) == 0
+    table = (out / "table.md").read_text()
+    assert "x weight decay [0.0, 0.001, 0.01, 0.1]" in table
+    assert "| *sklearn_lr* (reference, scikit-learn) | given |" in table
+    assert "sklearn_lr@full" not in table
+
+
+def test_a_study_with_sklearn_reference_has_its_rows_in_the_table(tmp_path, capsys):
+    from spmlkit.experiments.study import load_study, run_study
+
+    spec = {"name": "ref", "datasets": ["yeast"], "methods": ["an", "bce@full"], "seeds": [0],
+            "epochs": 1, "grid": {"batch_size": [16], "lr": [1e-2]},
+            "sklearn_reference": True}
+    out = tmp_path / "study"
+    run_study(spec, out=out, jobs=1, progress=False)
+    refs = json.loads((out / "sklearn-reference.json").read_text())
+    assert [(r["loss"], r["regime"]) for r in refs] == [("sklearn_lr", "1p"),
+                                                          ("sklearn_lr@full", "full")]
+    assert main(["study", "table", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "sklearn_lr (scikit-learn reference)" in table
+    assert "sklearn_lr@full (scikit-learn reference)" in table
+    assert f"{refs[0]['test_map']:.2f}" in table
+    for bad, match in (({"sklearn_reference": "yes"}, "true or false"),
+                       ({"sklearn_reference": True, "mode": "finetune"}, "mode linear")):
+        with pytest.raises(ValueError, match=match):
+            load_study({**spec, **bad})
+
+
+def test_the_sklearn_row_is_left_out_with_a_note_where_it_cannot_run(yeast, monkeypatch,
+                                                                      capsys):
+    import spmlkit.experiments.reference as ref
+
+    monkeypatch.setattr(ref, "MAX_ENTRIES", 1000)
+    with pytest.raises(ValueError, match="more than the 1,000 entries"):
+        ref.sklearn_reference(yeast, 0)
+    assert ref.reference_records("yeast", {}, ["1p"], [0, 1]) == []
+    assert "note: sklearn_lr left out on yeast" in capsys.readouterr().err
