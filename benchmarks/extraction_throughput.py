@@ -28,7 +28,8 @@ import torch
 from PIL import Image, ImageDraw, ImageFilter
 
 from spmlkit.data.image_files import open_image
-from spmlkit.features import default_workers, extract_features, make_transform
+from spmlkit.features import extract_features, make_transform
+from spmlkit.machine import default_workers
 from spmlkit.models import create_backbone
 
 

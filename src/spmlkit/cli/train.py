@@ -13,7 +13,7 @@ def cmd_train(args) -> int:
     """``spml train``: one run of any registered method (``--mode``), or ``--resume RUN_DIR``."""
     import torch
 
-    from ..data import load_splits
+    from ..features import load_splits
     from ..engine import TrainConfig
     from ..engine.loop import batch_progress
     from ..methods import default_lr, get_method, resolve_k, resume_run, train_run

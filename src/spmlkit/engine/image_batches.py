@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .. import distributed as dist_utils
+from ..machine import loader_workers
 from .amp import amp_dtype, run_model
 from .config import TrainConfig, epoch_rows
 
@@ -165,14 +166,6 @@ class _Collate:
             return torch.empty((0, *self.shape)), torch.empty(0, dtype=torch.long)
         xs, rows = zip(*batch)
         return torch.stack(xs), torch.tensor(rows, dtype=torch.long)
-
-
-def loader_workers(n: int) -> int:
-    """``n`` DataLoader workers, or 0 inside a daemonic process (a study's or benchmark's pool
-    worker), which may not start children of its own."""
-    import multiprocessing
-
-    return 0 if multiprocessing.current_process().daemon else int(n)
 
 
 def make_loader(dataset, batch_sampler, config: TrainConfig, shape, device,
