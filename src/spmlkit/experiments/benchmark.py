@@ -267,7 +267,7 @@ def format_table(selected, methods, dataset, seeds, grid, epochs, seconds,
                      f"{', '.join(f'({b}, {lr:g})' for b, lr in picks)} |"
                      + ("" if not extra else
                         " " + " | ".join(_mean_std([r[f"{split}_metrics"][metric] for r in rows],
-                                                   METRICS[metric][1])
+                                                   METRICS[metric].decimals)
                                          for split in ("test", "val")) + " |"))
     lines += ["", f"Wall time: {seconds:.0f} s for the grid points run in this launch."]
     return "\n".join(lines) + "\n"
