@@ -862,3 +862,64 @@ def test_a_method_in_its_own_mode_runs_resumes_and_tables_beside_the_linear_ones
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(" | ")[0] for line in lines[-3:]] == ["| an", "| SMILE",
                                                              "| an-k2 [smile]"]
+
+
+# ---- method options as a study axis ------------------------------------------------------------
+MODES = {"methods": ["an", {"label": "SMILE", "spec": "an", "mode": "smile"},
+                     {"label": "BoostLU", "spec": "an", "mode": "boostlu"},
+                     {"label": "MIME", "spec": "an", "mode": "mime"}]}
+
+
+def test_every_method_option_is_a_study_axis():
+    """``option.<name>`` varies the option in the methods whose mode takes it (SMILE's ``kl``,
+    BoostLU's ``alpha``, MIME's ``theta``, the linear mode's ``head``), laid over their mode
+    options and into their run ids; the other methods run once, as without the axis."""
+    plain = {t.method: t.run_id for t in expand(load_study(spec(**MODES)))}
+    s = load_study(spec(**MODES, vary={"option.kl": ["official", "exact"],
+                                       "option.alpha": [2.0, 5.0], "option.theta": [0.5],
+                                       "option.head": ["linear", "mlp"]}))
+    tasks = expand(s)
+    by = {}
+    for t in tasks:
+        by.setdefault(t.method, []).append(t)
+    assert sorted((t.mode_options["kl"], t.variant) for t in by["SMILE"]) == \
+        [("exact", {"option.kl": "exact"}), ("official", {"option.kl": "official"})]
+    assert sorted(t.mode_options["alpha"] for t in by["BoostLU"]) == [2.0, 5.0]
+    assert [t.mode_options["theta"] for t in by["MIME"]] == [0.5]
+    assert sorted(t.mode_options["head"] for t in by["an"]) == ["linear", "mlp"]
+    assert "kl" not in by["an"][0].mode_options and "head" not in by["SMILE"][0].mode_options
+    ids = [t.run_id for t in tasks]
+    assert len(set(ids)) == len(ids) == 2 + 2 + 1 + 2
+    assert {t.run_id for t in by["BoostLU"]} & {plain["BoostLU"]} == set()  # varied: new ids
+    assert "-alpha2.0-" in by["BoostLU"][0].run_id or "-alpha2.0-" in by["BoostLU"][1].run_id
+    assert [t.run_id for t in expand(load_study(s.to_dict()))] == ids  # study.yaml round trip
+
+
+@pytest.mark.parametrize("vary, message", [
+    ({"option.kl": ["bogus"]}, r"vary.option.kl: SMILE: smile option kl must be one of"),
+    ({"option.alpha": [0]}, r"vary.option.alpha: BoostLU: alpha .* must be a finite number > 0"),
+    ({"option.map_dtype": ["int8"]}, r"vary.option.map_dtype: BoostLU: map_dtype must be one"),
+    ({"option.head": ["tree"]}, r"vary.option.head: an: head must be one of"),
+    ({"option.ablation": ["nope"]}, r"vary.option.ablation: MIME: .*nope"),
+    ({"option.bogus": [1]}, r"vary.option.bogus: no method's mode takes the option 'bogus' "
+                            r"\(linear: .*; smile: .*kl"),
+])
+def test_an_option_axis_is_checked_by_each_mode_s_own_check(vary, message):
+    with pytest.raises(ValueError, match=message):
+        load_study(spec(**MODES, vary=vary))
+
+
+def test_lac_options_vary_in_either_spelling_with_the_same_run_ids():
+    """``lac.<field>`` is LAC's spelling of ``option.<field>``: the same runs and run ids (the
+    ids pinned in tests/test_presets.py); both at once are refused."""
+    pytest.importorskip("spmlkit.methods.lac")
+    lac = [t.run_id for t in expand(load_study("lac-ablation", [
+        "vary={lac.queue_size: [64, 1024], lac.temperature: [0.1, 0.5]}"]))]
+    option = [t.run_id for t in expand(load_study("lac-ablation", [
+        "vary={option.queue_size: [64, 1024], option.temperature: [0.1, 0.5]}"]))]
+    assert option == lac and len(lac) == 12
+    assert "fmnist_mosaic-AN-1p-s0-b32-lr0.001-queue_size64-temperature0.1-ebcfcff7" in option
+    with pytest.raises(ValueError, match=r"temperature must be > 0"):
+        load_study("lac-ablation", ["vary={option.temperature: [0]}"])
+    with pytest.raises(ValueError, match=r"varied twice \(also as lac.dim\)"):
+        load_study("lac-ablation", ["vary={lac.dim: [8], option.dim: [16]}"])

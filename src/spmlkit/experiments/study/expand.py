@@ -99,7 +99,10 @@ def run_id_for(config: dict, seed: int, variant: dict) -> str:
 
 def applicable_axes(mode: str, m: MethodSpec, keys) -> list:
     """The keys of ``keys`` (vary or grid axes) that apply to method ``m``, which trains in
-    ``mode``."""
+    ``mode`` (``option.<name>``: the modes that take option ``name``; ``lac.<field>``: mode
+    ``lac``)."""
+    from ...methods import get_method
+
     accepts = accepted_hparams(m.loss)
     out = []
     for key in keys:
@@ -109,6 +112,8 @@ def applicable_axes(mode: str, m: MethodSpec, keys) -> list:
             use = "k" in accepts
         elif key == "regime":
             use = not m.fixed_regime
+        elif key.startswith("option."):
+            use = key[7:] in get_method(mode).options
         elif key.startswith("lac."):
             use = mode == "lac"
         else:  # data.<option>, batch_size, lr, other TrainConfig fields
@@ -144,8 +149,8 @@ def expand(spec: StudySpec) -> list[RunTask]:
                         for key, value in {**variant, **point}.items():
                             if key.startswith("hparams."):
                                 hp[key[8:]] = value
-                            elif key.startswith("lac."):
-                                mode_options = {**mode_options, key[4:]: value}
+                            elif key.startswith(("option.", "lac.")):
+                                mode_options = {**mode_options, key.split(".", 1)[1]: value}
                             elif key.startswith("data."):
                                 options[key[5:]] = value
                             elif key not in ("k", "regime"):
