@@ -923,3 +923,81 @@ def test_lac_options_vary_in_either_spelling_with_the_same_run_ids():
         load_study("lac-ablation", ["vary={option.temperature: [0]}"])
     with pytest.raises(ValueError, match=r"varied twice \(also as lac.dim\)"):
         load_study("lac-ablation", ["vary={lac.dim: [8], option.dim: [16]}"])
+
+
+# ---- run ids: every option that changes results is hashed, and nothing else ------------------
+def _id_paths():
+    import dataclasses
+
+    from spmlkit.data import DATASETS, PROTOCOL_OPTIONS, source_parameters
+    from spmlkit.engine import TrainConfig
+    from spmlkit.features import FEATURE_OPTIONS
+
+    kept = [("dataset_options", k) for k in ("cache_dir", "progress", "mmap")]
+    kept += [("dataset_options", "features", k)
+             for k in ("cache_dir", "progress", "num_workers", "batch_size", "device")]
+    kept += [("mode_options", "cache_dir"), ("mode_options", "progress")]
+    kept += [("mode_options", "features", k) for k in ("num_workers", "batch_size", "device")]
+    kept += [("train", "num_workers"), ("train", "eval_batch_size")]
+    # (written out here, not read from NOT_RESULTS: a key added there fails a test below)
+    source = sorted({p for e in DATASETS.entries() for p in source_parameters(e.name)})
+    hashed = [("dataset_options", k) for k in (*PROTOCOL_OPTIONS, "backbone", *source)
+              if ("dataset_options", k) not in kept and k != "features"]
+    hashed += [("dataset_options", "features", k) for k in FEATURE_OPTIONS
+               if ("dataset_options", "features", k) not in kept]
+    hashed += [("train", f.name) for f in dataclasses.fields(TrainConfig)
+               if ("train", f.name) not in kept]
+    hashed += [("hparams", "alpha"), ("regime",), ("k",), ("mode",), ("loss",),
+               ("mode_options", "head"), ("mode_options", "features", "dtype")]
+    return hashed, kept
+
+
+def _changed(value):
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value * 2 + 1
+    return "other" if value is None else f"{value}-other"
+
+
+def _with(config: dict, path: tuple):
+    import copy
+
+    out = copy.deepcopy(config)
+    node = out
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+    node[path[-1]] = _changed(node.get(path[-1]))
+    return out
+
+
+ID_HASHED, ID_KEPT = _id_paths()
+
+
+@pytest.mark.parametrize("path", ID_HASHED, ids=".".join)
+def test_a_run_id_hashes_every_option_that_changes_results(path):
+    """Every protocol option, source option, feature-extraction option, TrainConfig field,
+    hyperparameter and mode option moves a run's id (a study re-runs what it changes)."""
+    from spmlkit.experiments.study import run_id_for
+
+    config = expand(load_study(spec(methods=["an"])))[0].config()
+    assert run_id_for(_with(config, path), 0, {}) != run_id_for(config, 0, {})
+
+
+@pytest.mark.parametrize("path", ID_KEPT, ids=".".join)
+def test_a_run_id_ignores_what_cannot_change_results(path):
+    """Cache folders, progress bars, worker counts, batch sizes of extraction and evaluation,
+    devices of extraction and memory-mapping leave a run's id as it is."""
+    from spmlkit.experiments.study import run_id_for
+
+    config = expand(load_study(spec(methods=["an"])))[0].config()
+    config["dataset_options"] = {"backbone": "b", "features": {"dtype": "float16"}}
+    config["mode_options"] = {"features": {"dtype": "float16"}}
+    assert run_id_for(_with(config, path), 0, {}) == run_id_for(config, 0, {})
+
+
+def test_what_a_run_id_leaves_out_is_the_list_above():
+    from spmlkit.experiments.study.expand import NOT_RESULTS
+
+    assert sorted(ID_KEPT) == sorted(tuple(where.split(".")) + (key,)
+                                     for where, keys in NOT_RESULTS.items() for key in keys)

@@ -51,9 +51,10 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", str(text)).strip("_")
 
 
-#: settings that change where things are cached, what is shown and how fast, never the
-#: numbers: left out of a run id's hash (so a run is found again whatever they were)
-NOT_RESULTS = {"dataset_options": ("cache_dir", "progress"),
+#: settings that change where things are cached, what is shown and how fast (``mmap``: a
+#: source's files mapped or read), never the numbers: left out of a run id's hash (so a run is
+#: found again whatever they were)
+NOT_RESULTS = {"dataset_options": ("cache_dir", "progress", "mmap"),
                "dataset_options.features": ("cache_dir", "progress", "num_workers",
                                             "batch_size", "device"),
                "mode_options": ("cache_dir", "progress"),
