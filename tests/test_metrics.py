@@ -410,3 +410,26 @@ def test_registering_one_record_reaches_metric_score_tables_and_cli(monkeypatch,
                         "needs a reference value")):
         with pytest.raises(ValueError, match=match):
             metrics_module.register_metric(bad)
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 7, 1 << 21])
+def test_global_threshold_swept_in_blocks_is_the_highest_of_the_best(block, monkeypatch):
+    """The blockwise sweep (SWEEP_ENTRIES scores at a time, from the top) picks what one sweep
+    over every distinct score picks: the best micro-F1 and, among thresholds tying on it, the
+    highest. Tied F1s across blocks occur with few distinct scores; scores tie within and
+    across block edges."""
+    from spmlkit import metrics as M
+
+    monkeypatch.setattr(M, "SWEEP_ENTRIES", block)
+    rng = np.random.RandomState(0)  # the same cases for every block size
+    ties = 0
+    for _ in range(40):
+        s = np.round(rng.random_sample((rng.randint(2, 12), 3)), 1)
+        y = (rng.random_sample(s.shape) < 0.4).astype(np.uint8)
+        if not y.any():
+            continue
+        values, f1 = M._f1_sweep(s, y)  # highest threshold first
+        best = np.flatnonzero(f1 == f1.max())
+        ties += len(best) > 1
+        assert M.best_global_threshold(s, y) == (float(values[best[0]]), float(f1.max()))
+    assert ties  # the tie rule was exercised
