@@ -89,6 +89,20 @@ def test_every_method_reports_test_f1_and_hamming_at_the_val_chosen_threshold(na
                       .read_text())["global"] == on_val  # what spml predict applies
 
 
+@pytest.mark.parametrize("metric", ["micro_f1", "hamming_loss"])
+@pytest.mark.parametrize("name", METHODS)
+def test_every_method_selects_a_thresholded_metric_at_the_val_chosen_threshold(name, metric,
+                                                                               data, tmp_path):
+    """An epoch selected on val micro-F1 or Hamming loss is scored at the threshold chosen on
+    those val rows (THRESHOLD_POLICY), so the selected epoch's score is the run's val metric."""
+    method, options = options_of(name, data["root"])
+    res = train_run(name, data[method.inputs], "an", {},
+                    TrainConfig(**CONFIG, metric=metric), out=tmp_path, checkpoint_seconds=0,
+                    dataset_options=data["options"][method.inputs], **options)
+    assert res["metric"] == metric
+    assert res["val_score"] == pytest.approx(res["val_metrics"][metric], rel=1e-6, abs=1e-9)
+
+
 @pytest.mark.parametrize("name", METHODS)
 def test_every_method_resumes_to_the_uninterrupted_result(name, data, tmp_path):
     whole = train(name, data, tmp_path / "whole")

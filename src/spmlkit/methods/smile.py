@@ -552,7 +552,7 @@ def fit(ctx: RunContext) -> Fitted:
         return StageParts(optimizer[0], hooks=[record])
 
     def evaluate():
-        return val_map(predict_logits(model, xv), yv, config.map_convention)
+        return val_map(predict_logits(model, xv), yv, config.map_convention, config.metric)
 
     result = train_loop(model, objective, [Stage(config.epochs, setup)],
                         num_examples=epoch_rows(n, bs, config.drop_last),
@@ -560,7 +560,8 @@ def fit(ctx: RunContext) -> Fitted:
                         early_stop=config.early_stop, on_epoch=ctx.on_epoch,
                         checkpoint=ctx.checkpoint, resume=ctx.resume,
                         state={"batch_order": GeneratorState(gen)},
-                        epoch_seed=lambda epoch: mix_seed(config.seed, epoch), start=start)
+                        epoch_seed=lambda epoch: mix_seed(config.seed, epoch), start=start,
+                        metric=config.metric)
 
     def probs(features) -> np.ndarray:
         return torch.sigmoid(predict_logits(model, features)).cpu().numpy()
