@@ -551,21 +551,36 @@ def test_lower_is_better_metric_selects_the_minimum_and_stops_on_it():
     assert len(res.history) == 3 and res.best_epoch == 1
 
 
-def _scripted(stage_scores, early_stop):
+def _scripted(stage_scores, early_stop, checkpoint=None, resume=None, done=0):
     """``train_loop`` on a linear head, one stage per list of ``stage_scores`` (stage 2 on from
-    the best weights, as LAC's), each epoch's val score the next of the lists."""
+    the best weights, as LAC's), each epoch's val score the next of the lists (a ``resume``
+    after ``done`` epochs: from the next one)."""
     from spmlkit.engine import Stage, StageParts, make_linear_head, make_optimizer, train_loop
 
     x, y = toy(n=32)
     xt, z = torch.tensor(x), torch.as_tensor(make_observed(y, "1p"))
     model, loss = make_linear_head(6, 4, 0), create_loss("an")
     loss.on_train_start(z, None)
-    it = iter([v for scores in stage_scores for v in scores])
+    it = iter([v for scores in stage_scores for v in scores][done:])
     stages = [Stage(len(scores), lambda: StageParts(make_optimizer(model, loss, 1e-3)),
                     name=i + 1, from_best=i > 0) for i, scores in enumerate(stage_scores)]
     return train_loop(model, loss, stages, num_examples=32,
                       batches=lambda epoch: [(xt, z, torch.arange(32))],
-                      evaluators={"model": lambda: next(it)}, early_stop=early_stop)
+                      evaluators={"model": lambda: next(it)}, early_stop=early_stop,
+                      checkpoint=checkpoint, resume=resume)
+
+
+def test_a_resumed_run_keeps_its_early_stop():
+    """Stage 1 stops early (70 is more than 15 below 90); a run resumed in stage 2 still
+    reports it stopped early, as the uninterrupted run does."""
+    states = []
+    full = _scripted([[90.0, 80.0, 70.0, 60.0], [50.0, 52.0]], "drop:15",
+                     checkpoint=lambda state: states.append(state()))
+    assert [h["stage"] for h in full.history] == [1, 1, 1, 2, 2] and full.stopped_early
+    again = _scripted([[90.0, 80.0, 70.0, 60.0], [50.0, 52.0]], "drop:15", resume=states[3],
+                      done=4)
+    assert again.stopped_early and again.history == full.history
+    assert again.best_epoch == full.best_epoch == 1
 
 
 def test_early_stopping_compares_within_the_current_stage():

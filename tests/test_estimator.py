@@ -333,3 +333,16 @@ def test_yeast_cross_val_score_and_the_standardize_parameter(yeast):
     # scored on the fold's own labels, the same fits look different: the partial-label catch
     observed = cross_val_score(SPMLClassifier(**est), x, y, cv=cv)
     assert np.isfinite(observed).all() and abs(observed.mean() - own.mean()) > 1
+
+
+def test_predict_counts_a_probability_exactly_on_the_threshold_as_a_label():
+    x, y = _toy()
+    index, _ = _single_positive(y)
+    clf = SPMLClassifier(**FAST).fit(x, index)
+    proba = clf.predict_proba(x)
+    cut = float(proba[0, 0])
+    pred = clf.predict(x, threshold=cut)
+    assert pred[0, 0] == 1
+    np.testing.assert_array_equal(pred, (proba >= cut).astype(np.int64))
+    per_class = proba[0].tolist()  # one threshold per class: row 0 is positive everywhere
+    assert clf.predict(x, threshold=per_class)[0].tolist() == [1] * len(per_class)

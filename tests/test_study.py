@@ -1001,3 +1001,11 @@ def test_what_a_run_id_leaves_out_is_the_list_above():
 
     assert sorted(ID_KEPT) == sorted(tuple(where.split(".")) + (key,)
                                      for where, keys in NOT_RESULTS.items() for key in keys)
+
+
+def test_a_regime_axis_is_not_repeated_in_the_readable_run_id():
+    """The regime stands once in a run id (its third part), not again among the vary parts;
+    these ids are pinned: a study's runs are found again by them."""
+    s = load_study(spec(vary={"k": [2], "regime": ["1p_1n"]}))
+    assert [t.run_id for t in expand(s)] == ["yeast-an-1p_1n-s0-b16-lr0.01-e46fc90a",
+                                              "yeast-epr-1p_1n-s0-b16-lr0.01-k2-fa760d98"]
