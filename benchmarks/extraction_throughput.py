@@ -28,7 +28,8 @@ import torch
 from PIL import Image, ImageDraw, ImageFilter
 
 from spmlkit.data.image_files import open_image
-from spmlkit.features import default_workers, extract_features, make_transform
+from spmlkit.features import extract_features, make_transform
+from spmlkit.machine import default_workers
 from spmlkit.models import create_backbone
 
 
@@ -101,7 +102,7 @@ def main(argv=None) -> int:
     if args.source == "jpeg":
         items = natural_jpegs(tmp / "images", args.n)
     else:
-        from spmlkit.data import load_dataset
+        from spmlkit.features import load_dataset
 
         items = list(load_dataset(args.source).pool.x)[: args.n]
     net = create_backbone(args.backbone)

@@ -12,6 +12,7 @@ Generated (never edit them by hand; edit the source named in each page's first l
 - ``docs/studies/schema.md`` from the study spec's schema table
   (``spmlkit.experiments.study.schema``), ``TrainConfig`` and the training methods' options;
 - ``docs/results.md``          from ``results/index.yaml`` and the CSV files it lists;
+- ``docs/reference/metrics.md`` from the metric records (``spmlkit.metrics.METRICS``);
 - the methods table of ``README.md`` (between its markers) from the registries.
 
 ``tests/test_docs.py`` runs ``--check``, so a changed flag, a new method or preset, or a changed
@@ -401,6 +402,33 @@ hparams: {EM (alpha 0.1): {alpha: 0.1}}
 """
 
 
+# ---- metrics ------------------------------------------------------------------------------------
+def gen_metrics() -> str:
+    from spmlkit.metrics import METRIC_SETTINGS, METRICS, THRESHOLD_POLICY
+
+    out = [HEADER.format(source="the metric records, spmlkit.metrics.METRICS"),
+           "# Metrics\n",
+           "Every metric a run reports at its selected epoch on val and test (`final.json`: "
+           "`val_metrics`, `test_metrics`), and that `--metric NAME` or a study's `metric:` "
+           "selects epochs and grid points on. Each is one record of `spmlkit.metrics.METRICS` "
+           "([adding one](../extending/metric.md)); `tests/test_metrics.py` checks each "
+           "against its scikit-learn counterpart, or against its example computed by hand "
+           "where scikit-learn has none (`sklearn.metrics` functions; `y` the full labels, `x` the "
+           "scores, or for a thresholded metric the 0/1 predictions).\n",
+           f"A thresholded metric is taken at {text(THRESHOLD_POLICY)}.\n"]
+    rows = []
+    for m in METRICS.values():
+        ref = (code(" ".join(m.sklearn.__doc__.split())) if m.sklearn is not None
+               else "none (an example by hand)")
+        rows.append([code(m.name), "higher" if m.higher_is_better else "lower",
+                     str(m.decimals), "yes" if m.needs_threshold else "no",
+                     f"{code(m.takes)} (default {code(show(METRIC_SETTINGS[m.takes]))})",
+                     ref, text(m.description)])
+    out.append(table(["metric", "better", "decimals", "threshold", "setting",
+                      "scikit-learn counterpart", "meaning"], rows))
+    return "\n".join(out)
+
+
 # ---- results ------------------------------------------------------------------------------------
 def _csv_rows(path: Path) -> list:
     with path.open(newline="", encoding="utf-8") as f:
@@ -493,6 +521,7 @@ PAGES = {
     "reproduce/presets.md": gen_presets,
     "studies/schema.md": gen_schema,
     "results.md": gen_results,
+    "reference/metrics.md": gen_metrics,
 }
 
 

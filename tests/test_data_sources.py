@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spmlkit.data import DATASETS, load_dataset, load_splits, make_splits
+from spmlkit.data import DATASETS, make_splits
+from spmlkit.features import load_dataset, load_splits
 from spmlkit.data.protocol import cole_split
 from spmlkit.data.rows import Rows
 from spmlkit.data.cole import VOC_CLASSES, load_cole

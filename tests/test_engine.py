@@ -552,6 +552,69 @@ def test_lower_is_better_metric_selects_the_minimum_and_stops_on_it():
     assert len(res.history) == 3 and res.best_epoch == 1
 
 
+def _scripted(stage_scores, early_stop, checkpoint=None, resume=None, done=0):
+    """``train_loop`` on a linear head, one stage per list of ``stage_scores`` (stage 2 on from
+    the best weights, as LAC's), each epoch's val score the next of the lists (a ``resume``
+    after ``done`` epochs: from the next one)."""
+    from spmlkit.engine import Stage, StageParts, make_linear_head, make_optimizer, train_loop
+
+    x, y = toy(n=32)
+    xt, z = torch.tensor(x), torch.as_tensor(make_observed(y, "1p"))
+    model, loss = make_linear_head(6, 4, 0), create_loss("an")
+    loss.on_train_start(z, None)
+    it = iter([v for scores in stage_scores for v in scores][done:])
+    stages = [Stage(len(scores), lambda: StageParts(make_optimizer(model, loss, 1e-3)),
+                    name=i + 1, from_best=i > 0) for i, scores in enumerate(stage_scores)]
+    return train_loop(model, loss, stages, num_examples=32,
+                      batches=lambda epoch: [(xt, z, torch.arange(32))],
+                      evaluators={"model": lambda: next(it)}, early_stop=early_stop,
+                      checkpoint=checkpoint, resume=resume)
+
+
+def test_a_resumed_run_keeps_its_early_stop():
+    """Stage 1 stops early (70 is more than 15 below 90); a run resumed in stage 2 still
+    reports it stopped early, as the uninterrupted run does."""
+    states = []
+    full = _scripted([[90.0, 80.0, 70.0, 60.0], [50.0, 52.0]], "drop:15",
+                     checkpoint=lambda state: states.append(state()))
+    assert [h["stage"] for h in full.history] == [1, 1, 1, 2, 2] and full.stopped_early
+    again = _scripted([[90.0, 80.0, 70.0, 60.0], [50.0, 52.0]], "drop:15", resume=states[3],
+                      done=4)
+    assert again.stopped_early and again.history == full.history
+    assert again.best_epoch == full.best_epoch == 1
+
+
+def test_early_stopping_compares_within_the_current_stage():
+    """Two stages (as LAC's), early stopping in each: ``drop:X`` and ``patience:N`` compare an
+    epoch with the best of its own stage, not with the run's best (stage 2 of a two-stage run
+    often scores below stage 1's best at first; compared with the run's best it would stop
+    at once)."""
+    res = _scripted([[90.0, 95.0], [50.0, 52.0, 51.0]], "drop:5")
+    assert [h["stage"] for h in res.history] == [1, 1, 2, 2, 2] and not res.stopped_early
+    assert res.best_epoch == 2 and res.val_map == 95.0
+    res = _scripted([[90.0, 95.0], [50.0, 60.0, 40.0, 70.0]], "drop:5")  # 40 < 60 - 5: stop
+    assert len(res.history) == 5 and res.stopped_early and res.history[-1]["stage_done"]
+    res = _scripted([[90.0, 80.0], [50.0, 49.0, 48.0, 47.0]], "patience:2")
+    assert [h["stage"] for h in res.history] == [1, 1, 2, 2, 2] and res.stopped_early
+    # patience counts the stage's own epochs since the stage's best (its 1st): stop at its 4th
+    res = _scripted([[90.0, 95.0], [50.0, 49.0, 48.0, 47.0, 60.0]], "patience:3")
+    assert [h["stage_epoch"] for h in res.history] == [1, 2, 1, 2, 3, 4] and res.stopped_early
+
+
+def test_early_stopping_ties_and_a_stop_on_the_last_epoch():
+    """A tie is no improvement (patience runs on from the first of equal scores, the best epoch
+    stays the first), and a stop that falls on a stage's last epoch is no early stop."""
+    res = _scripted([[50.0, 50.0, 50.0, 50.0, 50.0]], "patience:2")
+    assert len(res.history) == 3 and res.stopped_early and res.best_epoch == 1
+    assert [h["best"] for h in res.history] == [True, False, False]
+    res = _scripted([[50.0, 40.0, 30.0]], "patience:2")  # the stop is the stage's end
+    assert len(res.history) == 3 and not res.stopped_early
+    res = _scripted([[50.0, 40.0]], "drop:5")
+    assert len(res.history) == 2 and not res.stopped_early
+    res = _scripted([[50.0, 45.0, 44.0]], "drop:5")  # 45 = 50 - 5: not more than 5 below
+    assert len(res.history) == 3 and not res.stopped_early
+
+
 def test_fit_linear_selects_on_the_configured_metric():
     x, y = toy(n=200)
     z = make_observed(y, "1p")

@@ -124,6 +124,19 @@ def test_nan_in_the_observed_matrix_is_unobserved():
     assert (z == -1).any()
 
 
+@pytest.mark.parametrize("loss", ["epr", "bce"])
+def test_nan_is_unobserved_under_a_loss_that_tells_unknown_from_negative(loss):
+    """``an`` reads unobserved entries as negatives, so it cannot tell NaN read as unobserved
+    from NaN read as negative; EPR and BCE on the observed entries can: NaN must train as 0."""
+    x, y = _toy()
+    z = make_observed(y, "1p_1n", seed=0).astype(float)   # 1, -1 and 0
+    fit = lambda labels: SPMLClassifier(loss=loss, **FAST).fit(x, labels).predict_proba(x)  # noqa: E731
+    unobserved, nan = fit(z), fit(np.where(z == 0, np.nan, z))
+    negative = fit(np.where(z == 0, -1.0, z))
+    np.testing.assert_array_equal(nan, unobserved)
+    assert np.abs(negative - unobserved).max() > 1e-3  # the loss tells them apart
+
+
 @pytest.mark.parametrize("y, match", [
     (np.linspace(0, 1, 80), "Unknown label type"),
     (np.r_[np.full(79, 1.0), np.nan], r"Input y contains NaN or infinity \(first at row 79"),
@@ -340,3 +353,16 @@ def test_weight_decay_is_a_searched_parameter_that_changes_the_head(yeast):
     assert search.best_params_["weight_decay"] == [0.0, 1e-2, 0.5][int(np.argmax(scores))]
     with pytest.raises(ValueError, match="weight_decay must be a finite number >= 0"):
         SPMLClassifier(weight_decay=-1.0).fit(x, y)
+
+
+def test_predict_counts_a_probability_exactly_on_the_threshold_as_a_label():
+    x, y = _toy()
+    index, _ = _single_positive(y)
+    clf = SPMLClassifier(**FAST).fit(x, index)
+    proba = clf.predict_proba(x)
+    cut = float(proba[0, 0])
+    pred = clf.predict(x, threshold=cut)
+    assert pred[0, 0] == 1
+    np.testing.assert_array_equal(pred, (proba >= cut).astype(np.int64))
+    per_class = proba[0].tolist()  # one threshold per class: row 0 is positive everywhere
+    assert clf.predict(x, threshold=per_class)[0].tolist() == [1] * len(per_class)

@@ -68,3 +68,29 @@ def test_no_import_cycles():
 
 def test_the_checker_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
+
+
+#: what each floor may not import (a lazy import inside a function counts): the machine's
+#: resources are the ground floor; the data floor is handed its feature loader; the feature
+#: cache and the engine are handed nothing from each other
+FLOORS = {
+    "spmlkit.machine": ("spmlkit",),
+    "spmlkit.data": ("spmlkit.features", "spmlkit.engine", "spmlkit.methods",
+                     "spmlkit.experiments", "spmlkit.cli", "spmlkit.losses"),
+    "spmlkit.features": ("spmlkit.engine", "spmlkit.methods", "spmlkit.experiments",
+                         "spmlkit.cli"),
+    "spmlkit.engine": ("spmlkit.features", "spmlkit.methods", "spmlkit.experiments",
+                       "spmlkit.cli"),
+}
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_no_floor_imports_one_above_it():
+    graph = import_graph()
+    wrong = sorted((m, t) for floor, banned in FLOORS.items() for m in graph
+                   if _under(m, floor) for t in graph[m]
+                   if any(_under(t, b) for b in banned) and not _under(t, floor))
+    assert wrong == []

@@ -458,3 +458,13 @@ class TestMakeSplits:
         ds.pool_observed[4, 0] = 3
         with pytest.raises(ValueError, match=r"row 4"):
             make_splits(ds, "1p")
+
+
+def test_observed_counts_tell_rows_without_a_positive_from_rows_without_any_label():
+    """A row with only negatives has no positive but is labelled; a row of zeros is neither
+    (the counts the protocol reports for a ``given`` or ``1p_1n`` train split)."""
+    from spmlkit.labels import observed_counts
+
+    counts = observed_counts([[0, 0, -1], [0, 0, 0], [1, -1, 0], [-1, -1, -1]])
+    assert counts == {"rows": 4, "positives": 1, "negatives": 5, "unobserved": 6,
+                      "rows_without_positive": 3, "rows_without_label": 1}

@@ -182,6 +182,34 @@ def test_stage_two_starts_from_stage_one_best_and_adds_the_projection_head(toy, 
     assert res["stage_epochs"] == [3, 1]
 
 
+def test_stage_two_starts_from_the_best_epoch_not_the_last(toy, monkeypatch):
+    """Stage 1's best epoch is its first (the val scores are scripted), so its last weights
+    differ from its best: stage 2 must start from the best (a start from the last weights, a
+    mutation the test above cannot see when stage 1's last epoch is also its best, fails
+    here)."""
+    scores = iter([90.0, 10.0, 10.0, 5.0])
+    monkeypatch.setattr(lac_mod._LACRecipe, "evaluators",
+                        lambda self: {"model": lambda: next(scores)})
+    seen, setup = {}, lac_mod._LACRecipe.setup
+
+    def spy_setup(self, index):
+        parts = setup(self, index)
+        seen["recipe"], seen[f"start{index}"] = self, lac_mod._state(self.model)
+        return parts
+
+    def hook(record, model, loss):
+        if record["stage"] == 1:
+            seen[record["stage_epoch"]] = seen["recipe"].weights("model")
+
+    monkeypatch.setattr(lac_mod._LACRecipe, "setup", spy_setup)
+    res = run(toy, {"stage1_epochs": 3, "stage2_epochs": 1}, on_epoch=hook)
+    assert res["best_epoch"] == 1 and res["stage_epochs"] == [3, 1]
+    moved = [k for k in seen[1] if not torch.equal(seen[1][k], seen[3][k])]
+    assert moved  # stage 1 trained on: its last weights are not its best
+    for key, value in seen[1].items():
+        assert torch.equal(seen["start1"][key], value), key
+
+
 # ---- schedule ---------------------------------------------------------------------------------
 def test_one_cycle_lr_trace_per_stage(toy):
     lrs = []

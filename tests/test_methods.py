@@ -67,6 +67,43 @@ def test_every_method_trains_into_a_run_folder(name, data, tmp_path):
 
 
 @pytest.mark.parametrize("name", METHODS)
+def test_every_method_reports_test_f1_and_hamming_at_the_val_chosen_threshold(name, data,
+                                                                             tmp_path):
+    """THRESHOLD_POLICY for every method: the threshold is chosen on val (max val micro-F1)
+    and the test F1s and Hamming loss are taken there, never at a threshold chosen on test."""
+    from spmlkit.metrics import best_global_threshold, f1_micro_macro, hamming_loss
+    from spmlkit.runs import read_predictions
+
+    res = train(name, data, tmp_path)
+    p = read_predictions(res["run_dir"])
+    on_val = best_global_threshold(p["probs_val"], p["y_val"])[0]
+    on_test = best_global_threshold(p["probs_test"], p["y_test"])[0]
+    assert res["threshold"]["value"] == on_val != on_test  # (so the two could be told apart)
+    micro, macro = f1_micro_macro(p["probs_test"], p["y_test"], on_val)
+    test = res["test_metrics"]
+    assert (test["threshold"], test["micro_f1"], test["hamming_loss"]) == \
+        (on_val, micro, hamming_loss(p["probs_test"], p["y_test"], on_val))
+    assert test["macro_f1"] == pytest.approx(macro, nan_ok=True)
+    assert res["val_metrics"]["threshold"] == on_val
+    assert json.loads((tmp_path / os.path.basename(res["run_dir"]) / "thresholds.json")
+                      .read_text())["global"] == on_val  # what spml predict applies
+
+
+@pytest.mark.parametrize("metric", ["micro_f1", "hamming_loss"])
+@pytest.mark.parametrize("name", METHODS)
+def test_every_method_selects_a_thresholded_metric_at_the_val_chosen_threshold(name, metric,
+                                                                               data, tmp_path):
+    """An epoch selected on val micro-F1 or Hamming loss is scored at the threshold chosen on
+    those val rows (THRESHOLD_POLICY), so the selected epoch's score is the run's val metric."""
+    method, options = options_of(name, data["root"])
+    res = train_run(name, data[method.inputs], "an", {},
+                    TrainConfig(**CONFIG, metric=metric), out=tmp_path, checkpoint_seconds=0,
+                    dataset_options=data["options"][method.inputs], **options)
+    assert res["metric"] == metric
+    assert res["val_score"] == pytest.approx(res["val_metrics"][metric], rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("name", METHODS)
 def test_every_method_resumes_to_the_uninterrupted_result(name, data, tmp_path):
     whole = train(name, data, tmp_path / "whole")
 

@@ -229,8 +229,10 @@ from sklearn.metrics import (coverage_error as sk_coverage_error,  # noqa: E402
                              hamming_loss as sk_hamming_loss,
                              label_ranking_average_precision_score, label_ranking_loss)
 
-from spmlkit.metrics import (METRICS, check_metric, classic_metrics,  # noqa: E402
-                             coverage_error, f1_micro_macro, hamming_loss, higher_is_better,
+from spmlkit import metrics as metrics_module  # noqa: E402
+from spmlkit.metrics import (METRIC_SETTINGS, METRICS, Metric,  # noqa: E402
+                             check_metric, classic_metrics, coverage_error, f1_micro_macro,
+                             hamming_loss, higher_is_better,
                              label_ranking_average_precision, metric_score,
                              normalised_coverage, one_error, ranking_loss)
 
@@ -344,3 +346,90 @@ def test_classic_metrics_and_directions():
     assert lower == {"ranking_loss", "coverage", "coverage_norm", "one_error", "hamming_loss"}
     with pytest.raises(ValueError, match="did you mean 'ranking_loss'"):
         check_metric("ranking_los")
+
+
+# ---- the metric records: a reference value per metric, generated from its record ---------------
+def _same(got, want):
+    return (np.isnan(want) and np.isnan(got)) or got == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("name", list(METRICS))
+def test_every_metric_equals_its_reference(name):
+    """Every record's value through metric_score, classic_metrics and its own function equals
+    its scikit-learn counterpart (30 random cases with ties, rows without a positive and
+    all-positive rows; thresholded metrics on the 0/1 predictions at 0.5), or its example
+    computed by hand."""
+    m = METRICS[name]
+    default = METRIC_SETTINGS[m.takes]
+    cases = [m.example] if m.example is not None else []
+    for seed in range(30 if m.sklearn is not None else 0):
+        s, y = _random_case(seed, ties=bool(seed % 2))
+        x = (s >= 0.5).astype(np.uint8) if m.needs_threshold else s
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # scikit-learn's undefined-value warnings
+            cases.append((s, y, m.sklearn(y, x)))
+    defined = 0
+    for probs, y, want in cases:
+        for got in (metric_score(name, probs, y), classic_metrics(probs, y)[name],
+                    m.fn(probs, y, default)):
+            assert _same(got, want), (name, got, want)
+        defined += not np.isnan(want)
+    assert defined > len(cases) // 2  # the comparison is not NaN against NaN
+
+
+def test_the_records_drive_selection_direction_and_thresholds():
+    assert [m.name for m in METRICS.values() if m.needs_threshold] == \
+        ["hamming_loss", "micro_f1", "macro_f1"]
+    s, y = _random_case(3, ties=False)
+    for name, m in METRICS.items():
+        assert higher_is_better(name) is m.higher_is_better
+        moved = metric_score(name, s, y, threshold=0.9) != metric_score(name, s, y, threshold=0.1)
+        assert moved is m.needs_threshold, name
+
+
+def test_registering_one_record_reaches_metric_score_tables_and_cli(monkeypatch, capsys):
+    monkeypatch.setattr(metrics_module, "METRICS", dict(METRICS))
+
+    def top_is_positive(probs, y, no_positive):
+        s, y = metrics_module._as_scores(probs, y)
+        return float((y[np.arange(len(y)), s.argmax(axis=1)] > 0).mean())
+
+    metrics_module.register_metric(Metric(
+        "top_hit", top_is_positive, True, 3, "share of rows whose top label is a positive",
+        "no_positive", example=([[0.9, 0.1], [0.2, 0.7]], [[1, 0], [1, 0]], 0.5)))
+    assert metric_score("top_hit", [[0.9, 0.1], [0.2, 0.7]], [[1, 0], [1, 0]]) == 0.5
+    assert classic_metrics([[0.9, 0.1]], [[1, 0]])["top_hit"] == 1.0
+    from spmlkit.cli import main
+    assert main(["list", "metrics"]) == 0
+    assert "top_hit" in capsys.readouterr().out
+    for bad, match in ((Metric("map", map_score, True, 2, "again", "convention",
+                               example=([[1.0]], [[1]], 100.0)), "registered twice"),
+                       (Metric("x", map_score, True, 2, "x", "cutoff", example=((), (), 0)),
+                        "takes='cutoff'"),
+                       (Metric("y", map_score, True, 2, "y", "convention"),
+                        "needs a reference value")):
+        with pytest.raises(ValueError, match=match):
+            metrics_module.register_metric(bad)
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 7, 1 << 21])
+def test_global_threshold_swept_in_blocks_is_the_highest_of_the_best(block, monkeypatch):
+    """The blockwise sweep (SWEEP_ENTRIES scores at a time, from the top) picks what one sweep
+    over every distinct score picks: the best micro-F1 and, among thresholds tying on it, the
+    highest. Tied F1s across blocks occur with few distinct scores; scores tie within and
+    across block edges."""
+    from spmlkit import metrics as M
+
+    monkeypatch.setattr(M, "SWEEP_ENTRIES", block)
+    rng = np.random.RandomState(0)  # the same cases for every block size
+    ties = 0
+    for _ in range(40):
+        s = np.round(rng.random_sample((rng.randint(2, 12), 3)), 1)
+        y = (rng.random_sample(s.shape) < 0.4).astype(np.uint8)
+        if not y.any():
+            continue
+        values, f1 = M._f1_sweep(s, y)  # highest threshold first
+        best = np.flatnonzero(f1 == f1.max())
+        ties += len(best) > 1
+        assert M.best_global_threshold(s, y) == (float(values[best[0]]), float(f1.max()))
+    assert ties  # the tie rule was exercised

@@ -268,7 +268,7 @@ def test_report_shows_the_classic_metrics_of_a_real_study(tmp_path, capsys):
         values = json.loads(r["metrics"])["test_metrics"]
         row = re.search(rf'<th scope="row">{r["method"]}</th>(.*?)</tr>', classic).group(1)
         cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
-        assert cells == [f"{values[h]:.{METRICS[h][1]}f}" for h in heads]
+        assert cells == [f"{values[h]:.{METRICS[h].decimals}f}" for h in heads]
     # the CLI's table of the same metrics shows the same numbers
     assert main(["study", "table", str(out), "--metric", ",".join(heads), "--format",
                  "html"]) == 0

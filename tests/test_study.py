@@ -875,3 +875,150 @@ def test_the_progress_bar_counts_planned_run_epochs(tmp_path, capsys):
     run_study(spec, tmp_path / "s", jobs=1, progress=True)
     err = capsys.readouterr().err.replace("\r", "\n")
     assert "4/4 [" in err and "run-epoch/s" in err and "2/2 runs, failed 0" in err
+
+
+# ---- method options as a study axis ------------------------------------------------------------
+MODES = {"methods": ["an", {"label": "SMILE", "spec": "an", "mode": "smile"},
+                     {"label": "BoostLU", "spec": "an", "mode": "boostlu"},
+                     {"label": "MIME", "spec": "an", "mode": "mime"}]}
+
+
+def test_every_method_option_is_a_study_axis():
+    """``option.<name>`` varies the option in the methods whose mode takes it (SMILE's ``kl``,
+    BoostLU's ``alpha``, MIME's ``theta``, the linear mode's ``head``), laid over their mode
+    options and into their run ids; the other methods run once, as without the axis."""
+    plain = {t.method: t.run_id for t in expand(load_study(spec(**MODES)))}
+    s = load_study(spec(**MODES, vary={"option.kl": ["official", "exact"],
+                                       "option.alpha": [2.0, 5.0], "option.theta": [0.5],
+                                       "option.head": ["linear", "mlp"]}))
+    tasks = expand(s)
+    by = {}
+    for t in tasks:
+        by.setdefault(t.method, []).append(t)
+    assert sorted((t.mode_options["kl"], t.variant) for t in by["SMILE"]) == \
+        [("exact", {"option.kl": "exact"}), ("official", {"option.kl": "official"})]
+    assert sorted(t.mode_options["alpha"] for t in by["BoostLU"]) == [2.0, 5.0]
+    assert [t.mode_options["theta"] for t in by["MIME"]] == [0.5]
+    assert sorted(t.mode_options["head"] for t in by["an"]) == ["linear", "mlp"]
+    assert "kl" not in by["an"][0].mode_options and "head" not in by["SMILE"][0].mode_options
+    ids = [t.run_id for t in tasks]
+    assert len(set(ids)) == len(ids) == 2 + 2 + 1 + 2
+    assert {t.run_id for t in by["BoostLU"]} & {plain["BoostLU"]} == set()  # varied: new ids
+    assert "-alpha2.0-" in by["BoostLU"][0].run_id or "-alpha2.0-" in by["BoostLU"][1].run_id
+    assert [t.run_id for t in expand(load_study(s.to_dict()))] == ids  # study.yaml round trip
+
+
+@pytest.mark.parametrize("vary, message", [
+    ({"option.kl": ["bogus"]}, r"vary.option.kl: SMILE: smile option kl must be one of"),
+    ({"option.alpha": [0]}, r"vary.option.alpha: BoostLU: alpha .* must be a finite number > 0"),
+    ({"option.map_dtype": ["int8"]}, r"vary.option.map_dtype: BoostLU: map_dtype must be one"),
+    ({"option.head": ["tree"]}, r"vary.option.head: an: head must be one of"),
+    ({"option.ablation": ["nope"]}, r"vary.option.ablation: MIME: .*nope"),
+    ({"option.bogus": [1]}, r"vary.option.bogus: no method's mode takes the option 'bogus' "
+                            r"\(linear: .*; smile: .*kl"),
+])
+def test_an_option_axis_is_checked_by_each_mode_s_own_check(vary, message):
+    with pytest.raises(ValueError, match=message):
+        load_study(spec(**MODES, vary=vary))
+
+
+def test_lac_options_vary_in_either_spelling_with_the_same_run_ids():
+    """``lac.<field>`` is LAC's spelling of ``option.<field>``: the same runs and run ids (the
+    ids pinned in tests/test_presets.py); both at once are refused."""
+    pytest.importorskip("spmlkit.methods.lac")
+    lac = [t.run_id for t in expand(load_study("lac-ablation", [
+        "vary={lac.queue_size: [64, 1024], lac.temperature: [0.1, 0.5]}"]))]
+    option = [t.run_id for t in expand(load_study("lac-ablation", [
+        "vary={option.queue_size: [64, 1024], option.temperature: [0.1, 0.5]}"]))]
+    assert option == lac and len(lac) == 12
+    assert "fmnist_mosaic-AN-1p-s0-b32-lr0.001-queue_size64-temperature0.1-ebcfcff7" in option
+    with pytest.raises(ValueError, match=r"temperature must be > 0"):
+        load_study("lac-ablation", ["vary={option.temperature: [0]}"])
+    with pytest.raises(ValueError, match=r"varied twice \(also as lac.dim\)"):
+        load_study("lac-ablation", ["vary={lac.dim: [8], option.dim: [16]}"])
+
+
+# ---- run ids: every option that changes results is hashed, and nothing else ------------------
+def _id_paths():
+    import dataclasses
+
+    from spmlkit.data import DATASETS, PROTOCOL_OPTIONS, source_parameters
+    from spmlkit.engine import TrainConfig
+    from spmlkit.features import FEATURE_OPTIONS
+
+    kept = [("dataset_options", k) for k in ("cache_dir", "progress", "mmap")]
+    kept += [("dataset_options", "features", k)
+             for k in ("cache_dir", "progress", "num_workers", "batch_size", "device")]
+    kept += [("mode_options", "cache_dir"), ("mode_options", "progress")]
+    kept += [("mode_options", "features", k) for k in ("num_workers", "batch_size", "device")]
+    kept += [("train", "num_workers"), ("train", "eval_batch_size")]
+    # (written out here, not read from NOT_RESULTS: a key added there fails a test below)
+    source = sorted({p for e in DATASETS.entries() for p in source_parameters(e.name)})
+    hashed = [("dataset_options", k) for k in (*PROTOCOL_OPTIONS, "backbone", *source)
+              if ("dataset_options", k) not in kept and k != "features"]
+    hashed += [("dataset_options", "features", k) for k in FEATURE_OPTIONS
+               if ("dataset_options", "features", k) not in kept]
+    hashed += [("train", f.name) for f in dataclasses.fields(TrainConfig)
+               if ("train", f.name) not in kept]
+    hashed += [("hparams", "alpha"), ("regime",), ("k",), ("mode",), ("loss",),
+               ("mode_options", "head"), ("mode_options", "features", "dtype")]
+    return hashed, kept
+
+
+def _changed(value):
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value * 2 + 1
+    return "other" if value is None else f"{value}-other"
+
+
+def _with(config: dict, path: tuple):
+    import copy
+
+    out = copy.deepcopy(config)
+    node = out
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+    node[path[-1]] = _changed(node.get(path[-1]))
+    return out
+
+
+ID_HASHED, ID_KEPT = _id_paths()
+
+
+@pytest.mark.parametrize("path", ID_HASHED, ids=".".join)
+def test_a_run_id_hashes_every_option_that_changes_results(path):
+    """Every protocol option, source option, feature-extraction option, TrainConfig field,
+    hyperparameter and mode option moves a run's id (a study re-runs what it changes)."""
+    from spmlkit.experiments.study import run_id_for
+
+    config = expand(load_study(spec(methods=["an"])))[0].config()
+    assert run_id_for(_with(config, path), 0, {}) != run_id_for(config, 0, {})
+
+
+@pytest.mark.parametrize("path", ID_KEPT, ids=".".join)
+def test_a_run_id_ignores_what_cannot_change_results(path):
+    """Cache folders, progress bars, worker counts, batch sizes of extraction and evaluation,
+    devices of extraction and memory-mapping leave a run's id as it is."""
+    from spmlkit.experiments.study import run_id_for
+
+    config = expand(load_study(spec(methods=["an"])))[0].config()
+    config["dataset_options"] = {"backbone": "b", "features": {"dtype": "float16"}}
+    config["mode_options"] = {"features": {"dtype": "float16"}}
+    assert run_id_for(_with(config, path), 0, {}) == run_id_for(config, 0, {})
+
+
+def test_what_a_run_id_leaves_out_is_the_list_above():
+    from spmlkit.experiments.study.expand import NOT_RESULTS
+
+    assert sorted(ID_KEPT) == sorted(tuple(where.split(".")) + (key,)
+                                     for where, keys in NOT_RESULTS.items() for key in keys)
+
+
+def test_a_regime_axis_is_not_repeated_in_the_readable_run_id():
+    """The regime stands once in a run id (its third part), not again among the vary parts;
+    these ids are pinned: a study's runs are found again by them."""
+    s = load_study(spec(vary={"k": [2], "regime": ["1p_1n"]}))
+    assert [t.run_id for t in expand(s)] == ["yeast-an-1p_1n-s0-b16-lr0.01-e46fc90a",
+                                              "yeast-epr-1p_1n-s0-b16-lr0.01-k2-fa760d98"]

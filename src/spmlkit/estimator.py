@@ -24,10 +24,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from .engine import TrainConfig, fit_linear, predict_logits, torch_threads
 from .labels import POSITIVE, validate_full_labels, validate_observed
 from .losses import create_loss
-from .metrics import check_metric, higher_is_better, map_score, metric_score
-
-#: metrics computed from 0/1 predictions (the estimator's ``threshold``), not from the scores
-_THRESHOLD_METRICS = ("hamming_loss", "micro_f1", "macro_f1")
+from .metrics import METRICS, check_metric, higher_is_better, map_score, metric_score
 
 
 class SPMLClassifier(ClassifierMixin, BaseEstimator):
@@ -369,7 +366,7 @@ class ValidationScorer:
         if classes is None:
             raise ValueError("validation_scorer: the estimator has no classes_ (is it fitted?)")
         y_full = full_labels(self.Y_val, classes, "validation_scorer's Y_val", self.classes)
-        if self.metric in _THRESHOLD_METRICS:  # the estimator's own cut (its threshold)
+        if METRICS[self.metric].needs_threshold:  # the estimator's own cut (its threshold)
             scores = np.asarray(estimator.predict(self.X_val), dtype=np.float64)
         else:
             scores = np.asarray(estimator.predict_proba(self.X_val), dtype=np.float64)

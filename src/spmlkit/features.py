@@ -56,12 +56,13 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from . import data
 from .data.protocol import Dataset, LabelledSet, Splits
 from .data.rows import holds_vectors
-from .engine import loader_workers
 from .engine.accel import start as start_acceleration
 from .engine.image_batches import (_raw_item, finish_view, gpu_decodable, load_view,
                                    prefetch_factor)
+from .machine import default_cache_dir, default_workers, loader_workers
 from .runs import write_json
 
 FORMAT_VERSION = 1
@@ -69,18 +70,6 @@ FORMAT_VERSION = 1
 TRANSFORMS = {"eval": "eval_transform", "weak": "weak_view", "strong": "strong_view"}
 DTYPES = ("float32", "float16")
 FEATURES_FILE, DONE_FILE, META_FILE, LOCK_FILE = "features.npy", "done.npy", "meta.json", ".lock"
-
-
-def default_cache_dir() -> Path:
-    """``$SPMLKIT_CACHE/features`` if set, else ``~/.cache/spmlkit/features``."""
-    root = os.environ.get("SPMLKIT_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "spmlkit") / "features"
-
-
-def default_workers() -> int:
-    """Decoding worker processes: one per core beyond the one that runs the backbone, at most
-    8 (at least 1)."""
-    return max(1, min(8, (os.cpu_count() or 2) - 1))
 
 
 # ---- transforms -------------------------------------------------------------------------------
@@ -578,7 +567,7 @@ def load_feature_dataset(name: str, /, backbone: str, features: dict | None = No
                          **source_options) -> Dataset:
     """Load the image source ``name`` and replace its items by cached ``backbone`` features.
 
-    This is what ``load_dataset(name, backbone=..., features={...})`` does, so a run's
+    This is what `load_dataset` ``(name, backbone=..., features={...})`` does, so a run's
     ``dataset_options`` (config.json, benchmark workers) name the features it trained on.
 
     Args:
@@ -608,6 +597,27 @@ def load_feature_dataset(name: str, /, backbone: str, features: dict | None = No
     check_source_options(name, source_options)
     ds = require_images(DATASETS.get(name).factory(**source_options))
     return feature_dataset(ds, backbone, **features)
+
+
+def load_dataset(name: str, /, **options) -> Dataset:
+    """`spmlkit.data.load_dataset` handed `load_feature_dataset`: ``backbone=``
+    (and ``features={...}``) turn an image source's paths into cached backbone features.
+
+    Raises:
+        ValueError: as `spmlkit.data.load_dataset` and `load_feature_dataset`.
+    """
+    return data.load_dataset(name, feature_loader=load_feature_dataset, **options)
+
+
+def load_splits(name: str, /, regime: str = "1p", seed: int | None = None,
+                **options) -> Splits:
+    """`spmlkit.data.load_splits` handed `load_feature_dataset`: what a run's
+    ``dataset_options`` describe, cached backbone features included (``backbone=``).
+
+    Raises:
+        ValueError: as `spmlkit.data.load_splits` and `load_feature_dataset`.
+    """
+    return data.load_splits(name, regime, seed, feature_loader=load_feature_dataset, **options)
 
 
 def feature_option_rows() -> list[dict]:

@@ -8,6 +8,7 @@ and keeps it in the mean, as the official code does.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -222,48 +223,12 @@ def evaluate(scores, y, convention: str = "present") -> dict:
 
 
 # ---- the classic example-based multi-label metrics ---------------------------------------------
-#: every metric a run reports and a selection can use: name -> (higher is better, decimals shown
-#: in tables, description). mAP is x100 (as everywhere in spmlkit); the others are as the
-#: multi-label literature writes them (fractions in [0, 1]; ``coverage`` in [0, L]).
-METRICS = {
-    "map": (True, 2, "mean average precision over classes, x100"),
-    "lrap": (True, 4, "label-ranking average precision (the literature's 'average precision')"),
-    "ranking_loss": (False, 4, "share of (positive, negative) label pairs ordered wrongly"),
-    "coverage": (False, 3, "coverage error: how far down the ranking all positives are covered "
-                           "(scikit-learn's coverage_error, in 1..L)"),
-    "coverage_norm": (False, 4, "normalised coverage (coverage - 1) / L, in [0, 1)"),
-    "one_error": (False, 4, "share of rows whose top-ranked label is not a positive"),
-    "hamming_loss": (False, 4, "share of label entries predicted wrongly at the threshold"),
-    "micro_f1": (True, 4, "F1 over all label entries at the threshold"),
-    "macro_f1": (True, 4, "mean of the per-class F1 at the threshold"),
-}
 #: the one threshold policy of a run's thresholded numbers (F1s, Hamming loss): at every epoch
 #: and in the result, the global threshold that maximises micro-F1 on the val split
 #: (`best_global_threshold`), the threshold ``spml predict`` applies by default
 THRESHOLD_POLICY = "the global threshold chosen on val (max val micro-F1), as spml predict uses"
 #: what rows without any positive do in the example-based ranking metrics
 NO_POSITIVE = ("sklearn", "exclude")
-
-
-def check_metric(name: str) -> str:
-    """``name`` if it is one of `METRICS`, else a ``ValueError`` listing them."""
-    if name not in METRICS:
-        import difflib
-
-        close = difflib.get_close_matches(str(name), list(METRICS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"unknown metric {name!r}{hint}; choose one of {', '.join(METRICS)}")
-    return name
-
-
-def higher_is_better(name: str) -> bool:
-    """The selection direction of metric ``name`` (``ranking_loss``, ``coverage``,
-    ``coverage_norm``, ``one_error``, ``hamming_loss``: lower is better).
-
-    >>> higher_is_better("map"), higher_is_better("ranking_loss")
-    (True, False)
-    """
-    return METRICS[check_metric(name)][0]
 
 
 def _count_at_least(s: np.ndarray) -> np.ndarray:
@@ -443,6 +408,179 @@ def f1_micro_macro(probs, y, threshold: float = 0.5) -> tuple[float, float]:
     return micro, macro
 
 
+def micro_f1(probs, y, threshold: float = 0.5) -> float:
+    """Micro F1 of ``probs >= threshold`` (`f1_micro_macro`)."""
+    return f1_micro_macro(probs, y, threshold)[0]
+
+
+def macro_f1(probs, y, threshold: float = 0.5) -> float:
+    """Macro F1 of ``probs >= threshold`` (`f1_micro_macro`)."""
+    return f1_micro_macro(probs, y, threshold)[1]
+
+
+def _f1_pair(p: np.ndarray, y: np.ndarray, threshold: float) -> dict:
+    """Micro and macro F1 from one count of the entries."""
+    micro, macro = f1_micro_macro(p, y, threshold)
+    return {"micro_f1": micro, "macro_f1": macro}
+
+
+# ---- the metric records: every metric one record ------------------------------------------------
+def _sklearn_map(y, x) -> float:
+    """100 * mean(average_precision_score(y[:, j], x[:, j]) for the classes j with a positive)"""
+    from sklearn.metrics import average_precision_score
+
+    has = np.asarray(y).sum(axis=0) > 0
+    if not has.any():
+        return float("nan")
+    return 100.0 * float(np.mean([average_precision_score(y[:, j], x[:, j])
+                                  for j in np.flatnonzero(has)]))
+
+
+def _sklearn(name: str, after: Callable | None = None, **kwargs) -> Callable:
+    """``sklearn.metrics.<name>(y, x, **kwargs)`` (then ``after(value, L)``), imported on call."""
+    def counterpart(y, x) -> float:
+        import sklearn.metrics
+
+        value = float(getattr(sklearn.metrics, name)(y, x, **kwargs))
+        return value if after is None else after(value, np.shape(y)[1])
+
+    shown = ", ".join(["y", "x", *(f"{k}={v!r}" for k, v in kwargs.items())])
+    counterpart.__doc__ = f"{name}({shown})" + ("" if after is None else after.__doc__)
+    return counterpart
+
+
+def _per_label_minus_one(value: float, num_labels: int) -> float:
+    """, minus 1, over L"""
+    return (value - 1.0) / num_labels
+
+
+#: the settings a metric's function takes as its third argument, and their defaults
+METRIC_SETTINGS = {"convention": "present", "threshold": 0.5, "no_positive": "sklearn"}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric, as everything that reports, selects on, tabulates or documents it reads it
+    (`metric_score`, `classic_metrics`, ``--metric``, ``spml list metrics``, the
+    study and benchmark tables, the docs' metric reference and the generated value tests).
+
+    Args:
+        name: the metric's name (``--metric NAME``, ``val_NAME`` / ``test_NAME``).
+        fn: ``fn(probs, y, setting) -> float``: ``probs`` N x L, ``y`` the full labels N x L;
+            ``setting`` is the one of `METRIC_SETTINGS` named by ``takes``.
+        higher_is_better: the selection direction.
+        decimals: decimals shown in tables and the CLI.
+        description: one line (``spml list metrics``).
+        takes: ``"convention"`` (mAP's classes without positives), ``"threshold"`` (the
+            metric scores 0/1 predictions ``probs >= threshold``) or ``"no_positive"`` (rows
+            without a positive, `NO_POSITIVE`).
+        sklearn: ``(y, x) -> float``, scikit-learn's value of the metric at the default
+            setting, ``x`` the scores (a thresholded metric: the 0/1 predictions at 0.5);
+            ``None`` where scikit-learn has none.
+        example: ``(probs, y, value)`` computed by hand, at the default setting; required
+            where ``sklearn`` is ``None``.
+        joint: ``(p, y, setting) -> {name: value}``: this metric computed with its siblings from
+            one pass (the ranking metrics share one ranking); `classic_metrics` calls it
+            once for all of them.
+    """
+    name: str
+    fn: Callable[..., float]
+    higher_is_better: bool
+    decimals: int
+    description: str
+    takes: str
+    sklearn: Callable[..., float] | None = None
+    example: tuple | None = None
+    joint: Callable[..., dict] | None = None
+
+    @property
+    def needs_threshold(self) -> bool:
+        """Whether it scores predictions at a threshold (F1s, Hamming loss)."""
+        return self.takes == "threshold"
+
+
+#: every metric a run reports and a selection can use, name -> `Metric`, in the order
+#: of the tables. mAP is x100 (as everywhere in spmlkit); the others are as the multi-label
+#: literature writes them (fractions in [0, 1]; ``coverage`` in [0, L]).
+METRICS: dict[str, Metric] = {}
+
+
+def register_metric(metric: Metric) -> Metric:
+    """Add ``metric`` to `METRICS` (the CLI, tables, docs and value tests pick it up).
+
+    Raises:
+        ValueError: a name taken, a setting not in `METRIC_SETTINGS`, or no reference
+            value (neither ``sklearn`` nor ``example``).
+    """
+    if metric.name in METRICS:
+        raise ValueError(f"metric {metric.name!r} is registered twice")
+    if metric.takes not in METRIC_SETTINGS:
+        raise ValueError(f"metric {metric.name!r}: takes={metric.takes!r}; one of "
+                         f"{', '.join(METRIC_SETTINGS)}")
+    if metric.sklearn is None and metric.example is None:
+        raise ValueError(f"metric {metric.name!r} needs a reference value: its scikit-learn "
+                         f"counterpart (sklearn=) or an example computed by hand (example=)")
+    METRICS[metric.name] = metric
+    return metric
+
+
+for _metric in (
+    Metric("map", map_score, True, 2, "mean average precision over classes, x100",
+           "convention", sklearn=_sklearn_map),
+    Metric("lrap", label_ranking_average_precision, True, 4,
+           "label-ranking average precision (the literature's 'average precision')",
+           "no_positive", sklearn=_sklearn("label_ranking_average_precision_score"),
+           joint=_ranking_metrics),
+    Metric("ranking_loss", ranking_loss, False, 4,
+           "share of (positive, negative) label pairs ordered wrongly", "no_positive",
+           sklearn=_sklearn("label_ranking_loss"), joint=_ranking_metrics),
+    Metric("coverage", coverage_error, False, 3,
+           "coverage error: how far down the ranking all positives are covered "
+           "(scikit-learn's coverage_error, in 1..L)", "no_positive",
+           sklearn=_sklearn("coverage_error"), joint=_ranking_metrics),
+    Metric("coverage_norm", normalised_coverage, False, 4,
+           "normalised coverage (coverage - 1) / L, in [0, 1)", "no_positive",
+           sklearn=_sklearn("coverage_error", _per_label_minus_one), joint=_ranking_metrics),
+    # row 0's top (0.8) is a positive; row 1's (0.6) a negative; row 2's tie for the top goes
+    # to column 0, a negative; row 3 has no positive: an error -> 3 of 4
+    Metric("one_error", one_error, False, 4,
+           "share of rows whose top-ranked label is not a positive", "no_positive",
+           example=([[0.1, 0.8, 0.3], [0.6, 0.2, 0.1], [0.5, 0.5, 0.0], [0.4, 0.3, 0.2]],
+                    [[0, 1, 0], [0, 1, 1], [0, 1, 0], [0, 0, 0]], 0.75)),
+    Metric("hamming_loss", hamming_loss, False, 4,
+           "share of label entries predicted wrongly at the threshold", "threshold",
+           sklearn=_sklearn("hamming_loss")),
+    Metric("micro_f1", micro_f1, True, 4, "F1 over all label entries at the threshold",
+           "threshold", sklearn=_sklearn("f1_score", average="micro", zero_division=0),
+           joint=_f1_pair),
+    Metric("macro_f1", macro_f1, True, 4, "mean of the per-class F1 at the threshold",
+           "threshold", sklearn=_sklearn("f1_score", average="macro", zero_division=np.nan),
+           joint=_f1_pair),
+):
+    register_metric(_metric)
+
+
+def check_metric(name: str) -> str:
+    """``name`` if it is one of `METRICS`, else a ``ValueError`` listing them."""
+    if name not in METRICS:
+        import difflib
+
+        close = difflib.get_close_matches(str(name), list(METRICS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown metric {name!r}{hint}; choose one of {', '.join(METRICS)}")
+    return name
+
+
+def higher_is_better(name: str) -> bool:
+    """The selection direction of metric ``name`` (``ranking_loss``, ``coverage``,
+    ``coverage_norm``, ``one_error``, ``hamming_loss``: lower is better).
+
+    >>> higher_is_better("map"), higher_is_better("ranking_loss")
+    (True, False)
+    """
+    return METRICS[check_metric(name)].higher_is_better
+
+
 def metric_score(name: str, probs, y, *, convention: str = "present",
                  threshold: float | str = 0.5, no_positive: str = "sklearn") -> float:
     """One metric of `METRICS` of ``probs`` (N x L probabilities) against the full labels
@@ -455,19 +593,11 @@ def metric_score(name: str, probs, y, *, convention: str = "present",
     Raises:
         ValueError: an unknown metric (listing them), bad shapes or non-finite scores.
     """
-    check_metric(name)
-    if name == "map":
-        return map_score(probs, y, convention)
-    if threshold == "chosen":
+    metric = METRICS[check_metric(name)]
+    if metric.needs_threshold and threshold == "chosen":
         threshold = best_global_threshold(probs, y)[0]
-    if name in ("micro_f1", "macro_f1"):
-        micro, macro = f1_micro_macro(probs, y, threshold)
-        return micro if name == "micro_f1" else macro
-    if name == "hamming_loss":
-        return hamming_loss(probs, y, threshold)
-    return {"lrap": label_ranking_average_precision, "ranking_loss": ranking_loss,
-            "coverage": coverage_error, "coverage_norm": normalised_coverage,
-            "one_error": one_error}[name](probs, y, no_positive)
+    settings = {"convention": convention, "threshold": threshold, "no_positive": no_positive}
+    return metric.fn(probs, y, settings[metric.takes])
 
 
 def classic_metrics(probs, y, *, convention: str = "present", threshold: float = 0.5,
@@ -481,12 +611,16 @@ def classic_metrics(probs, y, *, convention: str = "present", threshold: float =
     (100.0, 1.0, 0.0, 0.0, 0.0)
     """
     p, y = _as_scores(probs, y)
-    out = {"map": map_score(p, y, convention),
-           **_ranking_metrics(p, y, no_positive),
-           "one_error": one_error(p, y, no_positive),
-           "hamming_loss": hamming_loss(p, y, threshold)}
-    out["micro_f1"], out["macro_f1"] = f1_micro_macro(p, y, threshold)
-    out = {name: out[name] for name in METRICS}
+    settings = {"convention": convention, "threshold": threshold, "no_positive": no_positive}
+    out, shared = {}, {}
+    for name, metric in METRICS.items():
+        setting = settings[metric.takes]
+        if metric.joint is None:
+            out[name] = metric.fn(p, y, setting)
+            continue
+        if metric.joint not in shared:
+            shared[metric.joint] = metric.joint(p, y, setting)
+        out[name] = shared[metric.joint][name]
     out["threshold"] = float(threshold)
     out["rows_without_positives"] = int((y.sum(axis=1) == 0).sum())
     return out

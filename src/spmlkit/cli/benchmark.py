@@ -40,7 +40,7 @@ def cmd_benchmark(args) -> int:
         grid["weight_decay"] = tuple(decays)
     given = {"epochs": args.epochs} if args.epochs is not None else {}  # else the paper's 25
     if args.dataset == "tabular" and "path" in options:  # the columns, before any run
-        from ..data import load_dataset
+        from ..features import load_dataset
 
         ds = load_dataset(args.dataset, **options)
         _describe_features(ds.meta, ds.standardize)

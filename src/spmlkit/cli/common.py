@@ -207,7 +207,7 @@ def _metric_help() -> str:
 
     def names(up):
         return _join(f"{n} (default)" if n == "map" else n
-                     for n, (higher, _, _) in METRICS.items() if higher == up)
+                     for n, m in METRICS.items() if m.higher_is_better == up)
     return ("the val metric the best epoch (and grid point) is selected on: "
             f"{names(True)} (higher is better) or {names(False)} (lower is better)")
 

@@ -43,8 +43,8 @@ def cmd_list(args) -> int:
     elif args.what == "metrics":
         from ..metrics import METRICS
 
-        rows = [(name, f"{desc} ({'higher' if up else 'lower'} is better)", "")
-                for name, (up, _, desc) in METRICS.items()]
+        rows = [(m.name, f"{m.description} ({'higher' if m.higher_is_better else 'lower'} "
+                         f"is better)", "") for m in METRICS.values()]
     else:
         from ..labels import REGIMES
 

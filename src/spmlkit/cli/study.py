@@ -40,7 +40,7 @@ def _study_table(out, fmt: str = "markdown", metric: str = "test_map",
                                  labels=labels)
         name = names[0]
         return study_table(selected, fmt, metric_column(name), columns=columns, title=title,
-                           order=order, decimals=METRICS[name][1],
+                           order=order, decimals=METRICS[name].decimals,
                            higher_is_better=higher_is_better(name), labels=labels)
     if select:
         raise ValueError("--select needs --metric to name metrics of spml list metrics "

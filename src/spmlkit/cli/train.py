@@ -13,7 +13,7 @@ def cmd_train(args) -> int:
     """``spml train``: one run of any registered method (``--mode``), or ``--resume RUN_DIR``."""
     import torch
 
-    from ..data import load_splits
+    from ..features import load_splits
     from ..engine import TrainConfig
     from ..engine.accel import acceleration
     from ..engine.loop import batch_progress
@@ -292,11 +292,11 @@ def _print_result(args, res: dict) -> int:
 
         on = res.get("metric", "map")
         if on != "map":
-            print(f"selected on val {on}: {res['val_score']:.{METRICS[on][1]}f}")
+            print(f"selected on val {on}: {res['val_score']:.{METRICS[on].decimals}f}")
         at = "" if test.get("threshold") is None else \
             f" (F1 and Hamming at threshold={test['threshold']:.4g}: chosen on val, max val " \
             f"micro-F1, the one spml predict applies by default)"
-        print("test: " + ", ".join(f"{name} {test[name]:.{METRICS[name][1]}f}"
+        print("test: " + ", ".join(f"{name} {test[name]:.{METRICS[name].decimals}f}"
                                    for name in METRICS if name != "map"
                                    and test.get(name) is not None) + at)
     if res.get("skipped_images"):

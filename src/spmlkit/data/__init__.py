@@ -6,6 +6,8 @@
 """
 from __future__ import annotations
 
+from typing import Callable
+
 # one module per source; importing it registers it (this order is the registry's, which
 # `spml list datasets` and the README's table follow)
 from . import arrays, tabular, cole, fmnist_mosaic, mdi_icons, yeast  # noqa: F401
@@ -16,22 +18,28 @@ from .registry import DATASETS
 from ..runs import SLUG
 
 
-def load_dataset(name: str, /, **options) -> Dataset:
+def load_dataset(name: str, /, *, feature_loader: Callable[..., Dataset] | None = None,
+                 **options) -> Dataset:
     """Load the registered source ``name`` (options are the source's own, e.g. ``root=``;
     ``name=`` among them is the source's, e.g. the name a ``csv`` dataset is given).
 
     ``backbone=`` (and ``features={...}``) turns an image source's paths into cached backbone
-    features (`spmlkit.features.load_feature_dataset`).
+    features. The data floor does not compute features: it is handed the loader that does,
+    ``feature_loader(name, **options)`` (`spmlkit.features.load_feature_dataset`, which
+    `spmlkit.features.load_dataset` and `spmlkit.features.load_splits` hand it).
 
     Raises:
         ValueError: an unknown dataset, or options the source does not take (unknown or missing
-            keys, values of the wrong type: `check_source_options`); the source's own
-            errors for its files.
+            keys, values of the wrong type: `check_source_options`); ``backbone=`` without
+            a ``feature_loader``; the source's own errors for its files.
     """
     if options.get("backbone") is not None:
-        from ..features import load_feature_dataset
-
-        return load_feature_dataset(name, **options)
+        if feature_loader is None:
+            raise ValueError(f"dataset {name!r}: backbone={options['backbone']!r} asks for "
+                             f"cached backbone features, which spmlkit.data does not compute: "
+                             f"load it with spmlkit.features.load_dataset / load_splits (or "
+                             f"hand feature_loader=spmlkit.features.load_feature_dataset)")
+        return feature_loader(name, **options)
     params = source_parameters(name)
     if "backbone" in options and "backbone" not in params:
         del options["backbone"]  # backbone=None: the source's own items
@@ -47,15 +55,15 @@ def load_dataset(name: str, /, **options) -> Dataset:
     return DATASETS.get(name).factory(**options)
 
 
-def load_splits(name: str, /, regime: str = "1p", seed: int | None = None,
-                **options) -> Splits:
+def load_splits(name: str, /, regime: str = "1p", seed: int | None = None, *,
+                feature_loader: Callable[..., Dataset] | None = None, **options) -> Splits:
     """Load a source and apply the protocol (observed labels drawn with ``seed``, default 1200).
 
     Options in `PROTOCOL_OPTIONS` go to `make_splits` (``subsample=0.5`` keeps a
     seeded half of the train rows; ``class_order=[...]`` for ``1p_biased:semantic``;
     ``protocol="tabular"``: the tabular SPML protocol, a random 80 / 10 / 10 split of all rows
     drawn with ``seed``, one trial per seed); the rest
-    to the source (`load_dataset`). Every source takes them.
+    to the source (`load_dataset`, with ``feature_loader``). Every source takes them.
 
     Raises:
         ValueError: as `load_dataset` (a misspelt option names the closest one, e.g.
@@ -68,7 +76,7 @@ def load_splits(name: str, /, regime: str = "1p", seed: int | None = None,
         raise ValueError(f"dataset {name!r}: the observed-label seed must be a whole number >= 0, "
                          f"got {seed!r}")
     protocol = {key: options.pop(key) for key in PROTOCOL_OPTIONS if key in options}
-    return make_splits(load_dataset(name, **options), regime,
+    return make_splits(load_dataset(name, feature_loader=feature_loader, **options), regime,
                        OFFICIAL_SEED if seed is None else seed, **protocol)
 
 

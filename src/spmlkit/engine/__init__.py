@@ -41,7 +41,7 @@ from .config import (AMP_MODES, TrainConfig, batch_starts, config_dict, epoch_ro
 from .finetune import LINEAR_INIT_FORMAT, FinetuneOptions, fit_finetune, fit_linear_init, \
     predict_items
 from .image_batches import (GlobalBatchSampler, ImageItems, ItemPredictor, default_image_reader,
-                     loader_workers, mix_seed, shares)
+                            mix_seed, shares)
 from .linear import fit_linear, make_linear_head, predict_logits, val_map
 from .loop import (STATE_FORMAT, Batch, FitResult, GeneratorState, Stage, StageParts,
                    StepBatch, StepHook, check_val_labels, train_loop)
@@ -55,7 +55,7 @@ __all__ = ["AMP_MODES", "Acceleration", "Batch", "acceleration", "current_accele
            "STATE_FORMAT", "Selection", "Stage", "StageParts", "StepBatch", "StepHook",
            "TrainConfig", "FinetuneOptions", "batch_starts", "check_val_labels", "config_dict",
            "default_image_reader", "epoch_rows", "fit_finetune",
-           "fit_linear", "fit_linear_init", "fit_linear_stacked", "loader_workers",
+           "fit_linear", "fit_linear_init", "fit_linear_stacked",
            "make_linear_head",
            "make_optimizer", "mix_seed", "no_finite_val_map", "parse_early_stop",
            "predict_items", "predict_logits", "shares", "snapshot", "torch_threads", "train_loop",

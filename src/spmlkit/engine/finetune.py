@@ -420,7 +420,7 @@ def _backbone_features(backbone: nn.Module, items, width: int, config: TrainConf
                        image_reader, what: str):
     """The backbone's pooled features of ``items`` for the linear phase, written batch by batch
     into a memory map of a nameless temporary file in the feature cache's folder
-    (`spmlkit.features.default_cache_dir`: on disk, where /tmp may be memory; the file is
+    (`spmlkit.machine.default_cache_dir`: on disk, where /tmp may be memory; the file is
     gone when the map is let go), so the N x D float32 features of a large image set are read
     by the linear engine chunk by chunk (`spmlkit.data.rows`) and never held in memory.
     Under ``torchrun`` (every process needs every row) they are gathered in memory instead."""
@@ -430,7 +430,7 @@ def _backbone_features(backbone: nn.Module, items, width: int, config: TrainConf
     import tempfile
 
     from ..data.rows import nonfinite_rows
-    from ..features import default_cache_dir
+    from ..machine import default_cache_dir
 
     n = len(check_items(items, f"{what} items"))
     given = getattr(backbone, "num_features", None)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .. import distributed as dist_utils
+from ..machine import loader_workers
 from .accel import current_acceleration
 from .amp import amp_dtype, run_model
 from .config import TrainConfig, epoch_rows
@@ -249,14 +250,6 @@ class _Collate:
         xs, flips = zip(*views)
         xs = list(xs) if xs[0].ndim == 1 else torch.stack(xs)
         return xs, torch.tensor(flips, dtype=torch.bool), torch.tensor(rows, dtype=torch.long)
-
-
-def loader_workers(n: int) -> int:
-    """``n`` DataLoader workers, or 0 inside a daemonic process (a study's or benchmark's pool
-    worker), which may not start children of its own."""
-    import multiprocessing
-
-    return 0 if multiprocessing.current_process().daemon else int(n)
 
 
 def prefetch_factor(batch_size: int) -> int:

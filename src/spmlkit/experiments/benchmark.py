@@ -332,7 +332,7 @@ def format_table(selected, methods, dataset, seeds, grid, epochs, seconds,
                      f"{', '.join(picks)} |"
                      + ("" if not extra else
                         " " + " | ".join(_mean_std([r[f"{split}_metrics"][metric] for r in rows],
-                                                   METRICS[metric][1])
+                                                   METRICS[metric].decimals)
                                          for split in ("test", "val")) + " |"))
     for label in dict.fromkeys(r["loss"] for r in sklearn):
         rows = [r for r in sklearn if r["loss"] == label]

@@ -188,7 +188,8 @@ def _metric_table(study: StudyFolder, name: str, title: str) -> str:
 
     return str(study_table(study.selected, fmt="html", metric=metric_column(name), title=title,
                            order=_method_order(study), labels=study.spec.row_labels(),
-                           decimals=METRICS[name][1], higher_is_better=METRICS[name][0]))
+                           decimals=METRICS[name].decimals,
+                           higher_is_better=METRICS[name].higher_is_better))
 
 
 def _classic_table(study: StudyFolder, names, title: str) -> str:

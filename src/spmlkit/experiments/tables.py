@@ -171,7 +171,7 @@ def metrics_table(selected_rows, metrics, fmt: str = "markdown", split: str = "t
             if value is None:
                 continue
             flat.append({**r, "metric": col, "value": value, "metrics": "{}"})
-            decimals[col], higher[col] = METRICS[m][1], METRICS[m][0]
+            decimals[col], higher[col] = METRICS[m].decimals, METRICS[m].higher_is_better
     if not flat:
         raise ValueError(f"no selected run has {split} values of {', '.join(metrics)} (runs "
                          f"from before these metrics were recorded: train them again)")

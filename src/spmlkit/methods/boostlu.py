@@ -208,13 +208,18 @@ def _check(ctx) -> bool:
         raise ValueError(f"dataset {ctx.splits.name!r} holds images: --mode boostlu trains on "
                          f"a backbone's feature maps, give --backbone NAME (spml list "
                          f"backbones), e.g. efficientnet_lite0")
-    check_alpha(ctx.options["alpha"])
-    if ctx.options["eval_alpha"] is not None:
-        check_alpha(ctx.options["eval_alpha"])
-    if ctx.options["map_dtype"] not in MAP_DTYPES:
-        raise ValueError(f"map_dtype must be one of {MAP_DTYPES}, got "
-                         f"{ctx.options['map_dtype']!r}")
     return vectors
+
+
+def check_values(options: dict) -> None:
+    """BoostLU's option check (``TrainingMethod.check_values``): ``alpha`` and ``eval_alpha``
+    (`check_alpha`), ``map_dtype`` one of `MAP_DTYPES`."""
+    check_alpha(options["alpha"])
+    if options["eval_alpha"] is not None:
+        check_alpha(options["eval_alpha"])
+    if options["map_dtype"] not in MAP_DTYPES:
+        raise ValueError(f"map_dtype must be one of {MAP_DTYPES}, got "
+                         f"{options['map_dtype']!r}")
 
 
 def _eval_alpha(options) -> dict:
@@ -298,4 +303,5 @@ BOOSTLU = register_method(TrainingMethod(
     default_lr=1e-3,
     default_lr_source="the linear mode's (a head on frozen features; the official 1e-5 with "
     "a 10x head lr is for a ResNet-50 fine-tuned end to end)",
-    smoke_options=smoke_image_options(), train_fields=IMAGE_TRAIN_FIELDS))
+    check_values=check_values, smoke_options=smoke_image_options(),
+    train_fields=IMAGE_TRAIN_FIELDS))

@@ -92,6 +92,11 @@ class TrainingMethod:
     #: their spelling changed after ids were given out (LAC's fields, flat now, hashed nested
     #: under ``lac`` as before), so that the ids stay; None: as they are
     id_options: Callable | None = None
+    #: ``check_values(options)``: the method's own option check, refusing (ValueError naming
+    #: the option) values it cannot train with, the defaults filled in; `check_options`
+    #: calls it, so a run, a study's ``mode_options`` and each value of a study's
+    #: ``option.<name>`` axis are checked before anything is trained. None: the keys alone
+    check_values: Callable | None = None
     #: ``stack_refusal(options) -> str | None``: why runs with these options (defaults filled
     #: in) cannot train stacked by ``fit_many``, None when they can (`can_stack`)
     stack_refusal: Callable | None = None
@@ -122,7 +127,8 @@ class TrainingMethod:
         return int(self.count_epochs(config, options))
 
     def check_options(self, options: dict, where: str = "options") -> dict:
-        """``options`` over the defaults; an unknown key is a ``ValueError`` naming it."""
+        """``options`` over the defaults; an unknown key, or a value the method's own check
+        (``check_values``) refuses, is a ``ValueError`` naming it."""
         import difflib
 
         unknown = sorted(set(options) - set(self.options))
@@ -131,7 +137,10 @@ class TrainingMethod:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"{where}: method {self.name!r} has no option(s) {unknown}{hint}; "
                              f"it takes {sorted(self.options) or 'none'}")
-        return {**self.options, **options}
+        full = {**self.options, **options}
+        if self.check_values is not None:
+            self.check_values(full)
+        return full
 
 
 METHODS = Registry("training method")

@@ -549,7 +549,7 @@ def resume_run(run_dir, *, on_epoch=None, device: str | None = None,
         ResumeError: (a ValueError) written by a method that cannot resume, or by another
             spmlkit version.
     """
-    from ..data import load_splits
+    from ..features import load_splits
 
     run = read_run(run_dir)
     cfg = run.config

@@ -33,8 +33,9 @@ import torch
 from torch import nn
 
 from ..data.rows import read_rows
-from ..engine import ItemPredictor, TrainConfig, loader_workers, mix_seed
+from ..engine import ItemPredictor, TrainConfig, mix_seed
 from ..engine.image_batches import finish_view, load_view, prefetch_factor
+from ..machine import loader_workers
 
 __all__ = ["MAP_DTYPES", "CachedMapViews", "EvalMapViews", "ImageViews", "backbone_record",
            "check_head_config", "config_fields", "config_from_dict", "config_from_options",

@@ -699,6 +699,6 @@ LAC = register_method(TrainingMethod(
     default_lr_source="the OneCycle max lr of Xie et al. 2022",
     checkpoint_seconds=0.0, baseline_cause=baseline_cause, train_fields=IMAGE_TRAIN_FIELDS,
     resolve_config=lambda config, o: resolve_train_config(config, config_of(o)),
-    id_options=id_options,
+    id_options=id_options, check_values=config_of,
     smoke_options=smoke_image_options(dim=8, heads=2, ffn=16, proj_dim=8, queue_size=16,
                                       weak_views=2, strong_views=2, ema_decay=0.9)))

@@ -321,12 +321,27 @@ def load_model(best: dict, config: dict):
                    "std": tuple(backbone.std)}
 
 
+def check_values(options: dict) -> None:
+    """The linear mode's option check (``TrainingMethod.check_values``): ``head`` one of
+    `spmlkit.models.heads.HEADS`, ``hidden`` a whole number >= 1 for an MLP head."""
+    from ..models.heads import HEADS
+
+    if options["head"] not in HEADS:
+        raise ValueError(f"head must be one of {HEADS}, got {options['head']!r}")
+    hidden = options["hidden"]
+    if options["head"] == "mlp" and (isinstance(hidden, bool) or not isinstance(hidden, int)
+                                     or hidden < 1):
+        raise ValueError(f"hidden (the MLP head's width) must be a whole number >= 1, got "
+                         f"{hidden!r}")
+
+
 LINEAR = register_method(TrainingMethod(
     name="linear", description="a linear head on feature vectors (the dataset's, or an image "
     "source's cached backbone features with --backbone); Cole et al.'s linear protocol",
     paper="Cole et al. 2021", inputs="features", fit=fit, load_model=load_model,
     options={"save_train_probs": False, "head": "linear", "hidden": 256}, fit_many=fit_many,
-    check_run=check_run, stack_refusal=stack_refusal, train_fields=("weight_decay",),
+    check_run=check_run, stack_refusal=stack_refusal, check_values=check_values,
+    train_fields=("weight_decay",),
     default_lr=1e-3,
     default_lr_source="what Cole et al.'s grid (lr 1e-2 ... 1e-5, batch 8 / 16) "
     "selected for every method of the yeast benchmark (README); 1e-4 under-trains a linear "

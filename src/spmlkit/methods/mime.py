@@ -624,12 +624,6 @@ def load_model(best: dict, config: dict):
     return model, image_model_info(best)
 
 
-def _check_options(config: TrainConfig, options: dict) -> TrainConfig:
-    """Refuse bad MIME options before a run folder is created; the config is unchanged."""
-    config_of(options)
-    return config
-
-
 def baseline_cause(config: TrainConfig, options: dict) -> str:
     """Why a MIME run may end near the trivial baseline: its head's learning rate
     (`spmlkit.methods.driver.baseline_warning`)."""
@@ -655,7 +649,7 @@ MIME = register_method(TrainingMethod(
     default_lr=OFFICIAL_LR, losses=("an",), accepts_vectors=True,
     default_lr_source="the official Adamax rate of the backbone (palm-biaoliu/mime "
                       "train_mime.py); the head trains at 10 x",
-    checkpoint_seconds=0.0, resolve_config=_check_options, baseline_cause=baseline_cause,
+    checkpoint_seconds=0.0, check_values=config_of, baseline_cause=baseline_cause,
     train_fields=IMAGE_TRAIN_FIELDS,
     smoke_options=smoke_image_options(dim=8, heads=2, ffn=16, z_dim=4, samples=2,
                                       warmup_epoch=1, theta=0.5)))

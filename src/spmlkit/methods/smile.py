@@ -488,11 +488,10 @@ def resolve_hparams(options: dict, dataset: str | None) -> dict:
     return out
 
 
-def _check_options(config, options: dict):
-    """Refuse bad option values before a run folder is created (``TrainingMethod.
-    resolve_config``); the config is returned unchanged."""
+def check_values(options: dict) -> None:
+    """SMILE's option check (``TrainingMethod.check_values``): `resolve_hparams`'s
+    refusals, before a run folder is created or a study runs."""
     resolve_hparams(options, None)
-    return config
 
 
 def run_config(ctx: RunContext) -> dict:
@@ -623,4 +622,4 @@ SMILE = register_method(TrainingMethod(
     default_batch_size=OFFICIAL_BATCH_SIZE, default_epochs=OFFICIAL_EPOCHS,
     default_lr=OFFICIAL_LR, losses=("an",),
     default_lr_source="the official script's Adam rate (palm-ml/smile train_smile2.py)",
-    resolve_config=_check_options, train_fields=("weight_decay",)))
+    check_values=check_values, train_fields=("weight_decay",)))

@@ -19,7 +19,8 @@ value)::
     grid: {batch_size: [8, 16], lr: [1e-2, 1e-3, 1e-4, 1e-5]}
     metric: map                        # what epochs and grid points are selected on (val)
     hparams: {em: {alpha: 0.1}}        # per method label or loss name
-    vary: {hparams.alpha: [0.01, 0.1]} # hparams.<name> | data.<option> | k | regime | lac.<field>
+    vary: {hparams.alpha: [0.01, 0.1]} # hparams.<name> | data.<option> | k | regime |
+                                       # option.<name> | lac.<field>
     train: {}                          # more TrainConfig fields (device, head_lr_mult, ...)
     mode_options: {}                   # the trainer's own keywords (backbone, linear_epochs, ...)
     mlflow: false
@@ -39,12 +40,16 @@ in brackets (``an [smile]``) unless the label names the mode already
 
 A vary axis applies to the methods it concerns: ``hparams.<name>`` to losses with that
 hyperparameter, ``k`` to losses with a ``k`` (EPR, ROLE), ``regime`` to methods that do not fix
-their regime with ``@``; ``data.<option>`` (passed to
-[`spmlkit.data.load_splits`][spmlkit.data.load_splits]) to all. ``lac.<field>`` (a
-`spmlkit.methods.lac.LACConfig` field: ``lac.queue_size``, ``lac.temperature``, Xie et al. Figs.
-4-5) to the methods that train in mode ``lac``, laid over their ``mode_options`` (LAC's options are
-flat: ``mode_options: {queue_size: 512}``). ``k`` is a number, ``true`` (the train split's mean,
-Cole et al.'s k*), ``estimate:M:lower|point|upper`` (the estimate, or an end of its normal 95%
+their regime with ``@``; ``data.<option>`` (passed to `spmlkit.data.load_splits`) to all.
+``option.<name>`` to the methods whose mode takes option ``name`` (``option.alpha`` for BoostLU,
+``option.kl`` for SMILE, ``option.head`` for the linear mode), laid over their ``mode_options``
+and checked by that mode's own option check (``TrainingMethod.check_options``);
+``lac.<field>`` (a `spmlkit.methods.lac.LACConfig` field: ``lac.queue_size``,
+``lac.temperature``, Xie et al. Figs. 4-5) is LAC's spelling of ``option.<field>``, for the
+methods that train in mode ``lac`` (the same runs, the same run ids; LAC's options are flat:
+``mode_options: {queue_size: 512}``).
+``k`` is a number, ``true`` (the train split's mean, Cole et al.'s k*),
+``estimate:M:lower|point|upper`` (the estimate, or an end of its normal 95%
 interval, from M fully labelled train rows drawn with the run's seed) or
 ``interval:M:lower|upper|I/N`` (Cole et al. App. B's interval I_M: the 5th / 95th percentiles of
 the estimate over 10^5 draws of M rows, the same for every seed; ``I/N`` a point between them,

@@ -51,9 +51,10 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", str(text)).strip("_")
 
 
-#: settings that change where things are cached, what is shown and how fast, never the
-#: numbers: left out of a run id's hash (so a run is found again whatever they were)
-NOT_RESULTS = {"dataset_options": ("cache_dir", "progress"),
+#: settings that change where things are cached, what is shown and how fast (``mmap``: a
+#: source's files mapped or read), never the numbers: left out of a run id's hash (so a run is
+#: found again whatever they were)
+NOT_RESULTS = {"dataset_options": ("cache_dir", "progress", "mmap"),
                "dataset_options.features": ("cache_dir", "progress", "num_workers",
                                             "batch_size", "device"),
                "mode_options": ("cache_dir", "progress"),
@@ -101,7 +102,10 @@ def run_id_for(config: dict, seed: int, variant: dict) -> str:
 
 def applicable_axes(mode: str, m: MethodSpec, keys) -> list:
     """The keys of ``keys`` (vary or grid axes) that apply to method ``m``, which trains in
-    ``mode``."""
+    ``mode`` (``option.<name>``: the modes that take option ``name``; ``lac.<field>``: mode
+    ``lac``)."""
+    from ...methods import get_method
+
     accepts = accepted_hparams(m.loss)
     out = []
     for key in keys:
@@ -111,6 +115,8 @@ def applicable_axes(mode: str, m: MethodSpec, keys) -> list:
             use = "k" in accepts
         elif key == "regime":
             use = not m.fixed_regime
+        elif key.startswith("option."):
+            use = key[7:] in get_method(mode).options
         elif key.startswith("lac."):
             use = mode == "lac"
         else:  # data.<option>, batch_size, lr, other TrainConfig fields
@@ -146,8 +152,8 @@ def expand(spec: StudySpec) -> list[RunTask]:
                         for key, value in {**variant, **point}.items():
                             if key.startswith("hparams."):
                                 hp[key[8:]] = value
-                            elif key.startswith("lac."):
-                                mode_options = {**mode_options, key[4:]: value}
+                            elif key.startswith(("option.", "lac.")):
+                                mode_options = {**mode_options, key.split(".", 1)[1]: value}
                             elif key.startswith("data."):
                                 options[key[5:]] = value
                             elif key not in ("k", "regime"):

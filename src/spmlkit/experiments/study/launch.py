@@ -474,7 +474,7 @@ def planned_epochs(task) -> int:
 def _prepare_features(spec: StudySpec, todo, progress: bool = True) -> None:
     """Image sources on a backbone's features: extract them once here (a progress bar unless
     ``progress`` is False), before the workers all want them."""
-    from ...data import load_dataset
+    from ...features import load_dataset
 
     wanted = {t.dataset for t in todo}
     for ds in spec.datasets:  # the spec's own options (a data.* vary axis is the runs' business)

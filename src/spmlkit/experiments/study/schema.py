@@ -106,10 +106,13 @@ SPEC_SCHEMA = (
     Key("vary", "mapping of lists", {},
         "what is *reported* (one column or figure point per value): `hparams.<name>`, "
         "`data.<option>`, `k` (a number, `true`, `estimate:M:lower|point|upper` or "
-        "`interval:M:lower|upper|I/N`: Cole et al. App. B's interval I_M), `regime` or "
-        "`lac.<field>` (a LACConfig field of the methods in mode `lac`, e.g. "
-        "`lac.queue_size`).",
-        expected="hparams.<name>, data.<option>, k, regime or lac.<field>"),
+        "`interval:M:lower|upper|I/N`: Cole et al. App. B's interval I_M), `regime`, "
+        "`option.<name>` (an option of the methods whose mode takes it, checked by that "
+        "mode's own option check, e.g. `option.alpha` for BoostLU, `option.kl` for SMILE) or "
+        "`lac.<field>` (LAC's spelling: a LACConfig field of the methods in mode `lac`, e.g. "
+        "`lac.queue_size`, the same runs and ids as `option.queue_size`).",
+        expected="hparams.<name>, data.<option>, k, regime or lac.<field> (LAC's), or "
+                 "option.<name> (any mode's option)"),
     Key("train", "mapping", {},
         "more `TrainConfig` fields (table below); `epochs`, `batch_size`, `lr`, `seed`, "
         "`early_stop` and `metric` have their own keys."),

@@ -351,6 +351,8 @@ def _vary(raw: dict, datasets: list, methods: list, method, modes: dict, accepts
                                              f"{key[8:]!r}")
         elif key.startswith("data.") and len(key) > 5:
             _vary_data(key, values, datasets, source)
+        elif key.startswith("option.") and len(key) > 7:
+            _vary_option(raw, key, values, methods, method, modes, source)
         elif key.startswith("lac.") and len(key) > 4:
             _vary_lac(raw, key, values, methods, method, modes, source)
         elif key == "k":
@@ -362,6 +364,11 @@ def _vary(raw: dict, datasets: list, methods: list, method, modes: dict, accepts
         else:
             _fail(source, f"vary.{key}", f"expected {expected('vary')}")
         vary[key] = values
+    both = {k[4:] for k in vary if k.startswith("lac.")} & \
+        {k[7:] for k in vary if k.startswith("option.")}
+    if both:
+        _fail(source, f"vary.option.{min(both)}", f"varied twice (also as lac.{min(both)}): "
+                                                  f"keep one spelling")
     return vary
 
 
@@ -376,17 +383,43 @@ def _vary_data(key: str, values: list, datasets: list, source: str) -> None:
                 _fail(source, f"vary.{key}", str(err))
 
 
+def _own_options(raw: dict, rows: list, method, modes: dict, source: str) -> list:
+    """``(method, its mode options)`` of each of ``rows``: its own merged over the study's
+    when it trains in the study's mode, its own alone otherwise (as the runs get them)."""
+    study_options = _mapping(raw.get("mode_options"), source, "mode_options")
+    return [(m, merged(study_options, m.mode_options) if modes[m.label] is method
+             else m.mode_options) for m in rows]
+
+
+def _vary_option(raw: dict, key: str, values: list, methods: list, method, modes: dict,
+                 source: str) -> None:
+    """``option.<name>``: some method's mode takes option ``name``; every value passes the
+    option check of each such method's mode (``TrainingMethod.check_options``)."""
+    name = key[7:]
+    rows = [m for m in methods if name in modes[m.label].options]
+    if not rows:
+        trainers = {modes[m.label].name: modes[m.label] for m in methods}
+        takes = "; ".join(f"{n}: {', '.join(sorted(t.options)) or 'none'}"
+                          for n, t in trainers.items())
+        _fail(source, f"vary.{key}", f"no method's mode takes the option {name!r} ({takes})")
+    for m, own in _own_options(raw, rows, method, modes, source):
+        for v in values:
+            try:
+                modes[m.label].check_options(merged(own, {name: v}))
+            except (TypeError, ValueError) as err:
+                _fail(source, f"vary.{key}", f"{m.label}: {err}")
+
+
 def _vary_lac(raw: dict, key: str, values: list, methods: list, method, modes: dict,
               source: str) -> None:
+    """``lac.<field>``: LAC's spelling of ``option.<field>``, for a LACConfig field of the
+    methods in mode lac."""
     lac_rows = [m for m in methods if modes[m.label].name == "lac"]
     if not lac_rows:
         _fail(source, f"vary.{key}", "no method trains in mode lac")
     from ...methods.lac import config_of
 
-    study_options = _mapping(raw.get("mode_options"), source, "mode_options")
-    for m in lac_rows:
-        own = merged(study_options, m.mode_options) if modes[m.label] is method \
-            else m.mode_options
+    for m, own in _own_options(raw, lac_rows, method, modes, source):
         for v in values:
             try:
                 config_of(own, **{key[4:]: v})
