@@ -435,7 +435,8 @@ def _csv_rows(path: Path) -> list:
         return list(csv.reader(f))
 
 
-GROUPS = {"yeast": "yeast (embedded, tabular features)",
+GROUPS = {"real": "Real multi-label tables against scikit-learn",
+          "yeast": "yeast (embedded, tabular features)",
           "tabular": "The tabular SPML protocol",
           "images": "Image sets (fmnist_mosaic, mdi_icons) and image methods",
           "presets": "Presets",
