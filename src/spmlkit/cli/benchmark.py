@@ -23,7 +23,7 @@ def _decays(text: str) -> list:
 def cmd_benchmark(args) -> int:
     """``spml benchmark``: the paper's grid as a study in ``--out`` (resumable, one launch at a
     time), its table printed and written."""
-    from ..experiments.benchmark import OWN_DATA_WEIGHT_DECAYS, own_data, run_benchmark
+    from ..experiments.benchmark import run_benchmark
     from ..experiments.study import DEFAULT_GRID
 
     if args.seeds < 1:
@@ -33,11 +33,8 @@ def cmd_benchmark(args) -> int:
     refs = [] if args.no_references else ["bce", "iun"]
     options = {**_data(args), **_feature_data(args)}
     args.dataset = _dataset(args)
-    decays = args.weight_decays
-    if decays is None and own_data(args.dataset, options):
-        decays = list(OWN_DATA_WEIGHT_DECAYS)
-    if decays and decays != [0.0]:  # (a grid of 0 alone: the runs, and ids, without it)
-        grid["weight_decay"] = tuple(decays)
+    if args.weight_decays is not None:  # else run_benchmark's default for the data
+        grid["weight_decay"] = tuple(args.weight_decays)
     given = {"epochs": args.epochs} if args.epochs is not None else {}  # else the paper's 25
     if args.dataset == "tabular" and "path" in options:  # the columns, before any run
         from ..features import load_dataset

@@ -142,8 +142,8 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
         jobs: worker processes (default: the CPU count).
         epochs, early_stop: per run (`spmlkit.engine.TrainConfig`).
         grid: ``{"batch_size": [...], "lr": [...]}`` laid over `DEFAULT_GRID`, and
-            optionally ``"weight_decay": [...]`` (``spml benchmark --weight-decays``; the CLI
-            adds `OWN_DATA_WEIGHT_DECAYS` on your own data, `own_data`).
+            optionally ``"weight_decay": [...]`` (``spml benchmark --weight-decays``); without
+            it, `OWN_DATA_WEIGHT_DECAYS` on your own data (`own_data`), none on the papers' sets.
         hparams: per-loss (or per method label) hyperparameter overrides,
             ``{"epr": {"lam": 2.0}}``.
         progress: the study's progress bar.
@@ -176,6 +176,11 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
     """
     from .study import SPEC_FILE, load_study, run_study
 
+    grid = dict(grid or {})
+    if "weight_decay" not in grid and own_data(dataset, dataset_options):
+        grid["weight_decay"] = OWN_DATA_WEIGHT_DECAYS
+    if tuple(grid.get("weight_decay", ())) in ((0,), (0.0,)):  # none: the runs, ids and table
+        del grid["weight_decay"]                                # as without weight decay
     spec = load_study(benchmark_study(dataset, losses, references, seeds, epochs, grid,
                                       early_stop, hparams, dataset_options, metric, regime,
                                       drop_last))
