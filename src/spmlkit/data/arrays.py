@@ -341,6 +341,41 @@ def read_observed(labels, classes: Sequence[str] | None = None) -> tuple[np.ndar
     return z, _class_names(classes, z.shape[1], path)
 
 
+#: what a source's ``eval_labels`` option takes: full 0 / 1 val / test labels, or partial ones
+#: (1 positive, -1 known negative, 0 / NaN / an empty cell unknown; `spmlkit.metrics_partial`)
+EVAL_LABELS = ("full", "partial")
+
+
+def check_eval_labels(eval_labels: str, eval_mask: str | None, given: bool, where: str) -> None:
+    """Refuse an unknown ``eval_labels`` / ``eval_mask``, a mask without partial labels, and
+    partial labels without a val or test set given (nothing they would apply to)."""
+    from ..metrics_partial import MASKS
+
+    if eval_labels not in EVAL_LABELS:
+        raise ValueError(f"{where}: eval_labels must be one of {EVAL_LABELS}, got "
+                         f"{eval_labels!r}")
+    if eval_mask is not None and eval_mask not in MASKS:
+        raise ValueError(f"{where}: eval_mask must be one of {MASKS}, got {eval_mask!r}")
+    if eval_mask is not None and eval_labels != "partial":
+        raise ValueError(f"{where}: eval_mask={eval_mask} applies to partial evaluation labels "
+                         f"only; add eval_labels=partial")
+    if eval_labels == "partial" and not given:
+        raise ValueError(f"{where}: eval_labels=partial applies to val / test labels given "
+                         f"apart (test files, val files or a split column); none was given")
+
+
+def partial_part(part: "Part", mask: str | None) -> "Part":
+    """``part`` with its labels read as partial evaluation labels (1 / -1 known, 0 / NaN
+    unknown), scored with ``mask`` (default ``"entry"``)."""
+    from ..metrics_partial import partial_labels
+
+    y = partial_labels(part.y, mask or "entry", part.y_where)
+    if y.mask == "row" and not (y != 0).all(axis=1).any():
+        raise ValueError(f"{part.y_where}: eval_mask=row scores the rows whose every label is "
+                         f"known, and no row of these {len(y)} is; use eval_mask=entry")
+    return Part(part.x, y, part.x_where, part.y_where, part.ids)
+
+
 @dataclass
 class Part:
     """One set of feature rows and their labels, with where each came from (for messages)."""
@@ -439,7 +474,8 @@ def load_arrays(features: str | os.PathLike | np.ndarray, labels: str | os.PathL
                 standardize: bool = False, name: str = "arrays",
                 seed: int = OFFICIAL_SEED, train_labels: str = "full",
                 val_features: str | os.PathLike | np.ndarray | None = None,
-                val_labels: str | os.PathLike | np.ndarray | None = None) -> Dataset:
+                val_labels: str | os.PathLike | np.ndarray | None = None,
+                eval_labels: str = "full", eval_mask: str | None = None) -> Dataset:
     """Any feature matrix with its labels as a [`Dataset`][spmlkit.data.protocol.Dataset].
 
     Args:
@@ -462,6 +498,11 @@ def load_arrays(features: str | os.PathLike | np.ndarray, labels: str | os.PathL
         val_features, val_labels: a fully labelled validation set (both or neither); default:
             split from the training rows, or for observed training labels carved out of the test
             set (``make_splits``).
+        eval_labels: ``"full"`` (default) or ``"partial"``: the test / val label matrices are
+            partial (1 positive, -1 known negative, 0 or NaN unknown) and are scored masked
+            (`spmlkit.metrics_partial`).
+        eval_mask: with partial evaluation labels, ``"entry"`` (default: each class over its
+            known rows) or ``"row"`` (the fully known rows only).
 
     Returns:
         a [`Dataset`][spmlkit.data.protocol.Dataset] with ``pool`` (the rows the protocol splits
@@ -477,12 +518,17 @@ def load_arrays(features: str | os.PathLike | np.ndarray, labels: str | os.PathL
         if (a is None) != (b is None):
             raise ValueError(f"give both {what}_features and {what}_labels, or neither")
     check_train_labels(train_labels, f"dataset {name!r}")
+    check_eval_labels(eval_labels, eval_mask, test_features is not None or
+                      val_features is not None, f"dataset {name!r}")
+    partial = eval_labels == "partial"
     classes = resolve_class_names(class_names)
     train, classes = _part(features, labels, "labels", classes, train_labels == "observed")
     test = val = None
     if test_features is not None:
-        test, _ = _part(test_features, test_labels, "test labels", classes)
+        test, _ = _part(test_features, test_labels, "test labels", classes, partial)
     if val_features is not None:
-        val, _ = _part(val_features, val_labels, "val labels", classes)
+        val, _ = _part(val_features, val_labels, "val labels", classes, partial)
+    if partial:
+        test, val = (None if p is None else partial_part(p, eval_mask) for p in (test, val))
     return features_dataset(name, train, classes, test=test, val=val, train_labels=train_labels,
                             test_fraction=test_fraction, seed=seed, standardize=standardize)
