@@ -395,7 +395,8 @@ class Part:
 def features_dataset(name: str, train: Part, classes: Sequence[str], *, test: Part | None = None,
                      val: Part | None = None, train_labels: str = "full",
                      test_fraction: float = TEST_FRACTION, seed: int = OFFICIAL_SEED,
-                     standardize: bool = False, meta: dict | None = None) -> Dataset:
+                     standardize: bool = False, meta: dict | None = None,
+                     split: str = "random") -> Dataset:
     """Feature rows and labels already read, as a [`Dataset`][spmlkit.data.protocol.Dataset]: what
     the ``arrays`` and ``tabular`` sources share.
 
@@ -412,14 +413,26 @@ def features_dataset(name: str, train: Part, classes: Sequence[str], *, test: Pa
         test_fraction, seed: the carve-out.
         standardize: standardise the features with the train rows' statistics (``make_splits``).
         meta: recorded in ``Dataset.meta`` (with the files and the carve-out).
+        split: ``"random"`` (default: `cole_split`) or ``"stratified"``: the carved-out test
+            set and the val set the protocol splits from the rows are multilabel-stratified
+            (`spmlkit.data.stratify`; ``meta["split"]``).
 
     Raises:
         ValueError: feature widths that differ between the parts, observed training labels
             without a test set, a carve-out that leaves an empty set.
     """
     check_train_labels(train_labels, name)
+    from .stratify import SPLITS
+
+    if split not in SPLITS:
+        raise ValueError(f"{name}: split must be one of {SPLITS}, got {split!r}")
+    if split == "stratified" and test is not None and val is not None:
+        raise ValueError(f"{name}: split=stratified splits the rows that test / val sets are "
+                         f"carved out of, and both were given apart: nothing to split")
     observed = train_labels == "observed"
     meta = dict(meta or {})
+    if split == "stratified":
+        meta["split"] = split
     meta.update(features=train.x_where, labels=train.y_where)
     for part, what in ((test, "test"), (val, "val")):
         if part is not None and part.x.shape[1] != train.x.shape[1]:
@@ -434,8 +447,13 @@ def features_dataset(name: str, train: Part, classes: Sequence[str], *, test: Pa
                              f"labelled test set given apart (test files); a test set carved "
                              f"out of partially labelled rows would be scored against "
                              f"incomplete labels")
-    if test is None:
+    if test is None and split == "stratified":
+        from .stratify import stratified_test
+
+        pool_idx, test_idx = stratified_test(train.y, test_fraction, seed)
+    elif test is None:
         pool_idx, test_idx = cole_split(len(train.y), test_fraction, seed)
+    if test is None:
         if not len(pool_idx) or not len(test_idx):
             raise ValueError(f"{train.y_where}: {len(train.y)} example(s) leave an empty "
                              f"{'test set' if not len(test_idx) else 'pool'} with test_fraction "
@@ -475,7 +493,8 @@ def load_arrays(features: str | os.PathLike | np.ndarray, labels: str | os.PathL
                 seed: int = OFFICIAL_SEED, train_labels: str = "full",
                 val_features: str | os.PathLike | np.ndarray | None = None,
                 val_labels: str | os.PathLike | np.ndarray | None = None,
-                eval_labels: str = "full", eval_mask: str | None = None) -> Dataset:
+                eval_labels: str = "full", eval_mask: str | None = None,
+                split: str = "random") -> Dataset:
     """Any feature matrix with its labels as a [`Dataset`][spmlkit.data.protocol.Dataset].
 
     Args:
@@ -503,6 +522,9 @@ def load_arrays(features: str | os.PathLike | np.ndarray, labels: str | os.PathL
             (`spmlkit.metrics_partial`).
         eval_mask: with partial evaluation labels, ``"entry"`` (default: each class over its
             known rows) or ``"row"`` (the fully known rows only).
+        split: ``"random"`` (default) or ``"stratified"``: the test set carved out of the rows
+            and the val set split from the training rows are multilabel-stratified
+            (`spmlkit.data.stratify`, needs the ``stratify`` extra).
 
     Returns:
         a [`Dataset`][spmlkit.data.protocol.Dataset] with ``pool`` (the rows the protocol splits
@@ -531,4 +553,5 @@ def load_arrays(features: str | os.PathLike | np.ndarray, labels: str | os.PathL
     if partial:
         test, val = (None if p is None else partial_part(p, eval_mask) for p in (test, val))
     return features_dataset(name, train, classes, test=test, val=val, train_labels=train_labels,
-                            test_fraction=test_fraction, seed=seed, standardize=standardize)
+                            test_fraction=test_fraction, seed=seed, standardize=standardize,
+                            split=split)

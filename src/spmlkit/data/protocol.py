@@ -255,6 +255,16 @@ def _given_or_refused(ds: Dataset, name: str, regime: str) -> bool:
     return name == "given"
 
 
+def _val_split(ds: Dataset, y, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(rest, val)`` row indices of ``y``'s rows: `cole_split`, or multilabel-stratified
+    on ``y``'s positives for a dataset with ``meta["split"] == "stratified"``."""
+    if ds.meta.get("split") == "stratified":
+        from .stratify import stratified_test
+
+        return stratified_test(y, ds.val_fraction, seed)
+    return cole_split(len(y), ds.val_fraction, seed)
+
+
 def _as_observed(y) -> np.ndarray:
     """Val labels in the observed encoding: full ones converted, partial ones as they are."""
     return np.asarray(y, dtype=np.int8).copy() if is_partial(y) else full_to_observed(y)
@@ -415,7 +425,7 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
     elif given or ds.val is not None:
         train_idx, val_idx = np.arange(len(pool)), np.zeros(0, dtype=np.int64)
     else:
-        train_idx, val_idx = cole_split(len(pool), ds.val_fraction, split_seed)
+        train_idx, val_idx = _val_split(ds, pool.y, split_seed)
     if subsample is not None:
         train_idx = _subsample(train_idx, subsample, seed if subsample_seed is None
                                else subsample_seed, ds.name)
@@ -427,7 +437,7 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
     elif ds.val is not None:
         val, val_observed, extra["val_from"] = ds.val, _as_observed(ds.val.y), "given"
     elif given:
-        test_idx, carved = cole_split(len(ds.test), ds.val_fraction, split_seed)
+        test_idx, carved = _val_split(ds, ds.test.y, split_seed)
         if not len(carved) or not len(test_idx):
             raise ValueError(f"{ds.name}: regime 'given' carves the val set out of the fully "
                              f"labelled test set ({ds.val_fraction} of its {len(ds.test)} rows), "

@@ -302,7 +302,8 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
                  train_labels: str = "full", class_names=None,
                  test_fraction: float = TEST_FRACTION, standardize: bool = True,
                  name: str = "tabular", seed: int = OFFICIAL_SEED,
-                 eval_labels: str = "full", eval_mask: str | None = None) -> Dataset:
+                 eval_labels: str = "full", eval_mask: str | None = None,
+                 split: str = "random") -> Dataset:
     """A CSV / Parquet table (or several) as a [`Dataset`][spmlkit.data.protocol.Dataset] (the
     module docstring describes the files and columns).
 
@@ -332,6 +333,9 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
             ``split_column``).
         eval_mask: with partial evaluation labels, ``"entry"`` (default: each class over its
             known rows; the OpenImages rule) or ``"row"`` (the fully known rows only).
+        split: ``"random"`` (default) or ``"stratified"``: the test set carved out of
+            ``path`` and the val set split from the training rows are multilabel-stratified
+            (`spmlkit.data.stratify`, needs the ``stratify`` extra).
 
     Returns:
         a [`Dataset`][spmlkit.data.protocol.Dataset]; ``meta["feature_columns"]`` /
@@ -421,4 +425,4 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
             **({"eval_labels": "partial", "eval_mask": eval_mask or "entry"} if partial else {})}
     return features_dataset(name, train, classes, test=test, val=val, train_labels=train_labels,
                             test_fraction=test_fraction, seed=seed, standardize=standardize,
-                            meta=meta)
+                            meta=meta, split=split)
