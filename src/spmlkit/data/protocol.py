@@ -255,6 +255,16 @@ def _given_or_refused(ds: Dataset, name: str, regime: str) -> bool:
     return name == "given"
 
 
+def _mean_positives(y) -> float:
+    """Mean positives per row; of partial labels, the sum over classes of each class's positive
+    rate among its known rows (unknown cells missing at random: not counted as negatives)."""
+    arr = np.asarray(y)
+    if not is_partial(y):
+        return float(arr.sum(axis=1).mean())
+    known = (arr != 0).sum(axis=0)
+    return float(((arr == 1).sum(axis=0) / np.maximum(known, 1)).sum())
+
+
 def _val_split(ds: Dataset, y, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """``(rest, val)`` row indices of ``y``'s rows: `cole_split`, or multilabel-stratified
     on ``y``'s positives for a dataset with ``meta["split"] == "stratified"``."""
@@ -452,7 +462,7 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
     standardize = None
     if ds.standardize:
         (train, val, test), standardize = _standardized(train, val, test)
-    k = float((np.asarray((val if given else train).y) == 1).sum(axis=1).mean())
+    k = _mean_positives((val if given else train).y)
     train_observed = observed[train_idx]  # one copy of the train rows' observed labels
     counts = observed_counts(train_observed)
     meta = {**{key: v for key, v in ds.meta.items() if key != "instances"},
