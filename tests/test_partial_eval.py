@@ -91,3 +91,18 @@ def test_partial_eval_options_are_checked(partial):
     df.to_csv(full, index=False)
     with pytest.raises(ValueError, match="no known negative"):
         load_splits("tabular", "given", **{**partial["options"], "test_path": str(full)})
+
+
+def test_runs_trained_together_on_partial_val_labels_train_alone_and_equal_single_runs(partial):
+    """The stacked linear engine scores full val labels only: runs with partial val labels
+    train one by one there, each as train_run trains it."""
+    from spmlkit.engine import TrainConfig
+    from spmlkit.methods import train_run, train_runs
+
+    splits = load_splits("tabular", "given", **partial["options"])
+    configs = [TrainConfig(epochs=2, batch_size=16, lr=lr) for lr in (1e-2, 1e-3)]
+    together = train_runs("linear", splits, "an", {}, configs)
+    for config, res in zip(configs, together):
+        assert not isinstance(res, BaseException), res
+        alone = train_run("linear", splits, "an", {}, config)
+        assert res["test_map"] == alone["test_map"] and res["val_map"] == alone["val_map"]
