@@ -106,3 +106,23 @@ def test_runs_trained_together_on_partial_val_labels_train_alone_and_equal_singl
         assert not isinstance(res, BaseException), res
         alone = train_run("linear", splits, "an", {}, config)
         assert res["test_map"] == alone["test_map"] and res["val_map"] == alone["val_map"]
+
+
+def test_image_csv_reads_partial_test_labels_with_known_negatives(tmp_path):
+    """The csv image source: in a partial test CSV a name is a positive, ``-name`` a known
+    negative, every other class unknown."""
+    from PIL import Image
+
+    from spmlkit.data import load_dataset
+
+    for i in range(8):
+        Image.new("RGB", (8, 8)).save(tmp_path / f"{i}.png")
+    (tmp_path / "train.csv").write_text("path,labels\n" + "".join(
+        f"{i}.png,{'cat' if i % 2 else 'dog'}\n" for i in range(6)))
+    (tmp_path / "test.csv").write_text('path,labels\n6.png,"cat;-dog"\n7.png,-cat\n')
+    ds = load_dataset("csv", path=str(tmp_path / "train.csv"), test_path=str(tmp_path /
+                      "test.csv"), eval_labels="partial", eval_mask="entry")
+    assert is_partial(ds.test.y) and ds.test.y.tolist() == [[1, -1], [-1, 0]]
+    with pytest.raises(ValueError, match="unknown class name '-dog'"):
+        load_dataset("csv", path=str(tmp_path / "train.csv"),
+                     test_path=str(tmp_path / "test.csv"))
