@@ -126,3 +126,17 @@ def test_image_csv_reads_partial_test_labels_with_known_negatives(tmp_path):
     with pytest.raises(ValueError, match="unknown class name '-dog'"):
         load_dataset("csv", path=str(tmp_path / "train.csv"),
                      test_path=str(tmp_path / "test.csv"))
+
+
+def test_arrays_read_partial_test_labels_with_nan_as_unknown(tmp_path):
+    from spmlkit.data import load_dataset
+
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "x.npy", rng.normal(size=(20, 3)).astype(np.float32))
+    np.save(tmp_path / "y.npy", (rng.random((20, 2)) < 0.5).astype(np.uint8))
+    np.save(tmp_path / "xt.npy", rng.normal(size=(3, 3)).astype(np.float32))
+    np.save(tmp_path / "yt.npy", np.array([[1, np.nan], [-1, 1], [np.nan, -1]]))
+    ds = load_dataset("arrays", features=str(tmp_path / "x.npy"), labels=str(tmp_path / "y.npy"),
+                      test_features=str(tmp_path / "xt.npy"),
+                      test_labels=str(tmp_path / "yt.npy"), eval_labels="partial")
+    assert is_partial(ds.test.y) and ds.test.y.tolist() == [[1, 0], [-1, 1], [0, -1]]

@@ -476,6 +476,14 @@ def _part(features, labels, what: str, classes, observed: bool = False) -> tuple
     features file is memory-mapped (read batch by batch in its own dtype, never loaded whole:
     `spmlkit.data.rows`)."""
     x, x_where = read_features(features, mmap_mode="r")
+    if observed and isinstance(labels, np.ndarray) and labels.dtype.kind == "f":
+        labels = np.where(np.isnan(labels), 0.0, labels)  # NaN: unknown, as an empty cell
+    elif observed and not isinstance(labels, np.ndarray) and \
+            Path(labels).suffix.lower() in MATRIX_SUFFIXES:
+        matrix = load_matrix(labels, LABEL_KEYS, "observed labels")
+        if matrix.dtype.kind == "f" and np.isnan(matrix).any():
+            y, classes = read_observed(np.where(np.isnan(matrix), 0.0, matrix), classes)
+            return Part(x, y, x_where, str(labels)), classes
     y, classes = (read_observed if observed else read_labels)(labels, classes)
     y_where = f"{what} array" if isinstance(labels, np.ndarray) else str(labels)
     return Part(x, y, x_where, y_where), classes
