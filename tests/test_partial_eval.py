@@ -140,3 +140,14 @@ def test_arrays_read_partial_test_labels_with_nan_as_unknown(tmp_path):
                       test_features=str(tmp_path / "xt.npy"),
                       test_labels=str(tmp_path / "yt.npy"), eval_labels="partial")
     assert is_partial(ds.test.y) and ds.test.y.tolist() == [[1, 0], [-1, 1], [0, -1]]
+
+
+@pytest.mark.parametrize("method,loss", [("boostlu", "an"), ("smile", "an")])
+def test_other_methods_select_and_score_on_partial_labels(partial, method, loss):
+    from spmlkit.engine import TrainConfig
+    from spmlkit.methods import train_run
+
+    splits = load_splits("tabular", "given", **partial["options"])
+    res = train_run(method, splits, loss, {}, TrainConfig(epochs=2, batch_size=16, lr=1e-2))
+    assert res["test_metrics"]["mask"] == "entry"
+    assert np.isfinite(res["val_map"]) and np.isfinite(res["test_map"])
