@@ -127,3 +127,11 @@ def test_ndcg_and_rp_by_hand():
     assert ndcg_at_k(s, y, 2) == pytest.approx((1 / np.log2(3)) / ideal)
     assert ndcg_at_k(s, y, 4) == pytest.approx((1 / np.log2(3) + 1 / np.log2(5)) / ideal)
     assert rprecision_at_k(s, y, 1) == 0.0 and rprecision_at_k(s, y, 3) == 0.5
+
+
+def test_partial_labels_keep_their_mask_through_indexing_and_pickling():
+    import pickle
+
+    y = partial_labels([[1, -1], [0, 1]], mask="row")
+    for copy in (y[[1]], y[:1], pickle.loads(pickle.dumps(y))):
+        assert copy.mask == "row" and isinstance(copy, type(y))
