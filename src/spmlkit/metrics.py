@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .labels import validate_full_labels
-from .metrics_partial import is_partial, known_entries, masked_class_thresholds, masked_evaluate, \
-    masked_map, masked_metrics, masked_select_thresholds
 
 
 def _as_scores(scores, y, keep_float32: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -182,8 +180,6 @@ def map_from_ap(ap: np.ndarray, convention: str = "present") -> float:
 
 def map_score(scores, y, convention: str = "present") -> float:
     """mAP x100 as a float (see `mean_average_precision`)."""
-    if is_partial(y):  # partial evaluation labels: masked (spmlkit.metrics_partial)
-        return masked_map(scores, y, convention)
     return mean_average_precision(scores, y, convention).value
 
 
@@ -216,8 +212,6 @@ def f1_scores(probs, y, threshold: float = 0.5) -> dict:
 
 def evaluate(scores, y, convention: str = "present") -> dict:
     """The standard report of one split: mAP, the classes left out, P@1, P@3, R@3."""
-    if is_partial(y):  # partial labels: the masked metrics (P@k / R@k over known labels)
-        return masked_evaluate(scores, y, convention)
     res = mean_average_precision(scores, y, convention)
     out = {"map": res.value, "classes_without_positives": res.missing}
     for k in (1, 3):
@@ -462,9 +456,6 @@ def metric_score(name: str, probs, y, *, convention: str = "present",
         ValueError: an unknown metric (listing them), bad shapes or non-finite scores.
     """
     check_metric(name)
-    if is_partial(y):
-        threshold = best_global_threshold(probs, y)[0] if threshold == "chosen" else threshold
-        return masked_metrics(probs, y, convention=convention, threshold=threshold)[name]
     if name == "map":
         return map_score(probs, y, convention)
     if threshold == "chosen":
@@ -489,8 +480,6 @@ def classic_metrics(probs, y, *, convention: str = "present", threshold: float =
     >>> m["map"], m["lrap"], m["ranking_loss"], m["hamming_loss"], m["one_error"]
     (100.0, 1.0, 0.0, 0.0, 0.0)
     """
-    if is_partial(y):
-        return masked_metrics(probs, y, convention=convention, threshold=threshold)
     p, y = _as_scores(probs, y)
     out = {"map": map_score(p, y, convention),
            **_ranking_metrics(p, y, no_positive),
@@ -564,10 +553,6 @@ def best_global_threshold(probs, y) -> tuple[float, float]:
     >>> best_global_threshold([[0.9, 0.2], [0.6, 0.4]], [[1, 0], [0, 1]])
     (0.4, 0.8)
     """
-    if is_partial(y):  # over the known entries
-        positive, known = known_entries(y)
-        p = np.asarray(probs)
-        return _best_f1(p[known], positive[known]) if positive.any() else (0.5, float("nan"))
     p, y = _as_scores(probs, y, keep_float32=True)
     if not y.any():
         return 0.5, float("nan")
@@ -627,8 +612,6 @@ def best_class_thresholds(probs, y, fallback: float | None = None
     >>> t.tolist(), f1.tolist()
     ([0.6, 0.4], [1.0, 1.0])
     """
-    if is_partial(y):  # each class over its known rows
-        return masked_class_thresholds(probs, y, fallback)
     p, y = _as_scores(probs, y, keep_float32=True)
     if fallback is None:
         fallback = best_global_threshold(p, y)[0]
@@ -646,8 +629,6 @@ def select_thresholds(probs, y, class_names=None) -> dict:
     """The decision thresholds a run stores (``thresholds.json``), chosen on ``(probs, y)``
     (the validation split): the global micro-F1 threshold and the per-class F1 thresholds, with
     the F1 each reaches there."""
-    if is_partial(y):
-        return masked_select_thresholds(probs, y, class_names)
     p, y = _as_scores(probs, y, keep_float32=True)
     t_global, f1_global = best_global_threshold(p, y)
     t_class, f1_class = best_class_thresholds(p, y, t_global)

@@ -18,7 +18,9 @@ Classes without a known positive: ``convention`` as everywhere (``"present"`` le
 
 `PartialLabels` is such a matrix as it travels through a run (a source reads it, the engine
 selects epochs on it, the result scores the test rows with it): an int8 ndarray that carries
-its ``mask``; `spmlkit.metrics` dispatches to this module when it is given one.
+its ``mask``. The ``split_*`` functions score a split whichever its labels: full ones with
+`spmlkit.metrics` (unchanged), partial ones with the masked metrics; the engine and the run's
+result call them.
 
 >>> y = partial_labels([[1, -1], [-1, 0], [0, 1]])
 >>> masked_map([[0.9, 0.2], [0.1, 0.8], [0.7, 0.6]], y)
@@ -28,10 +30,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import metrics as full
+from .metrics import METRICS, _as_scores, _best_f1, _count_at_least, _f1_sweep, _row_mean, \
+    average_precision, classic_metrics, f1_micro_macro, map_from_ap, per_class_ap
+
 __all__ = ["MASKS", "PartialLabels", "partial_labels", "is_partial", "known_entries",
            "masked_per_class_ap", "masked_map", "masked_metrics", "micro_average_precision",
            "weighted_average_precision", "ndcg_at_k", "rprecision_at_k", "masked_evaluate",
-           "masked_class_thresholds", "masked_select_thresholds"]
+           "masked_class_thresholds", "masked_select_thresholds", "masked_global_threshold",
+           "split_map", "split_metric", "split_metrics", "split_evaluate", "split_thresholds"]
 
 #: the masks of a partial evaluation matrix
 MASKS = ("entry", "row")
@@ -130,8 +137,6 @@ def _complete_rows(s, pos, known):
 def masked_per_class_ap(scores, y, mask: str | None = None) -> np.ndarray:
     """AP (x100) of every class over its known rows (``"entry"``) or over the fully known rows
     (``"row"``); NaN for a class without a known positive there."""
-    from .metrics import average_precision, per_class_ap
-
     s, pos, known = _checked(scores, y)
     if _mask_of(y, mask) == "row":
         s, full, _ = _complete_rows(s, pos, known)
@@ -143,16 +148,12 @@ def masked_per_class_ap(scores, y, mask: str | None = None) -> np.ndarray:
 def masked_map(scores, y, convention: str = "present", mask: str | None = None) -> float:
     """mAP x100 of partial labels (`masked_per_class_ap`, averaged as
     `spmlkit.metrics.map_from_ap`)."""
-    from .metrics import map_from_ap
-
     return map_from_ap(masked_per_class_ap(scores, y, mask), convention)
 
 
 def micro_average_precision(scores, y) -> float:
     """Micro-averaged AP x100: one AP over every (known) entry of the matrix, as scikit-learn's
     ``average_precision_score(average="micro")``; ``y`` full 0 / 1 or partial labels."""
-    from .metrics import average_precision
-
     s, pos, known = _either(scores, y)
     return average_precision(s[known], pos[known]) * 100.0
 
@@ -170,8 +171,6 @@ def weighted_average_precision(scores, y) -> float:
 
 
 def _full_ap(s, pos):
-    from .metrics import per_class_ap
-
     return per_class_ap(s, pos.astype(np.uint8))
 
 
@@ -179,16 +178,12 @@ def _either(scores, y):
     """Scores, positives and known entries of full 0 / 1 labels (all known) or partial ones."""
     if is_partial(y):
         return _checked(scores, y)
-    from .metrics import _as_scores
-
     s, full = _as_scores(scores, y)
     return s, full > 0, np.ones(full.shape, dtype=bool)
 
 
 def _masked_ranking(s, pos, known) -> dict:
     """LRAP, ranking loss, one-error and coverage ranking each row's known labels only."""
-    from .metrics import _count_at_least, _row_mean
-
     masked = np.where(known, s, -np.inf)
     rank_all = _count_at_least(masked)
     rank_pos = _count_at_least(np.where(pos, s, -np.inf))
@@ -214,11 +209,10 @@ def masked_metrics(probs, y, *, convention: str = "present", threshold: float = 
     ``mask``, ``known_entries`` (their share) and ``rows_scored``.
 
     ``"entry"``: mAP over each class's known rows, F1s and Hamming loss over the known entries,
-    the ranking metrics over each row's known labels (rows without a known positive left out).
+    the ranking metrics over each row's known labels (rows without a known positive left out:
+    ``no_positive="exclude"`` of `spmlkit.metrics`, whatever was asked there).
     ``"row"``: `spmlkit.metrics.classic_metrics` of the fully known rows.
     """
-    from .metrics import METRICS, classic_metrics, f1_micro_macro
-
     s, pos, known = _checked(probs, y)
     mask = _mask_of(y, mask)
     if mask == "row":
@@ -236,6 +230,7 @@ def masked_metrics(probs, y, *, convention: str = "present", threshold: float = 
                                                           pos.astype(np.uint8), threshold)
         out = {name: out[name] for name in METRICS}
         out["threshold"] = float(threshold)
+        out["rows_without_positives"] = int((~pos.any(axis=1)).sum())  # left out of ranking
         out["rows_scored"] = int((pos.any(axis=1)).sum())
     out["mask"] = mask
     out["known_entries"] = float(known.mean()) if known.size else float("nan")
@@ -285,8 +280,6 @@ def masked_evaluate(scores, y, convention: str = "present") -> dict:
     """`spmlkit.metrics.evaluate` of partial labels: the masked mAP, the classes without a
     known positive, P@k / R@k ranking each row's known labels (``"entry"``) or of the fully
     known rows (``"row"``), and the mask."""
-    from .metrics import map_from_ap
-
     s, pos, known = _checked(scores, y)
     mask = _mask_of(y, None)
     ap = masked_per_class_ap(s, y, mask)
@@ -312,12 +305,10 @@ def masked_class_thresholds(probs, y, fallback: float | None = None):
     """`spmlkit.metrics.best_class_thresholds` of partial labels: each class's F1 threshold
     over its known rows (the fallback, default the known entries' global one, for a class
     without a known positive)."""
-    from .metrics import _f1_sweep, best_global_threshold
-
     p = np.asarray(probs)
     pos, known = known_entries(y)
     if fallback is None:
-        fallback = best_global_threshold(p, y)[0]
+        fallback = masked_global_threshold(p, y)[0]
     thresholds = np.full(p.shape[1], float(fallback))
     f1 = np.full(p.shape[1], np.nan)
     for j in range(p.shape[1]):
@@ -331,12 +322,59 @@ def masked_class_thresholds(probs, y, fallback: float | None = None):
 
 def masked_select_thresholds(probs, y, class_names=None) -> dict:
     """`spmlkit.metrics.select_thresholds` of partial val labels (over the known entries)."""
-    from .metrics import best_global_threshold
-
-    t_global, f1_global = best_global_threshold(probs, y)
+    t_global, f1_global = masked_global_threshold(probs, y)
     t_class, f1_class = masked_class_thresholds(probs, y, t_global)
     return {"chosen_on": "val", "rows": int(np.shape(probs)[0]), "mask": _mask_of(y, None),
             "known_entries": float(known_entries(y)[1].mean()),
             "global": t_global, "global_micro_f1": f1_global, "per_class": t_class.tolist(),
             "per_class_f1": [None if np.isnan(v) else float(v) for v in f1_class],
             "class_names": list(class_names) if class_names is not None else None}
+
+
+def masked_global_threshold(probs, y) -> tuple[float, float]:
+    """`spmlkit.metrics.best_global_threshold` over the known entries of partial labels."""
+    positive, known = known_entries(y)
+    if not positive.any():
+        return 0.5, float("nan")
+    return _best_f1(np.asarray(probs)[known], positive[known])
+
+
+# ---- one split's scores, whichever its labels: what a run calls --------------------------------
+# Full 0 / 1 labels go to `spmlkit.metrics` as they are (bit-identical results); `PartialLabels`
+# to the masked metrics above.
+
+def split_map(scores, y, convention: str = "present") -> float:
+    """`spmlkit.metrics.map_score`, or `masked_map` of partial labels."""
+    return masked_map(scores, y, convention) if is_partial(y) else \
+        full.map_score(scores, y, convention)
+
+
+def split_metric(name: str, probs, y, *, convention: str = "present",
+                 threshold: float | str = 0.5) -> float:
+    """`spmlkit.metrics.metric_score`, or the same metric of `masked_metrics` (``"chosen"``:
+    the known entries' global micro-F1 threshold)."""
+    if not is_partial(y):
+        return full.metric_score(name, probs, y, convention=convention, threshold=threshold)
+    full.check_metric(name)
+    if threshold == "chosen":
+        threshold = masked_global_threshold(probs, y)[0]
+    return masked_metrics(probs, y, convention=convention, threshold=threshold)[name]
+
+
+def split_metrics(probs, y, *, convention: str = "present", threshold: float = 0.5) -> dict:
+    """`spmlkit.metrics.classic_metrics`, or `masked_metrics` of partial labels."""
+    if is_partial(y):
+        return masked_metrics(probs, y, convention=convention, threshold=threshold)
+    return classic_metrics(probs, y, convention=convention, threshold=threshold)
+
+
+def split_evaluate(scores, y, convention: str = "present") -> dict:
+    """`spmlkit.metrics.evaluate`, or `masked_evaluate` of partial labels."""
+    return masked_evaluate(scores, y, convention) if is_partial(y) else \
+        full.evaluate(scores, y, convention)
+
+
+def split_thresholds(probs, y, class_names=None) -> dict:
+    """`spmlkit.metrics.select_thresholds`, or `masked_select_thresholds` of partial labels."""
+    return masked_select_thresholds(probs, y, class_names) if is_partial(y) else \
+        full.select_thresholds(probs, y, class_names)
