@@ -43,12 +43,16 @@ class Predictions:
     probs: np.ndarray            # N x L float32
     class_names: list
     thresholds: np.ndarray       # L (the global threshold repeated, or per class)
-    threshold_kind: str          # "global" | "per-class" | "value"
+    threshold_kind: str          # "global" | "per-class" | "value" | "rule"
     skipped: list = field(default_factory=list)  # unreadable images left out (skip_corrupt)
+    rule: dict | None = None     # a threshold rule (spmlkit.thresholds): name and what it used
+    decided: np.ndarray | None = None  # N x L bool: the rule's labels
 
     @property
     def labels(self) -> np.ndarray:
-        """N x L bool: ``probs >= thresholds``."""
+        """N x L bool: ``probs >= thresholds``, or the threshold rule's labels."""
+        if self.decided is not None:
+            return self.decided
         return self.probs >= self.thresholds[None, :]
 
     def rows(self) -> list[dict]:
@@ -71,7 +75,9 @@ class Predictions:
         return buf.getvalue()
 
     def to_json(self, run=None) -> str:
-        if self.threshold_kind == "per-class":
+        if self.rule is not None:
+            thr = {"kind": "rule", **self.rule}
+        elif self.threshold_kind == "per-class":
             thr = {"kind": "per-class", "values": dict(zip(self.class_names,
                                                            map(float, self.thresholds)))}
         else:
@@ -195,15 +201,56 @@ def _readable(items: list, skip_corrupt: bool) -> tuple[list, list]:
     return good, bad
 
 
+def rule_settings(run, rule: str, k: float | None = None) -> dict:
+    """What threshold rule ``rule`` (`spmlkit.thresholds.RULES`) uses for run ``run``:
+    ``k`` given, or the run's ``k`` (config.json: the expected positives per row, EPR / ROLE's
+    k) for ``rcut`` / ``lcard``; for ``pcut`` the priors the run's loss estimated (CRISP's
+    ``priors``), else the positive rates of the val labels (``predictions.npz``; partial ones
+    over the known rows), with where they came from.
+
+    Raises:
+        ValueError: an unknown rule, ``k`` for a rule without one.
+    """
+    from .thresholds import RULES
+
+    run = Path(run)
+    if rule not in RULES:
+        raise ValueError(f"unknown threshold rule {rule!r}; choose one of {', '.join(RULES)}")
+    if rule in ("rcut", "lcard"):
+        if k is None:
+            k = float(json.loads((run / "config.json").read_text())["k"])
+            return {"rule": rule, "k": k, "k_from": "the run's k (config.json)"}
+        return {"rule": rule, "k": float(k), "k_from": "given"}
+    if k is not None:
+        raise ValueError(f"threshold rule {rule} does not use k (--threshold-k): rcut and "
+                         f"lcard do")
+    if rule == "mcut":
+        return {"rule": rule}
+    state = torch.load(run / "best.pt", map_location="cpu", weights_only=True).get("loss") or {}
+    priors = state.get("priors")
+    if priors is not None and priors.numel() and bool((priors >= 0).all()):
+        return {"rule": rule, "priors": priors.double().tolist(),
+                "priors_from": "the run's loss (estimated class priors)"}
+    from .runs import load_arrays
+
+    y = np.asarray(load_arrays(run / PREDICTIONS_FILE, ("y_val",))["y_val"])
+    known = y != 0 if (y < 0).any() else np.ones(y.shape, dtype=bool)  # partial: 1 / -1 known
+    rates = ((y == 1) & known).sum(axis=0) / np.maximum(known.sum(axis=0), 1)
+    return {"rule": rule, "priors": rates.tolist(), "priors_from": "the val labels' rates"}
+
+
 def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
                 batch_size: int = 64, num_workers: int = 0,
-                skip_corrupt: bool = False) -> Predictions:
+                skip_corrupt: bool = False, rule: str | None = None,
+                rule_k: float | None = None) -> Predictions:
     """Probabilities and thresholded labels of ``inputs`` from the run folder ``run``.
 
     Args:
         run: a run folder (``spml train`` output).
         inputs: feature files (linear runs) or image files / folders.
         threshold: ``"global"``, ``"per-class"`` or a number in [0, 1].
+        rule, rule_k: a threshold rule of `spmlkit.thresholds` instead of ``threshold``
+            (``rcut``, ``lcard``, ``pcut``, ``mcut``; `rule_settings`), its ``k``.
         device, batch_size, num_workers: for image inputs.
         skip_corrupt: image inputs are decoded once before any is predicted; an unreadable one
             raises (named), or with ``skip_corrupt`` is left out and listed in
@@ -221,6 +268,12 @@ def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
     inputs = [str(i) for i in inputs]
     if not inputs:
         raise ValueError("no input given")
+    if rule is not None and threshold != "global":
+        raise ValueError("give a threshold (--threshold) or a threshold rule (--threshold-rule), "
+                         "not both")
+    if rule is None and rule_k is not None:
+        raise ValueError("k (--threshold-k) is for the threshold rules rcut and lcard; give "
+                         "--threshold-rule")
     model, info = load_run_model(run)
     names, num_classes = info["class_names"], info["num_classes"]
     thresholds, kind = run_thresholds(run, threshold)
@@ -272,8 +325,16 @@ def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
                           num_workers=num_workers, image_size=size)
         logits = predict_items(model, items, cfg, transform=eval_transform(size, mean, std))
         probs = torch.sigmoid(logits).cpu().numpy()
-    return Predictions(items, probs.astype(np.float32), names, thresholds, kind,
+    pred = Predictions(items, probs.astype(np.float32), names, thresholds, kind,
                        skipped if info["inputs"] != "features" else [])
+    if rule is not None:
+        from .thresholds import apply_rule
+
+        settings = rule_settings(run, rule, rule_k)
+        pred.rule, pred.threshold_kind = settings, f"rule {rule}"
+        pred.decided = apply_rule(rule, pred.probs, k=settings.get("k"),
+                                  priors=settings.get("priors"))
+    return pred
 
 
 def write_predictions(pred: Predictions, fmt: str = "csv", out=None, run=None) -> str:

@@ -2,7 +2,7 @@
 and study folders."""
 from __future__ import annotations
 
-from .common import _ints, FORCE_HELP, _wrote
+from .common import _ints, _whole, FORCE_HELP, _wrote
 
 
 def cmd_analyze(args) -> int:
@@ -61,6 +61,10 @@ def cmd_figure(args) -> int:
                                    max_examples=args.max_examples)
         print(ls.summary())
         out = fg.plot_landscape(ls, wanted, force=force)
+    elif kind == "calibration":
+        cal = fg.calibration_from_run(args.run, args.bins, args.temperature)
+        print(cal.table())
+        out = fg.plot_calibration(cal, wanted, force=force)
     elif kind == "panel":
         out = fg.plot_panel(fg.panel_from_run(args.run, args.split, args.n, args.seed), wanted,
                             args.top, force=force)
@@ -150,6 +154,13 @@ def register(sub) -> None:
     f.add_argument("--seed", type=int, default=0, help="seed of the directions")
     f.add_argument("--max-examples", type=int, default=None,
                    help="train rows used (default: all for linear runs, 256 for fine-tuned)")
+    f = fsub.add_parser("calibration", help="reliability diagram and per-class expected "
+                        "calibration error of a run's test probabilities (spmlkit.calibration)")
+    f.add_argument("run", metavar="RUN")
+    f.add_argument("--bins", type=_whole(1), default=15, help="equal-width bins (default 15)")
+    f.add_argument("--temperature", action="store_true",
+                   help="also fit one temperature per class on the val split and show the "
+                        "test calibration after it")
     f = fsub.add_parser("panel", help="images with their labels and top predictions (Zhou "
                         "Fig. 6)")
     f.add_argument("run", metavar="RUN")

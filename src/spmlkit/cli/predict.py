@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 
+from ..thresholds import RULES
 from .common import _whole, _device
 
 
@@ -13,9 +14,12 @@ def cmd_predict(args) -> int:
 
     fmt = args.format or ("json" if args.out and Path(args.out).suffix.lower() == ".json"
                           else "csv")
-    pred = predict_run(args.run, args.inputs, args.threshold, device=args.device,
+    if args.threshold is not None and args.threshold_rule is not None:
+        raise ValueError("give --threshold or --threshold-rule, not both")
+    pred = predict_run(args.run, args.inputs, args.threshold or "global", device=args.device,
                        batch_size=args.batch_size, num_workers=args.workers,
-                       skip_corrupt=args.skip_corrupt)
+                       skip_corrupt=args.skip_corrupt, rule=args.threshold_rule,
+                       rule_k=args.threshold_k)
     if pred.skipped:
         shown = ", ".join(pred.skipped[:5]) + (", ..." if len(pred.skipped) > 5 else "")
         print(f"skipped {len(pred.skipped)} unreadable image(s): {shown}", file=sys.stderr)
@@ -37,9 +41,17 @@ def register(sub) -> None:
                    help="linear runs: .npy/.npz feature files (runs of the tabular source: "
                         ".csv/.parquet tables too, feature columns by name); fine-tuned runs (and "
                         "linear runs on --backbone features): image files or folders")
-    p.add_argument("--threshold", default="global",
+    p.add_argument("--threshold", default=None,
                    help="global (maximises val micro-F1, default), per-class (each class's "
                         "val-F1 maximiser) or a probability, e.g. 0.5")
+    p.add_argument("--threshold-rule", default=None, choices=list(RULES),
+                   help="instead of --threshold: rcut (each row's top k), lcard (the global "
+                        "threshold whose mean labels per row is closest to k), pcut (each "
+                        "class to its prior's share of the rows), mcut (per row, above the "
+                        "largest score gap); spmlkit.thresholds")
+    p.add_argument("--threshold-k", type=float, default=None, metavar="K",
+                   help="k of rcut / lcard (default: the run's k, its expected positives per "
+                        "row)")
     p.add_argument("--format", choices=["csv", "json"], default=None,
                    help="default: json when --out ends with .json, else csv")
     p.add_argument("--out", default=None, metavar="FILE", help="default: standard output")

@@ -341,6 +341,41 @@ def read_observed(labels, classes: Sequence[str] | None = None) -> tuple[np.ndar
     return z, _class_names(classes, z.shape[1], path)
 
 
+#: what a source's ``eval_labels`` option takes: full 0 / 1 val / test labels, or partial ones
+#: (1 positive, -1 known negative, 0 / NaN / an empty cell unknown; `spmlkit.metrics_partial`)
+EVAL_LABELS = ("full", "partial")
+
+
+def check_eval_labels(eval_labels: str, eval_mask: str | None, given: bool, where: str) -> None:
+    """Refuse an unknown ``eval_labels`` / ``eval_mask``, a mask without partial labels, and
+    partial labels without a val or test set given (nothing they would apply to)."""
+    from ..metrics_partial import MASKS
+
+    if eval_labels not in EVAL_LABELS:
+        raise ValueError(f"{where}: eval_labels must be one of {EVAL_LABELS}, got "
+                         f"{eval_labels!r}")
+    if eval_mask is not None and eval_mask not in MASKS:
+        raise ValueError(f"{where}: eval_mask must be one of {MASKS}, got {eval_mask!r}")
+    if eval_mask is not None and eval_labels != "partial":
+        raise ValueError(f"{where}: eval_mask={eval_mask} applies to partial evaluation labels "
+                         f"only; add eval_labels=partial")
+    if eval_labels == "partial" and not given:
+        raise ValueError(f"{where}: eval_labels=partial applies to val / test labels given "
+                         f"apart (test files, val files or a split column); none was given")
+
+
+def partial_part(part: "Part", mask: str | None) -> "Part":
+    """``part`` with its labels read as partial evaluation labels (1 / -1 known, 0 / NaN
+    unknown), scored with ``mask`` (default ``"entry"``)."""
+    from ..metrics_partial import partial_labels
+
+    y = partial_labels(part.y, mask or "entry", part.y_where)
+    if y.mask == "row" and not (y != 0).all(axis=1).any():
+        raise ValueError(f"{part.y_where}: eval_mask=row scores the rows whose every label is "
+                         f"known, and no row of these {len(y)} is; use eval_mask=entry")
+    return Part(part.x, y, part.x_where, part.y_where, part.ids)
+
+
 @dataclass
 class Part:
     """One set of feature rows and their labels, with where each came from (for messages)."""
@@ -360,7 +395,8 @@ class Part:
 def features_dataset(name: str, train: Part, classes: Sequence[str], *, test: Part | None = None,
                      val: Part | None = None, train_labels: str = "full",
                      test_fraction: float = TEST_FRACTION, seed: int = OFFICIAL_SEED,
-                     standardize: bool = False, meta: dict | None = None) -> Dataset:
+                     standardize: bool = False, meta: dict | None = None,
+                     split: str = "random") -> Dataset:
     """Feature rows and labels already read, as a [`Dataset`][spmlkit.data.protocol.Dataset]: what
     the ``arrays`` and ``tabular`` sources share.
 
@@ -377,14 +413,26 @@ def features_dataset(name: str, train: Part, classes: Sequence[str], *, test: Pa
         test_fraction, seed: the carve-out.
         standardize: standardise the features with the train rows' statistics (``make_splits``).
         meta: recorded in ``Dataset.meta`` (with the files and the carve-out).
+        split: ``"random"`` (default: `cole_split`) or ``"stratified"``: the carved-out test
+            set and the val set the protocol splits from the rows are multilabel-stratified
+            (`spmlkit.data.stratify`; ``meta["split"]``).
 
     Raises:
         ValueError: feature widths that differ between the parts, observed training labels
             without a test set, a carve-out that leaves an empty set.
     """
     check_train_labels(train_labels, name)
+    from .stratify import SPLITS
+
+    if split not in SPLITS:
+        raise ValueError(f"{name}: split must be one of {SPLITS}, got {split!r}")
+    if split == "stratified" and test is not None and val is not None:
+        raise ValueError(f"{name}: split=stratified splits the rows that test / val sets are "
+                         f"carved out of, and both were given apart: nothing to split")
     observed = train_labels == "observed"
     meta = dict(meta or {})
+    if split == "stratified":
+        meta["split"] = split
     meta.update(features=train.x_where, labels=train.y_where)
     for part, what in ((test, "test"), (val, "val")):
         if part is not None and part.x.shape[1] != train.x.shape[1]:
@@ -399,8 +447,13 @@ def features_dataset(name: str, train: Part, classes: Sequence[str], *, test: Pa
                              f"labelled test set given apart (test files); a test set carved "
                              f"out of partially labelled rows would be scored against "
                              f"incomplete labels")
-    if test is None:
+    if test is None and split == "stratified":
+        from .stratify import stratified_test
+
+        pool_idx, test_idx = stratified_test(train.y, test_fraction, seed)
+    elif test is None:
         pool_idx, test_idx = cole_split(len(train.y), test_fraction, seed)
+    if test is None:
         if not len(pool_idx) or not len(test_idx):
             raise ValueError(f"{train.y_where}: {len(train.y)} example(s) leave an empty "
                              f"{'test set' if not len(test_idx) else 'pool'} with test_fraction "
@@ -423,6 +476,14 @@ def _part(features, labels, what: str, classes, observed: bool = False) -> tuple
     features file is memory-mapped (read batch by batch in its own dtype, never loaded whole:
     `spmlkit.data.rows`)."""
     x, x_where = read_features(features, mmap_mode="r")
+    if observed and isinstance(labels, np.ndarray) and labels.dtype.kind == "f":
+        labels = np.where(np.isnan(labels), 0.0, labels)  # NaN: unknown, as an empty cell
+    elif observed and not isinstance(labels, np.ndarray) and \
+            Path(labels).suffix.lower() in MATRIX_SUFFIXES:
+        matrix = load_matrix(labels, LABEL_KEYS, "observed labels")
+        if matrix.dtype.kind == "f" and np.isnan(matrix).any():
+            y, classes = read_observed(np.where(np.isnan(matrix), 0.0, matrix), classes)
+            return Part(x, y, x_where, str(labels)), classes
     y, classes = (read_observed if observed else read_labels)(labels, classes)
     y_where = f"{what} array" if isinstance(labels, np.ndarray) else str(labels)
     return Part(x, y, x_where, y_where), classes
@@ -439,7 +500,9 @@ def load_arrays(features: str | os.PathLike | np.ndarray, labels: str | os.PathL
                 standardize: bool = False, name: str = "arrays",
                 seed: int = OFFICIAL_SEED, train_labels: str = "full",
                 val_features: str | os.PathLike | np.ndarray | None = None,
-                val_labels: str | os.PathLike | np.ndarray | None = None) -> Dataset:
+                val_labels: str | os.PathLike | np.ndarray | None = None,
+                eval_labels: str = "full", eval_mask: str | None = None,
+                split: str = "random") -> Dataset:
     """Any feature matrix with its labels as a [`Dataset`][spmlkit.data.protocol.Dataset].
 
     Args:
@@ -462,6 +525,14 @@ def load_arrays(features: str | os.PathLike | np.ndarray, labels: str | os.PathL
         val_features, val_labels: a fully labelled validation set (both or neither); default:
             split from the training rows, or for observed training labels carved out of the test
             set (``make_splits``).
+        eval_labels: ``"full"`` (default) or ``"partial"``: the test / val label matrices are
+            partial (1 positive, -1 known negative, 0 or NaN unknown) and are scored masked
+            (`spmlkit.metrics_partial`).
+        eval_mask: with partial evaluation labels, ``"entry"`` (default: each class over its
+            known rows) or ``"row"`` (the fully known rows only).
+        split: ``"random"`` (default) or ``"stratified"``: the test set carved out of the rows
+            and the val set split from the training rows are multilabel-stratified
+            (`spmlkit.data.stratify`, needs the ``stratify`` extra).
 
     Returns:
         a [`Dataset`][spmlkit.data.protocol.Dataset] with ``pool`` (the rows the protocol splits
@@ -477,12 +548,18 @@ def load_arrays(features: str | os.PathLike | np.ndarray, labels: str | os.PathL
         if (a is None) != (b is None):
             raise ValueError(f"give both {what}_features and {what}_labels, or neither")
     check_train_labels(train_labels, f"dataset {name!r}")
+    check_eval_labels(eval_labels, eval_mask, test_features is not None or
+                      val_features is not None, f"dataset {name!r}")
+    partial = eval_labels == "partial"
     classes = resolve_class_names(class_names)
     train, classes = _part(features, labels, "labels", classes, train_labels == "observed")
     test = val = None
     if test_features is not None:
-        test, _ = _part(test_features, test_labels, "test labels", classes)
+        test, _ = _part(test_features, test_labels, "test labels", classes, partial)
     if val_features is not None:
-        val, _ = _part(val_features, val_labels, "val labels", classes)
+        val, _ = _part(val_features, val_labels, "val labels", classes, partial)
+    if partial:
+        test, val = (None if p is None else partial_part(p, eval_mask) for p in (test, val))
     return features_dataset(name, train, classes, test=test, val=val, train_labels=train_labels,
-                            test_fraction=test_fraction, seed=seed, standardize=standardize)
+                            test_fraction=test_fraction, seed=seed, standardize=standardize,
+                            split=split)

@@ -13,7 +13,8 @@ import numpy as np
 
 from ..labels import OFFICIAL_SEED, positives_to_observed
 from .protocol import Dataset, check_train_labels
-from .arrays import resolve_class_names
+from ..metrics_partial import partial_labels
+from .arrays import check_eval_labels, resolve_class_names
 from .image_common import TAGS, TEST_FRACTION, carve, image_dataset, join_paths
 from .registry import register
 
@@ -32,7 +33,8 @@ def _split_names(cell: str) -> list[str]:
 
 
 def read_image_csv(path, classes: Sequence[str] | None = None, delimiter: str | None = None,
-                   unknown_hint: str = "Fix the name or declare every class with class_names="):
+                   unknown_hint: str = "Fix the name or declare every class with class_names=",
+                   negatives: bool = False):
     """Image paths and their positive class names from a CSV file.
 
     Form: one row per image, ``<path>,<name>[,<name>...]``; a cell may also hold several names
@@ -49,9 +51,12 @@ def read_image_csv(path, classes: Sequence[str] | None = None, delimiter: str | 
         delimiter: the field separator (default from the extension).
         unknown_hint: the advice an unknown class name's error ends with (what the calling
             source offers to fix it).
+        negatives: partial labels: a name written ``-name`` is a known negative
+            (``img.jpg,"cat;-dog"``: cat positive, dog known absent, every other class unknown).
 
     Returns:
-        ``(paths as written, y uint8 N x L, classes)``.
+        ``(paths as written, y uint8 N x L, classes)``; with ``negatives`` y is int8 with 1
+        (named), -1 (``-name``) and 0 (unknown).
 
     Raises:
         FileNotFoundError: no such file.
@@ -87,14 +92,22 @@ def read_image_csv(path, classes: Sequence[str] | None = None, delimiter: str | 
     if not entries:
         raise ValueError(f"{path}: no image row (expected <path>,<class name>[;<class name>...] "
                          f"per row, optionally after a header such as 'path,labels')")
+    def bare(n: str) -> str:
+        return n[1:].strip() if negatives and n.startswith("-") else n
+
     if classes is None:
-        classes = sorted({n for names in entries.values() for _, n in names})
+        classes = sorted({bare(n) for names in entries.values() for _, n in names})
     classes = list(classes)
     column = {c: j for j, c in enumerate(classes)}
     images = list(entries)
-    y = np.zeros((len(images), len(classes)), dtype=np.uint8)
+    y = np.zeros((len(images), len(classes)), dtype=np.int8 if negatives else np.uint8)
     for i, image in enumerate(images):
         for lineno, n in entries[image]:
+            if bare(n) != n:  # a known negative
+                n = bare(n)
+                if n in column:
+                    y[i, column[n]] = -1
+                    continue
             j = column.get(n)
             if j is None:
                 shown = ", ".join(classes[:10]) + (f", ... ({len(classes)} in all)"
@@ -115,7 +128,8 @@ def load_csv_images(path: str | os.PathLike, test_path: str | os.PathLike | None
                     seed: int = OFFICIAL_SEED, name: str = "csv", delimiter: str | None = None,
                     skip_missing: bool = False, skip_corrupt: bool = False,
                     train_labels: str = "full",
-                    val_path: str | os.PathLike | None = None) -> Dataset:
+                    val_path: str | os.PathLike | None = None,
+                    eval_labels: str = "full", eval_mask: str | None = None) -> Dataset:
     """Images listed in a CSV file with their full labels (form: `read_image_csv`).
 
     With ``train_labels="observed"`` the training CSV's names are each image's **known
@@ -140,6 +154,10 @@ def load_csv_images(path: str | os.PathLike, test_path: str | os.PathLike | None
         train_labels: ``"full"`` (default) or ``"observed"`` (see above).
         val_path: a CSV of fully labelled validation images (paths relative to its own folder
             or absolute); default: the protocol's val set.
+        eval_labels: ``"full"`` (default) or ``"partial"``: in the test / val CSVs a name is a
+            positive, ``-name`` a known negative, and every class not written is unknown; they
+            are scored masked (`spmlkit.metrics_partial`).
+        eval_mask: with partial evaluation labels, ``"entry"`` (default) or ``"row"``.
 
     Returns:
         a [`Dataset`][spmlkit.data.protocol.Dataset]; ``ids`` are the paths as written in the CSV.
@@ -163,6 +181,12 @@ def load_csv_images(path: str | os.PathLike, test_path: str | os.PathLike | None
     """
     path = Path(path)
     observed = check_train_labels(train_labels, f"dataset {name!r}") == "observed"
+    check_eval_labels(eval_labels, eval_mask, test_path is not None or val_path is not None,
+                      f"dataset {name!r}")
+    partial = eval_labels == "partial"
+
+    def labels_of(y, where):
+        return partial_labels(y, eval_mask or "entry", where) if partial else y
     classes = resolve_class_names(class_names)
     rel, y, classes = read_image_csv(path, classes, delimiter)
     base = Path(image_root) if image_root is not None else path.parent
@@ -177,17 +201,18 @@ def load_csv_images(path: str | os.PathLike, test_path: str | os.PathLike | None
     val = None
     if val_path is not None:
         val_path = Path(val_path)
-        rel_v, yv, _ = read_image_csv(val_path, classes, delimiter)
-        val = (join_paths(val_path.parent.resolve(), rel_v), rel_v, yv)
+        rel_v, yv, _ = read_image_csv(val_path, classes, delimiter, negatives=partial)
+        val = (join_paths(val_path.parent.resolve(), rel_v), rel_v, labels_of(yv, str(val_path)))
         meta.update(val_path=str(val_path))
     if test_path is None:
         pool, test = carve(name, paths, rel, y, test_fraction, seed, str(path))
         meta.update(test_fraction=test_fraction, split_seed=seed)
     else:
         test_path = Path(test_path)
-        rel_t, yt, _ = read_image_csv(test_path, classes, delimiter)
+        rel_t, yt, _ = read_image_csv(test_path, classes, delimiter, negatives=partial)
         base_t = Path(test_image_root) if test_image_root is not None else test_path.parent
-        pool, test = (paths, rel, y), (join_paths(base_t.resolve(), rel_t), rel_t, yt)
+        pool, test = (paths, rel, y), (join_paths(base_t.resolve(), rel_t), rel_t,
+                                       labels_of(yt, str(test_path)))
         meta.update(test_path=str(test_path), test_image_root=str(base_t))
     return image_dataset(name, pool, test, classes, skip_missing=skip_missing,
                          skip_corrupt=skip_corrupt, meta=meta, val=val,

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..metrics_partial import is_partial
 from ..labels import OFFICIAL_SEED, POSITIVE, full_to_observed, make_observed, \
     observed_counts, parse_regime, validate_full_labels, validate_observed
 from .rows import JoinedRows, Rows, holds_vectors, is_stored, nonfinite_rows, streaming_stats
@@ -47,8 +48,9 @@ def check_train_labels(value, where: str) -> str:
 class LabelledSet:
     """Examples with full labels: ``x`` is an N x D feature matrix (in memory, memory-mapped,
     or `Rows` of a stored one) or a sequence of N items (e.g. image
-    paths); ``y`` the N x L 0/1 labels. A subset of stored features is a
-    `Rows` view: row indices, no copy."""
+    paths); ``y`` the N x L 0/1 labels, or for a val / test set partial evaluation labels
+    (`spmlkit.metrics_partial.PartialLabels`: 1 / -1 known, 0 unknown, scored masked). A
+    subset of stored features is a `Rows` view: row indices, no copy."""
 
     x: Any
     y: np.ndarray
@@ -57,7 +59,8 @@ class LabelledSet:
     where: str = ""
 
     def __post_init__(self):
-        self.y = validate_full_labels(self.y, self.where or None)
+        if not is_partial(self.y):  # partial evaluation labels (spmlkit.metrics_partial) stay
+            self.y = validate_full_labels(self.y, self.where or None)
         n = len(self.x)
         if n != self.y.shape[0]:
             raise ValueError(f"{self.where or 'labelled set'}: {n} examples but "
@@ -252,6 +255,31 @@ def _given_or_refused(ds: Dataset, name: str, regime: str) -> bool:
     return name == "given"
 
 
+def _mean_positives(y) -> float:
+    """Mean positives per row; of partial labels, the sum over classes of each class's positive
+    rate among its known rows (unknown cells missing at random: not counted as negatives)."""
+    arr = np.asarray(y)
+    if not is_partial(y):
+        return float(arr.sum(axis=1).mean())
+    known = (arr != 0).sum(axis=0)
+    return float(((arr == 1).sum(axis=0) / np.maximum(known, 1)).sum())
+
+
+def _val_split(ds: Dataset, y, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(rest, val)`` row indices of ``y``'s rows: `cole_split`, or multilabel-stratified
+    on ``y``'s positives for a dataset with ``meta["split"] == "stratified"``."""
+    if ds.meta.get("split") == "stratified":
+        from .stratify import stratified_test
+
+        return stratified_test(y, ds.val_fraction, seed)
+    return cole_split(len(y), ds.val_fraction, seed)
+
+
+def _as_observed(y) -> np.ndarray:
+    """Val labels in the observed encoding: full ones converted, partial ones as they are."""
+    return np.asarray(y, dtype=np.int8).copy() if is_partial(y) else full_to_observed(y)
+
+
 def _standardized(train: LabelledSet, val: LabelledSet, test: LabelledSet):
     """The three sets standardised with the train rows' mean and std (0 std -> 1), and the
     statistics as ``meta["standardize"]`` records them. Stored features (a memory map,
@@ -376,6 +404,9 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
         raise ValueError(f"{ds.name}: the tabular protocol splits the pool and test rows anew "
                          f"and draws the observed labels itself; it does not take {what}: use "
                          f"protocol 'cole'")
+    if protocol == "tabular" and any(is_partial(s.y) for s in (ds.pool, ds.test)):
+        raise ValueError(f"{ds.name}: the tabular protocol splits the rows anew and scores them "
+                         f"on full labels; partial test labels need protocol 'cole'")
     pool = ds.pool
     if given:
         observed = ds.observed
@@ -404,7 +435,7 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
     elif given or ds.val is not None:
         train_idx, val_idx = np.arange(len(pool)), np.zeros(0, dtype=np.int64)
     else:
-        train_idx, val_idx = cole_split(len(pool), ds.val_fraction, split_seed)
+        train_idx, val_idx = _val_split(ds, pool.y, split_seed)
     if subsample is not None:
         train_idx = _subsample(train_idx, subsample, seed if subsample_seed is None
                                else subsample_seed, ds.name)
@@ -414,16 +445,16 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
         val, test = pool.subset(val_idx), pool.subset(test_idx)
         val_observed, extra["val_from"] = observed[val_idx], "pool"
     elif ds.val is not None:
-        val, val_observed, extra["val_from"] = ds.val, full_to_observed(ds.val.y), "given"
+        val, val_observed, extra["val_from"] = ds.val, _as_observed(ds.val.y), "given"
     elif given:
-        test_idx, carved = cole_split(len(ds.test), ds.val_fraction, split_seed)
+        test_idx, carved = _val_split(ds, ds.test.y, split_seed)
         if not len(carved) or not len(test_idx):
             raise ValueError(f"{ds.name}: regime 'given' carves the val set out of the fully "
                              f"labelled test set ({ds.val_fraction} of its {len(ds.test)} rows), "
                              f"which leaves an empty {'val' if not len(carved) else 'test'} set; "
                              f"give more test rows or a fully labelled val set")
         val, test = ds.test.subset(carved), ds.test.subset(test_idx)
-        val_observed = full_to_observed(val.y)
+        val_observed = _as_observed(val.y)
         extra.update(val_from="test", val_rows_of_test=carved.tolist(),
                      val_fraction=ds.val_fraction)
     else:
@@ -431,7 +462,7 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
     standardize = None
     if ds.standardize:
         (train, val, test), standardize = _standardized(train, val, test)
-    k = float((val if given else train).y.sum(axis=1).mean())
+    k = _mean_positives((val if given else train).y)
     train_observed = observed[train_idx]  # one copy of the train rows' observed labels
     counts = observed_counts(train_observed)
     meta = {**{key: v for key, v in ds.meta.items() if key != "instances"},
@@ -490,10 +521,24 @@ def describe_labels(splits: Splits) -> dict:
         scored = f"{val_part} fully labelled; {test_part} {only}"
     else:
         scored = f"{val_part} and {test_part} fully labelled"
+    masked = {s: _mask_note(getattr(splits, s).y) for s in ("val", "test")}
+    if any(masked.values()):
+        scored = f"{val_part} {masked['val'] or 'fully labelled'}; " \
+                 f"{test_part} {masked['test'] or 'fully labelled'}"
     summary = (f"{head}; {scored}; default k {splits.k:.3f} from the "
                f"{meta.get('k_from', 'train')} labels")
     return {"regime": splits.regime, "train_labels": "observed" if given else "full",
             "observed_from": source, **{k: counts[k] for k in (
                 "positives", "negatives", "unobserved", "rows_without_positive")},
             "val_from": val_from, "k_from": meta.get("k_from", "train"), "k": float(splits.k),
-            "summary": summary}
+            **({f"{s}_mask": masked[s] for s in masked if masked[s]}), "summary": summary}
+
+
+def _mask_note(y) -> str | None:
+    """How partial evaluation labels are scored (None for full ones)."""
+    if not is_partial(y):
+        return None
+    known = float((np.asarray(y) != 0).mean()) if y.size else 0.0
+    rule = ("each class over its known rows" if y.mask == "entry"
+            else f"the {int((np.asarray(y) != 0).all(axis=1).sum())} fully known rows only")
+    return f"partially labelled ({100 * known:.1f}% of entries known), scored masked: {rule}"

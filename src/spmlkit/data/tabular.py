@@ -52,8 +52,8 @@ import numpy as np
 
 from ..labels import OFFICIAL_SEED, positives_to_observed, validate_full_labels, \
     validate_observed
-from .arrays import TEST_FRACTION, Part, _preview, check_features, features_dataset, \
-    resolve_class_names
+from .arrays import TEST_FRACTION, Part, _preview, check_eval_labels, check_features, \
+    features_dataset, partial_part, resolve_class_names
 from .protocol import Dataset, check_train_labels
 from .registry import register
 
@@ -301,7 +301,9 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
                  split_column: str | None = None, id_column: str | None = None,
                  train_labels: str = "full", class_names=None,
                  test_fraction: float = TEST_FRACTION, standardize: bool = True,
-                 name: str = "tabular", seed: int = OFFICIAL_SEED) -> Dataset:
+                 name: str = "tabular", seed: int = OFFICIAL_SEED,
+                 eval_labels: str = "full", eval_mask: str | None = None,
+                 split: str = "random") -> Dataset:
     """A CSV / Parquet table (or several) as a [`Dataset`][spmlkit.data.protocol.Dataset] (the
     module docstring describes the files and columns).
 
@@ -324,6 +326,16 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
             ``features``, and ``best.pt``, from which ``spml predict`` applies them to new
             rows).
         name: the dataset's name.
+        eval_labels: ``"full"`` (default) or ``"partial"``: the test / val rows' label columns
+            are partial (1 positive, -1 known negative, 0 or an empty cell unknown: the
+            encoding of observed training labels) and are scored masked
+            (`spmlkit.metrics_partial`; needs ``test_path`` / ``val_path`` or
+            ``split_column``).
+        eval_mask: with partial evaluation labels, ``"entry"`` (default: each class over its
+            known rows; the OpenImages rule) or ``"row"`` (the fully known rows only).
+        split: ``"random"`` (default) or ``"stratified"``: the test set carved out of
+            ``path`` and the val set split from the training rows are multilabel-stratified
+            (`spmlkit.data.stratify`, needs the ``stratify`` extra).
 
     Returns:
         a [`Dataset`][spmlkit.data.protocol.Dataset]; ``meta["feature_columns"]`` /
@@ -338,6 +350,8 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
             other values, a test set given twice.
     """
     check_train_labels(train_labels, f"dataset {name!r}")
+    check_eval_labels(eval_labels, eval_mask, split_column is not None or test_path is not None
+                      or val_path is not None, f"dataset {name!r}")
     observed = train_labels == "observed"
     path = Path(path)
     df = read_table(path)
@@ -401,10 +415,14 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
         return Part(x, y, frame_where, frame_where, ids), names
 
     train, classes = part("train", observed)
-    test = part("test")[0] if "test" in frames else None
-    val = part("val")[0] if "val" in frames else None
+    partial = eval_labels == "partial"  # read as observed labels, then masked
+    test = part("test", partial)[0] if "test" in frames else None
+    val = part("val", partial)[0] if "val" in frames else None
+    if partial:
+        test, val = (None if p is None else partial_part(p, eval_mask) for p in (test, val))
     meta = {"source": "tabular", "path": where, "feature_columns": feature_cols,
-            "label_columns": label_cols, "id_column": id_column, "split_column": split_column}
+            "label_columns": label_cols, "id_column": id_column, "split_column": split_column,
+            **({"eval_labels": "partial", "eval_mask": eval_mask or "entry"} if partial else {})}
     return features_dataset(name, train, classes, test=test, val=val, train_labels=train_labels,
                             test_fraction=test_fraction, seed=seed, standardize=standardize,
-                            meta=meta)
+                            meta=meta, split=split)

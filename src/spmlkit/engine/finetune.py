@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..metrics_partial import is_partial
 from .. import distributed as dist_utils
 from ..labels import validate_full_labels, validate_observed
 from ..losses import SPMLLoss, TrainInfo
@@ -96,7 +97,7 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
     has_val = val_items is not None and y_val is not None
     if has_val:
         val_items = check_items(val_items, "validation items")
-        yv = validate_full_labels(y_val, "validation labels")
+        yv = y_val if is_partial(y_val) else validate_full_labels(y_val, "validation labels")
         if len(val_items) != len(yv) or yv.shape[1] != z.shape[1]:
             raise ValueError(f"{len(val_items)} validation items and labels {yv.shape} do not "
                              f"match each other or the {z.shape[1]} train classes")

@@ -67,6 +67,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..metrics_partial import is_partial
 from ..engine import (GeneratorState, Stage, StageParts, TrainConfig, batch_starts,
                       check_val_labels, epoch_rows, make_optimizer, train_loop, val_map)
 from ..data.rows import Rows, as_rows, holds_vectors, is_stored, read_rows
@@ -166,7 +167,7 @@ def fit_boostlu(train: MapRows, observed, loss, config: TrainConfig, *, val: Map
         raise ValueError(f"the train split has {len(train)} rows and {n} observed label rows")
     has_val = val is not None and y_val is not None
     if has_val:
-        y_val = validate_full_labels(y_val, "validation labels")
+        y_val = y_val if is_partial(y_val) else validate_full_labels(y_val, "validation labels")
         check_val_labels(y_val, config.map_convention)
     head = BoostLUHead(train.shape[0], num_classes, alpha, seed=config.seed,
                        eval_alpha=eval_alpha).to(device)

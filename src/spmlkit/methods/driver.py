@@ -20,8 +20,8 @@ import torch
 
 from ..engine import TrainConfig
 from ..losses import create_loss
-from ..metrics import (THRESHOLD_POLICY, classic_metrics, evaluate, map_score,
-                       pseudo_label_stats, select_thresholds)
+from ..metrics import THRESHOLD_POLICY, map_score, pseudo_label_stats
+from ..metrics_partial import split_evaluate, split_map, split_metrics, split_thresholds
 from ..data.protocol import describe_labels
 from ..runs import RunDir, read_run, sync_files
 from .contract import (RunContext, TrainingMethod, check_inputs, check_train_fields,
@@ -57,7 +57,7 @@ def trivial_map(y, convention: str = "present") -> float:
     """The test mAP of scoring every image alike (each class's AP is then its prevalence): the
     baseline a model that learned nothing reaches."""
     y = np.asarray(y)
-    return map_score(np.zeros(y.shape, dtype=np.float32), y, convention)
+    return split_map(np.zeros(y.shape, dtype=np.float32), y, convention)
 
 
 def baseline_warning(method: "TrainingMethod", config, options: dict, test_map: float,
@@ -364,10 +364,10 @@ def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
     try:
         fit, probs = fitted.fit, fitted.probs
         conv = config.map_convention
-        test = evaluate(probs["test"], splits.test.y, conv)
-        chosen = select_thresholds(probs["val"], splits.val.y, splits.class_names)
+        test = split_evaluate(probs["test"], splits.test.y, conv)  # masked for partial labels
+        chosen = split_thresholds(probs["val"], splits.val.y, splits.class_names)
         threshold = chosen["global"]  # THRESHOLD_POLICY: what spml predict applies by default
-        val_metrics = classic_metrics(probs["val"], splits.val.y, convention=conv,
+        val_metrics = split_metrics(probs["val"], splits.val.y, convention=conv,
                                       threshold=threshold)
         metric = getattr(fit, "metric", "map")
         result = {"loss": loss, "mode": method.name, "regime": splits.regime,
@@ -380,8 +380,8 @@ def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
                   "test": test, "labels": describe_labels(splits)["summary"],
                   "metric": metric, "val_score": getattr(fit, "val_score", fit.val_map),
                   "val_metrics": val_metrics,
-                  "test_metrics": classic_metrics(probs["test"], splits.test.y,
-                                                  convention=conv, threshold=threshold),
+                  "test_metrics": split_metrics(probs["test"], splits.test.y,
+                                                convention=conv, threshold=threshold),
                   "threshold": {"value": threshold, "policy": THRESHOLD_POLICY},
                   **fitted.result, "warnings": training_warnings(fit)}
         dropped = skipped_images(splits)

@@ -22,6 +22,7 @@ from ..data.rows import Rows, as_rows, is_stored
 from ..engine import fit_linear, predict_logits
 from ..engine.linear import to_device
 from ..engine.vectorised import fit_linear_stacked
+from ..metrics_partial import is_partial
 from ..runs import TRAIN_PROBS_FILE
 from .contract import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
 
@@ -222,6 +223,10 @@ def fit_many(contexts: list[RunContext]) -> list:
     for stack in stacks:
         ctxs = [contexts[i] for i in stack]
         splits = ctxs[0].splits
+        if is_partial(splits.val.y):  # the stacked engine scores full val labels only
+            for i, ctx in zip(stack, ctxs):
+                fitted[i] = _alone(ctx)
+            continue
         x_train = _features(splits.train.x)
         try:
             out = fit_linear_stacked(

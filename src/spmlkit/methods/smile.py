@@ -111,6 +111,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..metrics_partial import is_partial
 from ..engine import (GeneratorState, Stage, StageParts, StepHook, batch_starts,
                       check_val_labels, epoch_rows, make_optimizer, mix_seed, predict_logits,
                       train_loop, val_map)
@@ -526,7 +527,8 @@ def fit(ctx: RunContext) -> Fitted:
         raise ValueError(f"smile option neighbours={hp['neighbours']}: the train split has only "
                          f"{n} rows")
     xv = _features(splits.val.x, "validation features").to(device)
-    yv = validate_full_labels(splits.val.y, "validation labels")
+    yv = splits.val.y if is_partial(splits.val.y) else \
+        validate_full_labels(splits.val.y, "validation labels")
     check_val_labels(yv, config.map_convention)
     hidden = hp["hidden"] or num_classes
     neighbours = knn_indices(x.cpu(), hp["neighbours"])

@@ -19,6 +19,8 @@ Modules, one concept each:
 - `histograms`: train probabilities of observed positives, unobserved positives and
   negatives (Cole Fig. 2, OPML Fig. 3, Zhou Fig. 4b); unobserved positives per epoch (Cole
   Fig. 2);
+- `calibration`: the reliability diagram and per-class ECE of a run's test probabilities,
+  before and after per-class temperatures fitted on val;
 - `classwise`: per-class AP difference (Zhou Fig. 4c) and Wasserstein distance (Zhou
   Fig. 4a) bars;
 - `sweeps`: selected test mAP (mean +- std over seeds) against a study's vary axis (LAC
@@ -29,6 +31,7 @@ Modules, one concept each:
   model's attention maps (LAC Fig. 6).
 """
 from .plotting import FIGURE_SUFFIXES, FIGURES_DIR, new_canvas, new_figure, save_figure
+from .calibration import Calibration, calibration_from_run, calibration_of, plot_calibration
 from .classwise import plot_ap_difference, plot_wasserstein
 from .curves import curves_from_runs, plot_curves, plot_pl_precision, plot_small_curves
 from .histograms import (GROUPS, ProbHistograms, histograms_from_run, plot_histograms,
@@ -43,7 +46,8 @@ from .sweeps import (K_VALUE, TRAIN_LABELS, TRAIN_LABELS_XLABEL, SweepLine, defa
                      plot_sweep, resolved_k, sweep_from_study, sweep_points, sweep_table,
                      train_label_count, x_layout)
 
-__all__ = ["FIGURES_DIR", "FIGURE_SUFFIXES", "GROUPS", "K_VALUE", "Landscape", "MapOverlays",
+__all__ = ["Calibration", "calibration_from_run", "calibration_of", "plot_calibration",
+           "FIGURES_DIR", "FIGURE_SUFFIXES", "GROUPS", "K_VALUE", "Landscape", "MapOverlays",
            "Panel", "ProbHistograms", "SweepLine", "TRAIN_LABELS", "TRAIN_LABELS_XLABEL",
            "attention_from_run", "cam_from_run", "class_activation_maps", "curves_from_runs",
            "default_x", "draw_sweep", "filter_normalized_direction", "histograms_from_run",

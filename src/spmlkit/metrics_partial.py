@@ -1,0 +1,380 @@
+"""Metrics on partially labelled evaluation sets, and ranking metrics LibMultiLabel users expect.
+
+**The encoding of a partial evaluation matrix** is spmlkit's one label encoding
+(`spmlkit.labels`): ``1`` a known positive, ``-1`` a known negative, ``0`` unknown; ``NaN``
+(an empty cell of a table) is unknown too. A 1 / 0 / NaN matrix (OpenImages' "0 = verified
+negative") must write its negatives as -1: a partial matrix without any -1 is refused (every
+class would score AP 100 against positives only).
+
+Two masks (``mask``):
+
+* ``"entry"`` (default; the OpenImages rule): each class is scored over the rows where that
+  class is known; the example-based metrics rank each row's known labels only.
+* ``"row"`` (the L48 benchmark's rule): only the rows whose every label is known are scored,
+  with the ordinary metrics.
+
+Classes without a known positive: ``convention`` as everywhere (``"present"`` leaves them out,
+``"official"`` scores them 0).
+
+`PartialLabels` is such a matrix as it travels through a run (a source reads it, the engine
+selects epochs on it, the result scores the test rows with it): an int8 ndarray that carries
+its ``mask``. The ``split_*`` functions score a split whichever its labels: full ones with
+`spmlkit.metrics` (unchanged), partial ones with the masked metrics; the engine and the run's
+result call them.
+
+>>> y = partial_labels([[1, -1], [-1, 0], [0, 1]])
+>>> masked_map([[0.9, 0.2], [0.1, 0.8], [0.7, 0.6]], y)
+100.0
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import metrics as full
+from .metrics import METRICS, _as_scores, _best_f1, _count_at_least, _f1_sweep, _row_mean, \
+    average_precision, classic_metrics, f1_micro_macro, map_from_ap, per_class_ap
+
+__all__ = ["MASKS", "PartialLabels", "partial_labels", "is_partial", "known_entries",
+           "masked_per_class_ap", "masked_map", "masked_metrics", "micro_average_precision",
+           "weighted_average_precision", "ndcg_at_k", "rprecision_at_k", "masked_evaluate",
+           "masked_class_thresholds", "masked_select_thresholds", "masked_global_threshold",
+           "split_map", "split_metric", "split_metrics", "split_evaluate", "split_thresholds"]
+
+#: the masks of a partial evaluation matrix
+MASKS = ("entry", "row")
+
+
+class PartialLabels(np.ndarray):
+    """An N x L int8 matrix of partial evaluation labels (1 / -1 known, 0 unknown) that
+    carries its ``mask`` (``"entry"`` or ``"row"``) through indexing; made by
+    `partial_labels`."""
+
+    mask: str = "entry"
+
+    def __array_finalize__(self, obj):
+        self.mask = getattr(obj, "mask", "entry")
+
+    def __reduce__(self):  # pickles (worker processes) with its mask
+        fn, args, state = super().__reduce__()
+        return fn, args, (state, self.mask)
+
+    def __setstate__(self, state):
+        base, self.mask = state
+        super().__setstate__(base)
+
+
+def partial_labels(values, mask: str = "entry", where: str | None = None) -> PartialLabels:
+    """``values`` (N x L: 1 known positive, -1 known negative, 0 or NaN unknown) as
+    `PartialLabels`.
+
+    Raises:
+        ValueError: not 2-D, values outside {1, 0, -1, NaN} (naming them and the first row),
+            no known negative at all, an unknown ``mask``.
+    """
+    if mask not in MASKS:
+        raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
+    at = f" ({where})" if where else ""
+    arr = np.asarray(values)
+    if arr.ndim != 2:
+        raise ValueError(f"partial labels{at} must be a 2-D matrix (rows x classes), got shape "
+                         f"{arr.shape}")
+    if arr.dtype.kind == "f":
+        arr = np.where(np.isnan(arr), 0.0, arr)
+    elif arr.dtype.kind not in "iub":
+        raise ValueError(f"partial labels{at} must be numbers (1 / -1 / 0 or NaN), got "
+                         f"{arr.dtype}")
+    bad = (arr != 1) & (arr != 0) & (arr != -1)
+    if bad.any():
+        row = int(np.argwhere(bad)[0][0])
+        raise ValueError(f"partial labels{at} hold only 1 (positive), -1 (known negative) and "
+                         f"0 or NaN (unknown); found {sorted({float(v) for v in arr[bad]})[:5]} "
+                         f"(first at row {row})")
+    if arr.size and not (arr == -1).any():
+        raise ValueError(f"partial labels{at} hold no known negative (-1): in spmlkit's "
+                         f"encoding 0 is unknown, so every class would be scored against its "
+                         f"positives only; write known negatives as -1 (full 0 / 1 labels "
+                         f"are not partial: give them as full labels)")
+    out = arr.astype(np.int8).view(PartialLabels)
+    out.mask = mask
+    return out
+
+
+def is_partial(y) -> bool:
+    """Whether ``y`` is a `PartialLabels` matrix (what `spmlkit.metrics` dispatches on)."""
+    return isinstance(y, PartialLabels)
+
+
+def known_entries(y) -> tuple[np.ndarray, np.ndarray]:
+    """``(positive, known)``: two N x L bool matrices of partial labels ``y`` (any form
+    `partial_labels` reads)."""
+    y = y if is_partial(y) else partial_labels(y)
+    arr = np.asarray(y)
+    return arr == 1, arr != 0
+
+
+def _checked(scores, y) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    s = np.asarray(scores, dtype=np.float64)
+    pos, known = known_entries(y)
+    if s.shape != pos.shape:
+        raise ValueError(f"scores {s.shape} and labels {pos.shape} must have the same shape")
+    if not np.isfinite(s).all():
+        raise ValueError(f"scores hold {int((~np.isfinite(s)).sum())} non-finite value(s)")
+    return s, pos, known
+
+
+def _mask_of(y, mask):
+    mask = mask if mask is not None else getattr(y, "mask", "entry")
+    if mask not in MASKS:
+        raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
+    return mask
+
+
+def _complete_rows(s, pos, known):
+    rows = known.all(axis=1)
+    return s[rows], pos[rows].astype(np.uint8), rows
+
+
+def masked_per_class_ap(scores, y, mask: str | None = None) -> np.ndarray:
+    """AP (x100) of every class over its known rows (``"entry"``) or over the fully known rows
+    (``"row"``); NaN for a class without a known positive there."""
+    s, pos, known = _checked(scores, y)
+    if _mask_of(y, mask) == "row":
+        s, full, _ = _complete_rows(s, pos, known)
+        return per_class_ap(s, full)
+    return np.array([average_precision(s[known[:, j], j], pos[known[:, j], j]) * 100.0
+                     for j in range(s.shape[1])])
+
+
+def masked_map(scores, y, convention: str = "present", mask: str | None = None) -> float:
+    """mAP x100 of partial labels (`masked_per_class_ap`, averaged as
+    `spmlkit.metrics.map_from_ap`)."""
+    return map_from_ap(masked_per_class_ap(scores, y, mask), convention)
+
+
+def micro_average_precision(scores, y) -> float:
+    """Micro-averaged AP x100: one AP over every (known) entry of the matrix, as scikit-learn's
+    ``average_precision_score(average="micro")``; ``y`` full 0 / 1 or partial labels."""
+    s, pos, known = _either(scores, y)
+    return average_precision(s[known], pos[known]) * 100.0
+
+
+def weighted_average_precision(scores, y) -> float:
+    """Per-class AP x100 averaged with weights the classes' (known) positive counts, as
+    scikit-learn's ``average_precision_score(average="weighted")``; NaN without positives."""
+    s, pos, known = _either(scores, y)
+    ap = masked_per_class_ap(s, np.where(known, np.where(pos, 1, -1), 0).view(PartialLabels),
+                             "entry") if not known.all() else _full_ap(s, pos)
+    weight = (pos & known).sum(axis=0).astype(np.float64)
+    if weight.sum() == 0:
+        return float("nan")
+    return float(np.nansum(ap * weight) / weight.sum())
+
+
+def _full_ap(s, pos):
+    return per_class_ap(s, pos.astype(np.uint8))
+
+
+def _either(scores, y):
+    """Scores, positives and known entries of full 0 / 1 labels (all known) or partial ones."""
+    if is_partial(y):
+        return _checked(scores, y)
+    s, full = _as_scores(scores, y)
+    return s, full > 0, np.ones(full.shape, dtype=bool)
+
+
+def _masked_ranking(s, pos, known) -> dict:
+    """LRAP, ranking loss, one-error and coverage ranking each row's known labels only."""
+    masked = np.where(known, s, -np.inf)
+    rank_all = _count_at_least(masked)
+    rank_pos = _count_at_least(np.where(pos, s, -np.inf))
+    n_pos = pos.sum(axis=1)
+    n_neg = (known & ~pos).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        lrap = np.where(pos, rank_pos / rank_all, 0.0).sum(axis=1) / n_pos
+        wrong = np.where(pos, rank_all - rank_pos, 0).sum(axis=1) / (n_pos * n_neg)
+    cover = np.where(pos, rank_all, 0).max(axis=1).astype(np.float64)
+    top = np.argmax(masked, axis=1)
+    one = (~pos[np.arange(len(s)), top]).astype(np.float64)
+    has = n_pos > 0
+    coverage = _row_mean(cover, has, 0.0, "exclude")
+    return {"lrap": _row_mean(lrap, has, 1.0, "exclude"),
+            "ranking_loss": _row_mean(wrong, has & (n_neg > 0), 0.0, "exclude"),
+            "coverage": coverage, "coverage_norm": (coverage - 1.0) / s.shape[1],
+            "one_error": _row_mean(one, has, 1.0, "exclude")}
+
+
+def masked_metrics(probs, y, *, convention: str = "present", threshold: float = 0.5,
+                   mask: str | None = None) -> dict:
+    """Every metric of `spmlkit.metrics.METRICS` on partial labels, with ``threshold``,
+    ``mask``, ``known_entries`` (their share) and ``rows_scored``.
+
+    ``"entry"``: mAP over each class's known rows, F1s and Hamming loss over the known entries,
+    the ranking metrics over each row's known labels (rows without a known positive left out:
+    ``no_positive="exclude"`` of `spmlkit.metrics`, whatever was asked there).
+    ``"row"``: `spmlkit.metrics.classic_metrics` of the fully known rows.
+    """
+    s, pos, known = _checked(probs, y)
+    mask = _mask_of(y, mask)
+    if mask == "row":
+        s_rows, full, rows = _complete_rows(s, pos, known)
+        if not rows.any():
+            raise ValueError("mask 'row': no row of the partial labels is fully known")
+        out = classic_metrics(s_rows, full, convention=convention, threshold=threshold)
+        out["rows_scored"] = int(rows.sum())
+    else:
+        out = {"map": masked_map(s, y, convention, "entry"), **_masked_ranking(s, pos, known)}
+        pred = s >= threshold
+        out["hamming_loss"] = float((pred != pos)[known].mean()) if known.any() else float("nan")
+        # F1 over the known entries: unknown ones count neither as positives nor as predictions
+        out["micro_f1"], out["macro_f1"] = f1_micro_macro(np.where(known, s, -1.0),
+                                                          pos.astype(np.uint8), threshold)
+        out = {name: out[name] for name in METRICS}
+        out["threshold"] = float(threshold)
+        out["rows_without_positives"] = int((~pos.any(axis=1)).sum())  # left out of ranking
+        out["rows_scored"] = int((pos.any(axis=1)).sum())
+    out["mask"] = mask
+    out["known_entries"] = float(known.mean()) if known.size else float("nan")
+    return out
+
+
+def _gains(scores, y, k: int):
+    s, pos, known = _either(scores, y)
+    if not 1 <= k <= s.shape[1]:
+        raise ValueError(f"k must be in 1..{s.shape[1]}, got {k}")
+    order = np.argsort(-np.where(known, s, -np.inf), axis=1, kind="stable")[:, :k]
+    hits = np.take_along_axis(pos, order, axis=1).astype(np.float64)
+    return hits, pos.sum(axis=1)
+
+
+def ndcg_at_k(scores, y, k: int) -> float:
+    """nDCG@k (LibMultiLabel's definition): per row, ``sum_{r<=k} rel_r / log2(r + 1)`` over
+    the top-k labels divided by the same sum of an ideal ranking (``min(k, positives)`` hits
+    on top), averaged over rows with a positive; ties broken by column order. Partial labels:
+    each row's known labels ranked.
+
+    >>> round(ndcg_at_k([[0.9, 0.8, 0.1]], [[0, 1, 1]], 2), 4)
+    0.3869
+    """
+    hits, n_pos = _gains(scores, y, k)
+    discount = 1.0 / np.log2(np.arange(2, k + 2))
+    dcg = hits @ discount
+    ideal = np.cumsum(discount)[np.minimum(n_pos, k) - 1]
+    has = n_pos > 0
+    return float((dcg[has] / ideal[has]).mean()) if has.any() else float("nan")
+
+
+def rprecision_at_k(scores, y, k: int) -> float:
+    """RP@k (R-precision at k, LibMultiLabel): per row, the positives among the top k divided
+    by ``min(k, positives)``, averaged over rows with a positive.
+
+    >>> rprecision_at_k([[0.9, 0.8, 0.1]], [[0, 1, 1]], 2)
+    0.5
+    """
+    hits, n_pos = _gains(scores, y, k)
+    has = n_pos > 0
+    return float((hits.sum(axis=1)[has] / np.minimum(n_pos[has], k)).mean()) if has.any() \
+        else float("nan")
+
+
+def masked_evaluate(scores, y, convention: str = "present") -> dict:
+    """`spmlkit.metrics.evaluate` of partial labels: the masked mAP, the classes without a
+    known positive, P@k / R@k ranking each row's known labels (``"entry"``) or of the fully
+    known rows (``"row"``), and the mask."""
+    s, pos, known = _checked(scores, y)
+    mask = _mask_of(y, None)
+    ap = masked_per_class_ap(s, y, mask)
+
+    out = {"map": map_from_ap(ap, convention),
+           "classes_without_positives": np.flatnonzero(np.isnan(ap)).tolist(), "mask": mask}
+    if mask == "row":
+        s, full, _ = _complete_rows(s, pos, known)
+    else:
+        s, full = np.where(known, s, -np.inf), pos.astype(np.uint8)
+    for k in (1, 3):
+        if k <= s.shape[1] and len(s):
+            top = np.argsort(-s, axis=1, kind="mergesort")[:, :k]
+            hits = np.take_along_axis(full, top, axis=1).sum(axis=1)
+            n_pos = full.sum(axis=1)
+            has = n_pos > 0
+            out[f"p@{k}"] = float(hits.mean() / k)
+            out[f"r@{k}"] = float((hits[has] / n_pos[has]).mean()) if has.any() else float("nan")
+    return out
+
+
+def masked_class_thresholds(probs, y, fallback: float | None = None):
+    """`spmlkit.metrics.best_class_thresholds` of partial labels: each class's F1 threshold
+    over its known rows (the fallback, default the known entries' global one, for a class
+    without a known positive)."""
+    p = np.asarray(probs)
+    pos, known = known_entries(y)
+    if fallback is None:
+        fallback = masked_global_threshold(p, y)[0]
+    thresholds = np.full(p.shape[1], float(fallback))
+    f1 = np.full(p.shape[1], np.nan)
+    for j in range(p.shape[1]):
+        rows = known[:, j]
+        if pos[rows, j].any():
+            cand, scores = _f1_sweep(p[rows, j], pos[rows, j])
+            best = int(np.argmax(scores))
+            thresholds[j], f1[j] = cand[best], scores[best]
+    return thresholds, f1
+
+
+def masked_select_thresholds(probs, y, class_names=None) -> dict:
+    """`spmlkit.metrics.select_thresholds` of partial val labels (over the known entries)."""
+    t_global, f1_global = masked_global_threshold(probs, y)
+    t_class, f1_class = masked_class_thresholds(probs, y, t_global)
+    return {"chosen_on": "val", "rows": int(np.shape(probs)[0]), "mask": _mask_of(y, None),
+            "known_entries": float(known_entries(y)[1].mean()),
+            "global": t_global, "global_micro_f1": f1_global, "per_class": t_class.tolist(),
+            "per_class_f1": [None if np.isnan(v) else float(v) for v in f1_class],
+            "class_names": list(class_names) if class_names is not None else None}
+
+
+def masked_global_threshold(probs, y) -> tuple[float, float]:
+    """`spmlkit.metrics.best_global_threshold` over the known entries of partial labels."""
+    positive, known = known_entries(y)
+    if not positive.any():
+        return 0.5, float("nan")
+    return _best_f1(np.asarray(probs)[known], positive[known])
+
+
+# ---- one split's scores, whichever its labels: what a run calls --------------------------------
+# Full 0 / 1 labels go to `spmlkit.metrics` as they are (bit-identical results); `PartialLabels`
+# to the masked metrics above.
+
+def split_map(scores, y, convention: str = "present") -> float:
+    """`spmlkit.metrics.map_score`, or `masked_map` of partial labels."""
+    return masked_map(scores, y, convention) if is_partial(y) else \
+        full.map_score(scores, y, convention)
+
+
+def split_metric(name: str, probs, y, *, convention: str = "present",
+                 threshold: float | str = 0.5) -> float:
+    """`spmlkit.metrics.metric_score`, or the same metric of `masked_metrics` (``"chosen"``:
+    the known entries' global micro-F1 threshold)."""
+    if not is_partial(y):
+        return full.metric_score(name, probs, y, convention=convention, threshold=threshold)
+    full.check_metric(name)
+    if threshold == "chosen":
+        threshold = masked_global_threshold(probs, y)[0]
+    return masked_metrics(probs, y, convention=convention, threshold=threshold)[name]
+
+
+def split_metrics(probs, y, *, convention: str = "present", threshold: float = 0.5) -> dict:
+    """`spmlkit.metrics.classic_metrics`, or `masked_metrics` of partial labels."""
+    if is_partial(y):
+        return masked_metrics(probs, y, convention=convention, threshold=threshold)
+    return classic_metrics(probs, y, convention=convention, threshold=threshold)
+
+
+def split_evaluate(scores, y, convention: str = "present") -> dict:
+    """`spmlkit.metrics.evaluate`, or `masked_evaluate` of partial labels."""
+    return masked_evaluate(scores, y, convention) if is_partial(y) else \
+        full.evaluate(scores, y, convention)
+
+
+def split_thresholds(probs, y, class_names=None) -> dict:
+    """`spmlkit.metrics.select_thresholds`, or `masked_select_thresholds` of partial labels."""
+    return masked_select_thresholds(probs, y, class_names) if is_partial(y) else \
+        full.select_thresholds(probs, y, class_names)

@@ -1,0 +1,140 @@
+"""Masked metrics of partial evaluation labels (1 / -1 known, 0 / NaN unknown), against
+torchmetrics' ``ignore_index`` multilabel metrics and scikit-learn where both are defined."""
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import average_precision_score
+
+from spmlkit.metrics import classic_metrics
+from spmlkit.metrics_partial import masked_metrics, masked_per_class_ap, micro_average_precision, \
+    ndcg_at_k, partial_labels, rprecision_at_k, weighted_average_precision
+from spmlkit.metrics_partial import split_evaluate as evaluate
+from spmlkit.metrics_partial import split_map as map_score
+from spmlkit.metrics_partial import split_thresholds as select_thresholds
+
+tm = pytest.importorskip("torchmetrics.functional.classification")
+
+
+def _random_partial(seed, n=60, classes=7, unknown=0.35):
+    rng = np.random.default_rng(seed)
+    scores = rng.random((n, classes))
+    scores[:, 0] = np.round(scores[:, 0], 1)  # ties
+    y = np.where(rng.random((n, classes)) < 0.3, 1, -1)
+    y[rng.random((n, classes)) < unknown] = 0
+    return scores, y
+
+
+def _torchmetrics_target(y):
+    """Ours (1 / -1 / 0 unknown) as torchmetrics': 1 / 0, unknown = ignore_index -1."""
+    return torch.from_numpy(np.where(y == 1, 1, np.where(y == -1, 0, -1)))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_masked_ap_matches_torchmetrics_ignore_index(seed):
+    scores, y = _random_partial(seed)
+    ours = masked_per_class_ap(scores, partial_labels(y))
+    theirs = tm.multilabel_average_precision(torch.from_numpy(scores), _torchmetrics_target(y),
+                                             num_labels=y.shape[1], average=None,
+                                             ignore_index=-1).numpy() * 100
+    defined = ~np.isnan(ours)
+    assert defined.sum() == y.shape[1]
+    np.testing.assert_allclose(ours[defined], theirs[defined], rtol=1e-6)
+    macro = tm.multilabel_average_precision(torch.from_numpy(scores), _torchmetrics_target(y),
+                                            num_labels=y.shape[1], average="macro",
+                                            ignore_index=-1).item() * 100
+    assert map_score(scores, partial_labels(y)) == pytest.approx(macro, rel=1e-6)
+    micro = tm.multilabel_average_precision(torch.from_numpy(scores), _torchmetrics_target(y),
+                                            num_labels=y.shape[1], average="micro",
+                                            ignore_index=-1).item() * 100
+    assert micro_average_precision(scores, partial_labels(y)) == pytest.approx(micro, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_masked_f1_and_hamming_match_torchmetrics(seed):
+    scores, y = _random_partial(seed)
+    m = masked_metrics(scores, partial_labels(y), threshold=0.55)
+    p, t = torch.from_numpy(scores), _torchmetrics_target(y)
+    kw = dict(num_labels=y.shape[1], threshold=0.55, ignore_index=-1)
+    assert m["micro_f1"] == pytest.approx(tm.multilabel_f1_score(p, t, average="micro",
+                                                                  **kw).item(), rel=1e-6)
+    assert m["macro_f1"] == pytest.approx(tm.multilabel_f1_score(p, t, average="macro",
+                                                                  **kw).item(), rel=1e-6)
+    assert m["hamming_loss"] == pytest.approx(tm.multilabel_hamming_distance(
+        p, t, average="micro", **kw).item(), rel=1e-6)
+
+
+def test_entry_mask_differs_from_scoring_unknowns_as_negatives():
+    """The issue's trap: unknowns scored as negatives lower mAP; the mask does not."""
+    scores, y = _random_partial(0)
+    as_negatives = map_score(scores, (y == 1).astype(np.uint8))
+    assert map_score(scores, partial_labels(y)) != pytest.approx(as_negatives)
+
+
+def test_full_labels_as_partial_equal_the_ordinary_metrics():
+    rng = np.random.default_rng(3)
+    scores, full = rng.random((40, 5)), (rng.random((40, 5)) < 0.4).astype(np.uint8)
+    part = partial_labels(np.where(full == 1, 1, -1))
+    plain = classic_metrics(scores, full, threshold=0.5, no_positive="exclude")
+    masked = masked_metrics(scores, part, threshold=0.5)
+    for name in ("map", "lrap", "ranking_loss", "coverage", "one_error", "hamming_loss",
+                 "micro_f1", "macro_f1"):
+        assert masked[name] == pytest.approx(plain[name]), name
+    assert weighted_average_precision(scores, full) == pytest.approx(
+        average_precision_score(full, scores, average="weighted") * 100)
+    assert micro_average_precision(scores, full) == pytest.approx(
+        average_precision_score(full, scores, average="micro") * 100)
+
+
+def test_row_mask_scores_the_fully_known_rows_only():
+    scores, y = _random_partial(1, n=80, unknown=0.05)
+    rows = (y != 0).all(axis=1)
+    got = masked_metrics(scores, partial_labels(y, mask="row"))
+    want = classic_metrics(scores[rows], (y[rows] == 1).astype(np.uint8))
+    assert got["rows_scored"] == rows.sum() > 0
+    assert got["map"] == pytest.approx(want["map"])
+    assert evaluate(scores, partial_labels(y, mask="row"))["map"] == pytest.approx(want["map"])
+
+
+def test_hand_computed_masked_ap_and_classes_without_a_known_positive():
+    # class 0: known rows 0, 1, 3 (scores .9 +, .8 -, .1 +): AP = (1 + 2/3) / 2
+    y = partial_labels([[1, -1], [-1, 0], [0, -1], [1, -1]])
+    s = [[0.9, 0.1], [0.8, 0.2], [0.7, 0.3], [0.1, 0.4]]
+    ap = masked_per_class_ap(s, y)
+    assert ap[0] == pytest.approx(100 * (1 + 2 / 3) / 2) and np.isnan(ap[1])
+    assert map_score(s, y) == pytest.approx(ap[0])
+    assert map_score(s, y, "official") == pytest.approx(ap[0] / 2)
+
+
+def test_nan_is_unknown_and_bad_values_are_refused():
+    y = partial_labels(np.array([[1.0, np.nan], [-1.0, 1.0], [np.nan, -1.0]]))
+    assert y.tolist() == [[1, 0], [-1, 1], [0, -1]]
+    with pytest.raises(ValueError, match="no known negative"):
+        partial_labels([[1, 0], [0, 1]])
+    with pytest.raises(ValueError, match=r"found \[2.0\] \(first at row 1\)"):
+        partial_labels([[1, -1], [2, 0]])
+    with pytest.raises(ValueError, match="mask must be one of"):
+        partial_labels([[1, -1]], mask="rows")
+
+
+def test_thresholds_chosen_on_the_known_entries():
+    y = partial_labels([[1, -1], [0, 1], [-1, 0], [1, -1]])
+    s = np.array([[0.9, 0.2], [0.05, 0.6], [0.3, 0.99], [0.5, 0.1]])
+    chosen = select_thresholds(s, y)
+    assert chosen["per_class"] == [0.5, 0.6]  # the unknown 0.05 / 0.99 do not count
+    assert chosen["known_entries"] == 0.75
+
+
+def test_ndcg_and_rp_by_hand():
+    s, y = [[0.9, 0.8, 0.1, 0.7]], [[0, 1, 1, 0]]
+    ideal = 1 + 1 / np.log2(3)
+    assert ndcg_at_k(s, y, 2) == pytest.approx((1 / np.log2(3)) / ideal)
+    assert ndcg_at_k(s, y, 4) == pytest.approx((1 / np.log2(3) + 1 / np.log2(5)) / ideal)
+    assert rprecision_at_k(s, y, 1) == 0.0 and rprecision_at_k(s, y, 3) == 0.5
+
+
+def test_partial_labels_keep_their_mask_through_indexing_and_pickling():
+    import pickle
+
+    y = partial_labels([[1, -1], [0, 1]], mask="row")
+    for copy in (y[[1]], y[:1], pickle.loads(pickle.dumps(y))):
+        assert copy.mask == "row" and isinstance(copy, type(y))
