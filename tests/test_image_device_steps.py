@@ -12,7 +12,8 @@ from _image_toy import make_images, tiny_model
 from spmlkit.data import transforms as T
 from spmlkit.engine import (Acceleration, ItemPredictor, TrainConfig, acceleration,
                             fit_finetune)
-from spmlkit.engine.image_batches import ImageItems, _Collate, finish_view
+from spmlkit.data.image_views import finish_view
+from spmlkit.engine.image_batches import ImageItems, _Collate
 from spmlkit.labels import make_observed
 from spmlkit.losses import SPMLLoss, create_loss
 
@@ -197,7 +198,7 @@ def test_compile_mode_checked_and_cudnn_setting_restored():
 
 
 def test_gpu_decode_refuses_views_with_pil_steps(images):
-    from spmlkit.engine.image_batches import gpu_decodable
+    from spmlkit.data.image_views import gpu_decodable
 
     gpu_decodable(T.weak_view(16))
     gpu_decodable(T.eval_transform(16))
@@ -269,7 +270,7 @@ def test_cuda_gpu_decode_is_close_to_the_pil_path(jpegs):
     cpu = _Collate((3, 32, 32))([ImageItems(jpegs, t)[r] for r in range(12)])
     raw = _Collate((3, 32, 32))([ImageItems(jpegs, t, raw=True)[r] for r in range(12)])
     assert isinstance(raw[0], list) and raw[0][0].dtype == torch.uint8
-    from spmlkit.engine.image_batches import _decode_jpegs
+    from spmlkit.data.image_views import _decode_jpegs
 
     decoded = _decode_jpegs(raw[0], 32, torch.device("cuda")).cpu().int()
     diff = (decoded - cpu[0].int()).abs().float()

@@ -59,10 +59,9 @@ import torch
 from . import data
 from .data.protocol import Dataset, LabelledSet, Splits
 from .data.rows import holds_vectors
-from .engine.accel import start as start_acceleration
-from .engine.image_batches import (_raw_item, finish_view, gpu_decodable, load_view,
-                                   prefetch_factor)
-from .machine import default_cache_dir, default_workers, loader_workers
+from .accel import start as start_acceleration
+from .data.image_views import finish_view, gpu_decodable, load_view, raw_item
+from .machine import default_cache_dir, default_workers, loader_workers, prefetch_factor
 from .runs import write_json
 
 FORMAT_VERSION = 1
@@ -115,7 +114,7 @@ class _Rows(torch.utils.data.Dataset):
             g = None if self.seed is None else torch.Generator().manual_seed(
                 self.seed * 1_000_003 + i)
             if self.raw:
-                return i, _raw_item(path, self.transform, g), None
+                return i, raw_item(path, self.transform, g), None
             return i, load_view(self.transform, _open(path), g), None
         except (ValueError, OSError) as err:
             return i, None, str(err) if os.fspath(path) in str(err) else f"{path}: {err}"

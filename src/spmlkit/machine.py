@@ -14,7 +14,7 @@ import multiprocessing
 import os
 from pathlib import Path
 
-__all__ = ["default_cache_dir", "default_workers", "loader_workers"]
+__all__ = ["default_cache_dir", "default_workers", "loader_workers", "prefetch_factor"]
 
 
 def default_cache_dir() -> Path:
@@ -33,3 +33,12 @@ def loader_workers(n: int) -> int:
     """``n`` DataLoader workers, or 0 inside a daemonic process (a study's or benchmark's pool
     worker), which may not start children of its own."""
     return 0 if multiprocessing.current_process().daemon else int(n)
+
+
+def prefetch_factor(batch_size: int) -> int:
+    """Batches each loader worker keeps ready: about 64 images, 2 to 8 batches.
+
+    >>> prefetch_factor(32), prefetch_factor(8), prefetch_factor(256)
+    (2, 8, 2)
+    """
+    return max(2, min(8, 64 // max(1, int(batch_size))))

@@ -336,7 +336,7 @@ def _fail(prog: str, message: str) -> int:
 
 def _add_acceleration(p) -> None:
     """``--cudnn-benchmark``, ``--compile [MODE]``, ``--gpu-decode``: the opt-in speed-ups of
-    the image paths (`spmlkit.engine.accel`), each changing bits."""
+    the image paths (`spmlkit.accel`), each changing bits."""
     p.add_argument("--cudnn-benchmark", action="store_true",
                    help="CUDA: cudnn's autotuner (seconds at the start and at each new input "
                         "shape; results no longer bit-reproducible)")
@@ -353,8 +353,8 @@ def _add_acceleration(p) -> None:
 
 
 def _acceleration(args):
-    """The `spmlkit.engine.accel.Acceleration` of the flags above."""
-    from ..engine.accel import Acceleration
+    """The `spmlkit.accel.Acceleration` of the flags above."""
+    from ..accel import Acceleration
 
     return Acceleration(cudnn_benchmark=bool(getattr(args, "cudnn_benchmark", False)),
                         compile=getattr(args, "compile", None),

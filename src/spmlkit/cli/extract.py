@@ -23,7 +23,7 @@ def cmd_extract(args) -> int:
             val=None if ds.val is None else ds.val.subset(np.arange(min(args.limit,
                                                                          len(ds.val)))),
             observed=None if ds.observed is None else ds.observed[first["pool"]])
-    from ..engine.accel import acceleration
+    from ..accel import acceleration
 
     t0 = time.perf_counter()
     with acceleration(_acceleration(args)):

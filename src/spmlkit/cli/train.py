@@ -15,7 +15,7 @@ def cmd_train(args) -> int:
 
     from ..features import load_splits
     from ..engine import TrainConfig
-    from ..engine.accel import acceleration
+    from ..accel import acceleration
     from ..engine.loop import batch_progress
     from ..methods import default_lr, get_method, resolve_k, resume_run, train_run
 

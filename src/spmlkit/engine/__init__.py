@@ -34,7 +34,7 @@ Every ``fit_*`` takes ``checkpoint=`` (called after every epoch with a function 
 the resumable state; the caller decides whether and when to write it) and ``resume=`` (such a
 state): a resumed run ends with the uninterrupted run's weights, history and best epoch.
 """
-from .accel import Acceleration, acceleration, current_acceleration
+from ..accel import Acceleration, acceleration, current_acceleration
 from .amp import LossScaler, amp_dtype
 from .config import (AMP_MODES, TrainConfig, batch_starts, config_dict, epoch_rows,
                      parse_early_stop, torch_threads)

@@ -15,12 +15,13 @@ from torch import nn
 from ..metrics_partial import is_partial
 from .. import distributed as dist_utils
 from ..labels import validate_full_labels, validate_observed
+from ..accel import start as start_acceleration
+from ..data.image_views import finish_view
 from ..losses import SPMLLoss, TrainInfo
 from .amp import LossScaler, amp_dtype, run_model
 from .config import TrainConfig
-from .accel import start as start_acceleration
 from .image_batches import (GlobalBatchSampler, ImageItems, ItemPredictor, check_items,
-                            finish_view, make_loader, _transforms, mix_seed)
+                            make_loader, _transforms, mix_seed)
 from .linear import fit_linear, val_map
 from .loop import FitResult, Stage, StageParts, StepHook, check_val_labels, snapshot, \
     train_loop

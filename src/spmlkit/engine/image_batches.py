@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from .. import distributed as dist_utils
-from ..machine import loader_workers
-from .accel import current_acceleration
+from ..accel import current_acceleration
+from ..data.image_views import finish_view, gpu_decodable, load_view, raw_item
+from ..machine import loader_workers, prefetch_factor
 from .amp import amp_dtype, run_model
 from .config import TrainConfig, epoch_rows
 
@@ -157,81 +158,10 @@ class ImageItems(torch.utils.data.Dataset):
         gen = None if epoch is None else \
             torch.Generator().manual_seed(mix_seed(self.seed, epoch, row))
         if self.raw:
-            return _raw_item(item, self.transform, gen), row
+            return raw_item(item, self.transform, gen), row
         img = self.read(item) if isinstance(item, (str, bytes)) or hasattr(item, "__fspath__") \
             else item
         return load_view(self.transform, img, gen), row
-
-
-def load_view(transform: Callable, img, generator) -> tuple[torch.Tensor, bool]:
-    """What a loader worker delivers of ``img``: ``(uint8 image, flip)`` from a transform with
-    ``load`` / ``finish`` (`spmlkit.data.transforms.ImageTransform`), else
-    ``(transform(img, generator), False)`` (a user's transform, finished as it is)."""
-    if hasattr(transform, "load") and hasattr(transform, "finish"):
-        return transform.load(img, generator)
-    return transform(img, generator), False
-
-
-def finish_view(transform: Callable, inputs, flips, device: torch.device,
-                channels_last: bool = False) -> torch.Tensor:
-    """A batch of `load_view` on ``device``: copied there (asynchronously from pinned
-    memory), then the transform's cheap steps (flips, normalisation) run there; a list of raw
-    files (``--gpu-decode``) is decoded and resized there first."""
-    if isinstance(inputs, list):
-        inputs = _decode_jpegs(inputs, transform.size, device)
-    else:
-        inputs = inputs.to(device, non_blocking=True)
-    if inputs.dtype == torch.uint8:
-        inputs = transform.finish(inputs, flips)
-    if channels_last:
-        inputs = inputs.contiguous(memory_format=torch.channels_last)
-    return inputs
-
-
-def gpu_decodable(transform) -> None:
-    """Refuse a transform that GPU decoding cannot run (PIL steps beyond a flip)."""
-    from ..data.transforms import ImageTransform, RandomHorizontalFlip
-
-    steps = getattr(transform, "steps", None)
-    if not isinstance(transform, ImageTransform) or len(steps) > 1 or \
-            any(not isinstance(step, RandomHorizontalFlip) for step in steps):
-        name = getattr(transform, "name", type(transform).__name__)
-        raise ValueError(f"--gpu-decode runs the eval and weak views (resize, flip, normalise) "
-                         f"on the GPU; the {name} has PIL steps that need the decoded image on "
-                         f"the CPU: leave --gpu-decode off")
-
-
-def _raw_item(item, transform, gen) -> tuple[torch.Tensor, bool]:
-    from ..data.transforms import _coin
-
-    if not (isinstance(item, (str, bytes)) or hasattr(item, "__fspath__")):
-        raise ValueError(f"--gpu-decode reads image files; got a {type(item).__name__} item")
-    data = torch.from_numpy(np.fromfile(item, dtype=np.uint8))
-    steps = transform.steps
-    flip = bool(steps) and _coin(gen if gen is not None else torch.Generator(), steps[0].p)
-    return data, flip
-
-
-def _decode_jpegs(files: list, size: int, device: torch.device) -> torch.Tensor:
-    """JPEG files' bytes -> B x 3 x size x size uint8 on ``device`` (nvJPEG, then a bilinear
-    antialiased resize there)."""
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    try:
-        images = decode_jpeg(files, mode=ImageReadMode.RGB, device=device)
-    except RuntimeError as err:
-        raise ValueError(f"--gpu-decode: nvJPEG could not decode a file of the batch ("
-                         f"{str(err).splitlines()[0]}); it takes JPEG files only") from None
-    out = torch.empty((len(images), 3, size, size), dtype=torch.uint8, device=device)
-    for i, img in enumerate(images):
-        if tuple(img.shape[1:]) == (size, size):
-            out[i] = img
-            continue
-        resized = torch.nn.functional.interpolate(img[None].float(), size=(size, size),
-                                                  mode="bilinear", align_corners=False,
-                                                  antialias=True)
-        out[i] = resized[0].round_().clamp_(0, 255)
-    return out
 
 
 class _Collate:
@@ -250,15 +180,6 @@ class _Collate:
         xs, flips = zip(*views)
         xs = list(xs) if xs[0].ndim == 1 else torch.stack(xs)
         return xs, torch.tensor(flips, dtype=torch.bool), torch.tensor(rows, dtype=torch.long)
-
-
-def prefetch_factor(batch_size: int) -> int:
-    """Batches each loader worker keeps ready: about 64 images, 2 to 8 batches.
-
-    >>> prefetch_factor(32), prefetch_factor(8), prefetch_factor(256)
-    (2, 8, 2)
-    """
-    return max(2, min(8, 64 // max(1, int(batch_size))))
 
 
 def make_loader(dataset, batch_sampler, config: TrainConfig, shape, device,

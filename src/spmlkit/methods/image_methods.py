@@ -34,8 +34,8 @@ from torch import nn
 
 from ..data.rows import read_rows
 from ..engine import ItemPredictor, TrainConfig, mix_seed
-from ..engine.image_batches import finish_view, load_view, prefetch_factor
-from ..machine import loader_workers
+from ..data.image_views import finish_view, load_view
+from ..machine import loader_workers, prefetch_factor
 
 __all__ = ["MAP_DTYPES", "CachedMapViews", "EvalMapViews", "ImageViews", "backbone_record",
            "check_head_config", "config_fields", "config_from_dict", "config_from_options",
@@ -423,7 +423,7 @@ class ImageViews:
         from ..data import transforms as T
         from ..engine import default_image_reader
 
-        from ..engine.accel import start
+        from ..accel import start
 
         accel = start(device, "this run on images")
         if accel.compile or accel.gpu_decode:
