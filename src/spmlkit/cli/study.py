@@ -5,7 +5,7 @@ import contextlib
 import json
 import sys
 
-from .common import LazyHelp, _whole, _positive, FORCE_HELP, _wrote, _prog, _fail
+from .common import MAX_THREADS, LazyHelp, _whole, _positive, FORCE_HELP, _wrote, _prog, _fail
 
 
 def _study_table(out, fmt: str = "markdown", metric: str = "test_map",
@@ -153,7 +153,7 @@ def cmd_study(args) -> int:
         raise FileNotFoundError(f"{study.results_path} is missing: the study has not run yet")
     path = study.export(args.output, args.format, selected=args.selected,
                         include_stale=args.all, force=args.force)
-    _wrote(path, args.output)
+    _wrote(path)
     if study.stale and not args.all:
         print(f"{len(study.stale)} stored run(s) of an earlier version of the spec left out "
               f"(--all includes them)")
@@ -211,7 +211,7 @@ def register(sub) -> None:
                            "stacked model; same results up to float summation order)")
     workers.add_argument("--jobs", type=int, default=None,
                          help="worker processes (default: cores)")
-    workers.add_argument("--threads", type=_whole(1), default=None,
+    workers.add_argument("--threads", type=_whole(1, MAX_THREADS), default=None,
                          help="torch threads per worker (default 1 in linear mode, else cores / "
                               "jobs; on a Dask cluster the worker machine's cores)")
     where = workers.add_mutually_exclusive_group()

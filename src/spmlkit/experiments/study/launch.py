@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...runs import make_folder, write_text
+from ...runs import append_own, make_folder, own_folder, write_text
 from ..pool import InProcessExecutor, LocalExecutor, default_jobs, run_tasks
 from ..store import StudyStore
 from .expand import RunTask, expand
@@ -43,7 +43,9 @@ def _study_lock(out: Path):
     except ImportError:  # not POSIX: no lock
         yield
         return
-    fh = open(out / ".lock", "a+")
+    from ...runs import open_own
+
+    fh = os.fdopen(open_own(out / ".lock", os.O_RDWR | os.O_CREAT), "r+")
     try:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -315,7 +317,7 @@ class Launch:
         """Write the spec, open the store, and find the runs to do (not done; not failed
         either, unless ``retry_failed``), the longest first."""
         write_text(self.out / SPEC_FILE, self.spec.to_yaml())
-        make_folder(self.runs_root)  # a file in its place: refused here, not by every run
+        own_folder(self.runs_root)  # a file or a link there: refused here, not by every run
         self.store = StudyStore(self.out / RESULTS_FILE)
         self.tasks = expand(self.spec)
         status = {r["run_id"]: r["status"] for r in self.store.rows()}
@@ -364,8 +366,7 @@ class Launch:
                         "runs_done_before": len(self.tasks) - len(self.todo), "runs_run": 0,
                         "failures": 0, "seconds": None, "jobs": self.jobs, "executor": where,
                         "versions": versions()}
-        with open(self.launches, "a") as fh:
-            fh.write(json.dumps(self.launch_record) + "\n")
+        append_own(self.launches, json.dumps(self.launch_record) + "\n")
 
     def prepare(self) -> None:
         """Before the workers start: the trash of stale run folders goes (when empty), image
