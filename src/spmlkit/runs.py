@@ -180,8 +180,10 @@ def _atomic(path: Path, write, durable: bool = True, output: bool = False,
                 if durable:
                     os.fsync(fh.fileno())
         except OSError as err:  # e.g. a full disk: name the file, not the temporary one
-            if err.filename is not None or err.errno is None:
+            if err.filename is not None:
                 raise
+            if err.errno is None:  # numpy's short write ("N requested and M written")
+                raise _short_write(err, path) from None
             raise type(err)(err.errno, err.strerror, str(path)) from None
         os.chmod(tmp, _FILE_MODE)
         if output and not force:
@@ -193,6 +195,19 @@ def _atomic(path: Path, write, durable: bool = True, output: bool = False,
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _short_write(err: OSError, path: Path) -> OSError:
+    """A write that stopped short with no reason given (numpy says only "N requested and M
+    written"): said as a full disk when the disk has no free block left."""
+    try:
+        full = os.statvfs(path.parent).f_bavail == 0
+    except OSError:
+        full = False
+    if full:
+        return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (the file was cut short: "
+                       f"{err})", str(path))
+    return OSError(errno.EIO, f"the file was cut short ({err})", str(path))
 
 
 _NO_HARD_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV)

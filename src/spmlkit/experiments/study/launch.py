@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -320,6 +321,9 @@ class Launch:
         own_folder(self.runs_root)  # a file or a link there: refused here, not by every run
         self.store = StudyStore(self.out / RESULTS_FILE)
         self.tasks = expand(self.spec)
+        for where in _cache_dirs_outside(self.tasks, self.out):
+            print(f"note: the spec's cache_dir: feature stores are read and written in {where} "
+                  f"(outside the study folder)", file=sys.stderr)
         status = {r["run_id"]: r["status"] for r in self.store.rows()}
         skip = {"done"} if self.options.retry_failed else {"done", "failed"}
         self.todo = [t for t in self.tasks if status.get(t.run_id) not in skip]
@@ -444,6 +448,21 @@ class Launch:
                                               "first": g["run_ids"][0]} for g in groups]
             _update_launch(self.launches, launch)
         return groups
+
+
+def _cache_dirs_outside(tasks, out: Path) -> list[Path]:
+    """The feature-store folders a spec names (``cache_dir`` in a dataset's options, its
+    ``features`` or the mode's options) outside the study folder: a spec received from someone
+    else writes there, so a launch says where."""
+    found = set()
+    for t in tasks:
+        opts = t.dataset_options or {}
+        for value in (opts.get("cache_dir"), (opts.get("features") or {}).get("cache_dir"),
+                      (t.mode_options or {}).get("cache_dir")):
+            if value:
+                found.add(Path(value).expanduser().resolve())
+    inside = Path(out).resolve()
+    return sorted(p for p in found if p != inside and inside not in p.parents)
 
 
 def _prepare_features(spec: StudySpec, todo, progress: bool = True) -> None:
