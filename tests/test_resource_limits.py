@@ -238,3 +238,14 @@ def test_the_store_module_still_imports_alone(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.stdout.strip() == "1", out.stderr
+
+
+def test_save_train_probs_bounded_before_the_run_folder(tmp_path, capsys, monkeypatch):
+    from spmlkit.methods import linear
+
+    monkeypatch.setattr(linear, "MAX_TRAIN_PROBS_BYTES", 2**20)  # 1 MiB, as a small disk
+    assert main(["train", "--epochs", "30", "--save-train-probs", "--out", str(tmp_path / "r"),
+                 "--quiet"]) == 2
+    assert "save_train_probs: 30 epochs of 1354 x 14 train probabilities are 0.0 GiB, more " \
+           "than the 0 GiB" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

@@ -114,9 +114,9 @@ def cmd_study(args) -> int:
                       f"same command runs the {s['missing']} missing ones", file=sys.stderr)
             raise
         except ConnectionError as err:
-            from ..experiments.dask_executor import SchedulerLost
+            from ..experiments.dask_executor import NoWorkers, SchedulerLost
 
-            if not isinstance(err, SchedulerLost):
+            if not isinstance(err, (SchedulerLost, NoWorkers)):
                 raise
             out = args.out or st.STUDIES_ROOT / spec.name
             where = ""
@@ -226,7 +226,8 @@ def register(sub) -> None:
                             "--scheduler-file PATH, dask-jobqueue)")
     workers.add_argument("--connect-timeout", type=_positive, default=None, metavar="S",
                          help="seconds the Dask scheduler (--scheduler, --scheduler-file) gets "
-                              "to answer before the launch is refused (default 30)")
+                              "to answer before the launch is refused, and the longest the "
+                              "launch waits with no worker connected (default 30)")
     output.add_argument("--out", default=None, help="study folder (default runs/studies/<name>)")
     output.add_argument("--quiet", action="store_true", help="no progress bar")
     output.add_argument("--mlflow", action="store_true",
