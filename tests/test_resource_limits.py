@@ -203,7 +203,7 @@ def test_nan_weights_are_refused_not_predicted(tmp_path, capsys):
 def test_small_bad_inputs_each_a_line(tmp_path, capsys):
     assert main(["benchmark", "--losses", "", "--seeds", "1", "--out", str(tmp_path / "b"),
                  "--quiet"]) == 2
-    assert "no loss given ('')" in capsys.readouterr().err
+    assert "no loss given ('': an empty --losses" in capsys.readouterr().err
     spec = tmp_path / "s.yaml"
     spec.write_text("name: v\ndatasets: [yeast]\nmethods: [epr]\nmode: linear\nepochs: 1\n"
                     "vary: {k: [true]}\n")

@@ -33,8 +33,8 @@ def parse_methods(losses, references=("bce", "iun"), regime: str = "1p") -> list
         given = losses
         losses = [s.strip() for s in losses.split(",") if s.strip()]
         if not losses:
-            raise ValueError(f"no loss given ({given!r}): name them, comma-separated (an,epr), "
-                             f"or 'all'")
+            raise ValueError(f"no loss given ({given!r}: an empty --losses or methods list): "
+                             f"name them, comma-separated (an,epr), or 'all'")
     every = [n for n in LOSSES.names()
              if n != "bce" and not getattr(LOSSES.get(n).factory, "needs_scores", False)]
     losses = [name for spec in losses for name in (every if spec == "all" else [spec])]
