@@ -16,7 +16,8 @@ path), and sorts the outcome into one kind:
 ``files left`` is counted apart: a case that left files it should not have (a temporary file, a
 numbered copy, a folder a refused command made).
 
-Usage (about 4 minutes on two busy cores)::
+Usage (about 10 minutes on two busy cores; the outcomes before and after issue 30 are
+results/bad-inputs.csv)::
 
     python benchmarks/bad_inputs.py --src /work/main/src     # before
     python benchmarks/bad_inputs.py --src src                 # after

@@ -411,7 +411,8 @@ GROUPS = {"yeast": "yeast (embedded, tabular features)",
           "tabular": "The tabular SPML protocol",
           "images": "Image sets (fmnist_mosaic, mdi_icons) and image methods",
           "presets": "Presets",
-          "large": "Large feature stores (out of core)"}
+          "large": "Large feature stores (out of core)",
+          "robustness": "Bad inputs and resource limits"}
 
 
 def gen_results() -> str:
