@@ -440,7 +440,8 @@ GROUPS = {"real": "Real multi-label tables against scikit-learn",
           "tabular": "The tabular SPML protocol",
           "images": "Image sets (fmnist_mosaic, mdi_icons) and image methods",
           "presets": "Presets",
-          "large": "Large feature stores (out of core)"}
+          "large": "Large feature stores (out of core)",
+          "robustness": "Bad inputs and resource limits"}
 
 
 def gen_results() -> str:

@@ -245,8 +245,9 @@ CASES = [
     case(TRAIN + "--seed -1", "spml train", "argument --seed: expected a whole number >= 0 and "
          "<= 4294967295, got -1"),
     case(TRAIN + "--seed abc", "spml train", "'abc'"),
-    case(TRAIN + "--threads 0", "spml train", "argument --threads: expected a whole number >= 1, "
-         "got 0"),
+    case(TRAIN + "--threads 0", "spml train", "argument --threads: expected a whole number >= 1 "
+         "and <="),
+    case(TRAIN + "--threads 100000", "spml train", "got 100000"),
     case(TRAIN + "--threads -2", "spml train", "got -2"),
     case(TRAIN + "--early-stop bogus", "spml train", "got 'bogus'"),
     case(TRAIN + "--early-stop patience:abc", "spml train", "patience:abc"),

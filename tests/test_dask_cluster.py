@@ -437,3 +437,57 @@ def test_options_that_do_not_fit_a_running_cluster_are_refused(tmp_path, capsys)
         main(base + ["--scheduler", "tcp://127.0.0.1:8786", "--connect-timeout", "0"])
     assert "expected a finite number > 0, got '0'" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
+
+
+# ---- clusters that are not what they seem -----------------------------------------------------
+def test_a_scheduler_with_no_worker_stops_after_the_timeout(tmp_path, capsys):
+    """A scheduler and no worker (a re-launch after a scheduler restart: the old workers left):
+    the driver says so and stops after --connect-timeout, one line, the study resumable."""
+    c = Cluster(tmp_path / "c", nworkers=0)
+    try:
+        e = env(c.pause)
+        c.scheduler = c.popen([BIN / "dask", "scheduler", "--scheduler-file", c.file, "--host",
+                               "127.0.0.1", "--port", "0", "--no-dashboard"],
+                              c.folder / "scheduler.log", e)
+        wait_until("the scheduler address", lambda: "address" in c.read(), alive=[c.scheduler])
+        out = tmp_path / "s"
+        start = time.monotonic()
+        code = spml(["study", "run", spec_file(tmp_path), "--out", out, "--quiet",
+                     "--scheduler-file", c.file, "--connect-timeout", "3"], 60)
+        seconds = time.monotonic() - start
+    finally:
+        c.stop()
+    err = capsys.readouterr().err
+    assert code == 1 and seconds < 3 + 30, (code, seconds)
+    assert f"no Dask worker connected to the scheduler {c.address} in 3 s" in err
+    assert "the same command against a running scheduler runs the 8 missing ones" in err
+    assert StudyStore(out / "results.sqlite").rows() == []
+
+
+def test_a_worker_with_another_spmlkit_is_refused(tmp_path, capsys):
+    """A worker whose spmlkit is another version (here: a preload that changes it) is refused
+    before any task runs on it: one line naming the worker and both versions."""
+    other = tmp_path / "other_version.py"
+    other.write_text("import spmlkit\nspmlkit.__version__ = '0.0.0-other'\n")
+    c = Cluster(tmp_path / "c", nworkers=1)
+    try:
+        e = env(c.pause)
+        c.scheduler = c.popen([BIN / "dask", "scheduler", "--scheduler-file", c.file, "--host",
+                               "127.0.0.1", "--port", "0", "--no-dashboard"],
+                              c.folder / "scheduler.log", e)
+        wait_until("the scheduler address", lambda: "address" in c.read(), alive=[c.scheduler])
+        c.workers = c.popen([BIN / "dask", "worker", "--scheduler-file", c.file, "--nworkers",
+                             1, "--nthreads", 1, "--host", "127.0.0.1", "--no-dashboard",
+                             "--preload", other], c.folder / "workers.log", e)
+        wait_until("the worker", lambda: c.worker_count() == 1,
+                   alive=[c.scheduler, c.workers], poll=0.25)
+        out = tmp_path / "s"
+        code = spml(["study", "run", spec_file(tmp_path), "--out", out, "--quiet",
+                     "--scheduler-file", c.file], 120)
+    finally:
+        c.stop()
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "runs spmlkit 0.0.0-other with torch" in err and \
+        f"this driver spmlkit {spmlkit.__version__}" in err
+    assert [r["status"] for r in StudyStore(out / "results.sqlite").rows()] == []

@@ -3,13 +3,14 @@
 A study folder re-run with a changed spec holds the earlier spec's rows too (their run ids
 differ); `spml study table | export`, `spml report` and `spml figure sweep` must all show the
 current spec's runs, and report / export / figure / analyze outputs must not replace an existing
-file unless --force.
+file unless --force (an existing file is an error).
 """
 from __future__ import annotations
 
 import csv
 import io
 import json
+import os
 import re
 
 import pytest
@@ -109,97 +110,100 @@ def test_status_and_export_count_the_stale_rows(rerun, tmp_path, capsys):
     assert old["run_id"] not in page
 
 
-# --- outputs: the next free name, or --force --------------------------------------------------
-def test_report_keeps_an_existing_page(rerun, capsys):
+# --- outputs: an existing file is an error, --force replaces it (the one writer rule) ---------
+REFUSED = "exists; pass --force to replace it, or choose another name"
+
+
+def test_report_refuses_an_existing_page(rerun, capsys):
     out, _, _ = rerun
     capsys.readouterr()
     (out / "report.html").write_text("mine")
-    assert main(["report", str(out)]) == 0
-    assert f"wrote {out / 'report-2.html'} ({out / 'report.html'} exists; --force " \
-           f"overwrites it)" in capsys.readouterr().out
+    assert main(["report", str(out)]) == 2
+    assert f"{out / 'report.html'}: {REFUSED}" in capsys.readouterr().err
     assert (out / "report.html").read_text() == "mine"
-    assert (out / "report-2.html").read_text().startswith("<!DOCTYPE html>")
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(("report", ".report"))) \
+        == ["report.html"]
     assert main(["report", str(out), "--force"]) == 0
     assert capsys.readouterr().out.strip() == f"wrote {out / 'report.html'}"
     assert (out / "report.html").read_text().startswith("<!DOCTYPE html>")
-    assert not (out / "report-3.html").exists()
 
 
-def test_export_keeps_an_existing_file(rerun, tmp_path, capsys):
+def test_export_refuses_an_existing_file(rerun, tmp_path, capsys):
     out, _, _ = rerun
     target = tmp_path / "rows.md"
     target.write_text("mine")
     capsys.readouterr()
-    for expected in ("rows-2.md", "rows-3.md"):
-        assert main(["study", "export", str(out), "--format", "md", "--output", str(target)]) == 0
-        assert f"wrote {tmp_path / expected} ({target} exists" in capsys.readouterr().out
-        assert (tmp_path / expected).read_text().startswith("| run_id |")
-    assert target.read_text() == "mine"
+    assert main(["study", "export", str(out), "--format", "md", "--output", str(target)]) == 2
+    assert f"{target}: {REFUSED}" in capsys.readouterr().err
+    assert target.read_text() == "mine" and sorted(os.listdir(tmp_path)) == ["rows.md"]
     assert main(["study", "export", str(out), "--format", "md", "--output", str(target),
                  "--force"]) == 0
     assert target.read_text().startswith("| run_id |")
 
 
 @pytest.mark.slow
-def test_figure_and_analyze_keep_existing_files(rerun, tmp_path, capsys):
+def test_figure_and_analyze_refuse_existing_files(rerun, tmp_path, capsys):
     out, new, _ = rerun
     run = out / new["run_dir"]
     default = run / "figures" / "curves.png"
-    for expected in ("curves.png", "curves-2.png"):
-        assert main(["figure", "curves", str(run)]) == 0
-        assert f"wrote {run / 'figures' / expected}" in capsys.readouterr().out
+    assert main(["figure", "curves", str(run)]) == 0
+    assert f"wrote {default}" in capsys.readouterr().out
     first = default.read_bytes()
-    assert first.startswith(PNG) and (run / "figures" / "curves-2.png").read_bytes()[:8] == PNG
+    assert first.startswith(PNG)
+    assert main(["figure", "curves", str(run)]) == 2
+    assert f"{default}: {REFUSED}" in capsys.readouterr().err
+    assert os.listdir(run / "figures") == ["curves.png"]
     default.write_bytes(b"mine")
     assert main(["figure", "curves", str(run), "--force"]) == 0
-    assert default.read_bytes().startswith(PNG) and not (run / "figures" / "curves-3.png").exists()
+    assert default.read_bytes().startswith(PNG)
     sweep = tmp_path / "sweep.svg"
     sweep.write_text("mine")
-    assert main(["figure", "sweep", str(out), "--axis", "regime", "--out", str(sweep)]) == 0
-    assert f"wrote {tmp_path / 'sweep-2.svg'}" in capsys.readouterr().out
-    assert sweep.read_text() == "mine" and "<svg" in (tmp_path / "sweep-2.svg").read_text()
+    assert main(["figure", "sweep", str(out), "--axis", "regime", "--out", str(sweep)]) == 2
+    assert f"{sweep}: {REFUSED}" in capsys.readouterr().err
+    assert sweep.read_text() == "mine" and not (tmp_path / "sweep-2.svg").exists()
 
     ap = tmp_path / "ap.png"
     ap.write_bytes(b"mine")
-    assert main(["analyze", "ap-diff", str(run), str(run), "--out", str(ap)]) == 0
-    assert f"wrote {tmp_path / 'ap-2.png'} ({ap} exists; --force overwrites it)" in \
-        capsys.readouterr().out
-    assert ap.read_bytes() == b"mine" and (tmp_path / "ap-2.png").read_bytes()[:8] == PNG
+    assert main(["analyze", "ap-diff", str(run), str(run), "--out", str(ap)]) == 2
+    assert f"{ap}: {REFUSED}" in capsys.readouterr().err
+    assert ap.read_bytes() == b"mine" and not (tmp_path / "ap-2.png").exists()
     assert main(["analyze", "ap-diff", str(run), str(run), "--out", str(ap), "--force"]) == 0
-    assert ap.read_bytes()[:8] == PNG and not (tmp_path / "ap-3.png").exists()
+    assert ap.read_bytes()[:8] == PNG
 
 
-def test_write_output_takes_free_names_atomically(tmp_path, monkeypatch):
+def test_write_output_never_takes_a_name_twice(tmp_path, monkeypatch):
     import errno
-    import os
     import threading
 
     from spmlkit.runs import write_output
 
     target = tmp_path / "out" / "t.txt"
-    assert write_output(target, "a") == target
-    # ten writers at once: ten distinct names, nothing lost, no temporary file left behind
-    names, barrier = [], threading.Barrier(10)
+    # ten writers at once on a new name: one wins, nine are refused, no temporary file left
+    won, refused, barrier = [], [], threading.Barrier(10)
 
     def write(i):
         barrier.wait()
-        names.append(write_output(target, f"w{i}"))
+        try:
+            won.append((write_output(target, f"w{i}"), i))
+        except FileExistsError:
+            refused.append(i)
 
     threads = [threading.Thread(target=write, args=(i,)) for i in range(10)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert sorted(p.name for p in names) == sorted(f"t-{i}.txt" for i in range(2, 12))
-    assert sorted(p.read_text() for p in names) == sorted(f"w{i}" for i in range(10))
-    assert target.read_text() == "a" and len(os.listdir(target.parent)) == 11
-    # a file system without hard links: the same names, by a check and a rename
+    assert len(won) == 1 and len(refused) == 9
+    assert target.read_text() == f"w{won[0][1]}" and os.listdir(target.parent) == ["t.txt"]
+    # a file system without hard links: the same rule, by a check and a rename
     def no_links(src, dst):
         raise OSError(errno.EPERM, "Operation not permitted")
 
     monkeypatch.setattr(os, "link", no_links)
-    assert write_output(target, b"x").name == "t-12.txt"
+    with pytest.raises(FileExistsError, match="pass --force"):
+        write_output(target, b"x")
+    assert write_output(tmp_path / "out" / "u.txt", b"x").read_bytes() == b"x"
     assert write_output(target, lambda fh: fh.write(b"y"), force=True) == target
-    assert target.read_bytes() == b"y" and len(os.listdir(target.parent)) == 12
+    assert target.read_bytes() == b"y" and sorted(os.listdir(target.parent)) == ["t.txt", "u.txt"]
     with pytest.raises(TypeError, match="bytes, str or a function"):
         write_output(target, 3)

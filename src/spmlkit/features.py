@@ -47,6 +47,7 @@ import contextlib
 import dataclasses
 import errno
 import hashlib
+import io
 import json
 import os
 import time
@@ -62,7 +63,7 @@ from .data.rows import holds_vectors
 from .accel import start as start_acceleration
 from .data.image_views import finish_view, gpu_decodable, load_view, raw_item
 from .machine import default_cache_dir, default_workers, loader_workers, prefetch_factor
-from .runs import write_json
+from .runs import check_own_file, open_own, own_folder, preallocate, write_bytes, write_json
 
 FORMAT_VERSION = 1
 #: transform names -> factory names in `spmlkit.data.transforms`
@@ -195,6 +196,7 @@ class StorePlan:
         return self.folder / FEATURES_FILE
 
     def read_meta(self) -> dict | None:
+        check_own_file(self.folder / META_FILE)  # a FIFO would block, a link lead elsewhere
         try:
             meta = json.loads((self.folder / META_FILE).read_text())
         except (FileNotFoundError, json.JSONDecodeError):
@@ -209,6 +211,7 @@ class StorePlan:
         return bool(meta and meta.get("complete")) and self.features_file.is_file()
 
     def open(self, mode: str = "r") -> np.memmap:
+        check_own_file(self.features_file)  # never through a link planted in the store
         mm = np.lib.format.open_memmap(self.features_file, mode=mode)
         if mm.shape != (self.n, self.d) or mm.dtype != np.dtype(self.dtype):
             raise ValueError(f"{self.features_file}: holds {mm.shape} {mm.dtype}, expected "
@@ -251,6 +254,13 @@ def plan_store(items, backbone="efficientnet_lite0", transform: str = "eval",
     dtype = np.dtype(dtype).name
     spec = _describe_backbone(backbone, pretrained)
     size = int(size or spec["input_size"])
+    if size < 1:
+        raise ValueError(f"size must be >= 1 (the input side in pixels), got {size}")
+    from .resources import check_memory
+
+    check_memory(2 * 3 * 4 * size * size, f"one {size} x {size} input image (float32, and "
+                 f"the backbone's first feature map as large)", "give a smaller --size "
+                 f"(the backbone's own is {spec['input_size']})")
     _, tspec = make_transform(transform, size, spec["mean"], spec["std"])
     fields = {"format": FORMAT_VERSION, "backbone": spec["cache_key"], "transform": tspec,
               "seed": None if transform == "eval" else int(seed),
@@ -278,7 +288,7 @@ def _locked(folder: Path):
     except ImportError:  # pragma: no cover - Windows
         yield
         return
-    with open(folder / LOCK_FILE, "a+") as fh:
+    with os.fdopen(open_own(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT), "r+b") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         try:
             yield
@@ -287,10 +297,9 @@ def _locked(folder: Path):
 
 
 def _save_mask(folder: Path, mask: np.ndarray) -> None:
-    tmp = folder / f".{DONE_FILE}.tmp"
-    with open(tmp, "wb") as fh:
-        np.save(fh, mask)
-    os.replace(tmp, folder / DONE_FILE)
+    buf = io.BytesIO()
+    np.save(buf, mask)
+    write_bytes(folder / DONE_FILE, buf.getvalue(), durable=False)
 
 
 def _load_mask(plan: StorePlan) -> np.ndarray | None:
@@ -385,7 +394,7 @@ def extract_features(items, backbone="efficientnet_lite0", transform: str = "eva
         return plan.open("c")
     if plan.read_meta() is None:  # a new store: every image decoded first (a few threads),
         _check_decodable(items)      # so a bad file is named before a partial store exists
-    plan.folder.mkdir(parents=True, exist_ok=True)
+    own_folder(plan.folder)  # a link planted at the store's name: refused
     with _locked(plan.folder):
         if plan.complete():          # another process finished it while we waited
             return plan.open("c")
@@ -412,8 +421,14 @@ def _fill(plan, items, backbone, transform, batch_size, num_workers, pretrained,
     if mask is not None and plan.features_file.is_file():
         mm = plan.open("r+")
     else:  # new store (or a broken one): features first, then the mask, then the sidecar
+        check_own_file(plan.features_file)
         mm = np.lib.format.open_memmap(plan.features_file, mode="w+", dtype=plan.dtype,
                                        shape=(plan.n, plan.d))
+        fd = open_own(plan.features_file, os.O_RDWR)
+        try:  # on a full disk: an error naming the file, not a SIGBUS while it is filled
+            preallocate(fd, mm.offset + mm.nbytes, plan.features_file)
+        finally:
+            os.close(fd)
         mask = np.zeros(plan.n, dtype=np.uint8)
         _save_mask(plan.folder, mask)
         _write_meta(plan, 0, 0.0, items)

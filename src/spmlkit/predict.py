@@ -30,7 +30,7 @@ import torch
 
 from .data.tabular import table_kind
 from .methods import load_run_model, preprocess_features
-from .runs import PREDICTIONS_FILE, THRESHOLDS_FILE, write_text
+from .runs import PREDICTIONS_FILE, THRESHOLDS_FILE, write_output
 
 FEATURE_SUFFIXES = (".npy", ".npz")
 
@@ -337,11 +337,14 @@ def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
     return pred
 
 
-def write_predictions(pred: Predictions, fmt: str = "csv", out=None, run=None) -> str:
-    """The predictions as CSV or JSON text, written atomically to ``out`` when given."""
+def write_predictions(pred: Predictions, fmt: str = "csv", out=None, run=None, *,
+                      force: bool = False, protect=()) -> str:
+    """The predictions as CSV or JSON text, written atomically to ``out`` when given (never over
+    an existing file unless ``force``, never over ``protect`` nor a run's own files:
+    `spmlkit.runs.write_output`)."""
     if fmt not in ("csv", "json"):
         raise ValueError(f"format must be 'csv' or 'json', got {fmt!r}")
     text = pred.to_csv() if fmt == "csv" else pred.to_json(run)
     if out is not None:
-        write_text(out, text)
+        write_output(out, text, force=force, protect=protect)
     return text

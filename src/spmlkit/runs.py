@@ -24,10 +24,12 @@ that writes it: `run_file`); every checkpoint load goes through `load_torch`
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
+import stat
 import tempfile
 import time
 import traceback
@@ -76,72 +78,219 @@ def make_folder(path) -> Path:
     return path
 
 
-def _atomic(path: Path, write, keep_existing: bool = False, durable: bool = True) -> Path:
+#: the files of spmlkit's own folders (a run's, a study's, a feature store's): an output never
+#: replaces one of them, even with ``force`` (the folder would be broken)
+OWN_FILES = frozenset({CONFIG_FILE, OBSERVED_FILE, METRICS_FILE, CHECKPOINT_FILE, BEST_FILE,
+                       THRESHOLDS_FILE, FINAL_FILE, FAILED_FILE, PREDICTIONS_FILE,
+                       TRAIN_PROBS_FILE, "skipped.json", "results.sqlite", "study.yaml",
+                       "launches.jsonl", ".lock", "meta.json", "features.npy", "done.npy"})
+#: a file that marks a folder as spmlkit's own: a run's, a study's, a feature store's
+_OWN_MARKERS = (CONFIG_FILE, "results.sqlite", "meta.json")
+
+
+def _kind(mode: int) -> str:
+    return ("a symbolic link" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode) else
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
+            "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+
+
+def _lstat(path: Path):
+    try:
+        return os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def check_own_file(path) -> None:
+    """The writer rule for a file inside one of spmlkit's own folders (a run's, a study's, a
+    feature store's): whatever is there must be a regular file (then it is replaced); a link,
+    a device, a FIFO, a folder at that name is refused with an ``OSError`` naming it, never
+    written through or over (a folder someone handed you may hold planted links)."""
+    st = _lstat(Path(path))
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise FileExistsError(errno.EEXIST, f"is {_kind(st.st_mode)} where spmlkit keeps its "
+                              f"own file; spmlkit never writes through or over it (was this "
+                              f"folder handed to you? remove it, or start a new folder)",
+                              str(path))
+
+
+def _same_file(a, b) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_output(path, *, force: bool = False, protect=()) -> None:
+    """The writer rule for an output the user names (``predict --out``, a report, a figure,
+    an export): a new name is written; an existing regular file only with ``force``; never a
+    link, a device, a FIFO, a folder, a file of spmlkit's own folders (`OWN_FILES` next to
+    a run's ``config.json``, a study's ``results.sqlite``, a store's ``meta.json``) or one of
+    ``protect`` (the command's inputs), ``force`` or not. Raises ``OSError`` naming ``path``."""
+    path = Path(path)
+    st = _lstat(path)
+    if st is None:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        err = IsADirectoryError if stat.S_ISDIR(st.st_mode) else FileExistsError
+        raise err(errno.EEXIST, f"is {_kind(st.st_mode)}, not a regular file: an output is "
+                  f"never written through or over it, even with --force; choose another name",
+                  str(path))
+    if path.name in OWN_FILES and any((path.parent / m).is_file() for m in _OWN_MARKERS):
+        raise FileExistsError(errno.EEXIST, f"is a file of spmlkit's own folder "
+                              f"{path.parent}: an output never replaces it, even with --force; "
+                              f"choose another name", str(path))
+    if any(_same_file(path, other) for other in protect):
+        raise FileExistsError(errno.EEXIST, "is an input of this command: an output never "
+                              "replaces it, even with --force; choose another name", str(path))
+    if not force:
+        raise FileExistsError(errno.EEXIST, "exists; pass --force to replace it, or choose "
+                              "another name", str(path))
+
+
+def _atomic(path: Path, write, durable: bool = True, output: bool = False,
+            force: bool = False, protect=()) -> Path:
     """Write through ``write(fh)`` into a temporary file next to ``path``, then publish it under
-    ``path`` (replacing what is there), or, with ``keep_existing``, under the first free name of
-    `numbered_paths`; returns the path published. With ``durable`` the file's data is on
-    disk (``fsync``) before it is published; without, the file is still never seen half written
-    (a process killed at any moment leaves the old file or the new one), but a machine crash
-    soon after may lose its content (a run folder's files: `RunDir.finish` syncs the
-    folder before its ``final.json``). An ``OSError`` names ``path`` (not the temporary file)."""
-    if path.is_dir():
-        raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
+    ``path``: the one writer of every file spmlkit writes, so the one place of its rule.
+    Without ``output`` the file is one of spmlkit's own (`check_own_file`: a regular file
+    there is replaced, anything else refused); with ``output`` it is an output the user named
+    (`check_output`: never over an existing file unless ``force``; with ``force``
+    still never over a link, a device, a FIFO, a folder, a folder's own files, ``protect``).
+    A new output is published with a hard link, which fails when the name was taken meanwhile.
+    With ``durable`` the file's data is on disk (``fsync``) before it is published; without,
+    the file is still never seen half written (a process killed at any moment leaves the old
+    file or the new one), but a machine crash soon after may lose its content (a run folder's
+    files: `RunDir.finish` syncs the folder before its ``final.json``). An ``OSError``
+    names ``path`` (not the temporary file). Returns ``path``."""
+    if output:
+        check_output(path, force=force, protect=protect)
+    else:
+        check_own_file(path)
     make_folder(path.parent)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as err:  # e.g. a read-only folder: name the file the caller asked for
         raise type(err)(err.errno, err.strerror, str(path)) from None
     try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            if durable:
-                os.fsync(fh.fileno())
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                write(fh)
+                fh.flush()
+                if durable:
+                    os.fsync(fh.fileno())
+        except OSError as err:  # e.g. a full disk: name the file, not the temporary one
+            if err.filename is not None:
+                raise
+            if err.errno is None:  # numpy's short write ("N requested and M written")
+                raise _short_write(err, path) from None
+            raise type(err)(err.errno, err.strerror, str(path)) from None
         os.chmod(tmp, _FILE_MODE)
-        if not keep_existing:
+        if output and not force:
+            _publish_new(tmp, path)
+        else:
             os.replace(tmp, path)
-            return path
-        return _publish_new(tmp, path)
+        return path
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
 
 
-def numbered_paths(path):
-    """``path``, then ``<stem>-2<suffix>``, ``<stem>-3<suffix>``, ... (``report.html``,
-    ``report-2.html``, ...): the names an output takes when the earlier ones exist.
-
-    >>> [p.name for p, _ in zip(numbered_paths(Path("figs/curves.png")), range(3))]
-    ['curves.png', 'curves-2.png', 'curves-3.png']
-    """
-    path = Path(path)
-    yield path
-    for i in range(2, 100_000):
-        yield path.with_name(f"{path.stem}-{i}{path.suffix}")
+def _short_write(err: OSError, path: Path) -> OSError:
+    """A write that stopped short with no reason given (numpy says only "N requested and M
+    written"): said as a full disk when the disk has no free block left."""
+    try:
+        full = os.statvfs(path.parent).f_bavail == 0
+    except OSError:
+        full = False
+    if full:
+        return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (the file was cut short: "
+                       f"{err})", str(path))
+    return OSError(errno.EIO, f"the file was cut short ({err})", str(path))
 
 
 _NO_HARD_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV)
 
 
-def _publish_new(tmp: str, path: Path) -> Path:
-    """Give the finished file ``tmp`` the first free name of `numbered_paths`. A hard link
-    fails when the name exists, so claiming it is atomic: two writers never take the same one."""
-    for target in numbered_paths(path):
-        try:
-            os.link(tmp, target)
-        except FileExistsError:
-            continue
-        except OSError as err:  # a file system without hard links: check, then rename
-            if err.errno not in _NO_HARD_LINKS:
-                raise
-            if os.path.lexists(target):
-                continue
-            os.replace(tmp, target)
-            return target
-        os.unlink(tmp)
-        return target
-    raise RuntimeError(f"no free file name next to {path} (tried {path.stem}-2 .. -99999)")
+def _publish_new(tmp: str, path: Path) -> None:
+    """Give the finished file ``tmp`` the name ``path``, which must not exist: a hard link fails
+    when the name exists, so two writers never take the same one (where the file system has no
+    hard links: checked, then renamed)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        check_output(path)  # taken meanwhile: raises what the name is
+        raise
+    except OSError as err:
+        if err.errno not in _NO_HARD_LINKS:
+            raise
+        check_output(path)
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
+
+
+def open_own(path, flags: int) -> int:
+    """``os.open`` of a file inside spmlkit's own folders (a lock, an appended log), never
+    through a link: ``O_NOFOLLOW``, and what is opened must be a regular file (a FIFO or a
+    device there is refused, not waited on). Returns the descriptor; an ``OSError`` names
+    ``path``."""
+    path = Path(path)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0),
+                     0o666)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENXIO, errno.EMLINK):
+            check_own_file(path)
+        raise type(err)(err.errno, err.strerror, str(path)) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            check_own_file(path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def append_own(path, text: str) -> None:
+    """Append ``text`` to a log file of spmlkit's own folders (``metrics.jsonl``,
+    ``launches.jsonl``), created if missing, never through a link (`open_own`)."""
+    fd = open_own(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+
+
+def preallocate(fd: int, nbytes: int, name) -> None:
+    """Reserve ``nbytes`` of disk for the file open on ``fd`` before it is memory-mapped
+    (``posix_fallocate``): on a full disk this is an ``OSError`` naming ``name`` and the size,
+    where writing into a map of a sparse file would die by SIGBUS with no message. A file
+    system that cannot reserve (no ``fallocate``) is left as it is."""
+    if not hasattr(os, "posix_fallocate") or nbytes <= 0:
+        return
+    try:
+        os.posix_fallocate(fd, 0, int(nbytes))
+    except OSError as err:
+        if err.errno in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL):
+            return
+        raise type(err)(err.errno, f"{err.strerror} (this file needs "
+                        f"{nbytes / 2**20:.1f} MiB)", str(name)) from None
+
+
+def own_folder(path) -> Path:
+    """``mkdir -p path`` for a folder spmlkit owns inside a folder the user gave (a study's
+    ``runs``, a run's folder, a feature store): a link at that name is refused (an
+    ``OSError`` naming it), so nothing is written through a link someone planted."""
+    path = Path(path)
+    st = _lstat(path)
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise FileExistsError(errno.EEXIST, "is a symbolic link where spmlkit keeps its own "
+                              "folder; spmlkit never writes through it (was this folder "
+                              "handed to you? remove the link)", str(path))
+    return make_folder(path)
 
 
 def _savez_fast(fh, arrays: dict) -> None:
@@ -196,28 +345,35 @@ def write_text(path, text: str) -> None:
     write_bytes(path, text.encode())
 
 
-def write_bytes(path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically, replacing the file if it exists."""
-    _atomic(Path(path), lambda fh: fh.write(data))
+def write_bytes(path, data: bytes, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` atomically, replacing the file if it exists (a file of
+    spmlkit's own folders: `check_own_file`)."""
+    _atomic(Path(path), lambda fh: fh.write(data), durable=durable)
 
 
-def write_output(path, data, *, force: bool = False) -> Path:
-    """Write an output file (a figure, a report, an export) atomically, never over an existing
-    file unless ``force``.
+def write_output(path, data, *, force: bool = False, protect=()) -> Path:
+    """Write an output file (a prediction table, a figure, a report, an export) atomically,
+    by the one writer rule (`check_output`).
 
     Args:
-        path: the wanted file. When it exists, the next free name of `numbered_paths`
-            is written instead (``report-2.html``); ``force=True`` replaces ``path``.
+        path: the file to write. When it exists the write is refused (``FileExistsError``:
+            "exists; pass --force to replace it, or choose another name"); ``force=True``
+            replaces a regular file, never a link, a device, a FIFO, a folder, a file of
+            spmlkit's own folders (a run's ``best.pt``, a study's ``results.sqlite``, ...).
         data: ``bytes``, ``str`` (written as UTF-8) or a function ``write(fh)`` that writes to
             a binary file handle (``lambda fh: fig.savefig(fh, format="png")``).
+        protect: files the output must not replace either (the command's inputs).
 
     Returns:
-        the path written (``path`` or the free name taken), for the caller to print.
+        the path written, for the caller to print.
 
     >>> import tempfile
     >>> d = Path(tempfile.mkdtemp())
-    >>> [write_output(d / "t.csv", "a\\n").name for _ in range(2)]
-    ['t.csv', 't-2.csv']
+    >>> write_output(d / "t.csv", "a\\n").name
+    't.csv'
+    >>> write_output(d / "t.csv", "b\\n")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    FileExistsError: [Errno 17] exists; pass --force to replace it, or choose another name: ...
     >>> write_output(d / "t.csv", "b\\n", force=True).read_text()
     'b\\n'
     """
@@ -227,7 +383,7 @@ def write_output(path, data, *, force: bool = False) -> Path:
     if not callable(write):
         raise TypeError(f"data must be bytes, str or a function of a file handle, got "
                         f"{type(data).__name__}")
-    return _atomic(Path(path), write, keep_existing=not force)
+    return _atomic(Path(path), write, output=True, force=force, protect=protect)
 
 
 def _jsonable(obj):
@@ -399,9 +555,7 @@ class RunDir:
         _atomic(self.path / name, lambda fh: fh.write(data), durable=durable)
 
     def append_jsonl(self, name: str, obj) -> None:
-        with open(self.path / name, "a") as fh:
-            fh.write(json.dumps(obj, default=_jsonable) + "\n")
-            fh.flush()
+        append_own(self.path / name, json.dumps(obj, default=_jsonable) + "\n")
 
     def save_array(self, name: str, arr) -> None:
         _atomic(self.path / name, lambda fh: np.save(fh, np.asarray(arr)), durable=False)
@@ -415,6 +569,33 @@ class RunDir:
         import torch
 
         _atomic(self.path / name, lambda fh: torch.save(obj, fh), durable=durable)
+
+    @contextlib.contextmanager
+    def locked(self):
+        """This process alone trains in the folder while the block runs (an exclusive
+        ``flock`` on ``.lock``, never through a link; removed at the end): a second
+        ``spml train --resume`` of the same folder is refused at once instead of interleaving
+        its epochs into ``metrics.jsonl``. Not POSIX: no lock."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows
+            yield
+            return
+        path = self.path / ".lock"
+        fd = open_own(path, os.O_RDWR | os.O_CREAT)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                raise ValueError(f"{self.path} is being trained by another process (it holds "
+                                 f"{path}); wait for it to end, or stop it first") from None
+            try:
+                yield
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        finally:
+            os.close(fd)
 
     # ---- the run's life: start, epochs, checkpoints, finish or fail ---------------------------
     def start(self, config: dict, observed) -> None:
@@ -575,12 +756,14 @@ def read_run(path) -> Run:
 
     Raises:
         FileNotFoundError: ``path`` is not a folder, or has no ``config.json``.
+        FileExistsError: its ``config.json`` is a link, a device, a FIFO (`check_own_file`).
         ValueError: a file in it is not valid JSON (named).
     """
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"run folder {path} does not exist (give the folder spml train "
                                 f"printed as 'run folder: ...')")
+    check_own_file(path / CONFIG_FILE)  # a link, a device, a FIFO there: named
     if not (path / CONFIG_FILE).is_file():
         raise FileNotFoundError(f"{path / CONFIG_FILE} does not exist: {path} is not a run "
                                 f"folder")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import numpy as np
@@ -100,6 +101,11 @@ def _whole(low: int, high: int | None = None):
             raise argparse.ArgumentTypeError(f"expected {want}, got {value}")
         return value
     return parse
+
+
+#: the most torch threads a process may ask for (--threads 1000 would fail in the OpenMP runtime
+#: with its own message, or exhaust memory with thread stacks)
+MAX_THREADS = max(64, 4 * (os.cpu_count() or 1))
 
 
 def _real(above_zero: bool):
@@ -253,7 +259,7 @@ def _add_common(p: argparse.ArgumentParser, data=None, training=None) -> None:
                                "and Xie et al.'s loaders (drop_last=True); default: every row "
                                "trains. Validation and test always score every row (a subset that "
                                "depends on the batch size would make grid points incomparable)")
-    training.add_argument("--threads", type=_whole(1), default=None,
+    training.add_argument("--threads", type=_whole(1, MAX_THREADS), default=None,
                           help=LazyHelp(_threads_help))
 
 
@@ -296,16 +302,13 @@ def _feature_data(args, data: dict | None = None) -> dict:
     return options
 
 
-FORCE_HELP = "overwrite the output file if it exists (default: write the next free name, " \
-             "e.g. curves-2.png)"
+FORCE_HELP = "replace the output file if it exists (default: an existing file is an error; " \
+             "a link, device, FIFO, folder or a run's or study's own file is never replaced)"
 
 
-def _wrote(path, wanted) -> None:
-    """``wrote PATH``, saying so when an existing file made it take another name."""
-    from pathlib import Path
-
-    note = "" if Path(path) == Path(wanted) else f" ({wanted} exists; --force overwrites it)"
-    print(f"wrote {path}{note}")
+def _wrote(path) -> None:
+    """``wrote PATH``."""
+    print(f"wrote {path}")
 
 
 #: the ``dest`` of each command's own subcommands (``spml study run``, ``spml figure curves``)

@@ -5,10 +5,20 @@ from __future__ import annotations
 from .common import _ints, _whole, FORCE_HELP, _wrote
 
 
+def _check_out(path, force: bool) -> None:
+    """The output name by the writer rule, before anything is computed (a refused name is
+    said at once, not after a landscape or a page)."""
+    from ..runs import check_output
+
+    if path is not None:
+        check_output(path, force=force)
+
+
 def cmd_analyze(args) -> int:
     from .. import analysis as an
     from ..experiments import figures as fg
 
+    _check_out(args.out, args.force)
     if args.analysis == "pl-precision":
         results = [an.pseudo_label_precision(run) for run in args.runs]
         for r in results:
@@ -26,7 +36,7 @@ def cmd_analyze(args) -> int:
         res = an.unobserved_positive_histograms(args.run, args.epochs, args.bins)
         print(res.table())
         out = fg.plot_histograms(res, args.out, force=args.force)
-    _wrote(out, args.out)
+    _wrote(out)
     return 0
 
 
@@ -40,6 +50,7 @@ def cmd_figure(args) -> int:
     name = f"sweep-{args.axis}" if kind == "sweep" else kind
     wanted = args.out or base / fg.FIGURES_DIR / f"{name}.png"
     force = args.force
+    _check_out(wanted, force)
     if kind == "curves":
         labels = args.labels.split(",") if args.labels else None
         out = fg.plot_curves(fg.curves_from_runs(args.runs, labels), wanted, args.metric,
@@ -74,7 +85,7 @@ def cmd_figure(args) -> int:
         if ov.note:
             print(ov.note)
         out = fg.plot_overlays(ov, wanted, args.top, force=force)
-    _wrote(out, wanted)
+    _wrote(out)
     return 0
 
 
@@ -83,8 +94,9 @@ def cmd_report(args) -> int:
 
     from ..experiments.report import REPORT_FILE, write_report
 
+    _check_out(args.out or Path(args.study) / REPORT_FILE, args.force)
     out = write_report(args.study, args.out, force=args.force)
-    _wrote(out, args.out or Path(args.study) / REPORT_FILE)
+    _wrote(out)
     if args.open:
         import webbrowser
 

@@ -4,14 +4,19 @@ from __future__ import annotations
 import sys
 
 from ..thresholds import RULES
-from .common import _whole, _device
+from .common import FORCE_HELP, _whole, _device
 
 
 def cmd_predict(args) -> int:
     from pathlib import Path
 
     from ..predict import predict_run, write_predictions
+    from ..runs import check_output
 
+    # the inputs and the run's own files are never an output, --force or not; checked first
+    protect = [*args.inputs, *(p for p in Path(args.run).glob("*") if p.is_file())]
+    if args.out:
+        check_output(args.out, force=args.force, protect=protect)
     fmt = args.format or ("json" if args.out and Path(args.out).suffix.lower() == ".json"
                           else "csv")
     if args.threshold is not None and args.threshold_rule is not None:
@@ -23,7 +28,7 @@ def cmd_predict(args) -> int:
     if pred.skipped:
         shown = ", ".join(pred.skipped[:5]) + (", ..." if len(pred.skipped) > 5 else "")
         print(f"skipped {len(pred.skipped)} unreadable image(s): {shown}", file=sys.stderr)
-    text = write_predictions(pred, fmt, args.out, args.run)
+    text = write_predictions(pred, fmt, args.out, args.run, force=args.force, protect=protect)
     if args.out:
         print(f"wrote {args.out} ({len(pred.items)} rows, {fmt}, threshold {pred.threshold_kind})",
               file=sys.stderr)
@@ -55,6 +60,7 @@ def register(sub) -> None:
     p.add_argument("--format", choices=["csv", "json"], default=None,
                    help="default: json when --out ends with .json, else csv")
     p.add_argument("--out", default=None, metavar="FILE", help="default: standard output")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--device", type=_device, default="cpu",
                    help="cpu (default), cuda, cuda:1")
     p.add_argument("--batch-size", type=_whole(1), default=64,

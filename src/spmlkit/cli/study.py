@@ -5,7 +5,7 @@ import contextlib
 import json
 import sys
 
-from .common import LazyHelp, _whole, _positive, FORCE_HELP, _wrote, _prog, _fail
+from .common import MAX_THREADS, LazyHelp, _whole, _positive, FORCE_HELP, _wrote, _prog, _fail
 
 
 def _study_table(out, fmt: str = "markdown", metric: str = "test_map",
@@ -127,9 +127,9 @@ def cmd_study(args) -> int:
                       f"same command runs the {s['missing']} missing ones", file=sys.stderr)
             raise
         except ConnectionError as err:
-            from ..experiments.dask_executor import SchedulerLost
+            from ..experiments.dask_executor import NoWorkers, SchedulerLost
 
-            if not isinstance(err, SchedulerLost):
+            if not isinstance(err, (SchedulerLost, NoWorkers)):
                 raise
             out = args.out or st.STUDIES_ROOT / spec.name
             where = ""
@@ -166,7 +166,7 @@ def cmd_study(args) -> int:
         raise FileNotFoundError(f"{study.results_path} is missing: the study has not run yet")
     path = study.export(args.output, args.format, selected=args.selected,
                         include_stale=args.all, force=args.force)
-    _wrote(path, args.output)
+    _wrote(path)
     if study.stale and not args.all:
         print(f"{len(study.stale)} stored run(s) of an earlier version of the spec left out "
               f"(--all includes them)")
@@ -225,7 +225,7 @@ def register(sub) -> None:
                            "order)")
     workers.add_argument("--jobs", type=int, default=None,
                          help="worker processes (default: cores)")
-    workers.add_argument("--threads", type=_whole(1), default=None,
+    workers.add_argument("--threads", type=_whole(1, MAX_THREADS), default=None,
                          help="torch threads per worker (default 1 in linear mode, else cores / "
                               "jobs; on a Dask cluster the worker machine's cores)")
     where = workers.add_mutually_exclusive_group()
@@ -240,7 +240,8 @@ def register(sub) -> None:
                             "--scheduler-file PATH, dask-jobqueue)")
     workers.add_argument("--connect-timeout", type=_positive, default=None, metavar="S",
                          help="seconds the Dask scheduler (--scheduler, --scheduler-file) gets "
-                              "to answer before the launch is refused (default 30)")
+                              "to answer before the launch is refused, and the longest the "
+                              "launch waits with no worker connected (default 30)")
     output.add_argument("--out", default=None, help="study folder (default runs/studies/<name>)")
     output.add_argument("--quiet", action="store_true", help="no progress bar")
     output.add_argument("--mlflow", action="store_true",

@@ -67,6 +67,10 @@ class LabelledSet:
                              f"{self.y.shape[0]} label rows")
         if not self.class_names:
             self.class_names = [f"class{j}" for j in range(self.y.shape[1])]
+        bad = [str(c) for c in self.class_names if any(ch in str(c) for ch in "\0\n\r")]
+        if bad:  # a NUL cuts names in C strings, a newline breaks CSV / JSON lines readers
+            raise ValueError(f"{self.where or 'labelled set'}: class name {bad[0]!r} holds a NUL "
+                             f"byte or a line break; class names are printable text")
         if len(self.class_names) != self.y.shape[1]:
             raise ValueError(f"{self.where or 'labelled set'}: {len(self.class_names)} class "
                              f"names for {self.y.shape[1]} label columns")

@@ -42,6 +42,8 @@ standardisation and observed training labels are handled.
 """
 from __future__ import annotations
 
+import contextlib
+
 import fnmatch
 import os
 import warnings
@@ -97,6 +99,35 @@ def _pandas():
     return pandas
 
 
+class _InflationError(ValueError):
+    """A compressed table inflating past what memory holds (`spmlkit.resources`)."""
+
+
+@contextlib.contextmanager
+def _inflating(path: Path):
+    """For a ``.gz`` / ``.bz2`` / ``.xz`` file: its decompressed stream, bounded to what this
+    process can hold (`spmlkit.resources.bounded_reader`); else None (pandas opens it)."""
+    import bz2
+    import gzip
+    import lzma
+
+    from ..resources import bounded_reader
+
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(path.suffix.lower())
+    if opener is None:
+        yield None
+        return
+    fh = bounded_reader(opener(path, "rb"), path)
+    try:
+        yield fh
+    except ValueError as err:
+        if "inflates to more than" in str(err):
+            raise _InflationError(str(err)) from None
+        raise
+    finally:
+        fh.close()
+
+
 def read_table(path, what: str = "table"):
     """A CSV / TSV / Parquet file as a pandas ``DataFrame``.
 
@@ -125,7 +156,14 @@ def read_table(path, what: str = "table"):
                                           install_hint("tabular", "pyarrow")) from None
             df = pd.read_parquet(path)
         else:
-            df = pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", encoding="utf-8-sig")
+            sep = "\t" if suffix == ".tsv" else ","
+            with _inflating(path) as fh:  # a compressed file: its inflation bounded
+                df = pd.read_csv(fh if fh is not None else path, sep=sep, encoding="utf-8-sig")
+    except _InflationError as err:
+        raise ValueError(str(err)) from None
+    except EOFError as err:  # a compressed file cut short
+        raise ValueError(f"{path}: the compressed file is truncated (it ends before its "
+                         f"compressed stream does: {err}); copy it again") from None
     except (ValueError, OSError, UnicodeDecodeError) as err:  # pandas' parser errors too
         raise ValueError(f"{path}: not a readable {suffix} table ({err})") from None
     if df.empty:

@@ -8,6 +8,10 @@ from dataclasses import asdict, dataclass
 AMP_MODES = ("auto", "none", "bf16", "fp16")
 
 
+#: the most epochs a run may ask for (a bound on a typo such as ``epochs: 10**12``)
+MAX_EPOCHS = 100_000
+
+
 @dataclass
 class TrainConfig:
     """Hyperparameters of one training run (Cole et al.'s linear protocol by default).
@@ -81,6 +85,10 @@ class TrainConfig:
         if self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
             raise ValueError(f"epochs and batch_size must be >= 1 and lr > 0, got epochs="
                              f"{self.epochs}, batch_size={self.batch_size}, lr={self.lr}")
+        if self.epochs > MAX_EPOCHS:
+            raise ValueError(f"epochs={self.epochs} is more than {MAX_EPOCHS:,}: a run that "
+                             f"long never finishes (the papers train 10 to 100); give fewer "
+                             f"epochs, with early_stop to end sooner")
         parse_early_stop(self.early_stop)
         from ..metrics import check_metric
 

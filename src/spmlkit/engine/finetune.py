@@ -442,6 +442,9 @@ def _backbone_features(backbone: nn.Module, items, width: int, config: TrainConf
     folder = default_cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile(prefix="spmlkit-features-", dir=folder) as f:
+        from ..runs import preallocate
+
+        preallocate(f.fileno(), 4 * max(n, 1) * width, folder / "spmlkit-features-(temporary)")
         store = np.memmap(f, dtype=np.float32, mode="w+", shape=(max(n, 1), width))[:n]
     predict_items(backbone, items, config, transform=eval_t, image_reader=image_reader,
                   out=store)

@@ -78,6 +78,15 @@ STATE_FORMAT = "spmlkit-train-state/1"
 Batch = tuple  # (inputs, observed B x L, index B): what a batch source yields
 
 
+def diverged(epoch: int, loss: float, where: str = "") -> str:
+    """The one line of a run whose mean train loss is not finite: what to try, and what else
+    does it when a smaller learning rate does not."""
+    return (f"training diverged at epoch {epoch}{where} (loss {loss}); try a smaller learning "
+            f"rate. If it diverges at every rate, look at what the run was given: features "
+            f"with huge values (e.g. 1e38: standardise them), a loss's eps or a regulariser's "
+            f"weight")
+
+
 @dataclass
 class FitResult:
     """What a training run returns (the model and loss hold the best epoch's state).
@@ -395,8 +404,7 @@ class _Run:
         train_loss = (0.0 if total is None else float(total)) / self.num_examples
         if not np.isfinite(train_loss):
             where = f" (stage {stage.name}, its epoch {e + 1})" if stage.name is not None else ""
-            raise FloatingPointError(f"training diverged at epoch {g + 1}{where} (loss "
-                                     f"{train_loss}); try a smaller learning rate")
+            raise FloatingPointError(diverged(g + 1, train_loss, where))
         logits_all = self.train_logits() if loss.needs_train_predictions else None
         loss.on_epoch_end(g, logits_all)
         if self.after_epoch is not None:

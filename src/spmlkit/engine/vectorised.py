@@ -59,7 +59,7 @@ from ..data import rows as stored_rows
 from ..data.rows import as_rows, is_stored
 from .config import TrainConfig, batch_starts, epoch_rows
 from .linear import linear_inputs, make_linear_head, predict_logits, to_device, val_map
-from .loop import STATE_FORMAT, FitResult
+from .loop import STATE_FORMAT, FitResult, diverged
 from .selection import Selection
 
 __all__ = [
@@ -786,9 +786,7 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
             train_all = model.predict(x) if stacked.needs_train_predictions else None
             for r in live:
                 if not np.isfinite(train_loss[r]):
-                    errors[r] = FloatingPointError(
-                        f"training diverged at epoch {epoch + 1} (loss {train_loss[r]}); try a "
-                        f"smaller learning rate")
+                    errors[r] = FloatingPointError(diverged(epoch + 1, train_loss[r]))
                     continue
                 try:
                     loss_list[r].on_epoch_end(epoch, None if train_all is None else train_all[r])

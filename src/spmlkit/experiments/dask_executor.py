@@ -75,6 +75,21 @@ ADDRESS_HINT = ("give the address `dask scheduler` prints, tcp://HOST:PORT (port
                 "default), or --scheduler-file with the file it wrote")
 
 
+class NoWorkers(ConnectionError):
+    """The scheduler had no worker for ``connect_timeout`` seconds while tasks waited."""
+
+
+def worker_versions() -> dict:
+    """What a worker runs (called on each worker through ``client.run``): spmlkit's and
+    torch's versions; the driver refuses a worker whose differ from its own (results of two
+    code versions in one store)."""
+    import torch
+
+    import spmlkit
+
+    return {"spmlkit": spmlkit.__version__, "torch": torch.__version__.split("+")[0]}
+
+
 class SchedulerLost(ConnectionError):
     """The Dask scheduler went away while the tasks ran (the connection to it closed)."""
 
@@ -364,6 +379,55 @@ class DaskExecutor(Executor):
         if status not in ("running", "newly-created"):
             raise self.lost("the connection to it closed")
 
+    def check_workers(self, checked: set) -> int:
+        """The worker threads connected now, every new worker's versions checked against this
+        process's first (`worker_versions`; ``checked``: the worker addresses already
+        checked, updated). A worker that runs another spmlkit or torch version, or cannot
+        import spmlkit, is refused (``ValueError`` naming it)."""
+        try:
+            threads = self.client.nthreads()
+        except (OSError, TimeoutError) as err:
+            raise self.lost(f"{type(err).__name__}: {err}") from None
+        new = sorted(set(threads) - checked)
+        if new:
+            mine = worker_versions()
+            try:
+                theirs = self.client.run(worker_versions, workers=new, on_error="return")
+            except (OSError, TimeoutError) as err:
+                raise self.lost(f"{type(err).__name__}: {err}") from None
+            for worker, got in theirs.items():
+                if isinstance(got, BaseException):
+                    raise ValueError(f"the Dask worker {worker} cannot run spmlkit's tasks "
+                                       f"({type(got).__name__}: {got}): install spmlkit "
+                                       f"{mine['spmlkit']} there (the driver's version)")
+                if got != mine:
+                    raise ValueError(f"the Dask worker {worker} runs spmlkit "
+                                       f"{got.get('spmlkit')} with torch {got.get('torch')}, "
+                                       f"this driver spmlkit {mine['spmlkit']} with torch "
+                                       f"{mine['torch']}: one study's results must come from "
+                                       f"one version; install the same versions on every "
+                                       f"worker")
+            checked.update(theirs)
+        return sum(threads.values())
+
+    def _no_worker(self, threads: int, since, waiting: int):
+        """``None`` while workers are there; else when they were last seen, said once, and
+        `NoWorkers` once that is ``connect_timeout`` seconds ago."""
+        if threads:
+            return None
+        now = time.monotonic()
+        if since is None:
+            log.warning("no Dask worker is connected to the scheduler %s; %d task(s) wait for "
+                        "one (start `dask worker %s`); giving up after %g s",
+                        self.address(), waiting, self.address(), self.connect_timeout)
+            return now
+        if now - since > self.connect_timeout:
+            raise NoWorkers(f"no Dask worker connected to the scheduler {self.address()} in "
+                            f"{self.connect_timeout:g} s (--connect-timeout): start workers "
+                            f"(dask worker {self.address()}) and run the same command again; "
+                            f"finished runs are kept")
+        return since
+
     def worker_pids(self) -> dict:
         """``{worker address: process id}`` of the workers now."""
         return self.client.run(os.getpid)
@@ -387,6 +451,8 @@ class DaskExecutor(Executor):
                                         raise_errors=False)
         counted, slots = 0.0, 1
         lost = False
+        checked: set = set()  # the workers whose versions were checked
+        idle_since = None  # when the cluster was last seen without a worker
         try:
             while todo or pending:
                 try:
@@ -394,8 +460,11 @@ class DaskExecutor(Executor):
                 except SchedulerLost:
                     lost = True
                     raise
-                if todo and time.monotonic() - counted > RECOUNT_SECONDS:
-                    counted, slots = time.monotonic(), self.slots()
+                if time.monotonic() - counted > RECOUNT_SECONDS:
+                    counted = time.monotonic()
+                    slots = self.check_workers(checked)
+                    idle_since = self._no_worker(slots, idle_since, len(todo) + len(pending))
+                    slots = max(1, slots)
                 while todo and len(pending) < slots:
                     i = todo.popleft()
                     future = client.submit(fn, tasks[i], pure=False)
@@ -445,5 +514,5 @@ class DaskExecutor(Executor):
             self.close()
 
 
-__all__ = ["DaskExecutor", "SchedulerLost", "address_from_file", "check_address",
+__all__ = ["DaskExecutor", "NoWorkers", "SchedulerLost", "address_from_file", "check_address",
            "import_distributed", "local_cluster", "probe_scheduler"]

@@ -556,11 +556,11 @@ def write_report(study_dir, out=None, *, force: bool = False) -> Path:
 
     Args:
         study_dir: a study folder (``study.yaml``, ``results.sqlite``, ``launches.jsonl``,
-            ``runs/<run_id>/metrics.jsonl``), read by
-            [`open_study`][spmlkit.experiments.study.folder.open_study].
-        out: the HTML file to write (default ``<study_dir>/report.html``). When it exists,
-            the next free name is written (``report-2.html``).
-        force: replace ``out`` instead.
+            ``runs/<run_id>/metrics.jsonl``), read by `open_study`.
+        out: the HTML file to write (default ``<study_dir>/report.html``). An existing file
+            is an error (`spmlkit.runs.write_output`).
+        force: replace an existing ``out`` (a regular file; never a link, a device, a FIFO,
+            a folder, a run's or study's own file).
 
     Raises:
         FileNotFoundError: ``study_dir`` or its ``study.yaml`` is missing.

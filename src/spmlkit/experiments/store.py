@@ -27,10 +27,13 @@ current spec's runs.
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import math
+import os
 import sqlite3
+import stat
 import time
 from pathlib import Path
 
@@ -78,6 +81,36 @@ def _group_key(row: dict) -> tuple:
                  (1, 0, "" if row[c] in (None, "{}") else str(row[c])) for c in GROUP)
 
 
+def _check_own_file(path: Path) -> None:
+    """`spmlkit.runs.check_own_file` (a link, a device, a FIFO where the store keeps a
+    file is refused, never opened through), repeated here: this module imports only the
+    standard library (a worker loads it alone)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if not stat.S_ISREG(mode):
+        what = ("a symbolic link" if stat.S_ISLNK(mode) else "a FIFO (named pipe)"
+                if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or
+                stat.S_ISBLK(mode) else "not a regular file")
+        raise FileExistsError(errno.EEXIST, f"is {what} where spmlkit keeps its own file; "
+                              f"spmlkit never writes through or over it (was this folder "
+                              f"handed to you? remove it, or start a new folder)", str(path))
+
+
+def _full_disk(path: Path, err: Exception) -> None:
+    """A full disk (or a read-only one) is said as such, naming the store, never called damage:
+    the transaction was rolled back, the store is as it was."""
+    text = str(err).lower()
+    if "disk is full" in text:
+        raise OSError(errno.ENOSPC, f"No space left on the disk (SQLite: {err}); the store is "
+                      f"unchanged (the write was rolled back): free space and re-run the same "
+                      f"command", str(path)) from None
+    if "readonly" in text or "read-only" in text:
+        raise OSError(errno.EROFS, f"cannot be written: the folder or its disk is read-only "
+                      f"(SQLite: {err}); the store is unchanged", str(path)) from None
+
+
 class StudyStore:
     """One study's ``results.sqlite`` (see the module docstring).
 
@@ -85,17 +118,31 @@ class StudyStore:
         path: the SQLite file; created with its folder and the ``runs`` table when missing.
         timeout: seconds a writer waits for another one's lock (SQLite's busy timeout).
 
+        read_only: only read: the file must exist and hold the ``runs`` table; opened
+            read-only (SQLite ``mode=ro``, or ``immutable=1`` where the folder cannot be
+            written, e.g. a read-only disk), so nothing is created next to it.
+
     Raises:
         ValueError: the file cannot be opened, or is not an SQLite database (damaged, or another
-            file under that name); the message names it.
+            file under that name), or (``read_only``) is empty or has no ``runs`` table; the
+            message names it.
+        FileExistsError: the file (or its ``-wal`` / ``-shm`` / ``-journal`` side file) is a
+            link, a device, a FIFO: never opened through (`spmlkit.runs.check_own_file`).
     """
 
-    def __init__(self, path, timeout: float = 60.0):
+    def __init__(self, path, timeout: float = 60.0, *, read_only: bool = False):
         self.path = Path(path)
         self.timeout = float(timeout)
-        if self.path.exists() and not self.path.is_file():
+        self.read_only = read_only
+        self._uri = None
+        if self.path.is_dir() and not self.path.is_symlink():
             raise ValueError(f"{self.path} is a folder, not a results store (an SQLite file); "
                              f"move it aside")
+        for side in ("", "-wal", "-shm", "-journal"):  # SQLite writes them all: no links
+            _check_own_file(Path(f"{self.path}{side}"))
+        if read_only:
+            self._open_read_only()
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         con = self._connect()
         try:
@@ -103,6 +150,7 @@ class StudyStore:
             with con:
                 con.execute(_SCHEMA)
         except sqlite3.DatabaseError as err:  # the first statement that reads the file
+            _full_disk(self.path, err)
             if isinstance(err, sqlite3.OperationalError) and "locked" in str(err):
                 raise
             raise ValueError(f"{self.path} is not a usable results store ({err}): a damaged "
@@ -111,9 +159,43 @@ class StudyStore:
         finally:
             con.close()
 
+    def _open_read_only(self) -> None:
+        """Open for reading only (``mode=ro``, else ``immutable=1``), checking the table."""
+        from urllib.parse import quote
+
+        if not self.path.is_file():
+            raise FileNotFoundError(errno.ENOENT, "the results store is missing: the study has "
+                                    "not run yet", str(self.path))
+        if self.path.stat().st_size == 0:
+            raise ValueError(f"{self.path} is empty (0 bytes), not a results store: restore it "
+                             f"from a copy, or move it aside and re-run the study")
+        base = f"file:{quote(str(self.path.resolve()))}"
+        last = None
+        for mode in ("mode=ro", "immutable=1"):  # immutable: a folder nothing can be written in
+            self._uri = f"{base}?{mode}"
+            try:
+                con = self._connect()
+                try:
+                    found = con.execute("SELECT name FROM sqlite_master WHERE type='table' "
+                                        "AND name='runs'").fetchone()
+                finally:
+                    con.close()
+            except (ValueError, sqlite3.OperationalError) as err:
+                last = err
+                continue
+            except sqlite3.DatabaseError as err:
+                raise ValueError(f"{self.path} is not a usable results store ({err}): a "
+                                 f"damaged file or another file under that name; restore it "
+                                 f"from a copy") from None
+            if found is None:
+                raise ValueError(f"{self.path} has no runs table: not a study's results store")
+            return
+        raise ValueError(f"cannot read the results store {self.path}: {last}")
+
     def _connect(self) -> sqlite3.Connection:
         try:
-            con = sqlite3.connect(self.path, timeout=self.timeout)
+            con = sqlite3.connect(self._uri, timeout=self.timeout, uri=True) if self._uri else \
+                sqlite3.connect(self.path, timeout=self.timeout)
         except sqlite3.Error as err:
             raise ValueError(f"cannot open the results store {self.path}: {err}") from None
         con.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
@@ -164,6 +246,7 @@ class StudyStore:
                             return con.executemany(sql, values).rowcount
                         return con.execute(sql, values).rowcount
                 except sqlite3.OperationalError as err:
+                    _full_disk(self.path, err)
                     if "locked" not in str(err) or attempt == 4:
                         raise
                     time.sleep(0.05 * (attempt + 1))
@@ -182,9 +265,17 @@ class StudyStore:
         sql = "SELECT * FROM runs" + (f" WHERE {clause}" if clause else "") + " ORDER BY run_id"
         con = self._connect()
         try:
-            return [dict(r) for r in con.execute(sql, [_cell(c, v) for c, v in where.items()])]
+            rows = [dict(r) for r in con.execute(sql, [_cell(c, v) for c, v in where.items()])]
         finally:
             con.close()
+        for row in rows:  # a number column holding text (an edited store) is named, not dropped
+            for c in _TYPES:
+                if isinstance(row.get(c), (str, bytes)):
+                    raise ValueError(f"{self.path}: run {row.get('run_id')!r}: {c} is "
+                                     f"{row[c]!r}, not a number (the store was edited or is "
+                                     f"damaged); restore it from a copy, or delete the row and "
+                                     f"re-run the study")
+        return rows
 
     def run_ids(self, status: str | None = None) -> set:
         """The run ids in the store (with that status, if given)."""
@@ -206,9 +297,10 @@ class StudyStore:
                            if keep is None or r["run_id"] in keep)
 
     # ---- export -------------------------------------------------------------------------------
-    def export(self, path, fmt: str = "csv", selected: bool = False) -> Path:
-        """Write the stored rows (every row, or `selected`) to ``path`` atomically,
-        replacing the file.
+    def export(self, path, fmt: str = "csv", selected: bool = False, *,
+               force: bool = False) -> Path:
+        """Write the stored rows (every row, or `selected`) to ``path`` atomically, by the
+        writer rule (`spmlkit.runs.write_output`: an existing file only with ``force``).
 
         This is the store alone: it knows no spec, so after a study folder was re-run with a
         changed spec it holds the earlier spec's rows too. ``spml study export`` writes through
@@ -216,11 +308,10 @@ class StudyStore:
         never over an existing file). ``fmt``: see `format_rows`. The paper-style table is
         `spmlkit.experiments.tables.study_table`.
         """
-        from ..runs import write_text
+        from ..runs import write_output
 
         rows = self.selected() if selected else self.rows()
-        write_text(path, format_rows(rows, fmt))
-        return Path(path)
+        return write_output(path, format_rows(rows, fmt), force=force)
 
 
 def selection_value(row: dict, metric: str = "map"):

@@ -11,8 +11,10 @@ settings; [`load_run_model`][spmlkit.methods.driver.load_run_model] rebuilds a f
 """
 from __future__ import annotations
 
+import contextlib
 import platform
 import time
+from pathlib import Path
 from dataclasses import asdict
 
 import numpy as np
@@ -288,6 +290,17 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
     config, hparams, loss_fn, k = _run_settings(method, splits, loss, hparams, config, k,
                                                 options, resume)
     is_main = dist_utils.current_context(config.device).is_main
+    with contextlib.ExitStack() as held:
+        if resume is not None and is_main and Path(resume).is_dir():  # one process at a time
+            held.enter_context(RunDir(resume).locked())
+        return _train_run(method, splits, loss, hparams, loss_fn, config, k, options,
+                          dataset_options, out, run_name, on_epoch, resume, checkpoint_seconds,
+                          is_main)
+
+
+def _train_run(method, splits, loss, hparams, loss_fn, config, k, options, dataset_options, out,
+               run_name, on_epoch, resume, checkpoint_seconds, is_main) -> dict:
+    """`train_run` once its settings are resolved (and a resumed folder locked)."""
     run, state = None, None
     if resume is not None:
         run = RunDir(resume)
@@ -585,6 +598,12 @@ def load_run_model(run, device: str = "cpu") -> tuple[torch.nn.Module, dict]:
     best = run.best()
     mode = best.get("mode", run.config.get("mode", "linear"))
     model, info = get_method(mode).load_model(best, run.config)
+    bad = [name for name, t in model.state_dict().items()
+           if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:  # its predictions would be NaN, every one
+        raise ValueError(f"{run.path / 'best.pt'}: the model's weights hold NaN or inf "
+                         f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); the file is "
+                         f"damaged or was edited: train the run again")
     info = {"mode": mode, "class_names": list(best["class_names"]),
             "num_classes": int(best["num_classes"]), "config": run.config,
             "checkpoint": {k: v for k, v in best.items() if k != "model"},

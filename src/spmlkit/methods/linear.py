@@ -81,9 +81,13 @@ class _EpochProbs:
     def __init__(self, folder, epochs: int, shape: tuple):
         import tempfile
 
+        from ..runs import preallocate
+
+        shape = (max(int(epochs), 1), *shape)
         with tempfile.TemporaryFile(prefix=".train-probs-", dir=folder) as f:
-            self.array = np.memmap(f, dtype=np.float16, mode="w+",
-                                   shape=(max(int(epochs), 1), *shape))
+            # reserved first: a full disk is an error naming the file, not a SIGBUS later
+            preallocate(f.fileno(), 2 * int(np.prod(shape)), Path(folder) / TRAIN_PROBS_FILE)
+            self.array = np.memmap(f, dtype=np.float16, mode="w+", shape=shape)
         self.count = 0
 
     def add(self, model, x) -> None:
@@ -102,7 +106,17 @@ MAX_TRAIN_PROBS_BYTES = 8 * 2**30
 
 def check_run(splits, config, options: dict, resume=None) -> None:
     """``save_train_probs`` refused where it cannot work (a resume; more than
-    `MAX_TRAIN_PROBS_BYTES` of probabilities), before the run folder is made."""
+    `MAX_TRAIN_PROBS_BYTES` of probabilities), an MLP head that cannot fit in memory,
+    before the run folder is made."""
+    if options["head"] == "mlp":  # weights, gradients, two Adam moments; a batch's activations
+        from ..resources import check_memory
+
+        d, n_labels, hidden = splits.train.x.shape[1], splits.observed.shape[1], \
+            int(options["hidden"])
+        params = (d + 1) * hidden + (hidden + 1) * n_labels
+        check_memory(4 * (4 * params + 3 * config.batch_size * hidden),
+                     f"an MLP head with hidden={hidden} ({params:,} weights)",
+                     "give a smaller --hidden (the tabular protocol uses 256)")
     if not options["save_train_probs"]:
         return
     if resume is not None:

@@ -3,7 +3,7 @@
 Figures use matplotlib's object-oriented API on the Agg canvas (no pyplot, no global backend
 switch); matplotlib is imported only when a figure is drawn. `save_figure` writes PNG, or
 SVG for a ``.svg`` path, atomically and never over an existing file unless ``force``
-(`spmlkit.runs.write_output`: ``curves.png`` exists, ``curves-2.png`` is written).
+(`spmlkit.runs.write_output`: an existing ``curves.png`` is an error).
 """
 from __future__ import annotations
 
@@ -43,9 +43,8 @@ def new_canvas(figsize):
 
 
 def save_figure(fig, out, *, force: bool = False) -> Path:
-    """Write ``fig`` to ``out`` (PNG, or SVG for a ``.svg`` path) atomically; returns the path
-    written: ``out``, or the next free name (``out-2.png``) when ``out`` exists and ``force`` is
-    False."""
+    """Write ``fig`` to ``out`` (PNG, or SVG for a ``.svg`` path) atomically; returns ``out``;
+    an existing ``out`` is an error unless ``force`` (`spmlkit.runs.write_output`)."""
     out = Path(out)
     suffix = out.suffix.lower()
     if suffix not in FIGURE_SUFFIXES:

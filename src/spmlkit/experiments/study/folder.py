@@ -2,6 +2,7 @@
 ([`open_study`][spmlkit.experiments.study.folder.open_study])."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,7 +135,8 @@ class StudyFolder:
         """Write the current spec's rows (or the selected ones; or, with ``include_stale``,
         every stored row) as ``csv`` / ``json`` / ``markdown`` / ``latex``
         (`spmlkit.experiments.store.format_rows`) to ``path``, atomically; an existing
-        file is kept and the next free name written unless ``force``. Returns the path written.
+        file is an error unless ``force`` (`spmlkit.runs.write_output`). Returns the path
+        written.
         """
         from ...runs import write_output
         from ..store import format_rows
@@ -166,7 +168,9 @@ def open_study(out) -> StudyFolder:
     text = (out / SPEC_FILE).read_text(encoding="utf-8")
     run_ids = [t.run_id for t in expand(spec)]
     db = out / RESULTS_FILE
-    stored = StudyStore(db).rows() if db.exists() else []  # a folder there: refused
+    # read-only (a study on a read-only disk reads; nothing is created next to the store);
+    # a folder, a link, an empty file there: refused
+    stored = StudyStore(db, read_only=True).rows() if os.path.lexists(db) else []
     current = set(run_ids)
     rows = [r for r in stored if r["run_id"] in current]
     stale = [r for r in stored if r["run_id"] not in current]

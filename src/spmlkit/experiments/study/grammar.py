@@ -30,7 +30,11 @@ def parse_methods(losses, references=("bce", "iun"), regime: str = "1p") -> list
     from ...losses.regularizers import parse_regularizers
 
     if isinstance(losses, str):
+        given = losses
         losses = [s.strip() for s in losses.split(",") if s.strip()]
+        if not losses:
+            raise ValueError(f"no loss given ({given!r}: an empty --losses or methods list): "
+                             f"name them, comma-separated (an,epr), or 'all'")
     every = [n for n in LOSSES.names()
              if n != "bce" and not getattr(LOSSES.get(n).factory, "needs_scores", False)]
     losses = [name for spec in losses for name in (every if spec == "all" else [spec])]

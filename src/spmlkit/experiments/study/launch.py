@@ -8,12 +8,13 @@ import json
 import os
 import shutil
 import signal
+import sys
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...runs import make_folder, write_text
+from ...runs import append_own, make_folder, own_folder, write_text
 from ..pool import InProcessExecutor, LocalExecutor, default_jobs, run_tasks
 from ..store import StudyStore
 from .expand import RunTask, expand
@@ -44,7 +45,9 @@ def _study_lock(out: Path):
     except ImportError:  # not POSIX: no lock
         yield
         return
-    fh = open(out / ".lock", "a+")
+    from ...runs import open_own
+
+    fh = os.fdopen(open_own(out / ".lock", os.O_RDWR | os.O_CREAT), "r+")
     try:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -328,9 +331,12 @@ class Launch:
         """Write the spec, open the store, and find the runs to do (not done; not failed
         either, unless ``retry_failed``), the longest first."""
         write_text(self.out / SPEC_FILE, self.spec.to_yaml())
-        make_folder(self.runs_root)  # a file in its place: refused here, not by every run
+        own_folder(self.runs_root)  # a file or a link there: refused here, not by every run
         self.store = StudyStore(self.out / RESULTS_FILE)
         self.tasks = expand(self.spec)
+        for where in _cache_dirs_outside(self.tasks, self.out):
+            print(f"note: the spec's cache_dir: feature stores are read and written in {where} "
+                  f"(outside the study folder)", file=sys.stderr)
         status = {r["run_id"]: r["status"] for r in self.store.rows()}
         skip = {"done"} if self.options.retry_failed else {"done", "failed"}
         self.todo = [t for t in self.tasks if status.get(t.run_id) not in skip]
@@ -377,8 +383,7 @@ class Launch:
                         "runs_done_before": len(self.tasks) - len(self.todo), "runs_run": 0,
                         "failures": 0, "seconds": None, "jobs": self.jobs, "executor": where,
                         "versions": versions()}
-        with open(self.launches, "a") as fh:
-            fh.write(json.dumps(self.launch_record) + "\n")
+        append_own(self.launches, json.dumps(self.launch_record) + "\n")
 
     def prepare(self) -> None:
         """Before the workers start: the trash of stale run folders goes (when empty), image
@@ -469,6 +474,21 @@ def planned_epochs(task) -> int:
     """A run's share of a launch's work for its progress bar: the epochs it may train
     (``train["epochs"]``, at least 1; early stopping ends some sooner)."""
     return max(1, int(task.train.get("epochs") or 1))
+
+
+def _cache_dirs_outside(tasks, out: Path) -> list[Path]:
+    """The feature-store folders a spec names (``cache_dir`` in a dataset's options, its
+    ``features`` or the mode's options) outside the study folder: a spec received from someone
+    else writes there, so a launch says where."""
+    found = set()
+    for t in tasks:
+        opts = t.dataset_options or {}
+        for value in (opts.get("cache_dir"), (opts.get("features") or {}).get("cache_dir"),
+                      (t.mode_options or {}).get("cache_dir")):
+            if value:
+                found.add(Path(value).expanduser().resolve())
+    inside = Path(out).resolve()
+    return sorted(p for p in found if p != inside and inside not in p.parents)
 
 
 def _prepare_features(spec: StudySpec, todo, progress: bool = True) -> None:

@@ -63,6 +63,10 @@ def _mapping(value, source: str, key: str) -> dict:
 def _check_k(value, source: str, key: str):
     if value == "true":
         return value
+    if isinstance(value, bool):  # YAML reads a bare true / false as a boolean
+        _fail(source, key, f"got the boolean {str(value).lower()}: for the train split's mean "
+                           f"write the word in quotes, k: 'true' (YAML reads a bare true as a "
+                           f"boolean), or give a number")
     if isinstance(value, str):
         from ...methods.contract import interval_position
 

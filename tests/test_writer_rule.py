@@ -1,0 +1,248 @@
+"""The one writer rule (DESIGN convention 13), per command that writes, from the command line.
+
+An output the user names (``predict --out``, ``report --out``, ``figure --out``, ``study export
+--output``, ``analyze --out``) never replaces an existing file without ``--force``, and never,
+``--force`` or not, a device, a FIFO, a link, a folder, a run's or study's own file or the
+command's input. Inside spmlkit's own folders (a study's ``.lock`` / ``launches.jsonl`` /
+``results.sqlite`` / ``runs``, a feature store's files, a run folder's files) nothing is written
+through a link or into a device or FIFO someone planted: the command stops and names it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+
+import numpy as np
+import pytest
+
+from spmlkit.cli import main
+
+KINDS = ("device", "fifo", "link", "file")
+
+
+def plant(path, kind):
+    """Put a ``kind`` at ``path``; returns ``(watched path, its state)`` to compare after."""
+    if kind == "device":
+        if os.geteuid() != 0:
+            pytest.skip("a device node needs root (os.mknod)")
+        try:
+            os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))  # what /dev/null is
+        except PermissionError:
+            pytest.skip("no permission to make a device node here")
+        watched = path
+    elif kind == "fifo":
+        os.mkfifo(path)
+        watched = path
+    elif kind == "link":
+        watched = path.parent.parent / f"victim-{path.name}"
+        watched.write_text("the user's file\n")
+        os.symlink(watched, path)
+    elif kind == "folder":
+        path.mkdir()
+        watched = path
+    else:
+        path.write_text("the user's file\n")
+        watched = path
+    return watched, state(watched)
+
+
+def state(path):
+    st = os.lstat(path)
+    return stat.S_IFMT(st.st_mode), path.read_bytes() if stat.S_ISREG(st.st_mode) else None
+
+
+def no_temporary_files(folder):
+    return not [n for n in os.listdir(folder) if n.endswith(".tmp")]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A finished run, a finished study, new features to predict."""
+    from spmlkit.data import load_dataset
+
+    base = tmp_path_factory.mktemp("writers")
+    assert main(["train", "--epochs", "1", "--out", str(base / "runs"), "--quiet"]) == 0
+    (run,) = (base / "runs").iterdir()
+    assert main(["study", "run", "smoke", "--out", str(base / "study"), "--jobs", "1",
+                 "--quiet", "--set", "epochs=1", "methods=[an]"]) == 0
+    np.save(base / "new.npy", load_dataset("yeast").test.x[:5])
+    return {"run": run, "study": base / "study", "new": base / "new.npy"}
+
+
+# ---- outputs the user names --------------------------------------------------------------------
+def _output_argv(command, w, out):
+    return {"predict": ["predict", str(w["run"]), str(w["new"]), "--out", str(out)],
+            "report": ["report", str(w["study"]), "--out", str(out)],
+            "export": ["study", "export", str(w["study"]), "--format", "csv", "--output",
+                       str(out)],
+            "figure": ["figure", "curves", str(w["run"]), "--out", str(out)],
+            "analyze": ["analyze", "ap-diff", str(w["run"]), str(w["run"]), "--out", str(out)],
+            }[command]
+
+
+SUFFIX = {"predict": ".csv", "report": ".html", "export": ".csv", "figure": ".png",
+          "analyze": ".png"}
+SAYS = {"device": "is a device, not a regular file", "fifo": "is a FIFO (named pipe)",
+        "link": "is a symbolic link", "folder": "is a folder",
+        "file": "exists; pass --force to replace it, or choose another name"}
+
+
+@pytest.mark.parametrize("command", list(SUFFIX))
+@pytest.mark.parametrize("kind", [*KINDS, "folder"])
+def test_an_output_never_replaces_what_is_there(world, tmp_path, capsys, command, kind):
+    out = tmp_path / "sub" / f"out{SUFFIX[command]}"
+    out.parent.mkdir()
+    watched, before = plant(out, kind)
+    force = [] if kind == "file" else ["--force"]  # --force does not open the others
+    capsys.readouterr()
+    assert main([*_output_argv(command, world, out), *force]) == 2
+    err = capsys.readouterr().err
+    assert f"{out}: {SAYS[kind]}" in err and err.count("\n") == 1, err
+    assert state(watched) == before
+    assert sorted(os.listdir(out.parent)) == [out.name]  # no numbered copy, no temporary file
+    if kind == "file":  # the user says so: replaced
+        assert main([*_output_argv(command, world, out), "--force"]) == 0
+        assert out.read_bytes() != before[1]
+
+
+@pytest.mark.parametrize("own", ["best.pt", "config.json", "metrics.jsonl", "thresholds.json"])
+def test_predict_never_replaces_the_runs_own_files(world, tmp_path, capsys, own):
+    run = shutil.copytree(world["run"], tmp_path / "run")
+    before = (run / own).read_bytes()
+    assert main(["predict", str(run), str(world["new"]), "--out", str(run / own),
+                 "--force"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run / own}: is a file of spmlkit's own folder {run}" in err
+    assert (run / own).read_bytes() == before
+    assert main(["predict", str(run), str(world["new"])]) == 0  # the run still works
+
+
+def test_predict_never_replaces_its_input(world, tmp_path, capsys):
+    inp = str(shutil.copy(world["new"], tmp_path / "new.npy"))
+    before = open(inp, "rb").read()
+    assert main(["predict", str(world["run"]), inp, "--out", inp, "--force"]) == 2
+    assert f"{inp}: is an input of this command" in capsys.readouterr().err
+    assert open(inp, "rb").read() == before
+
+
+def test_export_never_replaces_the_studys_store(world, tmp_path, capsys):
+    study = shutil.copytree(world["study"], tmp_path / "study")
+    before = (study / "results.sqlite").read_bytes()
+    assert main(["study", "export", str(study), "--format", "csv", "--output",
+                 str(study / "results.sqlite"), "--force"]) == 2
+    assert "is a file of spmlkit's own folder" in capsys.readouterr().err
+    assert (study / "results.sqlite").read_bytes() == before
+    assert main(["study", "status", str(study)]) == 0
+
+
+# ---- spmlkit's own folders, handed over with something planted ---------------------------------
+@pytest.mark.parametrize("name", [".lock", "launches.jsonl", "results.sqlite",
+                                  "results.sqlite-wal"])
+@pytest.mark.parametrize("kind", ["device", "fifo", "link"])
+def test_a_study_folder_with_something_planted(world, tmp_path, capsys, name, kind):
+    study = shutil.copytree(world["study"], tmp_path / "f" / "study")
+    if (study / name).exists():
+        (study / name).unlink()
+    watched, before = plant(study / name, kind)
+    code = main(["study", "run", str(study), "--out", str(study), "--jobs", "1", "--quiet",
+                 "--set", "epochs=1", "methods=[an,epr]"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{study / name}: is " in err and "never writes through" in err, err
+    assert state(watched) == before
+    assert not (study / "runs").exists() or len(os.listdir(study / "runs")) == 1  # no new run
+
+
+def test_a_study_whose_runs_folder_is_a_link(world, tmp_path, capsys):
+    study = shutil.copytree(world["study"], tmp_path / "study")
+    shutil.move(study / "runs", tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", study / "runs")
+    before = sorted(os.listdir(tmp_path / "elsewhere"))
+    assert main(["study", "run", str(study), "--out", str(study), "--jobs", "1", "--quiet",
+                 "--set", "epochs=1", "methods=[an,epr]"]) == 2
+    assert f"{study / 'runs'}: is a symbolic link" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path / "elsewhere")) == before
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "config.json", ".lock"])
+@pytest.mark.parametrize("kind", ["device", "fifo", "link"])
+def test_a_run_folder_resumed_with_something_planted(world, tmp_path, capsys, name, kind):
+    run = shutil.copytree(world["run"], tmp_path / "f" / "run")
+    (run / "final.json").unlink()
+    content = (run / name).read_bytes() if (run / name).exists() else None
+    if content is not None:
+        (run / name).unlink()
+    watched, before = plant(run / name, kind)
+    if kind == "link" and content is not None:  # the link leads to a copy of the real file
+        watched.write_bytes(content)
+        before = state(watched)
+    assert main(["train", "--resume", str(run), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run / name}: is " in err, err
+    assert state(watched) == before and no_temporary_files(run)
+
+
+def test_two_resumes_of_one_run_folder(world, tmp_path, capsys):
+    import fcntl
+
+    from spmlkit.runs import RunDir
+
+    run = shutil.copytree(world["run"], tmp_path / "run")
+    (run / "final.json").unlink()
+    with RunDir(run).locked():  # another process resuming it, as far as the lock can tell
+        assert main(["train", "--resume", str(run), "--quiet"]) == 2
+        assert f"{run} is being trained by another process" in capsys.readouterr().err
+        fd = os.open(run / ".lock", os.O_RDWR)
+        with pytest.raises(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(fd)
+    assert not (run / ".lock").exists()
+    assert main(["train", "--resume", str(run), "--quiet"]) == 0
+    assert (run / "final.json").is_file() and not (run / ".lock").exists()
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A feature cache holding the stores of a tiny image folder, and the command making it."""
+    from PIL import Image
+
+    base = tmp_path_factory.mktemp("cache")
+    rng = np.random.default_rng(0)
+    for name in ("cat", "dog", "fox"):
+        (base / "tree" / name).mkdir(parents=True)
+        for i in range(3):
+            Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(
+                base / "tree" / name / f"{i}.png")
+    argv = ["extract", "--dataset", "folder", "--data", f"root={base / 'tree'}", "--backbone",
+            "tiny_cnn", "--random-init", "--cache-dir", str(base / "cache"), "--workers", "0",
+            "--quiet"]
+    assert main(argv) == 0
+    return base / "cache", argv
+
+
+@pytest.mark.parametrize("name", ["features.npy", "done.npy", "meta.json", ".lock"])
+@pytest.mark.parametrize("kind", ["device", "fifo", "link"])
+def test_a_feature_cache_with_something_planted(cache, tmp_path, capsys, name, kind):
+    folder, argv = cache
+    mine = shutil.copytree(folder, tmp_path / "f" / "cache")
+    argv = [a if a != str(folder) else str(mine) for a in argv]
+    (store,) = [p for p in mine.iterdir() if "__n6__" in p.name]  # the pool's store
+    (store / "meta.json").write_text("{}")  # unfinished: extraction resumes into the store
+    (store / name).unlink(missing_ok=True)
+    watched, before = plant(store / name, kind)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{store / name}: is " in err and "never writes through" in err, err
+    assert state(watched) == before and no_temporary_files(store)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link"])
+def test_a_benchmark_folder_with_something_planted(tmp_path, capsys, kind):
+    out = tmp_path / "f" / "bench"
+    out.mkdir(parents=True)
+    watched, before = plant(out / "table.md", kind)
+    assert main(["benchmark", "--losses", "an", "--seeds", "1", "--epochs", "1", "--batch-sizes",
+                 "16", "--lrs", "1e-2", "--no-references", "--out", str(out), "--quiet"]) == 2
+    assert f"{out / 'table.md'}: is " in capsys.readouterr().err
+    assert state(watched) == before
