@@ -25,8 +25,10 @@ from spmlkit.methods.contract import COMMON_TRAIN_FIELDS
 #: bar (--quiet), torch threads (--threads), the device (--device: the same run elsewhere),
 #: resuming an existing folder (--resume: its own settings), worker processes and stacking
 #: (spml benchmark --jobs / --no-vectorise: the same results, faster), and the mode itself
+#: and what is printed (--verbose), or where the options come from (--config FILE: each option
+#: it holds is one of the options tested here)
 MODE_INDEPENDENT = {"out", "quiet", "threads", "device", "resume", "jobs", "no_vectorise",
-                    "mode", "help"}
+                    "mode", "help", "verbose", "config"}
 
 #: a value other than the default for each option (the flag alone for a switch)
 SAMPLES = {
@@ -47,6 +49,8 @@ SAMPLES = {
     "lr_schedule": ["--lr-schedule", "cosine"], "cpu_bf16": ["--cpu-bf16"],
     "linear_epochs": ["--linear-epochs", "3"], "linear_lr": ["--linear-lr", "0.01"],
     "save_train_probs": ["--save-train-probs"], "drop_last": ["--drop-last"],
+    "cudnn_benchmark": ["--cudnn-benchmark"], "compile": ["--compile", "default"],
+    "gpu_decode": ["--gpu-decode"],
     # spml benchmark
     "losses": ["--losses", "an,epr"], "no_references": ["--no-references"],
     "seeds": ["--seeds", "2"], "batch_sizes": ["--batch-sizes", "16"], "lrs": ["--lrs", "1e-2"],
@@ -103,7 +107,9 @@ def _given(argv, monkeypatch, splits) -> dict:
     """What ``spml train argv`` gives a run (its data arguments, resolved config, method
     options, loss, k), the run itself replaced by the checks it starts with; or the error."""
     import spmlkit.data
+    import spmlkit.features
     import spmlkit.methods
+    from spmlkit.accel import current_acceleration
     from spmlkit.cli.train import cmd_train
     from spmlkit.methods.driver import _run_settings
 
@@ -118,9 +124,11 @@ def _given(argv, monkeypatch, splits) -> dict:
         options = method.check_options(options)
         cfg, hp, _, k = _run_settings(method, sp, loss, hparams, config, k, options)
         seen["run"] = [loss, hp, dataclasses.asdict(cfg), k, options, dataset_options]
+        seen["acceleration"] = repr(current_acceleration())  # the block the run trains in
         return {}
 
     monkeypatch.setattr(spmlkit.data, "load_splits", load)
+    monkeypatch.setattr(spmlkit.features, "load_splits", load)  # what spml train calls
     monkeypatch.setattr(spmlkit.methods, "train_run", run)
     monkeypatch.setattr("spmlkit.cli.train._print_result", lambda args, res: 0)
     args = build_parser().parse_args(argv)

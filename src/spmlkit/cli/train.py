@@ -62,6 +62,8 @@ def cmd_train(args) -> int:
                              f"{args.dataset!r} has only {len(getattr(splits, split))} rows")
         k = resolve_k(f"estimate:{args.k_estimate}:point", splits, args.seed, report=True)
     device = args.device or ("cuda" if images and torch.cuda.is_available() else "cpu")
+    if accel.any:  # before any data is read or folder made
+        accel.check(device, f"--mode {method.name}")
     lr, why = (args.lr, None) if args.lr is not None else \
         default_lr(method, args.loss, splits.name)
     method_options = _method_options(args, method)
