@@ -10,6 +10,11 @@ A loss computes a per-entry matrix ``l`` (B x L) and, optionally, a scalar penal
 loss ignores still count in the denominator); ``"sum"`` returns ``B * L`` times that;
 ``"none"`` returns the B x L matrix ``l + penalty`` whose mean is the ``"mean"`` value.
 
+Observed negatives: ``neg_weight`` (default 1, no change) multiplies the O- entries of a loss
+whose per-entry matrix holds a known-negative term of its own there (``negative_entries``;
+`weigh_negatives`, `SPMLLoss.weighted_entries`); other losses refuse it. A loss defined on the
+whole batch (no per-entry matrix) offers ``reductions = ("mean",)`` and refuses the others.
+
 Everything is computed in float32 log space from logits (float64 input stays float64, see
 `as_compute`). ``eps`` (default 0) switches the logs of probabilities to the official
 ``log(p + eps)`` form; ``eps=1e-5`` reproduces the official values.
@@ -323,8 +328,9 @@ def masks(observed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 def weigh_negatives(mat: torch.Tensor, observed: torch.Tensor, neg_weight: float) -> torch.Tensor:
     """The per-entry loss ``mat`` with its observed-negative entries (``observed == -1``) times
-    ``neg_weight``: the extra weight on known negatives of the L48 benchmark's setting (Sun,
-    Maji, Van Horn 2025), for a loss whose O- entries hold their own term alone
+    ``neg_weight``: an extra weight on the known negatives, as for the L48 benchmark's extra
+    negatives (Sun, Maji, Van Horn 2025; its official code, which may weigh them otherwise,
+    could not be read: this is our form), for a loss whose O- entries hold their own term alone
     (`SPMLLoss.negative_entries`). ``neg_weight = 1`` returns ``mat`` itself (no operation, so
     existing results stay bit-identical).
 
