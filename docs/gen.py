@@ -198,6 +198,26 @@ def _provenance_lines(prov: dict) -> list:
     return lines
 
 
+def _partial_label_lines(entry, prov: dict) -> list:
+    """What a loss does with observed negatives (and whether it takes ``neg_weight``) and with
+    rows without an observed positive (docs/provenance.yaml's ``negatives`` / ``no_positive``);
+    its reductions when it does not offer all three."""
+    from spmlkit.losses.contract import REDUCTIONS
+
+    missing = [k for k in ("negatives", "no_positive") if not prov.get(k)]
+    if missing:
+        raise SystemExit(f"docs/provenance.yaml: loss {entry.name} has no {' / '.join(missing)} "
+                         f"(what it does with observed negatives / rows without a positive)")
+    weight = ("`--hp neg_weight=W` multiplies these terms (default 1)"
+              if entry.factory.negative_entries else "`neg_weight` is refused")
+    lines = [f"- Observed negatives (-1): {prov['negatives']}; {weight}.",
+             f"- Rows without an observed positive: {prov['no_positive']}."]
+    if tuple(entry.factory.reductions) != REDUCTIONS:
+        lines.append(f"- Reductions: {', '.join(code(r) for r in entry.factory.reductions)} "
+                     f"only (a loss on the whole batch).")
+    return lines
+
+
 def gen_catalogue() -> str:
     from spmlkit.losses import LOSSES, loss_hparams
     from spmlkit.methods import list_methods
@@ -225,7 +245,7 @@ def gen_catalogue() -> str:
         out.append(f"**{text(e.paper)}**{alias}. {text(e.description)}.\n")
         lines = []
         hp = {k: v for k, v in loss_hparams(e.name).items()
-              if k not in ("reduction",) and v is not inspect.Parameter.empty}
+              if k not in ("reduction", "neg_weight") and v is not inspect.Parameter.empty}
         if hp:
             lines.append("- Defaults: " + ", ".join(code(f"{k}={show(v)}")
                                                      for k, v in hp.items()) +
@@ -233,10 +253,14 @@ def gen_catalogue() -> str:
         for ds, values in e.dataset_defaults.items():
             lines.append(f"- Official values on `{ds}`: " +
                          ", ".join(code(f"{k}={show(v)}") for k, v in values.items()) + ".")
+        lines += _partial_label_lines(e, prov["losses"][e.name])
         lines += _provenance_lines(prov["losses"][e.name])
         lines.append(f"- Source: `{e.factory.__module__.replace('.', '/')}.py` "
                      f"(`{e.factory.__name__}`).")
         out.append("\n".join(lines) + "\n")
+    out.append("### Not included\n")
+    out.append("\n".join(f"- {text(item['name'])}: {text(item['why'])}"
+                          for item in prov["not_included"]) + "\n")
     out.append("## Training methods\n")
     rows = [[f"[`{m.name}`](#mode-{m.name})", text(m.paper), text(m.inputs)]
             for m in list_methods()]

@@ -142,7 +142,23 @@ def test_official_eps_option(name):
     torch.testing.assert_close(out, call(exact, logits, obs, idx), rtol=1e-2, atol=1e-3)
 
 
+def _offers(name, reduction) -> bool:
+    return reduction in LOSSES.get(name).factory.reductions
+
+
+def test_reductions_not_offered_are_refused(name):
+    """A loss defined on the whole batch (no per-entry matrix: ``vpu``) declares the
+    reductions it offers; the others raise a ValueError that says why, at construction."""
+    refused = [r for r in ("mean", "sum", "none") if not _offers(name, r)]
+    assert _offers(name, "mean"), f"{name}: every loss offers 'mean'"
+    for reduction in refused:
+        with pytest.raises(ValueError, match="whole batch"):
+            create_loss(name, reduction=reduction, **_given(name))
+
+
 def test_none_reduction_shape_and_mean(name):
+    if not _offers(name, "none"):
+        pytest.skip(f"{name} offers {LOSSES.get(name).factory.reductions} only")
     mean_loss, obs_all = build(name, "mean")
     none_loss, _ = build(name, "none")
     sum_loss, _ = build(name, "sum")
@@ -183,7 +199,7 @@ def test_finite_at_extreme_logits(name):
 
 
 def test_empty_batch(name):
-    for reduction in ("mean", "sum", "none"):
+    for reduction in [r for r in ("mean", "sum", "none") if _offers(name, r)]:
         loss, obs_all = build(name, reduction)
         logits = torch.zeros(0, L, requires_grad=True)
         idx = torch.zeros(0, dtype=torch.long)
@@ -348,3 +364,61 @@ def test_observed_values_outside_the_encoding_raise(name, bad, dtype):
     with pytest.raises(ValueError, match=rf"found \[{'nan' if bad != bad else bad}\] "
                                          rf"\(first at batch row 2\)"):
         call(loss, logits, broken, idx)
+
+
+# ------------------------------------------------------------------ known negatives ----------
+def _with_negatives(seed=0):
+    """Observed labels with known negatives: one positive and one negative per row
+    (``1p_1n``), and rows without a positive (section "rows without a positive" below)."""
+    obs = torch.as_tensor(make_observed(_train_full(seed), "1p_1n", seed=1200 + seed)).long()
+    obs[0] = -1          # a "none of these" row: every label a known negative
+    obs[1] = 0           # a background row: nothing observed
+    obs[2, obs[2] == 1] = 0  # a row with its one negative only
+    return obs
+
+
+def test_neg_weight_scales_the_observed_negatives_terms(name):
+    """``neg_weight=w`` multiplies the entries of the observed negatives (and nothing else)
+    for a loss whose O- entries hold their own term (``negative_entries``); the others refuse
+    it by name. ``neg_weight=1`` (the default) is the loss unchanged, bit for bit."""
+    factory = LOSSES.get(name).factory
+    obs_all = _with_negatives()
+    if not factory.negative_entries:
+        with pytest.raises(ValueError, match="takes no neg_weight"):
+            create_loss(name, neg_weight=2.5, **_given(name))
+        return
+    base, _ = build(name, observed=obs_all)
+    one, _ = build(name, observed=obs_all, neg_weight=1.0)
+    heavy, _ = build(name, observed=obs_all, neg_weight=2.5)
+    logits, obs, idx = batch(obs_all, 7)
+    assert (obs == -1).any() and (obs == 0).any()
+    mat, pen = base.entries(logits, obs, idx)
+    wmat, wpen = heavy.weighted_entries(logits, obs, idx)
+    torch.testing.assert_close(wmat, torch.where(obs == -1, 2.5 * mat, mat), rtol=1e-6, atol=0)
+    assert (pen is None) == (wpen is None)
+    expected = wmat.mean() + (0.0 if wpen is None else wpen)
+    torch.testing.assert_close(call(heavy, logits, obs, idx), expected, rtol=1e-6, atol=1e-7)
+    assert torch.equal(call(one, logits, obs, idx), call(base, logits, obs, idx))
+
+
+def test_neg_weight_must_be_a_number_at_least_zero(name):
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="neg_weight"):
+            create_loss(name, neg_weight=bad, **_given(name))
+
+
+# ------------------------------------------------------------------ rows without a positive --
+def test_rows_without_a_positive_give_a_finite_loss_and_gradient(name):
+    """Background rows (nothing observed), "none of these" rows (every label a known negative)
+    and rows with known negatives only are accepted by every loss, in the train split and in a
+    batch, alone or beside rows with a positive: a finite value and gradient
+    (docs/methods/catalogue.md says per loss what they do)."""
+    obs_all = _with_negatives()
+    loss, _ = build(name, observed=obs_all)
+    logits, obs, idx = batch(obs_all, 8)
+    for rows in (torch.tensor([0, 1, 2, 3, 4, 5]), torch.tensor([0, 1, 2])):
+        s = logits[: len(rows)].clone().requires_grad_(True)
+        out = call(loss, s, obs_all[rows], rows)
+        assert torch.isfinite(out), f"{name}: {out} on rows {rows.tolist()}"
+        out.backward()
+        assert torch.isfinite(s.grad).all(), f"{name}: non-finite gradient"

@@ -118,8 +118,10 @@ def closed_form(loss: SPMLLoss) -> bool:
     """Whether the engine takes ``loss``'s gradient in closed form: a
     `spmlkit.losses.SPMLLoss.closed_form` loss with exact logs (``eps`` 0), no state and no
     penalty on the head. Runs of such losses stack even when their losses, hyperparameters and
-    observed labels differ (AN, WAN, EPR, BCE on full labels, ... in one stack)."""
+    observed labels differ (AN, WAN, EPR, BCE on full labels, ... in one stack). A
+    ``neg_weight`` other than 1 takes the autograd path (`SPMLLoss.weighted_entries`)."""
     return bool(getattr(loss, "closed_form", False)) and loss.eps == 0 \
+        and getattr(loss, "neg_weight", 1.0) == 1 \
         and type(loss).penalty is SPMLLoss.penalty \
         and not any(True for _ in loss.parameters()) and not any(True for _ in loss.buffers())
 
@@ -486,7 +488,7 @@ def _autograd_step(model, stacked, xb, zb, idx, loss_params, seed):
     with torch.no_grad():
         logits = model(xb)
     logits.requires_grad_(True)
-    mat, pen = stacked.entries(logits, zb, idx)
+    mat, pen = stacked.weighted_entries(logits, zb, idx)
     values = mat.mean(dim=(1, 2))
     if pen is not None:
         values = values + pen

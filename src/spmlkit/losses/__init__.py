@@ -18,6 +18,7 @@ from . import large_loss, opml  # noqa: F401
 from . import robust  # noqa: F401  (GR, Hill, SPLC)
 from . import scorer  # noqa: F401  (em_pl, gpr: an external scorer's pseudo-labels)
 from . import crisp  # noqa: F401  (CRISP: class-prior estimation)
+from . import pu  # noqa: F401  (vpu: PU-MLC's variational PU loss)
 from .contract import HOOKS, SPMLLoss, TrainInfo, check_observed, hooks_driven, log_1mp, \
     log_p, observed_validated, soft_bce
 from .registry import LOSSES

@@ -24,6 +24,7 @@ class _BCEForm(SPMLLoss):
 
     stackable = True
     closed_form = True
+    negative_entries = True
 
     def entries(self, logits, observed, index):
         target, weight = self.bce_form(observed)

@@ -10,6 +10,11 @@ A loss computes a per-entry matrix ``l`` (B x L) and, optionally, a scalar penal
 loss ignores still count in the denominator); ``"sum"`` returns ``B * L`` times that;
 ``"none"`` returns the B x L matrix ``l + penalty`` whose mean is the ``"mean"`` value.
 
+Observed negatives: ``neg_weight`` (default 1, no change) multiplies the O- entries of a loss
+whose per-entry matrix holds a known-negative term of its own there (``negative_entries``;
+`weigh_negatives`, `SPMLLoss.weighted_entries`); other losses refuse it. A loss defined on the
+whole batch (no per-entry matrix) offers ``reductions = ("mean",)`` and refuses the others.
+
 Everything is computed in float32 log space from logits (float64 input stays float64, see
 `as_compute`). ``eps`` (default 0) switches the logs of probabilities to the official
 ``log(p + eps)`` form; ``eps=1e-5`` reproduces the official values.
@@ -321,6 +326,24 @@ def masks(observed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
             (observed == NEGATIVE).float())
 
 
+def weigh_negatives(mat: torch.Tensor, observed: torch.Tensor, neg_weight: float) -> torch.Tensor:
+    """The per-entry loss ``mat`` with its observed-negative entries (``observed == -1``) times
+    ``neg_weight``: an extra weight on the known negatives, as for the L48 benchmark's extra
+    negatives (Sun, Maji, Van Horn 2025; its official code, which may weigh them otherwise,
+    could not be read: this is our form), for a loss whose O- entries hold their own term alone
+    (`SPMLLoss.negative_entries`). ``neg_weight = 1`` returns ``mat`` itself (no operation, so
+    existing results stay bit-identical).
+
+    >>> weigh_negatives(torch.ones(1, 3), torch.tensor([[1, 0, -1]]), 2.0).tolist()
+    [[1.0, 1.0, 2.0]]
+    """
+    if neg_weight == 1:
+        return mat
+    scale = torch.where(observed == NEGATIVE, neg_weight, 1.0).to(device=mat.device,
+                                                                 dtype=mat.dtype)
+    return mat * scale
+
+
 @contextlib.contextmanager
 def observed_validated(loss: nn.Module):
     """Within the block, ``loss`` (and every [`SPMLLoss`][spmlkit.losses.contract.SPMLLoss] inside
@@ -413,20 +436,48 @@ class SPMLLoss(nn.Module):
     #: (``weight * (sigmoid(s) - target)``, and the count term's) instead of through autograd.
     #: A subclass that changes ``entries`` sets it back to False.
     closed_form = False
+    #: the reductions the loss offers (a loss computed over the whole batch, with no per-entry
+    #: matrix, offers ``("mean",)`` only and refuses the others)
+    reductions: tuple[str, ...] = REDUCTIONS
+    #: ``entries`` holds on each observed-negative entry (O-) that entry's own known-negative
+    #: term and nothing else, so ``neg_weight`` multiplies it (`weigh_negatives`); False: the
+    #: loss has no such term (it ignores O-, or mixes it into a row's or the batch's loss) and
+    #: refuses a ``neg_weight`` other than 1
+    negative_entries = False
 
-    def __init__(self, reduction: str = "mean", eps: float = 0.0):
+    def __init__(self, reduction: str = "mean", eps: float = 0.0, neg_weight: float = 1.0):
         super().__init__()
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        name = type(self).__name__
+        if reduction not in type(self).reductions:
+            offered = type(self).reductions
+            why = "" if offered == REDUCTIONS else (
+                f" ({name} is computed over the whole batch: it has no per-entry matrix to "
+                f"return or sum)")
+            raise ValueError(f"reduction must be one of {offered}, got {reduction!r}{why}")
         if eps < 0:
             raise ValueError(f"eps must be >= 0, got {eps}")
+        if isinstance(neg_weight, bool) or not math.isfinite(neg_weight) or neg_weight < 0:
+            raise ValueError(f"neg_weight (the weight of the observed negatives' loss terms) "
+                             f"must be a number >= 0, got {neg_weight!r}")
+        if neg_weight != 1 and not type(self).negative_entries:
+            raise ValueError(f"{name} takes no neg_weight (got {neg_weight}): it has no loss "
+                             f"term of its own on each observed negative to weigh (the methods "
+                             f"catalogue says what it does with observed negatives); leave "
+                             f"neg_weight at 1")
         self.reduction = reduction
         self.eps = float(eps)
+        self.neg_weight = float(neg_weight)
 
     # --- to implement -----------------------------------------------------------------------
     def entries(self, logits, observed, index):
         """Return ``(l, penalty)``: the B x L per-entry loss and a scalar (or None)."""
         raise NotImplementedError
+
+    def weighted_entries(self, logits, observed, index):
+        """`entries` with the observed negatives' entries times ``neg_weight``
+        (`weigh_negatives`): what ``forward`` and the vectorised engine reduce."""
+        mat, pen = self.entries(logits, observed, index)
+        return weigh_negatives(mat, observed, self.neg_weight), pen
 
     def bce_form(self, observed):
         """``(target, weight)`` of a `closed_form` loss for the observed labels (any
@@ -614,7 +665,7 @@ class SPMLLoss(nn.Module):
         if logits.shape[0] == 0:
             zero = logits.sum() * 0.0  # on the graph, never NaN
             return zero if self.reduction != "none" else logits * 0.0
-        mat, pen = self.entries(logits, observed, index)
+        mat, pen = self.weighted_entries(logits, observed, index)
         if self.reduction == "none":
             return mat if pen is None else mat + pen
         value = mat.mean() if pen is None else mat.mean() + pen

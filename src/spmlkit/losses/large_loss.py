@@ -127,6 +127,7 @@ class _LargeLoss(SPMLLoss):
     """Shared part of LL-R / LL-Ct / LL-Cp: AN BCE, the schedule of ``k``, the selection."""
 
     scheme = "r"
+    negative_entries = True  # O- is never selected: its entry is the AN term alone
 
     def __init__(self, delta_rel: float = 0.2, k_rounding: str = "exact", **kw):
         super().__init__(**kw)

@@ -216,7 +216,7 @@ class Regularized(SPMLLoss):
         return total
 
     def entries(self, logits, observed, index):
-        mat, pen = self.base.entries(logits, observed, index)
+        mat, pen = self.base.weighted_entries(logits, observed, index)
         extra = self.regularization(logits)
         return mat, extra if pen is None else pen + extra
 

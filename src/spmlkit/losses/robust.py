@@ -204,6 +204,7 @@ class GRLoss(SPMLLoss):
     """
 
     stackable = True
+    negative_entries = True
 
     def __init__(self, w0: float = 0.0, wT: float = 2.0, b0: float = -2.0, bT: float = -2.0,
                  mu0: float = 0.5, sigma0: float = 2.0, muT: float = 0.8, sigmaT: float = 0.5,
@@ -340,6 +341,7 @@ class HillLoss(SPMLLoss):
     """
 
     stackable = True
+    negative_entries = True
 
     def __init__(self, lamb: float = 1.5, margin: float = 1.0, gamma: float = 2.0, **kw):
         super().__init__(**kw)
@@ -401,6 +403,7 @@ class SPLCLoss(SPMLLoss):
     """
 
     stackable = True
+    negative_entries = True
 
     def __init__(self, tau: float = 0.6, change_epoch: int = 1, margin: float = 1.0,
                  gamma: float = 2.0, **kw):

@@ -314,6 +314,7 @@ class ScorerPseudoLabelLoss(SPMLLoss):
     resizable_state = ("pseudo",)
     name = "scorer"
     stackable = True
+    negative_entries = True
 
     def __init__(self, scores=None, score_type: str = "auto", threshold: float = 0.5,
                  neg_ratio: float = 0.0, temp: float = 0.01, **kw):

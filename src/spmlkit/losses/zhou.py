@@ -203,6 +203,7 @@ class EntropyMaximizationLoss(SPMLLoss):
     """
 
     stackable = True
+    negative_entries = True
 
     def __init__(self, alpha: float = 0.1, **kw):
         super().__init__(**kw)
@@ -478,6 +479,7 @@ class FocalLoss(SPMLLoss):
     """
 
     stackable = True
+    negative_entries = True
 
     def __init__(self, gamma: float = 2.0, **kw):
         super().__init__(**kw)
@@ -502,6 +504,7 @@ class AsymmetricLoss(SPMLLoss):
     """
 
     stackable = True
+    negative_entries = True
 
     def __init__(self, gamma_pos: float = 0.0, gamma_neg: float = 4.0, clip: float = 0.05,
                  **kw):
