@@ -965,7 +965,13 @@ def _id_paths():
     return hashed, kept
 
 
-def _changed(value):
+#: a value for the options a run's config leaves out at their default (weight decay 0)
+ABSENT = {"weight_decay": 0.01}
+
+
+def _changed(value, key=None):
+    if value is None and key in ABSENT:
+        return ABSENT[key]
     if isinstance(value, bool):
         return not value
     if isinstance(value, (int, float)):
@@ -980,7 +986,7 @@ def _with(config: dict, path: tuple):
     node = out
     for part in path[:-1]:
         node = node.setdefault(part, {})
-    node[path[-1]] = _changed(node.get(path[-1]))
+    node[path[-1]] = _changed(node.get(path[-1]), path[-1])
     return out
 
 

@@ -373,6 +373,14 @@ class DaskExecutor(Executor):
         return SchedulerLost(f"lost the Dask scheduler {self.address()} ({why}); the runs "
                              f"in flight are lost with it, the finished ones are kept")
 
+    def _lost_by(self, err: BaseException) -> SchedulerLost:
+        """`lost` for an error of a call to the scheduler: a closed connection (Dask's
+        ``CommClosedError``, an ``OSError``) said as `check_connected` says it, whichever
+        call met it first; a time-out with its text."""
+        if isinstance(err, OSError):
+            return self.lost("the connection to it closed")
+        return self.lost(f"{type(err).__name__}: {err}")
+
     def check_connected(self) -> None:
         """Raise `SchedulerLost` if the client lost its scheduler."""
         status = getattr(self.client, "status", "running")
@@ -387,14 +395,14 @@ class DaskExecutor(Executor):
         try:
             threads = self.client.nthreads()
         except (OSError, TimeoutError) as err:
-            raise self.lost(f"{type(err).__name__}: {err}") from None
+            raise self._lost_by(err) from None
         new = sorted(set(threads) - checked)
         if new:
             mine = worker_versions()
             try:
                 theirs = self.client.run(worker_versions, workers=new, on_error="return")
             except (OSError, TimeoutError) as err:
-                raise self.lost(f"{type(err).__name__}: {err}") from None
+                raise self._lost_by(err) from None
             for worker, got in theirs.items():
                 if isinstance(got, BaseException):
                     raise ValueError(f"the Dask worker {worker} cannot run spmlkit's tasks "
