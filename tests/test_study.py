@@ -1028,3 +1028,18 @@ def test_a_regime_axis_is_not_repeated_in_the_readable_run_id():
     s = load_study(spec(vary={"k": [2], "regime": ["1p_1n"]}))
     assert [t.run_id for t in expand(s)] == ["yeast-an-1p_1n-s0-b16-lr0.01-e46fc90a",
                                               "yeast-epr-1p_1n-s0-b16-lr0.01-k2-fa760d98"]
+
+
+def test_cache_dirs_outside_the_study_are_named_and_a_table_s_feature_columns_are_not_one(
+        tmp_path):
+    """A launch names the feature-store folders a spec writes outside its folder; a tabular
+    source's ``features`` (its column names, a string) is no feature-store option."""
+    from spmlkit.experiments.study.launch import _cache_dirs_outside
+
+    tasks = [types.SimpleNamespace(dataset_options={"features": "f1,f2", "path": "t.csv"},
+                                   mode_options={}),
+             types.SimpleNamespace(dataset_options={"backbone": "b", "features": {
+                 "cache_dir": str(tmp_path / "elsewhere")}}, mode_options={}),
+             types.SimpleNamespace(dataset_options={"cache_dir": str(tmp_path / "s" / "c")},
+                                   mode_options=None)]
+    assert _cache_dirs_outside(tasks, tmp_path / "s") == [(tmp_path / "elsewhere").resolve()]

@@ -483,7 +483,9 @@ def _cache_dirs_outside(tasks, out: Path) -> list[Path]:
     found = set()
     for t in tasks:
         opts = t.dataset_options or {}
-        for value in (opts.get("cache_dir"), (opts.get("features") or {}).get("cache_dir"),
+        features = opts.get("features")  # a backbone's feature options; a table's: its columns
+        for value in (opts.get("cache_dir"),
+                      features.get("cache_dir") if isinstance(features, dict) else None,
                       (t.mode_options or {}).get("cache_dir")):
             if value:
                 found.add(Path(value).expanduser().resolve())
