@@ -149,6 +149,16 @@ def test_the_closed_form_step_is_the_autograd_step(name):
     torch.testing.assert_close(grad, leaf.grad, atol=1e-7, rtol=1e-5)
 
 
+def test_a_loss_that_is_not_closed_form_has_no_closed_form_step():
+    """``closed_form_step`` is the contract's answer for closed-form losses only: None for a
+    loss whose ``entries`` are not one weighted BCE (ROLE's label estimates, L2R's penalty)."""
+    logits, target = torch.zeros(2, 4, 3), torch.ones(2, 4, 3)
+    for name in ("role", "l2r", "entmin"):
+        assert create_loss(name).closed_form_step(logits, target, None, None) is None
+    values, grad = create_loss("an").closed_form_step(logits, target, None, None)
+    assert values.shape == (2,) and grad.shape == logits.shape
+
+
 MANUAL = [n for n in STACKABLE if create_loss(n, **HPARAMS.get(n, {})).manual_gradient]
 
 

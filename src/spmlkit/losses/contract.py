@@ -464,9 +464,9 @@ class SPMLLoss(nn.Module):
         the batch, ``count`` None or per-run ``(lam, k)`` tensors (R,) of their
         ``count_penalty`` (lam 0: none); the reduction is this loss's. The values are the
         runs' ``entries`` reduced as autograd's step reduces them; the gradient is ``weight *
-        (sigmoid(s) - target) / (B L)`` plus the count term's ``2 lam (m - k) / (L^2 B) * p (1
-        - p)`` (``m``: the run's mean predicted count), what autograd computes (``tests/
-        test_vectorised.py`` checks it for every closed-form loss)."""
+        (sigmoid(s) - target) / (B L)`` plus the count term's ``2 lam (m - k) / (L^2 B) *
+        p (1 - p)`` (``m``: the run's mean predicted count), what autograd computes
+        (``tests/test_vectorised.py`` checks it for every closed-form loss)."""
         if not self.closed_form:
             return None
         _, batch, classes = logits.shape
