@@ -241,7 +241,9 @@ CASES = [
     case(TRAIN + "--k-estimate 0", "spml train", "argument --k-estimate: expected a whole number "
          ">= 1, got 0"),
     case(TRAIN + "--k-estimate -5", "spml train", "got -5"),
-    case(TRAIN + "--k-estimate 100000", "spml train", "--k-estimate 100000: the train split"),
+    case(TRAIN + "--k-estimate 100000", "spml train",
+         "--k-estimate 100000: estimating k from 100000 fully labelled rows needs that many, "
+         "and the train split has only"),
     case(TRAIN + "--seed -1", "spml train", "argument --seed: expected a whole number >= 0 and "
          "<= 4294967295, got -1"),
     case(TRAIN + "--seed abc", "spml train", "'abc'"),

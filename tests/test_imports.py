@@ -94,3 +94,14 @@ def test_no_floor_imports_one_above_it():
                    if _under(m, floor) for t in graph[m]
                    if any(_under(t, b) for b in banned) and not _under(t, floor))
     assert wrong == []
+
+
+def test_the_engine_imports_no_loss_family():
+    """The engine trains every loss through the loss contract: of `spmlkit.losses` it imports
+    the package and its contract only, never a family's module (the closed-form gradient is
+    `SPMLLoss.closed_form_step`, not a helper of `spmlkit.losses.cole`)."""
+    graph = import_graph()
+    wrong = sorted((m, t) for m in graph if _under(m, "spmlkit.engine") for t in graph[m]
+                   if _under(t, "spmlkit.losses")
+                   and t not in ("spmlkit.losses", "spmlkit.losses.contract"))
+    assert wrong == []

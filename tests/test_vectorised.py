@@ -127,7 +127,7 @@ def test_the_closed_form_step_is_the_autograd_step(name):
     """The engine's gradient without autograd equals autograd's through the loss's own
     ``entries`` (a subclass that changes ``entries`` without clearing ``closed_form`` fails
     here)."""
-    from spmlkit.engine.vectorised import _closed_form_step, _closed_form_tables
+    from spmlkit.engine.stacked import closed_form_tables
     from spmlkit.losses import TrainInfo
 
     g = torch.Generator().manual_seed(3)
@@ -137,16 +137,26 @@ def test_the_closed_form_step_is_the_autograd_step(name):
     for loss in losses:
         loss.on_train_start(z, TrainInfo(len(z), z.shape[1], 1.5, 0, 1))
     logits = torch.randn(2, 16, z.shape[1], generator=g)
-    tables, offsets, count = _closed_form_tables(losses, [z, z], torch.float32)
+    tables, offsets, count = closed_form_tables(losses, [z, z], torch.float32)
     assert offsets is None
-    values, grad = _closed_form_step(logits, tables[0].expand(2, -1, -1),
-                                     tables[1].expand(2, -1, -1) if len(tables) > 1 else None,
-                                     count, losses[0].reduction)
+    values, grad = losses[0].closed_form_step(
+        logits, tables[0].expand(2, -1, -1),
+        tables[1].expand(2, -1, -1) if len(tables) > 1 else None, count)
     want = torch.stack([losses[0](s.clone().requires_grad_(True), z) for s in logits])
     leaf = logits.clone().requires_grad_(True)
     torch.stack([losses[0](leaf[r], z) for r in range(2)]).sum().backward()
     torch.testing.assert_close(values, want.detach(), atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(grad, leaf.grad, atol=1e-7, rtol=1e-5)
+
+
+def test_a_loss_that_is_not_closed_form_has_no_closed_form_step():
+    """``closed_form_step`` is the contract's answer for closed-form losses only: None for a
+    loss whose ``entries`` are not one weighted BCE (ROLE's label estimates, L2R's penalty)."""
+    logits, target = torch.zeros(2, 4, 3), torch.ones(2, 4, 3)
+    for name in ("role", "l2r", "entmin"):
+        assert create_loss(name).closed_form_step(logits, target, None, None) is None
+    values, grad = create_loss("an").closed_form_step(logits, target, None, None)
+    assert values.shape == (2,) and grad.shape == logits.shape
 
 
 MANUAL = [n for n in STACKABLE if create_loss(n, **HPARAMS.get(n, {})).manual_gradient]
@@ -283,7 +293,7 @@ def test_stacked_val_map_is_val_map_of_each_run_bit_for_bit():
     """One AP core (metrics.ranked_ap): the stacked scoring (numpy's sort on a CPU, the
     device's sort elsewhere: run here on CPU tensors) gives each run's own val_map exactly."""
     from spmlkit.engine import val_map
-    from spmlkit.engine.vectorised import _device_ap
+    from spmlkit.engine.stacked import _device_ap
     from spmlkit.metrics import map_from_ap, per_class_ap
 
     g = torch.Generator().manual_seed(0)

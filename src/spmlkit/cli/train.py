@@ -56,11 +56,8 @@ def cmd_train(args) -> int:
         hparams["reg"] = args.reg
     k = args.k
     if args.k_estimate:  # from train rows, or val rows when the training labels are partial
-        split = "train" if splits.train_labels_complete else "val"
-        if args.k_estimate > len(getattr(splits, split)):
-            raise ValueError(f"--k-estimate {args.k_estimate}: the {split} split of "
-                             f"{args.dataset!r} has only {len(getattr(splits, split))} rows")
-        k = resolve_k(f"estimate:{args.k_estimate}:point", splits, args.seed, report=True)
+        k = resolve_k(f"estimate:{args.k_estimate}:point", splits, args.seed, report=True,
+                      given=f"--k-estimate {args.k_estimate}")
     device = args.device or ("cuda" if images and torch.cuda.is_available() else "cpu")
     if accel.any:  # before any data is read or folder made
         accel.check(device, f"--mode {method.name}")

@@ -95,23 +95,12 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
     if z.shape[0] != len(train_items):
         raise ValueError(f"{len(train_items)} train items but {z.shape[0]} rows of observed "
                          f"labels")
-    has_val = val_items is not None and y_val is not None
-    if has_val:
-        val_items = check_items(val_items, "validation items")
-        yv = y_val if is_partial(y_val) else validate_full_labels(y_val, "validation labels")
-        if len(val_items) != len(yv) or yv.shape[1] != z.shape[1]:
-            raise ValueError(f"{len(val_items)} validation items and labels {yv.shape} do not "
-                             f"match each other or the {z.shape[1]} train classes")
-        check_val_labels(yv, config.map_convention)
+    val_items, yv = _checked_val(val_items, y_val, z.shape[1], config.map_convention)
+    has_val = val_items is not None
     n, num_classes = z.shape
     train_t, eval_t, shape = _transforms(model, config, train_transform, eval_transform)
     tuning = tuning or FinetuneOptions()
-    amp = amp_dtype(config.amp, device)
-    if amp is None and tuning.cpu_bf16 and device.type == "cpu":
-        amp = torch.bfloat16  # the model's forward only; the loss stays float32
-    elif config.amp in ("bf16", "fp16") and device.type != "cuda":
-        warnings.warn(f"amp={config.amp!r} applies on CUDA only; this {device.type} run is "
-                      f"float32", stacklevel=2)
+    amp = _forward_dtype(config, tuning, device)
     channels_last = device.type == "cuda" and config.channels_last
     # one memory format in every process (DDP compares strides), whatever touched the model
     # before (e.g. a feature extraction that ran it channels-last in one process only)
@@ -189,6 +178,33 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
                                                           ctx.rank),
                         start=start)
     return model, result
+
+
+def _checked_val(val_items, y_val, classes: int, convention: str) -> tuple:
+    """``(val items, val labels)`` checked (full 0/1 labels, or partial ones) against each
+    other and the ``classes`` train classes, or ``(None, None)`` without validation."""
+    if val_items is None or y_val is None:
+        return None, None
+    val_items = check_items(val_items, "validation items")
+    yv = y_val if is_partial(y_val) else validate_full_labels(y_val, "validation labels")
+    if len(val_items) != len(yv) or yv.shape[1] != classes:
+        raise ValueError(f"{len(val_items)} validation items and labels {yv.shape} do not "
+                         f"match each other or the {classes} train classes")
+    check_val_labels(yv, convention)
+    return val_items, yv
+
+
+def _forward_dtype(config: TrainConfig, tuning: "FinetuneOptions", device: torch.device):
+    """The autocast dtype of the model's forward (None: float32): ``config.amp``'s on CUDA,
+    bfloat16 on a CPU with ``tuning.cpu_bf16`` (the loss stays float32); a warning when
+    ``config.amp`` asks for it off CUDA."""
+    amp = amp_dtype(config.amp, device)
+    if amp is None and tuning.cpu_bf16 and device.type == "cpu":
+        amp = torch.bfloat16
+    elif config.amp in ("bf16", "fp16") and device.type != "cuda":
+        warnings.warn(f"amp={config.amp!r} applies on CUDA only; this {device.type} run is "
+                      f"float32", stacklevel=3)  # (fit_finetune's caller)
+    return amp
 
 
 @dataclass

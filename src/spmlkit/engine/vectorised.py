@@ -34,6 +34,13 @@ The results equal single runs up to floating-point summation order (batched vs s
 products): weights within ~1e-6, the same best epochs (``tests/test_vectorised.py`` checks every
 stackable loss of the registry).
 
+The stack is a `StackedRuns` object that runs as `train_loop`'s single run does: `run`
+trains every `epoch` (`StackedRuns.epoch`), an epoch every `step` of its `batches`; the runs' own
+loss modules and the stacked loss exchange their state around the hooks (`restack` /
+`unstack`); `checkpoint` is a run's state. Its parts (the stacked head and Adam, the gathers,
+the tables, the val scores) are in `spmlkit.engine.stacked`; the closed-form gradient is the
+loss contract's (`spmlkit.losses.SPMLLoss.closed_form_step`).
+
 When to stack (`stack_limit`): the runs' stacked tensors must fit a memory budget, and on
 a CPU, where the per-step work of one run is large enough for the matrix products to dominate,
 at most `CPU_LARGE_STACK` runs (larger stacks leave the caches and lose: measured in
@@ -48,25 +55,23 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..losses import SPMLLoss, TrainInfo
-from ..losses.contract import observed_validated
-from ..losses.cole import expected_positive_penalty_grad
-from ..metrics import BLOCK_ENTRIES, check_convention, map_from_ap, per_class_ap, ranked_ap
-from ..data import rows as stored_rows
-from ..data.rows import as_rows, is_stored
+from ..data.rows import is_stored
+from ..losses import SPMLLoss, TrainInfo, observed_validated
 from .config import TrainConfig, batch_starts, epoch_rows
-from .linear import linear_inputs, make_linear_head, predict_logits, to_device, val_map
+from .linear import linear_inputs, make_linear_head
 from .loop import STATE_FORMAT, FitResult, diverged
 from .selection import Selection
+from .stacked import (StackedAdam, StackedLinear, autograd_step, closed_form_tables, gather,
+                      mean_train_loss, stacked_val_map, state_tensors, val_scores)
 
 __all__ = [
     "CPU_LARGE_STACK",
     "CPU_STACK_WORK",
     "STACK_MEMORY_BYTES",
     "StackedLinear",
+    "StackedRuns",
     "can_stack",
     "fit_linear_stacked",
     "stack_limit",
@@ -93,13 +98,8 @@ MAX_STACK = 96
 SHARE_ROWS = 8
 #: bytes of features gathered at once for the coming steps of every run
 GATHER_BYTES = 32 * 1024 ** 2
-#: stored val rows: every run's val logits (R x N x L float32) from one read of the rows up to
-#: this size, else one run's at a time (`_stored_val_logits`)
-STORED_VAL_BYTES = 64 * 1024 ** 2
 #: the TrainConfig fields in which stacked runs may differ
 STACKED_AXES = ("seed", "lr", "weight_decay")
-#: rows of the closed-form BCE tables built at once (`_closed_form_tables`)
-TABLE_ROWS = 65536
 
 
 def _fused_adam_available(device: torch.device) -> bool:
@@ -177,332 +177,342 @@ def stack_limit(n_train: int, n_val: int, features: int, classes: int, batch_siz
     return int(max(1, min(most, budget // max(per_run, 1))))
 
 
-class StackedLinear(nn.Module):
-    """R linear heads as one module: ``weight`` R x L x D, ``bias`` R x L (``stacked_runs``:
-    losses with a penalty on the head's weights give one value per run).
-
-    ``shared``: runs ``r`` with the same ``r // shared`` see the same rows (the runs of one seed
-    draw the same batch order): a step's input is S x B x D (S = R / shared row groups) and the
-    logits of a row group's runs are one matrix product of its rows with their weights side by
-    side (B x D times D x shared*L), not ``shared`` products of B x D times D x L."""
-
-    stacked_runs = True
-
-    def __init__(self, heads: Sequence[nn.Linear], shared: int = 1):
-        super().__init__()
-        if shared < 1 or len(heads) % shared:
-            raise ValueError(f"{len(heads)} runs cannot share rows in groups of {shared}")
-        self.shared = shared
-        self.weight = nn.Parameter(torch.stack([h.weight.detach() for h in heads]).contiguous())
-        self.bias = nn.Parameter(torch.stack([h.bias.detach() for h in heads]).contiguous())
-
-    def _grouped(self):
-        runs, classes, features = self.weight.shape
-        groups = runs // self.shared
-        return (self.weight.view(groups, self.shared * classes, features),
-                self.bias.view(groups, 1, self.shared * classes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` S x B x D (each row group its own rows) -> R x B x L."""
-        weight, bias = self._grouped()
-        out = torch.baddbmm(bias, x, weight.transpose(1, 2))  # S x B x shared*L
-        if self.shared == 1:
-            return out
-        groups, batch = out.shape[:2]
-        return out.view(groups, batch, self.shared, -1).transpose(1, 2).reshape(
-            groups * self.shared, batch, -1)
-
-    def head_grads(self, g: torch.Tensor, x: torch.Tensor, grad_w: torch.Tensor,
-                   grad_b: torch.Tensor) -> None:
-        """The gradients of the weights and biases (into ``grad_w``, ``grad_b``) from the
-        logits' ``g`` (R x B x L) and the rows ``x`` (S x B x D) of `forward`."""
-        torch.sum(g, dim=1, out=grad_b)
-        runs, batch, classes = g.shape
-        groups = runs // self.shared
-        if self.shared > 1:  # S x B x shared*L, the layout of forward's product
-            g = g.view(groups, self.shared, batch, classes).transpose(1, 2).reshape(
-                groups, batch, self.shared * classes)
-        torch.bmm(g.transpose(1, 2), x, out=grad_w.view(groups, self.shared * classes, -1))
-
-    @torch.no_grad()
-    def predict(self, x: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
-        """Every run's logits of the shared rows ``x`` (N x D, a tensor or stored features read
-        chunk by chunk) -> R x N x L, in row chunks (one matrix product of a chunk with every
-        run's weights; ``chunk`` defaults to `CHUNK_ROWS`)."""
-        chunk = chunk or stored_rows.CHUNK_ROWS
-        runs, classes, features = self.weight.shape
-        w = self.weight.view(runs * classes, features)
-        b = self.bias.view(runs * classes)
-        parts = [torch.addmm(b, _rows_on(x[i:i + chunk], w.device), w.T).view(
-            -1, runs, classes).transpose(0, 1) for i in range(0, max(len(x), 1), chunk)]
-        return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0].contiguous()
-
-    def run_head(self, r: int) -> nn.Linear:
-        """Run ``r``'s head as an ``nn.Linear`` whose parameters are views of the stack (they
-        follow the training; not to be modified)."""
-        head = nn.Linear(self.weight.shape[2], self.weight.shape[1], device="meta")
-        head.weight = nn.Parameter(self.weight.detach()[r], requires_grad=False)
-        head.bias = nn.Parameter(self.bias.detach()[r], requires_grad=False)
-        return head
+def _share_rows(configs) -> tuple[int, list[int]]:
+    """``(shared, order)``: runs of one seed draw the same batches; with at least `SHARE_ROWS`
+    runs per seed, and as many for every seed, they share their rows (`StackedLinear`'s
+    ``shared``: one product per seed; the features gathered once per seed) and are ordered by
+    seed, then learning rate and weight decay; else (``shared`` 1) by learning rate and weight
+    decay. ``order[r]`` is the caller's index of the stack's run ``r``."""
+    per_seed = Counter(c.seed for c in configs)
+    shared = per_seed[configs[0].seed] if len(set(per_seed.values())) == 1 else 1
+    shared = shared if shared >= SHARE_ROWS else 1
+    order = sorted(range(len(configs)), key=lambda r: (configs[r].seed, configs[r].lr,
+                                                       configs[r].weight_decay) if shared > 1
+                   else (configs[r].lr, configs[r].weight_decay))
+    return shared, order
 
 
-def stacked_val_map(scores: torch.Tensor, y, convention: str) -> list[float]:
-    """Val mAP (x100) of each of R score matrices (R x N x L logits) against the same full
-    labels ``y`` (N x L, 0/1): `spmlkit.engine.val_map` of each (sigmoid in float32, then
-    the AP core `spmlkit.metrics.ranked_ap`), for all runs and classes at once; equal
-    to it bit for bit. On a CPU the scores are sorted by `spmlkit.metrics.per_class_ap`
-    (numpy); on a device there, in blocks of runs, and only the sorted labels and tie ends
-    come back. A run with a non-finite score gets NaN (no score for the epoch), as ``val_map``.
-    """
-    check_convention(convention)
-    probs = torch.sigmoid(scores.float())  # the single run's scores (their ties are its ties)
-    runs, n, classes = probs.shape
-    finite = torch.isfinite(probs).flatten(1).all(dim=1).tolist()
-    ok = [r for r in range(runs) if finite[r]]
-    out = [float("nan")] * runs
-    if not ok:
+class StackedRuns:
+    """R linear runs trained as one stacked model, the way `spmlkit.engine.train_loop` runs
+    one: `run` trains every `epoch`; an epoch calls the runs' loss hooks, takes every `step` of
+    its `batches`, then per run records the epoch in its own `Selection` (best epoch, early
+    stopping, history), calls its ``on_epoch`` and offers its `checkpoint` (the single-run
+    format). The runs' own loss modules hold their state for the hooks; the stacked copy holds
+    it for the steps: `restack` / `unstack` move it between them.
+
+    Built by `fit_linear_stacked` from checked inputs (`_check_stack`): ``observed`` and
+    ``ks`` one per run. Runs are kept in the stack's order (`_share_rows`); callbacks and
+    results are the callers' (``order``)."""
+
+    def __init__(self, x_train, observed, losses, configs, *, x_val, y_val, ks, on_epoch,
+                 checkpoint, start: float):
+        self.start = start
+        runs = self.runs = len(configs)
+        self.on_epoch = list(on_epoch or [None] * runs)
+        self.checkpoints = list(checkpoint or [None] * runs)
+        config = self.config = configs[0]
+        self.device = torch.device(config.device)
+        z_of = self._inputs(x_train, observed, x_val, y_val)
+        self.shared, self.order = _share_rows(configs)
+        self.configs = [configs[r] for r in self.order]
+        self.losses = [losses[r].to(self.device) for r in self.order]
+        self.observed = [z_of[id(observed[r])] for r in self.order]
+        for loss, c, z_, k_ in zip(self.losses, self.configs, self.observed,
+                                   [ks[r] for r in self.order]):
+            loss.on_train_start(z_, TrainInfo(self.n, self.num_classes, k_, c.seed, c.epochs))
+        self.model = StackedLinear([make_linear_head(self.x.shape[1], self.num_classes,
+                                                     c.seed).to(self.device)
+                                    for c in self.configs], self.shared)
+        # the loss's state stacked along a leading run dimension, in a copy of the first module
+        self.stateful = bool(state_tensors(self.losses[0]))
+        self.stacked = copy.deepcopy(self.losses[0])
+        self.slots = state_tensors(self.stacked)
+        self.restack(first=True)
+        self._gradient_path()
+        self._optimizer()
+        self._batching()
+        # each run's best epoch, early stopping and history, as train_loop keeps a single run's
+        self.books = [Selection(config.early_stop, config.metric, validated=self.has_val)
+                      for _ in range(runs)]
+        self.errors: list = [None] * runs  # what ended a run (it diverged, its callback raised)
+        self.views = [self.model.run_head(r) for r in range(runs)]
+
+    # -- set-up --------------------------------------------------------------------------------
+    def _inputs(self, x_train, observed, x_val, y_val) -> dict:
+        """The shared inputs on the device (`linear_inputs`); returns each distinct observed
+        matrix, checked once, by ``id``."""
+        config = self.config
+        self.x, self.z, self.xv, self.yv = linear_inputs(x_train, observed[0], x_val, y_val,
+                                                         config)
+        z_of = {id(observed[0]): self.z}
+        for z_ in observed:
+            if id(z_) not in z_of:
+                z_of[id(z_)] = linear_inputs(x_train, z_, None, None, config)[1]
+                if z_of[id(z_)].shape != self.z.shape:
+                    raise ValueError(f"stacked runs' observed labels differ in shape: "
+                                     f"{tuple(self.z.shape)} and {tuple(z_of[id(z_)].shape)}")
+        self.has_val = self.xv is not None
+        self.n, self.num_classes = self.z.shape
+        return z_of
+
+    def _gradient_path(self) -> None:
+        """How a step takes the logits' gradient, and the tables whose rows a step gathers
+        (the features first): a closed-form BCE loss (`closed_form`) without autograd, from
+        the targets and weights of every train row, gathered with the features; a loss whose
+        stacked gradient is written by hand (``stacked_step``: ROLE, PR), from the observed
+        labels; else autograd."""
+        stacked = self.stacked
+        self.closed = all(closed_form(loss) for loss in self.losses)
+        self.manual = not self.closed and getattr(stacked, "manual_gradient", False) and \
+            stacked.reduction == "mean" and stacked.eps == 0 and \
+            type(stacked).penalty is SPMLLoss.penalty
+        self.offsets = self.count = None  # per run, the first row of its targets in the tables
+        if self.closed:
+            tables, self.offsets, self.count = closed_form_tables(
+                self.losses, self.observed, torch.float32 if is_stored(self.x) else self.x.dtype)
+            self.tables = [self.x, *tables]
+        else:
+            self.tables = [self.x, self.z]
+        self.loss_params = [p for p in stacked.parameters() if p.requires_grad]
+        # d(sum of the runs' losses)/d(each run's loss), autograd's seed
+        self.seed = torch.ones(self.runs, device=self.device)
+
+    def _optimizer(self) -> None:
+        """`StackedAdam` over the head (its gradient computed here from the logits', into
+        ``grad_w`` / ``grad_b``) and the loss's own parameters; ``run_groups``: each run's
+        groups as its single run's LeanAdam has them (`make_optimizer`: with weight decay,
+        the weights' group and the biases'), for its checkpoint."""
+        model, cfgs = self.model, self.configs
+        lrs = [c.lr for c in cfgs]
+        self.grad_w, self.grad_b = torch.zeros_like(model.weight), torch.zeros_like(model.bias)
+        wds = [c.weight_decay for c in cfgs]
+        groups = [(list(model.parameters()), lrs, [self.grad_w, self.grad_b], wds,
+                   [True, False])]
+        self.run_groups = [[([model.weight], c.lr), ([model.bias], c.lr)] if c.weight_decay
+                           else [(list(model.parameters()), c.lr)] for c in cfgs]
+        if self.loss_params:
+            mult = self.stacked.lr_multiplier
+            groups.append((self.loss_params, [lr * mult for lr in lrs], None))
+            for r, c in enumerate(cfgs):
+                self.run_groups[r].append((self.loss_params, c.lr * mult))
+        self.opt = StackedAdam(groups)
+
+    def _batching(self) -> None:
+        """Each row group's batch-order generator (seeded as the single run's), the steps'
+        starts, and ``chunk``: the rows gathered at once for the coming steps (every run's, a
+        multiple of the batch size), one indexing of the features and labels per chunk instead
+        of two per step, within `GATHER_BYTES` of features (yeast: a whole epoch; stored
+        features: read from the store in file order, as float32)."""
+        config = self.config
+        self.row_groups = self.runs // self.shared  # one batch order each
+        self.gens = [torch.Generator().manual_seed(self.configs[g * self.shared].seed)
+                     for g in range(self.row_groups)]
+        self.bs = bs = config.batch_size
+        self.starts = batch_starts(self.n, bs, config.drop_last)  # (drop_last: no short batch)
+        self.rows_per_epoch = epoch_rows(self.n, bs, config.drop_last)
+        width = self.x.shape[1] * (4 if is_stored(self.x) else self.x.element_size())
+        self.chunk = max(1, GATHER_BYTES // max(1, self.row_groups * width) // bs) * bs
+
+    # -- the loss's state: the runs' modules <-> the stack ------------------------------------
+    def restack(self, first: bool = False) -> None:
+        """The runs' loss modules -> the stacked loss (after their hooks)."""
+        with torch.no_grad():
+            for i, (owner, name, is_param) in enumerate(self.slots):
+                values = [getattr(state_tensors(l_)[i][0], name) for l_ in self.losses]
+                current = getattr(owner, name)
+                if not first and current.shape == (self.runs, *values[0].shape):
+                    for r, v in enumerate(values):
+                        current[r].copy_(v)
+                elif is_param:
+                    owner._parameters[name] = nn.Parameter(
+                        torch.stack([v.detach() for v in values]),
+                        requires_grad=values[0].requires_grad)
+                else:
+                    owner._buffers[name] = torch.stack(values)
+
+    def unstack(self) -> None:
+        """The stacked loss -> the runs' loss modules (before their hooks, a snapshot)."""
+        with torch.no_grad():
+            for i, (owner, name, _) in enumerate(self.slots):
+                current = getattr(owner, name)
+                for r, l_ in enumerate(self.losses):
+                    getattr(state_tensors(l_)[i][0], name).copy_(current[r])
+
+    # -- the run ---------------------------------------------------------------------------
+    def live(self) -> list[int]:
+        """The runs still training (not done, not failed)."""
+        return [r for r in range(self.runs) if not self.books[r].stage_done
+                and self.errors[r] is None]
+
+    def run(self) -> list:
+        """Train every epoch; per run in the callers' order, its outcome (`outcomes`)."""
+        with observed_validated(self.stacked):
+            for epoch in range(self.config.epochs):
+                live = self.live()
+                if not live:
+                    break
+                self.epoch(epoch, live)
+        seconds = (time.perf_counter() - self.start) / self.runs  # each run's share
+        return self.outcomes(seconds)
+
+    def epoch(self, epoch: int, live: list[int]) -> None:
+        """One epoch of the ``live`` runs: the loss hooks, every step, each run's mean train
+        loss, then per run the end of its epoch (`_end_epoch`)."""
+        for r in live:
+            self.losses[r].on_epoch_start(epoch)
+        self.stacked.on_epoch_start(epoch)
+        if self.stateful:
+            self.restack()
+        perms = torch.stack([torch.randperm(self.n, generator=g) for g in self.gens]).to(
+            self.device)
+        step_values = [self.step(xb, labels, idx) for xb, labels, idx in self.batches(perms)]
+        # each run's mean train loss: its steps' losses weighted by their batch sizes, in
+        # float64 and in step order (what a running float64 total would hold)
+        train_loss = mean_train_loss(step_values, self.n, self.bs, self.rows_per_epoch)
+        if self.stateful:
+            self.unstack()
+        self._epoch_end_hooks(epoch, live, train_loss)
+        if self.stateful:
+            self.restack()
+        live = [r for r in live if self.errors[r] is None]
+        scores = val_scores(self.model, self.views, self.xv, self.yv, live, self.config) \
+            if self.has_val else {}
+        for r in live:
+            self._end_epoch(r, epoch, train_loss[r], scores)
+
+    def batches(self, perms: torch.Tensor):
+        """Every step of the epoch whose row orders are ``perms`` (one per row group): ``(rows'
+        features S x B x D, [their labels, or targets (and weights)] R x B x L, index R x B)``.
+        The features are gathered once per row group, the labels per run (its own table:
+        ``offsets``); the full steps' rows a chunk at a time (`_coming`)."""
+        bs, offsets = self.bs, self.offsets
+        coming: list = []
+        for i in self.starts:
+            idx = perms[:, i:i + bs]  # each row group's rows
+            if self.shared > 1:
+                idx = idx.repeat_interleave(self.shared, 0)
+            if i + bs > self.n:  # the last, shorter batch
+                parts = [gather(t, perms[:, i:i + bs] if j == 0 else
+                                idx if offsets is None else idx + offsets)
+                         for j, t in enumerate(self.tables)]
+            else:
+                if i % self.chunk == 0:
+                    coming = self._coming(perms, i)
+                parts = [c[(i % self.chunk) // bs] for c in coming]
+            yield parts[0], parts[1:], idx
+
+    def _coming(self, perms: torch.Tensor, i: int) -> list:
+        """The rows of the full steps from row ``i`` on (up to ``chunk``) of every table, at
+        once, step-major (a step's batch is a contiguous slice)."""
+        steps = min(self.chunk, self.n - i) // self.bs
+        rows = perms[:, i:i + steps * self.bs].reshape(self.row_groups, steps, self.bs) \
+            .transpose(0, 1)
+        run_rows = rows.repeat_interleave(self.shared, 1) if self.shared > 1 else rows
+        return [gather(t, rows if j == 0 else run_rows if self.offsets is None
+                       else run_rows + self.offsets) for j, t in enumerate(self.tables)]
+
+    def step(self, xb: torch.Tensor, labels: list, idx: torch.Tensor) -> torch.Tensor:
+        """One training step of every run; returns the runs' losses (R,)."""
+        model = self.model
+        values, g = self._gradient(xb, labels, idx)
+        model.head_grads(g, xb, self.grad_w, self.grad_b)
+        if model.weight.grad is not None:  # a penalty on the head's weights
+            self.grad_w.add_(model.weight.grad)
+            model.weight.grad = None
+        if model.bias.grad is not None:
+            self.grad_b.add_(model.bias.grad)
+            model.bias.grad = None
+        self.opt.step()
+        return values.detach()
+
+    def _gradient(self, xb, labels, idx) -> tuple:
+        """The runs' losses and the gradient of their sum for the logits (`_gradient_path`)."""
+        if self.closed:
+            with torch.no_grad():
+                target = labels[0].to(xb.dtype)  # (a uint8 table: exact)
+                weight = labels[1].to(xb.dtype) if len(labels) > 1 else None
+                return self.stacked.closed_form_step(self.model(xb), target, weight, self.count)
+        if self.manual:
+            with torch.no_grad():
+                return self.stacked.stacked_step(self.model(xb), labels[0], idx)
+        values, g = autograd_step(self.model, self.stacked, xb, labels[0], idx,
+                                  self.loss_params, self.seed)
+        if self.seed.dtype != values.dtype:
+            self.seed = torch.ones_like(values)
+        return values, g
+
+    def _epoch_end_hooks(self, epoch: int, live: list[int], train_loss: list) -> None:
+        """Each live run's divergence check and ``on_epoch_end`` on its own loss module (with
+        its train logits when the loss needs them); a run that fails is left out, the others
+        go on."""
+        train_all = self.model.predict(self.x) if self.stacked.needs_train_predictions else None
+        for r in live:
+            if not np.isfinite(train_loss[r]):
+                self.errors[r] = FloatingPointError(diverged(epoch + 1, train_loss[r]))
+                continue
+            try:
+                self.losses[r].on_epoch_end(epoch, None if train_all is None else train_all[r])
+            except Exception as err:  # noqa: BLE001 (this run fails; the others go on)
+                self.errors[r] = err
+
+    def _end_epoch(self, r: int, epoch: int, train_loss: float, scores: dict) -> None:
+        """Run ``r``'s epoch record into its `Selection`, then its ``on_epoch`` and
+        ``checkpoint`` callbacks (the checkpoint also when ``on_epoch`` raised)."""
+        book = self.books[r]
+        record = {"epoch": epoch + 1, "train_loss": train_loss}
+        if self.has_val:
+            record[book.key] = scores[r]
+        book.end_epoch(record, epoch=epoch + 1, stage_epochs=self.configs[r].epochs,
+                       value=scores.get(r), keep=lambda: self.keep(r),
+                       source="model" if self.has_val else None)
+        caller = self.order[r]
+        try:
+            if self.on_epoch[caller] is not None:
+                self.on_epoch[caller](record, self.views[r], self.losses[r])
+        except Exception as err:  # noqa: BLE001 (the run's own callback)
+            self.errors[r] = err
+        finally:
+            if self.checkpoints[caller] is not None:
+                self.checkpoints[caller](lambda: self.checkpoint(r))
+
+    # -- state -------------------------------------------------------------------------------
+    def keep(self, r: int) -> tuple:
+        """Copies of run ``r``'s weights and loss state (a new best epoch)."""
+        return ({"weight": self.model.weight.detach()[r].clone(),
+                 "bias": self.model.bias.detach()[r].clone()},
+                copy.deepcopy(self.losses[r].state_dict()))
+
+    def checkpoint(self, r: int) -> dict:
+        """Run ``r``'s training state in the single-run format (`train_loop`'s):
+        ``fit_linear(..., resume=state)`` continues it alone."""
+        model = self.model
+        return self.books[r].state_dict(
+            format=STATE_FORMAT, stages=[[None, int(self.configs[r].epochs)]], stage=0,
+            model={"weight": model.weight.detach()[r], "bias": model.bias.detach()[r]},
+            loss=self.losses[r].state_dict(),
+            optimizer=self.opt.run_state(r, self.run_groups[r]), parts={},
+            run={"batch_order": {"state": self.gens[r // self.shared].get_state()}},
+            seconds=time.perf_counter() - self.start)
+
+    def outcomes(self, seconds: float) -> list:
+        """Per run, in the callers' order, its best epoch's ``(nn.Linear, FitResult)`` with its
+        loss module set to that epoch's state, or the exception that ended it (a ValueError
+        when no epoch had a finite score)."""
+        out: list = [None] * self.runs
+        for r, book in enumerate(self.books):
+            if self.errors[r] is None:
+                try:
+                    weights, loss_state = book.best_weights()
+                except ValueError as err:  # no epoch had a finite score
+                    self.errors[r] = err
+            if self.errors[r] is not None:
+                out[self.order[r]] = self.errors[r]
+                continue
+            head = nn.Linear(self.x.shape[1], self.num_classes).to(self.device)
+            head.load_state_dict(weights)
+            self.losses[r].load_state_dict(loss_state)
+            out[self.order[r]] = (head, FitResult(**book.result_fields(), seconds=seconds))
         return out
-    probs = probs[ok] if len(ok) < runs else probs
-    if probs.device.type == "cpu":
-        ap = per_class_ap(probs.numpy(), y)
-    else:
-        ap = _device_ap(probs, torch.as_tensor(np.asarray(y), device=probs.device))
-    for r, a in zip(ok, ap):
-        out[r] = map_from_ap(a, convention)
-    return out
-
-
-def _device_ap(probs: torch.Tensor, y: torch.Tensor) -> np.ndarray:
-    """Per-class AP x100 (R x L) of ``probs`` (R x N x L) against ``y`` (N x L): sorted on
-    their device in blocks of runs (`spmlkit.metrics.BLOCK_ENTRIES` entries), each
-    block's sorted labels and tie ends scored by `spmlkit.metrics.ranked_ap`."""
-    runs, n, classes = probs.shape
-    hits_all = (y > 0).T.unsqueeze(0)  # 1 x L x N
-    per = 1 if classes == 1 else max(1, BLOCK_ENTRIES // max(n * classes, 1))
-    parts = []
-    for r in range(0, runs, per):
-        s, order = torch.sort(probs[r:r + per].transpose(1, 2), dim=-1, descending=True)
-        hits = torch.gather(hits_all.expand(len(s), -1, -1), -1, order)
-        end = torch.ones_like(hits)  # the last entry of every group of tied scores
-        end[..., :-1] = s[..., 1:] != s[..., :-1]
-        parts.append(ranked_ap(hits.cpu().numpy(), end.cpu().numpy()))
-    return np.concatenate(parts) * 100.0
-
-
-class _StackedAdam:
-    """Adam over the stacked parameters: for each (learning rate, weight decay), one call of
-    torch's fused kernel on the slices of the runs that train with it (each maximal block of
-    consecutive runs with that pair is one slice; runs ordered by them give one slice per
-    pair). ``groups``: ``(stacked params, lr per run, gradient buffers or None[, weight decay
-    per run, which params it decays])``: a parameter with a buffer takes its gradient from it
-    (the head, whose gradient the engine computes itself), else from ``.grad``; weight decay is
-    Adam's coupled L2 (the single run's `spmlkit.engine.LeanAdam` group), on the
-    params marked (the head's weights, not its biases), in a call of their own when it is not 0.
-    Every run takes the same steps (one count)."""
-
-    def __init__(self, groups, betas=(0.9, 0.999), eps=1e-8):
-        self.betas, self.eps = betas, eps
-        self.calls = []  # (params, [(param, slice)], grad slices or None, m, v, steps, lr, wd)
-        self.params = []
-        self.moments = {}
-        self.count = 0
-        self.steps: list = []
-        for params, lrs, grads, *decay in groups:
-            wds, marked = decay if decay else ([0.0] * len(lrs), [False] * len(params))
-            keep = [i for i, p in enumerate(params) if p.requires_grad]
-            params = [params[i] for i in keep]
-            marked = [marked[i] for i in keep]
-            grads = None if grads is None else [grads[i] for i in keep]
-            steps = [torch.zeros((), device=p.device) for p in params]
-            self.steps += steps
-            for p in params:
-                self.params.append(p)
-                self.moments[id(p)] = (torch.zeros_like(p), torch.zeros_like(p))
-            slices: dict = {}  # (lr, wd) -> its blocks of consecutive runs
-            start = 0
-            key = [(float(lr), float(wd)) for lr, wd in zip(lrs, wds)]
-            while start < len(key):
-                stop = start
-                while stop < len(key) and key[stop] == key[start]:
-                    stop += 1
-                slices.setdefault(key[start], []).append(slice(start, stop))
-                start = stop
-            for (lr, wd), sls in slices.items():
-                parts = [[i for i in range(len(params)) if marked[i]],
-                         [i for i in range(len(params)) if not marked[i]]] if wd else \
-                    [list(range(len(params)))]
-                for j, which in enumerate(parts):
-                    if not which:
-                        continue
-                    pairs = [(params[i], sl) for sl in sls for i in which]
-                    self.calls.append((
-                        pairs, [p.detach()[sl] for p, sl in pairs],
-                        None if grads is None else [grads[i][sl] for sl in sls for i in which],
-                        [self.moments[id(p)][0][sl] for p, sl in pairs],
-                        [self.moments[id(p)][1][sl] for p, sl in pairs],
-                        [steps[i] for _ in sls for i in which], lr,
-                        wd if wd and j == 0 else 0.0))
-
-    @torch.no_grad()
-    def step(self) -> None:
-        self.count += 1
-        torch._foreach_add_(self.steps, 1)
-        for pairs, views, grads, m, v, steps, lr, wd in self.calls:
-            if grads is None:
-                grads = [p.grad[sl] for p, sl in pairs]
-            torch._fused_adam_(views, grads, m, v, [], steps, lr=lr, beta1=self.betas[0],
-                               beta2=self.betas[1], weight_decay=wd, eps=self.eps,
-                               amsgrad=False, maximize=False)
-
-    def run_state(self, r: int, groups_of_run) -> dict:
-        """Run ``r``'s optimiser state in `spmlkit.engine.LeanAdam`'s format:
-        ``groups_of_run``: its ``[(stacked params, lr)]`` in LeanAdam's group order."""
-        groups = []
-        for params, lr, *_ in groups_of_run:
-            params = [p for p in params if p.requires_grad]
-            groups.append({"lr": float(lr),
-                           "exp_avg": [self.moments[id(p)][0][r] for p in params],
-                           "exp_avg_sq": [self.moments[id(p)][1][r] for p in params],
-                           "steps": [torch.tensor(float(self.count), device=p.device)
-                                     for p in params]})
-        return {"groups": groups, "betas": list(self.betas), "eps": self.eps}
-
-
-def gather(t, index: torch.Tensor) -> torch.Tensor:
-    """``t[index]`` (rows of ``t`` for an index of any shape), contiguous, through one
-    ``index_select`` of whole rows (faster than advanced indexing with a 2-d index); from
-    stored features (`Rows`), one read of those rows in file order."""
-    if is_stored(t):
-        block = as_rows(t).take(index.reshape(-1).cpu().numpy())
-        return to_device(block, index.device).view(*index.shape, t.shape[1])
-    return t.index_select(0, index.reshape(-1)).view(*index.shape, *t.shape[1:])
-
-
-def _stored_val_logits(model: StackedLinear, views, xv) -> Callable[[int], torch.Tensor]:
-    """Run ``r``'s val logits of stored val rows ``xv``, as a function of ``r``: every run's
-    from one read of the rows (one product per chunk) when R x N x L float32 take at most
-    `STORED_VAL_BYTES`, else each run's from its own read (one run's N x L at a time)."""
-    runs, classes, _ = model.weight.shape
-    if runs * len(xv) * classes * 4 <= STORED_VAL_BYTES:
-        logits = model.predict(xv)
-        return lambda r: logits[r]
-    return lambda r: predict_logits(views[r], xv)
-
-
-def _rows_on(block, device: torch.device) -> torch.Tensor:
-    """A block of rows as a tensor on ``device`` (stored features are read as numpy)."""
-    return block if torch.is_tensor(block) else to_device(block, device)
-
-
-def _state_tensors(module: nn.Module) -> list[tuple[nn.Module, str, bool]]:
-    """``(owner module, name, is_parameter)`` of every parameter and buffer of ``module``."""
-    out = []
-    for _, sub in module.named_modules():
-        out += [(sub, n, True) for n, p in sub._parameters.items() if p is not None]
-        out += [(sub, n, False) for n, b in sub._buffers.items() if b is not None]
-    return out
-
-
-def _closed_form_tables(losses, observed, dtype):
-    """The closed-form runs' BCE targets and weights of every train row (``bce_form``), each
-    distinct table once: ``([targets, weights (if any)], offsets, count)`` with the tables
-    stacked to G*N x L, ``offsets`` R x 1 (run r's rows start at its offset; None with one
-    table) and ``count`` None or the per-run ``(lam, k)`` tensors of the count term (lam 0:
-    none).
-
-    A table of 0 / 1 only (AN's targets, weights of 1) is held as uint8 and cast back per
-    gathered chunk (exact): a quarter of the memory of N x L float32 per table. The tables are
-    built over blocks of `TABLE_ROWS` rows (``bce_form`` is entry-wise), so no N x L
-    float32 (or bool) temporary of a large train split is made."""
-    n = observed[0].shape[0]
-    index: dict = {}
-    sources, offsets, lams, ks = [], [], [], []  # per distinct table: (loss, observed)
-    for loss, z in zip(losses, observed):
-        key = (type(loss), loss.extra_repr(), id(z))
-        if key not in index:
-            index[key] = len(sources)
-            sources.append((loss, z))
-        offsets.append(index[key] * n)
-        count = loss.count_penalty()
-        lams.append(0.0 if count is None else float(count[0]))
-        ks.append(0.0 if count is None else float(count[1]))
-    device = sources[0][1].device
-    with torch.no_grad():
-        weighted = [loss.bce_form(z[:1])[1] is not None for loss, z in sources]
-
-        def blocks(kind: int):  # (table's first row, block of that table in ``dtype``)
-            for g, (loss, z) in enumerate(sources):
-                for i in range(0, n, TABLE_ROWS):
-                    t, w = loss.bce_form(z[i:i + TABLE_ROWS])
-                    block = t if kind == 0 else torch.ones_like(t, dtype=dtype) if w is None \
-                        else w
-                    yield g * n + i, block.to(dtype)
-
-        tables = []
-        for kind in ([0, 1] if any(weighted) else [0]):
-            exact = all(torch.equal(b, b.to(torch.uint8).to(dtype)) for _, b in blocks(kind))
-            table = torch.empty((len(sources) * n, *observed[0].shape[1:]),
-                                dtype=torch.uint8 if exact else dtype, device=device)
-            for start, b in blocks(kind):
-                table[start:start + len(b)] = b
-            tables.append(table)
-        offsets = torch.tensor(offsets, device=device).view(-1, 1) if len(sources) > 1 else None
-    count = None
-    if any(lams):
-        count = (torch.tensor(lams, dtype=dtype, device=device).view(-1),
-                 torch.tensor(ks, dtype=dtype, device=device).view(-1))
-    return tables, offsets, count
-
-
-def _closed_form_step(logits, target, weight, count, reduction):
-    """Each run's loss and the gradient of their sum for the logits (R x B x L) of a
-    closed-form BCE loss (`spmlkit.losses.SPMLLoss.closed_form`): the values of its
-    ``entries`` reduced as the autograd step reduces them, and ``weight * (sigmoid(s) - target)
-    / (B L)`` plus the count term's ``2 lam (m - k) / (L^2 B) * p (1 - p)`` (``m``: the run's
-    mean predicted count), what autograd computes."""
-    _, batch, classes = logits.shape
-    # BCE(s, t) = softplus(s) - t s (what binary_cross_entropy_with_logits computes, in fewer
-    # operations: the step time here is per-operation overhead)
-    entries = torch.addcmul(F.softplus(logits), target, logits, value=-1.0)
-    p = torch.sigmoid(logits)
-    g = p - target
-    if weight is not None:
-        entries.mul_(weight)
-        g.mul_(weight)
-    values = entries.mean(dim=(1, 2))
-    g.mul_(1.0 / (batch * classes))
-    if count is not None:
-        lam, k = count
-        penalty, grad = expected_positive_penalty_grad(p, k, lam)
-        values = values + penalty
-        g.add_(grad)
-    if reduction == "sum":
-        values = values * (batch * classes)
-        g.mul_(batch * classes)
-    return values, g
-
-
-def _autograd_step(model, stacked, xb, zb, idx, loss_params, seed):
-    """Each run's loss and the gradient of their sum for the logits, through autograd (the
-    loss's own parameters get theirs in ``.grad``; a penalty on the head's in the head's)."""
-    with torch.no_grad():
-        logits = model(xb)
-    logits.requires_grad_(True)
-    mat, pen = stacked.weighted_entries(logits, zb, idx)
-    values = mat.mean(dim=(1, 2))
-    if pen is not None:
-        values = values + pen
-    extra = stacked.penalty(model)
-    if torch.is_tensor(extra):
-        values = values + extra
-    if stacked.reduction == "sum":
-        values = values * mat[0].numel()
-    for p in loss_params:
-        p.grad = None
-    # d(sum of the runs' losses)/d(each run's loss) = 1: seeded directly (what the sum's
-    # backward would pass on), one node less per step
-    values.backward(seed if seed.dtype == values.dtype else torch.ones_like(values))
-    return values, logits.grad
 
 
 def _check_stack(observed, losses, configs, k) -> tuple[list, list]:
@@ -540,37 +550,6 @@ def _check_stack(observed, losses, configs, k) -> tuple[list, list]:
     return observed, ks
 
 
-def _mean_train_loss(step_values, n: int, bs: int, rows_per_epoch: int) -> list[float]:
-    """Each run's mean train loss of an epoch from its steps' losses (one R-vector a step):
-    weighted by the batch sizes, in float64 and in step order (what a running float64 total
-    would hold)."""
-    out = []
-    for per_step in torch.stack(step_values).double().T.tolist():
-        total = 0.0
-        for j, v in enumerate(per_step):
-            total += v * (min(n, (j + 1) * bs) - j * bs)
-        out.append(total / rows_per_epoch)
-    return out
-
-
-def _val_scores(model: StackedLinear, views, xv, yv, live: list, config: TrainConfig) -> dict:
-    """``{run: val score}`` of the live runs (``config.metric``; ``{}`` when none is live)."""
-    if not live:
-        return {}
-    conv, metric = config.map_convention, config.metric
-    if is_stored(xv):
-        # stored val rows: the runs' val logits from one read, or one run's at a time
-        # (`_stored_val_logits`); each run scored alone (no R x N x L float64)
-        logits_of = _stored_val_logits(model, views, xv)
-        return {r: val_map(logits_of(r), yv, conv, metric) for r in live}
-    logits_v = model.predict(xv)[live]
-    if metric == "map":
-        vals = stacked_val_map(logits_v, yv, conv)
-    else:  # another metric: each run's own (the single run's val_map)
-        vals = [val_map(s_, yv, conv, metric) for s_ in logits_v]
-    return dict(zip(live, vals))
-
-
 def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
                        configs: Sequence[TrainConfig], *, x_val=None, y_val=None,
                        k: float | None = None,
@@ -604,236 +583,6 @@ def fit_linear_stacked(x_train, observed, losses: Sequence[SPMLLoss],
             not stackable, bad inputs (as ``fit_linear``).
     """
     start = time.perf_counter()
-    runs = len(configs)
     observed, ks = _check_stack(observed, losses, configs, k)
-    on_epoch = list(on_epoch or [None] * runs)
-    checkpoint = list(checkpoint or [None] * runs)
-    config = configs[0]
-    device = torch.device(config.device)
-    x, z, xv, yv = linear_inputs(x_train, observed[0], x_val, y_val, config)
-    z_of = {id(observed[0]): z}  # each distinct observed matrix, checked once
-    for z_ in observed:
-        if id(z_) not in z_of:
-            z_of[id(z_)] = linear_inputs(x_train, z_, None, None, config)[1]
-            if z_of[id(z_)].shape != z.shape:
-                raise ValueError(f"stacked runs' observed labels differ in shape: "
-                                 f"{tuple(z.shape)} and {tuple(z_of[id(z_)].shape)}")
-    has_val = xv is not None
-    n, num_classes = z.shape
-    # runs of one seed draw the same batches: with at least SHARE_ROWS runs per seed, and as
-    # many for every seed, they share their rows (StackedLinear's ``shared``: one product per
-    # seed; the features gathered once per seed) and are ordered by seed, then learning rate;
-    # else by learning rate. Results are handed back in the callers' order.
-    per_seed = Counter(c.seed for c in configs)
-    shared = per_seed[configs[0].seed] if len(set(per_seed.values())) == 1 else 1
-    shared = shared if shared >= SHARE_ROWS else 1
-    order = sorted(range(runs), key=lambda r: (configs[r].seed, configs[r].lr,
-                                               configs[r].weight_decay) if shared > 1
-                   else (configs[r].lr, configs[r].weight_decay))
-    cfgs = [configs[r] for r in order]
-    loss_list = [losses[r].to(device) for r in order]
-    z_list = [z_of[id(observed[r])] for r in order]
-    for loss, c, z_, k_ in zip(loss_list, cfgs, z_list, [ks[r] for r in order]):
-        loss.on_train_start(z_, TrainInfo(n, num_classes, k_, c.seed, c.epochs))
-    heads = [make_linear_head(x.shape[1], num_classes, c.seed).to(device) for c in cfgs]
-    model = StackedLinear(heads, shared)
-    # the loss's state stacked along a leading run dimension, in a copy of the first module
-    slots = _state_tensors(loss_list[0])
-    stacked = copy.deepcopy(loss_list[0])
-    stacked_slots = _state_tensors(stacked)
-
-    def restack(first: bool = False):  # the runs' loss modules -> the stack (after hooks)
-        with torch.no_grad():
-            for i, (owner, name, is_param) in enumerate(stacked_slots):
-                values = [getattr(_state_tensors(l_)[i][0], name) for l_ in loss_list]
-                current = getattr(owner, name)
-                if not first and current.shape == (runs, *values[0].shape):
-                    for r, v in enumerate(values):
-                        current[r].copy_(v)
-                elif is_param:
-                    owner._parameters[name] = nn.Parameter(
-                        torch.stack([v.detach() for v in values]),
-                        requires_grad=values[0].requires_grad)
-                else:
-                    owner._buffers[name] = torch.stack(values)
-
-    def unstack():  # the stack -> the runs' loss modules (before their hooks, a snapshot)
-        with torch.no_grad():
-            for i, (owner, name, _) in enumerate(stacked_slots):
-                current = getattr(owner, name)
-                for r, l_ in enumerate(loss_list):
-                    getattr(_state_tensors(l_)[i][0], name).copy_(current[r])
-
-    restack(first=True)
-    stateful = bool(slots)
-    # a closed-form BCE loss (SPMLLoss.closed_form): the step's gradient without autograd, from
-    # the targets and weights of every train row, gathered with the features
-    closed = all(closed_form(loss) for loss in loss_list)
-    # a loss whose stacked gradient is written by hand (ROLE, PR): no autograd either
-    manual = not closed and getattr(stacked, "manual_gradient", False) and \
-        stacked.reduction == "mean" and stacked.eps == 0 and \
-        type(stacked).penalty is SPMLLoss.penalty
-    offsets = None  # per run, the first row of its targets in the stacked tables
-    if closed:
-        tables, offsets, count = _closed_form_tables(loss_list, z_list, torch.float32
-                                                     if is_stored(x) else x.dtype)
-        tables = [x, *tables]
-    else:
-        tables = [x, z]
-    lrs = [c.lr for c in cfgs]
-    loss_params = [p for p in stacked.parameters() if p.requires_grad]
-    # the head's gradient is computed here from the logits' (one batched product), into these
-    grad_w, grad_b = torch.zeros_like(model.weight), torch.zeros_like(model.bias)
-    wds = [c.weight_decay for c in cfgs]
-    groups = [(list(model.parameters()), lrs, [grad_w, grad_b], wds, [True, False])]
-    # each run's groups as its single run's LeanAdam has them (make_optimizer: with weight
-    # decay, the weights' group and the biases')
-    run_groups = [[([model.weight], c.lr), ([model.bias], c.lr)] if c.weight_decay else
-                  [(list(model.parameters()), c.lr)] for c in cfgs]
-    if loss_params:
-        groups.append((loss_params, [lr * stacked.lr_multiplier for lr in lrs], None))
-        for r, c in enumerate(cfgs):
-            run_groups[r].append((loss_params, c.lr * stacked.lr_multiplier))
-    opt = _StackedAdam(groups)
-    row_groups = runs // shared  # one batch order each
-    gens = [torch.Generator().manual_seed(cfgs[g * shared].seed) for g in range(row_groups)]
-    bs = config.batch_size
-    starts = batch_starts(n, bs, config.drop_last)  # (train.drop_last: no last short batch)
-    rows_per_epoch = epoch_rows(n, bs, config.drop_last)
-    metric = config.metric
-    # rows gathered at once for the coming steps (every run's, a multiple of the batch size):
-    # one indexing of the features and labels per chunk instead of two per step, within
-    # GATHER_BYTES of features (yeast: a whole epoch)
-    # (stored features: read from the store in file order, as float32)
-    width = x.shape[1] * (4 if is_stored(x) else x.element_size())
-    chunk = max(1, GATHER_BYTES // max(1, row_groups * width) // bs) * bs
-    # each run's best epoch, early stopping and history, as train_loop keeps a single run's
-    books = [Selection(config.early_stop, metric, validated=has_val) for _ in range(runs)]
-    errors: list = [None] * runs  # what ended a run (it diverged, its callback raised)
-    views = [model.run_head(r) for r in range(runs)]
-
-    def run_checkpoint_state(r: int) -> dict:  # the single-run format (train_loop's)
-        return books[r].state_dict(
-            format=STATE_FORMAT, stages=[[None, int(cfgs[r].epochs)]], stage=0,
-            model={"weight": model.weight.detach()[r], "bias": model.bias.detach()[r]},
-            loss=loss_list[r].state_dict(), optimizer=opt.run_state(r, run_groups[r]),
-            parts={}, run={"batch_order": {"state": gens[r // shared].get_state()}},
-            seconds=time.perf_counter() - start)
-
-    def keep(r: int) -> tuple:  # copies of run r's weights and loss state (a new best)
-        return ({"weight": model.weight.detach()[r].clone(),
-                 "bias": model.bias.detach()[r].clone()},
-                copy.deepcopy(loss_list[r].state_dict()))
-
-    with observed_validated(stacked):
-        for epoch in range(config.epochs):
-            live = [r for r in range(runs) if not books[r].stage_done and errors[r] is None]
-            if not live:
-                break
-            for r in live:
-                loss_list[r].on_epoch_start(epoch)
-            stacked.on_epoch_start(epoch)
-            if stateful:
-                restack()
-            perms = torch.stack([torch.randperm(n, generator=g) for g in gens]).to(device)
-            step_values = []  # R losses per step, summed once the epoch is over
-            seed = torch.ones(runs, device=device)
-            for i in starts:
-                idx = perms[:, i:i + bs]  # each row group's rows; the features are gathered
-                # once per group, the labels per run (its own table: offsets)
-                if shared > 1:
-                    idx = idx.repeat_interleave(shared, 0)
-                if i + bs > n:  # the last, shorter batch
-                    parts = [gather(t, perms[:, i:i + bs] if j == 0 else
-                                    idx if offsets is None else idx + offsets)
-                             for j, t in enumerate(tables)]
-                else:
-                    if i % chunk == 0:  # the coming full steps' rows of every run, at once
-                        steps = min(chunk, n - i) // bs
-                        rows = perms[:, i:i + steps * bs].reshape(
-                            row_groups, steps, bs).transpose(0, 1)
-                        run_rows = rows.repeat_interleave(shared, 1) if shared > 1 else rows
-                        coming = [gather(t, rows if j == 0 else run_rows if offsets is None
-                                         else run_rows + offsets) for j, t in enumerate(tables)]
-                    parts = [c[(i % chunk) // bs] for c in coming]
-                xb = parts[0]
-                if closed:
-                    with torch.no_grad():
-                        target = parts[1].to(xb.dtype)  # (a uint8 table: exact)
-                        weight = parts[2].to(xb.dtype) if len(parts) > 2 else None
-                        values, g = _closed_form_step(model(xb), target, weight, count,
-                                                      stacked.reduction)
-                elif manual:
-                    with torch.no_grad():
-                        values, g = stacked.stacked_step(model(xb), parts[1], idx)
-                else:
-                    values, g = _autograd_step(model, stacked, xb, parts[1], idx, loss_params,
-                                               seed)
-                    if seed.dtype != values.dtype:
-                        seed = torch.ones_like(values)
-                model.head_grads(g, xb, grad_w, grad_b)
-                if model.weight.grad is not None:  # a penalty on the head's weights
-                    grad_w.add_(model.weight.grad)
-                    model.weight.grad = None
-                if model.bias.grad is not None:
-                    grad_b.add_(model.bias.grad)
-                    model.bias.grad = None
-                opt.step()
-                step_values.append(values.detach())
-            # each run's mean train loss: its steps' losses weighted by their batch sizes, in
-            # float64 and in step order (what a running float64 total would hold)
-            train_loss = _mean_train_loss(step_values, n, bs, rows_per_epoch)
-            if stateful:
-                unstack()
-            train_all = model.predict(x) if stacked.needs_train_predictions else None
-            for r in live:
-                if not np.isfinite(train_loss[r]):
-                    errors[r] = FloatingPointError(diverged(epoch + 1, train_loss[r]))
-                    continue
-                try:
-                    loss_list[r].on_epoch_end(epoch, None if train_all is None else train_all[r])
-                except Exception as err:  # noqa: BLE001 (this run fails; the others go on)
-                    errors[r] = err
-            if stateful:
-                restack()
-            live = [r for r in live if errors[r] is None]
-            scores = _val_scores(model, views, xv, yv, live, config) if has_val else {}
-            for r in live:
-                record = {"epoch": epoch + 1, "train_loss": train_loss[r]}
-                if has_val:
-                    record[books[r].key] = scores[r]
-                books[r].end_epoch(record, epoch=epoch + 1, stage_epochs=cfgs[r].epochs,
-                                   value=scores.get(r), keep=lambda r=r: keep(r),
-                                   source="model" if has_val else None)
-                try:
-                    if on_epoch[order[r]] is not None:
-                        on_epoch[order[r]](record, views[r], loss_list[r])
-                except Exception as err:  # noqa: BLE001 (the run's own callback)
-                    errors[r] = err
-                finally:
-                    if checkpoint[order[r]] is not None:
-                        checkpoint[order[r]](lambda r=r: run_checkpoint_state(r))
-    seconds = (time.perf_counter() - start) / runs  # each run's share of the group's time
-    return _outcomes(books, errors, order, loss_list, (x.shape[1], num_classes, device), seconds)
-
-
-def _outcomes(books, errors, order, loss_list, head_shape, seconds: float) -> list:
-    """Per run, in the callers' order (``order``: the stack's run -> the caller's), its best
-    epoch's ``(nn.Linear, FitResult)`` with its loss module set to that epoch's state, or the
-    exception that ended it (a ValueError when no epoch had a finite score)."""
-    in_features, num_classes, device = head_shape
-    out: list = [None] * len(books)
-    for r, book in enumerate(books):
-        if errors[r] is None:
-            try:
-                weights, loss_state = book.best_weights()
-            except ValueError as err:  # no epoch had a finite score
-                errors[r] = err
-        if errors[r] is not None:
-            out[order[r]] = errors[r]
-            continue
-        head = nn.Linear(in_features, num_classes).to(device)
-        head.load_state_dict(weights)
-        loss_list[r].load_state_dict(loss_state)
-        out[order[r]] = (head, FitResult(**book.result_fields(), seconds=seconds))
-    return out
+    return StackedRuns(x_train, observed, losses, configs, x_val=x_val, y_val=y_val, ks=ks,
+                       on_epoch=on_epoch, checkpoint=checkpoint, start=start).run()

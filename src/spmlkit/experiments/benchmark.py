@@ -307,47 +307,47 @@ def format_table(selected, methods, dataset, seeds, grid, epochs, seconds,
     seed); ``methods`` have a ``label`` and a ``regime`` (`Method` or the study's
     ``MethodSpec``); ``seconds`` is the launch's wall time; ``sklearn``: the scikit-learn
     reference rows' records (`spmlkit.experiments.reference.reference_records`), after
-    the other reference rows."""
+    the other reference rows. Drawn with the study tables' renderer
+    (`spmlkit.experiments.tables.markdown_grid`)."""
     from ..metrics import METRICS
+    from .tables import markdown_grid
 
     on = "mAP" if metric == "map" else metric
-    extra = "" if metric == "map" else f" test {metric} | val {metric} |"
+    decays = "weight_decay" in grid
     lines = [f"Test mAP on `{dataset}` (mean ± std over {seeds} seed(s); per seed the grid point "
              f"with the best val {on}; batch {list(grid['batch_size'])} x lr "
              f"{list(grid['lr'])}"
-             + (f" x weight decay {list(grid['weight_decay'])}" if "weight_decay" in grid
-                else "") + f", {epochs} epochs, linear head"
+             + (f" x weight decay {list(grid['weight_decay'])}" if decays else "")
+             + f", {epochs} epochs, linear head"
              + ("; training drops each epoch's last short batch" if drop_last else "") + ").",
-             "",
-             "| method | regime | test mAP | val mAP | train recovery mAP | selected (batch, lr"
-             + (", weight decay) |" if "weight_decay" in grid else ") |")
-             + extra, "|---|---|---|---|---|---|" + ("---|---|" if extra else "")]
+             ""]
+    header = ["method", "regime", "test mAP", "val mAP", "train recovery mAP",
+              "selected (batch, lr" + (", weight decay)" if decays else ")")]
+    extra = [] if metric == "map" else ["test", "val"]  # the selection metric's columns
+    body = []
     refs = [m for m in methods if m.label in REFERENCES]
     for m in [m for m in methods if m.label not in REFERENCES] + refs:
         rows = [r for r in selected if r["loss"] == m.label]
         if not rows:
             continue
         picks = sorted({(r["batch_size"], r["lr"], r.get("weight_decay", 0.0)) for r in rows})
-        picks = [_pick({"batch_size": b, "lr": lr, "weight_decay": wd}, "weight_decay" in grid)
+        picks = [_pick({"batch_size": b, "lr": lr, "weight_decay": wd}, decays)
                  for b, lr, wd in picks]
         name = m.label if m.label not in REFERENCES else f"*{m.label}* (reference)"
-        lines.append(f"| {name} | {m.regime} | {_mean_std([r['test_map'] for r in rows])} | "
-                     f"{_mean_std([r['val_map'] for r in rows])} | "
-                     f"{_mean_std([r['train_recovery_map'] for r in rows])} | "
-                     f"{', '.join(picks)} |"
-                     + ("" if not extra else
-                        " " + " | ".join(_mean_std([r[f"{split}_metrics"][metric] for r in rows],
-                                                   METRICS[metric].decimals)
-                                         for split in ("test", "val")) + " |"))
+        body.append([name, m.regime, _mean_std([r["test_map"] for r in rows]),
+                     _mean_std([r["val_map"] for r in rows]),
+                     _mean_std([r["train_recovery_map"] for r in rows]), ", ".join(picks)]
+                    + [_mean_std([r[f"{split}_metrics"][metric] for r in rows],
+                                 METRICS[metric].decimals) for split in extra])
     for label in dict.fromkeys(r["loss"] for r in sklearn):
         rows = [r for r in sklearn if r["loss"] == label]
         recovery = [np.nan if r["train_recovery_map"] is None else r["train_recovery_map"]
                     for r in rows]
-        lines.append(f"| *{label}* (reference, scikit-learn) | {rows[0]['regime']} | "
-                     f"{_mean_std([r['test_map'] for r in rows])} | "
-                     f"{_mean_std([r['val_map'] for r in rows])} | {_mean_std(recovery)} | "
-                     f"{', '.join(sorted({_pick(r, False) for r in rows}))} |"
-                     + (" | |" if extra else ""))
+        body.append([f"*{label}* (reference, scikit-learn)", rows[0]["regime"],
+                     _mean_std([r["test_map"] for r in rows]),
+                     _mean_std([r["val_map"] for r in rows]), _mean_std(recovery),
+                     ", ".join(sorted({_pick(r, False) for r in rows}))] + [None] * len(extra))
+    lines += markdown_grid(header + [f"{split} {metric}" for split in extra], body)
     if sklearn:
         lines += ["", "*sklearn_lr*: one-vs-rest LogisticRegression (lbfgs, L2) on the same "
                   "features, the observed labels with unknown = negative (@full: the full "

@@ -376,18 +376,35 @@ def _csv(t: _Table) -> str:
     return buf.getvalue()
 
 
+def markdown_grid(header, body) -> list[str]:
+    """The lines of a Markdown table: the ``header`` cells, the rule, then each row of
+    ``body`` (a list of cells); a cell None is left blank (``| |``: a row group's title row, a
+    column a row has no value in). What the study tables (`study_table`) and ``spml
+    benchmark``'s table (`spmlkit.experiments.benchmark.format_table`) are drawn with.
+
+    >>> print("\\n".join(markdown_grid(["a", "b"], [["*g*", None], ["x", "1"]])))
+    | a | b |
+    |---|---|
+    | *g* | |
+    | x | 1 |
+    """
+    def line(cells) -> str:
+        return "|" + "".join(" |" if c is None else f" {c} |" for c in cells)
+
+    return [line(header), "|" + "---|" * len(header)] + [line(row) for row in body]
+
+
 def _markdown(t: _Table) -> str:
     marks = {1: "**{}**", 2: "<u>{}</u>"}
     esc = (lambda s: str(s).replace("|", "\\|"))
-    lines = ([f"**{esc(t.title)}**", ""] if t.title else [])
-    lines += ["| " + " | ".join([t.first] + [esc(t.heading(c)) for c in t.cols]) + " |",
-              "|" + "---|" * (len(t.cols) + 1)]
+    body = []
     for g, labels in t.layout:
         if t.group:
-            lines.append(f"| *{esc(t.group_title(g))}* |" + " |" * len(t.cols))
+            body.append([f"*{esc(t.group_title(g))}*"] + [None] * len(t.cols))
         for lab in labels:
-            out = [t.cell((g, lab), c, " ± ", marks, "–") for c in t.cols]
-            lines.append("| " + " | ".join([esc(lab)] + out) + " |")
+            body.append([esc(lab)] + [t.cell((g, lab), c, " ± ", marks, "–") for c in t.cols])
+    lines = ([f"**{esc(t.title)}**", ""] if t.title else [])
+    lines += markdown_grid([t.first] + [esc(t.heading(c)) for c in t.cols], body)
     return "\n".join(lines) + "\n"
 
 

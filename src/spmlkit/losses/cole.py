@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
-from .contract import SPMLLoss, TrainInfo, masks, soft_bce, take_rows
+from .contract import SPMLLoss, TrainInfo, expected_positive_penalty, \
+    expected_positive_penalty_grad, masks, soft_bce, take_rows
 from .registry import register
 
 COLE = "Cole et al. 2021"
@@ -116,23 +117,6 @@ class WeakAssumeNegativeLoss(_BCEForm):
         gamma = self.gamma if self.gamma is not None else 1.0 / max(num_classes - 1, 1)
         pos = observed == POSITIVE
         return pos, torch.where(pos, 1.0, gamma)
-
-
-def expected_positive_penalty(probs: torch.Tensor, k: float) -> torch.Tensor:
-    """EPR: ``((mean_n sum_i p_ni - k) / L) ** 2`` (Cole et al. Eq. 6, the official scaling).
-
-    ``probs`` B x L gives a scalar; R x B x L (stacked runs) one value per run."""
-    return ((probs.sum(dim=-1).mean(dim=-1) - k) / probs.shape[-1]) ** 2
-
-
-def expected_positive_penalty_grad(probs: torch.Tensor, k, lam):
-    """EPR's penalty of R x B x L probabilities (R,) times ``lam`` (``k`` and ``lam`` numbers or
-    per-run tensors), and its gradient for the logits: ``2 lam (m - k) / (L^2 B) * p (1 - p)``
-    (``m``: the run's mean predicted count); for hand-written stacked gradients."""
-    runs, batch, classes = probs.shape
-    excess = probs.sum(dim=-1).mean(dim=-1) - k
-    coef = excess * (2.0 * lam / (classes * classes * batch))
-    return lam * (excess / classes) ** 2, probs * (1.0 - probs) * coef.view(runs, 1, 1)
 
 
 class _NeedsK(SPMLLoss):

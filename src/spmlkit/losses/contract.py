@@ -237,6 +237,25 @@ def soft_bce(logits: torch.Tensor, target, eps: float = 0.0, weight=None) -> tor
     return out if weight is None else out * weight
 
 
+def expected_positive_penalty(probs: torch.Tensor, k: float) -> torch.Tensor:
+    """EPR: ``((mean_n sum_i p_ni - k) / L) ** 2`` (Cole et al. Eq. 6, the official scaling): the
+    count term of a `SPMLLoss.closed_form` loss (``count_penalty``).
+
+    ``probs`` B x L gives a scalar; R x B x L (stacked runs) one value per run."""
+    return ((probs.sum(dim=-1).mean(dim=-1) - k) / probs.shape[-1]) ** 2
+
+
+def expected_positive_penalty_grad(probs: torch.Tensor, k, lam):
+    """EPR's penalty of R x B x L probabilities (R,) times ``lam`` (``k`` and ``lam`` numbers or
+    per-run tensors), and its gradient for the logits: ``2 lam (m - k) / (L^2 B) * p (1 - p)``
+    (``m``: the run's mean predicted count); for hand-written stacked gradients
+    (`SPMLLoss.closed_form_step`, ROLE's ``stacked_step``)."""
+    runs, batch, classes = probs.shape
+    excess = probs.sum(dim=-1).mean(dim=-1) - k
+    coef = excess * (2.0 * lam / (classes * classes * batch))
+    return lam * (excess / classes) ** 2, probs * (1.0 - probs) * coef.view(runs, 1, 1)
+
+
 def resize_state_on_load(module: nn.Module, state_dict, prefix: str, names) -> None:
     """Resize the parameters/buffers ``names`` of ``module`` to the shapes found in ``state_dict``.
 
@@ -487,6 +506,40 @@ class SPMLLoss(nn.Module):
     def count_penalty(self):
         """``(lam, k)`` of a `closed_form` loss's expected-positive term, or None."""
         return None
+
+    def closed_form_step(self, logits, target, weight, count):
+        """For the vectorised engine: R stacked runs' loss (R,) and the gradient of their sum
+        for ``logits`` (R x B x L) in closed form, without autograd; None when the loss is not
+        `closed_form`. The form is the contract's, so one call serves runs of any closed-form
+        losses: ``target`` and ``weight`` (R x B x L, weight None: 1) their ``bce_form`` of
+        the batch, ``count`` None or per-run ``(lam, k)`` tensors (R,) of their
+        ``count_penalty`` (lam 0: none); the reduction is this loss's. The values are the
+        runs' ``entries`` reduced as autograd's step reduces them; the gradient is ``weight *
+        (sigmoid(s) - target) / (B L)`` plus the count term's ``2 lam (m - k) / (L^2 B) *
+        p (1 - p)`` (``m``: the run's mean predicted count), what autograd computes
+        (``tests/test_vectorised.py`` checks it for every closed-form loss)."""
+        if not self.closed_form:
+            return None
+        _, batch, classes = logits.shape
+        # BCE(s, t) = softplus(s) - t s (what binary_cross_entropy_with_logits computes, in
+        # fewer operations: the step time here is per-operation overhead)
+        entries = torch.addcmul(F.softplus(logits), target, logits, value=-1.0)
+        p = torch.sigmoid(logits)
+        g = p - target
+        if weight is not None:
+            entries.mul_(weight)
+            g.mul_(weight)
+        values = entries.mean(dim=(1, 2))
+        g.mul_(1.0 / (batch * classes))
+        if count is not None:
+            lam, k = count
+            penalty, grad = expected_positive_penalty_grad(p, k, lam)
+            values = values + penalty
+            g.add_(grad)
+        if self.reduction == "sum":
+            values = values * (batch * classes)
+            g.mul_(batch * classes)
+        return values, g
 
     #: the loss has `stacked_step`: its stacked runs' gradient written out by hand
     manual_gradient = False

@@ -70,8 +70,8 @@ import numpy as np
 import torch
 
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
-from .contract import SPMLLoss, TrainInfo, as_compute, log_1mp, log_p, masks, take_rows
-from .cole import expected_positive_penalty
+from .contract import SPMLLoss, TrainInfo, as_compute, expected_positive_penalty, log_1mp, \
+    log_p, masks, take_rows
 from .registry import register
 from .zhou import _OFFICIAL_ALPHA, binary_entropy
 

@@ -270,7 +270,7 @@ def _k_interval(y, m: int):
     return _INTERVALS[key]
 
 
-def resolve_k(k, splits, seed: int, report: bool = False):
+def resolve_k(k, splits, seed: int, report: bool = False, given: str | None = None):
     """A run's ``k`` (expected positives per example): ``None`` and numbers as they are;
     ``"true"`` the split's own mean (``splits.k``: the paper's k*, what ``None`` trains with);
     ``"estimate:M:lower|point|upper"`` estimated from M fully labelled rows drawn with ``seed``
@@ -281,7 +281,8 @@ def resolve_k(k, splits, seed: int, report: bool = False):
     ``low + I/N (high - low)`` (Figure A1's linearly spaced values: ``0/9`` .. ``9/9``). The
     rows are train rows, or val rows when the training labels are only observed ones (regime
     ``given``: the train rows' full labels are unknown). ``report`` prints the estimate to
-    stderr.
+    stderr. ``given``: how the user spelled ``k`` (``"--k-estimate 50"``), named in the errors
+    (default ``k '<k>'``).
 
     Raises:
         ValueError: a k that is not > 0, a malformed estimate, or M larger than the rows there
@@ -313,8 +314,8 @@ def resolve_k(k, splits, seed: int, report: bool = False):
     if not 0 < m <= n:
         why = "" if complete else " (the training labels are partial, so k is estimated from " \
                                   "the fully labelled val rows; or give k directly: --k)"
-        raise ValueError(f"k {k!r}: estimating k from {m} fully labelled rows needs that many, "
-                         f"and the {split} split has only {n} rows{why}")
+        raise ValueError(f"{given or f'k {k!r}'}: estimating k from {m} fully labelled rows "
+                         f"needs that many, and the {split} split has only {n} rows{why}")
     if position is not None:
         iv = _k_interval(labelled.y, m)
         return iv.low + position * (iv.high - iv.low)
