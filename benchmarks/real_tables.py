@@ -268,7 +268,7 @@ def summarise(name: str, info: dict, spml: dict, sk: dict, first: str) -> dict:
 
     stats = {m: mean_std([r["test_map"] for r in rs]) for m, rs in spml["records"].items()}
     vals = {m: mean_std([r["val_map"] for r in rs]) for m, rs in spml["records"].items()}
-    picks = {m: sorted({(r["batch_size"], r["lr"]) for r in rs})
+    picks = {m: sorted({(r["batch_size"], r["lr"], r.get("weight_decay", 0.0)) for r in rs})
              for m, rs in spml["records"].items()}
     methods = [m for m in stats if m not in REFERENCES]
     best = max(methods, key=lambda m: stats[m][0])
@@ -283,7 +283,8 @@ def summarise(name: str, info: dict, spml: dict, sk: dict, first: str) -> dict:
                      "selected": selected})
 
     def spml_row(row, m):
-        add(row, m, stats[m], vals[m], ", ".join(f"({b}, {lr:g})" for b, lr in picks[m]))
+        add(row, m, stats[m], vals[m], ", ".join(f"({b}, {lr:g}, wd {wd:g})"
+                                                 for b, lr, wd in picks[m]))
 
     spml_row("spmlkit: best method (of the losses, by mean test mAP)", best)
     spml_row("spmlkit: the method choosing.md recommends first", first)
