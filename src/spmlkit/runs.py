@@ -38,6 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
+# the checked readers every run-folder read uses (spmlkit.safe_load), importable from here too
+from .safe_load import check_array_file, load_array, load_arrays, load_torch  # noqa: F401
+
 #: a name that is one folder inside its parent: what run, study and dataset names must be
 SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 CONFIG_FILE = "config.json"
@@ -394,127 +397,6 @@ def _jsonable(obj):
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"cannot write {type(obj).__name__} as JSON")
-
-
-def load_torch(path, map_location="cpu") -> dict:
-    """A ``torch.save`` file of a run folder, loaded with ``weights_only=True``: tensors,
-    numbers, strings and containers only, never pickled code, so a run folder received from
-    someone else cannot run anything. A file that needs more is refused with a clear error."""
-    import pickle
-
-    import torch
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
-    try:
-        obj = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as err:
-        text = str(err)
-        found = re.search(r"\bGLOBAL (\S+)", text)
-        if found is None:  # not a torch file at all
-            raise ValueError(f"{path}: not a readable checkpoint (UnpicklingError); train the "
-                             f"run again") from None
-        raise ValueError(f"{path}: refused: it refers to {found.group(1)}, which loading "
-                         f"would import and could run code; a spmlkit checkpoint holds only "
-                         f"tensors, numbers and strings (load a file you trust with torch.load "
-                         f"yourself)") from None
-    except (RuntimeError, EOFError, OSError) as err:
-        first = str(err).splitlines()[0] if str(err) else ""
-        raise ValueError(f"{path}: not a readable checkpoint ({type(err).__name__}: "
-                         f"{first[:200]}); train the run again") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"{path}: expected a dict of tensors and values, got "
-                         f"{type(obj).__name__}")
-    return obj
-
-
-def _human(nbytes: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
-        if nbytes < 1024:
-            return f"{nbytes:.0f} {unit}" if unit == "bytes" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1024
-    return f"{nbytes:.3g} x 1024 EiB"
-
-
-def _check_npy_header(fh, size: int, where: str) -> None:
-    """The ``.npy`` header read from ``fh`` (at its start; ``size`` bytes in all) describes
-    an array the file can hold: a numeric dtype, and no more data than the file has."""
-    from numpy.lib import format as npy
-
-    try:
-        version = npy.read_magic(fh)
-        if version not in ((1, 0), (2, 0)):
-            return  # a newer format: numpy's own reader checks it
-        read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
-        shape, _, dtype = read(fh, max_header_size=100_000)
-    except (ValueError, EOFError, OSError, SyntaxError) as err:
-        raise ValueError(f"{where}: not a readable .npy array ({err})") from None
-    if dtype.hasobject:
-        raise ValueError(f"{where}: holds Python objects (dtype {dtype}), which are not loaded "
-                         f"(they could run code); save a numeric array")
-    count = 1
-    for n in shape:
-        count *= int(n)
-    need, have = count * dtype.itemsize, size - fh.tell()
-    if need > have:
-        raise ValueError(f"{where}: its header claims an array of shape {tuple(shape)} "
-                         f"({dtype}, {_human(need)}) but the file holds {_human(have)} of "
-                         f"data: a truncated or damaged file")
-
-
-def check_array_file(path) -> None:
-    """Check a ``.npy`` / ``.npz`` file before numpy loads it (a header claiming a huge shape
-    would make numpy allocate it first): each array header's shape fits the data there is.
-    Raises ``ValueError`` naming the file (and the array of an ``.npz``); a file that is
-    neither format is named too (numpy would say only that it holds pickled data)."""
-    import zipfile
-
-    path = Path(path)
-    with open(path, "rb") as fh:
-        head = fh.read(6)
-        if head == b"\x93NUMPY":
-            fh.seek(0)
-            _check_npy_header(fh, os.fstat(fh.fileno()).st_size, str(path))
-            return
-    if not zipfile.is_zipfile(path):
-        raise ValueError(f"{path}: not a readable .npy or .npz file (it does not start as one)")
-    try:
-        with zipfile.ZipFile(path) as zf:
-            for info in zf.infolist():
-                if info.filename.endswith(".npy"):
-                    with zf.open(info) as fh:
-                        _check_npy_header(fh, info.file_size,
-                                          f"{path}, array {info.filename[:-4]!r}")
-    except (zipfile.BadZipFile, OSError, EOFError) as err:
-        raise ValueError(f"{path}: not a readable .npz file ({err})") from None
-
-
-def load_arrays(path, keys=(), what: str = "") -> dict:
-    """The arrays of the ``.npz`` file ``path`` (checked first: `check_array_file`),
-    all of them loaded; ``keys`` that must be there (the message names the missing ones and
-    ``what`` writes the file)."""
-    path = Path(path)
-    check_array_file(path)
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except (OSError, EOFError, ValueError) as err:
-        raise ValueError(f"{path}: not a readable .npz file ({err})") from None
-    missing = [k for k in keys if k not in arrays]
-    if missing:
-        raise ValueError(f"{path} lacks the array(s) {missing}" + (f"; {what}" if what else ""))
-    return arrays
-
-
-def load_array(path, mmap_mode: str | None = None) -> np.ndarray:
-    """The array of the ``.npy`` file ``path``, checked first (`check_array_file`)."""
-    path = Path(path)
-    check_array_file(path)
-    try:
-        return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
-    except (OSError, EOFError, ValueError) as err:
-        raise ValueError(f"{path}: not a readable .npy file ({err})") from None
 
 
 class RunDir:
