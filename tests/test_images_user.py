@@ -437,3 +437,27 @@ def test_mime_collapse_names_the_head_learning_rate():
     lac = baseline_warning(get_method("lac"), TrainConfig(epochs=10, lr=1e-4), {}, 41.0, 34.4)
     assert "LAC's lr 0.0001 is the paper's OneCycle peak" in lac and "10-epoch" in lac
     assert baseline_warning(get_method("lac"), TrainConfig(lr=1e-3), {}, 66.0, 34.4) is None
+
+
+def test_a_run_records_the_opt_in_speed_ups_it_trained_with(tagged):
+    """``--compile`` changes bits (fused kernels round differently): the run's config.json
+    says it trained with it; a run without any has no such entry."""
+    pytest.importorskip("torch._inductor")
+    root, _ = tagged
+    base = ["train", "--dataset", "folder", "--data", f"root={root / 'train'}", "--data",
+            f"test_csv={root / 'test.csv'}", "--mode", "finetune", "--backbone", "tiny_cnn",
+            "--image-size", "16", "--epochs", "1", "--batch-size", "8", "--workers", "0",
+            "--quiet"]
+    assert main(base + ["--out", str(root / "plain")]) == 0
+    try:
+        code = main(base + ["--compile", "default", "--out", str(root / "compiled")])
+    except Exception as err:  # no C++ compiler: say so rather than fail
+        if "compiler" in str(err).lower():
+            pytest.skip(f"torch.compile cannot build here: {err}")
+        raise
+    assert code == 0
+    (plain,) = (root / "plain").iterdir()
+    (compiled,) = (root / "compiled").iterdir()
+    assert "acceleration" not in json.loads((plain / "config.json").read_text())
+    assert json.loads((compiled / "config.json").read_text())["acceleration"] == \
+        ["--compile default"]

@@ -20,6 +20,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
+from ..accel import current_acceleration
 from ..engine import TrainConfig
 from ..losses import create_loss
 from ..metrics import THRESHOLD_POLICY, map_score, pseudo_label_stats
@@ -171,7 +172,7 @@ def _check_resume(path, stored: dict, fresh: dict) -> None:
     fresh = json.loads(json.dumps(fresh, default=str))
     keys = [k for k in fresh if k in RESUME_KEYS or k not in (
         "dataset_options", "train", "options", "class_names", "versions", "processes",
-        "labels")]
+        "labels", "acceleration")]
     differ = [k for k in keys if stored.get(k) != fresh.get(k)]
     # a folder written before TrainConfig had ``metric`` / ``weight_decay`` selected on mAP,
     # without weight decay
@@ -198,6 +199,9 @@ def _fresh_config(method: TrainingMethod, ctx: RunContext, dataset_options) -> d
            "features": feature_record(splits), "versions": versions()}
     if method.run_config is not None:
         out.update(method.run_config(ctx))
+    accel = current_acceleration()
+    if accel.any:  # opt-in speed-ups that change bits: recorded, though a resume may drop them
+        out["acceleration"] = accel.flags()
     return out
 
 
