@@ -77,11 +77,6 @@ class Acceleration:
                 raise ModuleNotFoundError("--gpu-decode needs torchvision "
                                           "(torchvision.io.decode_jpeg); install it or leave "
                                           "the flag off") from None
-            import warnings
-
-            warnings.warn("--gpu-decode is experimental: runs diverged (loss nan) on an H200 with "
-                          "torchvision 0.26 and the cause is not found (docs/guide/images.md); "
-                          "don't use it for results", RuntimeWarning, stacklevel=2)
 
     def compiled(self, module):
         """``module`` through ``torch.compile`` when asked, else ``module`` itself."""

@@ -70,6 +70,12 @@ def _decode_jpegs(files: list, size: int, device: torch.device) -> torch.Tensor:
     antialiased resize there)."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
+    # nvJPEG's hardware decoder writes its outputs before the work already queued on the stream
+    # has run, and those outputs come from torch's caching allocator: memory that queued kernels
+    # may still read (freed, then handed out again). Without this wait, runs on an H200 went NaN
+    # in their first or second epoch (pytorch/vision#9606, meta-pytorch/torchcodec#1634). One
+    # host wait per batch.
+    torch.cuda.current_stream(device).synchronize()
     try:
         images = decode_jpeg(files, mode=ImageReadMode.RGB, device=device)
     except RuntimeError as err:
