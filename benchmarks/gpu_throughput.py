@@ -175,6 +175,19 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+def _step(model, opt, x, y, device, amp) -> None:
+    """One plain training step (the ceiling's and the bare loop's): forward under autocast,
+    BCE on the logits in float32, backward, optimiser step; nothing read back."""
+    import torch
+
+    with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+        out = model(x)
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(out.float(), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
 def child_ceiling(args, device, busy):
     """Random tensors already on the device, fused Adam: the compute ceiling."""
     import torch
@@ -196,12 +209,7 @@ def child_ceiling(args, device, busy):
         t0 = time.perf_counter()
         model.train()
         for _ in range(math.ceil(n_train / b)):
-            with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                out = model(x)
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(out.float(), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            _step(model, opt, x, y, device, amp)
         _sync(device)
         t1 = time.perf_counter()
         model.eval()
@@ -273,13 +281,7 @@ def child_bare(args, device, busy):
         t0 = time.perf_counter()
         model.train()
         for x, idx in train:
-            with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                out = model(prep(x))
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(
-                out.float(), observed[idx.to(device, non_blocking=True)])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            _step(model, opt, prep(x), observed[idx.to(device, non_blocking=True)], device, amp)
         _sync(device)
         t1 = time.perf_counter()
         model.eval()
