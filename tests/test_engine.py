@@ -196,7 +196,9 @@ def test_run_folder_syncs_only_its_checkpoint_failure_and_final_file(tmp_path, m
     monkeypatch.setattr(os, "fsync", fsync)
     run = RunDir.create(tmp_path, "run")
     run.start({"a": 1}, np.array([[1, -1]], np.int8))
-    run.checkpointer(0.0)(lambda: {"epoch": 1})
+    saver = run.checkpointer(0.0)
+    saver(lambda: {"epoch": 1})
+    saver.wait()  # written in a thread of its own
     assert [Path(s).name.split(".")[1] for s in synced] == ["checkpoint"]  # its temporary
     arrays = {"probs_val": np.random.default_rng(0).random((30, 4), np.float32),
               "y_val": np.eye(4, dtype=np.uint8)[np.arange(30) % 4], "best_epoch": 3}

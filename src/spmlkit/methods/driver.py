@@ -325,9 +325,9 @@ def _train_run(method, splits, loss, hparams, loss_fn, config, k, options, datas
     every = checkpoint_seconds if checkpoint_seconds is not None else \
         method.checkpoint_seconds if method.checkpoint_seconds is not None else \
         CHECKPOINT_SECONDS
+    saver = run.checkpointer(every) if run is not None and is_main else None
     ctx = RunContext(method, splits, loss, hparams, loss_fn, k, config, options, log_epoch,
-                     run.checkpointer(every) if run is not None and is_main else None, state,
-                     is_main, run.path if run is not None else None)
+                     saver, state, is_main, run.path if run is not None else None)
     if run is not None and resume is None:
         run.start(_fresh_config(method, ctx, dataset_options), splits.observed)
         dropped = skipped_images(splits)
@@ -342,7 +342,11 @@ def _train_run(method, splits, loss, hparams, loss_fn, config, k, options, datas
     t0 = time.perf_counter()
     try:
         fitted = method.fit(ctx)
+        if saver is not None:  # the last checkpoint on disk before the folder is finished
+            saver.wait()
     except BaseException as err:
+        if saver is not None:  # ... or failed (the run's error is the one raised)
+            saver.wait(raise_error=False)
         if run is not None and is_main and not isinstance(err, KeyboardInterrupt):
             run.fail(err)
         raise
