@@ -277,6 +277,50 @@ def test_cuda_gpu_decode_is_close_to_the_pil_path(jpegs):
     assert diff.mean() < 3 and diff.max() < 64, (diff.mean(), diff.max())
 
 
+def test_resize_all_resizes_each_shape_as_one_batch_as_if_alone():
+    """--gpu-decode's resize: images of one shape go through one batched interpolation, each
+    image's pixels those of resizing it alone; images at the size are copied as they are."""
+    from spmlkit.data.image_views import resize_all
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [(48, 64), (32, 32), (48, 64), (40, 30), (32, 32), (48, 64)]
+    images = [torch.randint(0, 256, (3, *s), generator=g, dtype=torch.uint8) for s in shapes]
+    out = resize_all(images, 32)
+    assert out.shape == (6, 3, 32, 32) and out.dtype == torch.uint8
+    for img, got in zip(images, out):
+        alone = img if img.shape[1:] == (32, 32) else torch.nn.functional.interpolate(
+            img[None].float(), size=(32, 32), mode="bilinear", align_corners=False,
+            antialias=True)[0].round_().clamp_(0, 255).to(torch.uint8)
+        assert torch.equal(got, alone)
+    assert torch.equal(resize_all(images[:1], 32)[0], out[0])  # one shape: one batch
+
+
+@cuda
+def test_cuda_gpu_decode_never_writes_into_memory_queued_kernels_still_read(jpegs):
+    """pytorch/vision#9606: nvJPEG wrote its outputs into blocks that the caller's stream had
+    freed while kernels queued on it still read them (runs went NaN). Blocks of the decoder's
+    output size are filled, read by reductions queued behind a long kernel and freed, then a
+    batch is decoded: every reduction must still see its own values."""
+    pytest.importorskip("torchvision")
+    from spmlkit.data.image_views import _decode_jpegs
+
+    t = T.eval_transform(32)
+    raw = _Collate((3, 32, 32))([ImageItems(jpegs, t, raw=True)[r] for r in range(12)])[0]
+    device = torch.device("cuda")
+    bad = 0
+    for _ in range(20):
+        blocks = [torch.full((3 * 60 * 80,), k, dtype=torch.uint8, device=device)
+                  for k in range(1, 25)]
+        torch.cuda.synchronize()
+        torch.cuda._sleep(20_000_000)  # the step still running on the GPU
+        sums = [b.sum(dtype=torch.int64) for b in blocks]
+        del blocks  # freed while their reductions are queued
+        _decode_jpegs(raw, 32, device)
+        torch.cuda.synchronize()
+        bad += sum(int(s) != k * 3 * 60 * 80 for k, s in zip(range(1, 25), sums))
+    assert bad == 0
+
+
 @cuda
 def test_cuda_gpu_decode_fine_tunes(jpegs):
     pytest.importorskip("torchvision")

@@ -18,9 +18,10 @@ They are set for a block with `acceleration` (``spml train`` / ``spml extract``:
 - ``gpu_decode``: loader workers only read the files' bytes; the training process decodes the
   JPEGs on the GPU with torchvision's nvJPEG (``torchvision.io.decode_jpeg(device="cuda")``),
   resizes them there (bilinear with antialiasing: not PIL's resize, so the pixels differ by a
-  few levels from the CPU path) and flips / normalises as the CPU path. Needs torchvision and
-  a CUDA device; JPEG files only; the eval and weak views only (LAC's strong view runs PIL
-  operations).
+  few levels from the CPU path) and flips / normalises as the CPU path, on a CUDA stream of its
+  own (`spmlkit.data.image_views`: nvJPEG must not be handed memory that queued kernels still
+  read). Needs torchvision and a CUDA device; JPEG files only; the eval and weak views only
+  (LAC's strong view runs PIL operations).
 """
 from __future__ import annotations
 

@@ -351,8 +351,8 @@ def _add_acceleration(p) -> None:
     p.add_argument("--gpu-decode", action="store_true",
                    help="decode JPEGs on the GPU (torchvision's nvJPEG) and resize there "
                         "(antialiased bilinear: pixels differ a little from PIL's); eval and "
-                        "weak views only; needs CUDA and torchvision; waits for the stream "
-                        "before each decode (docs/guide/images.md)")
+                        "weak views only; needs CUDA and torchvision; decodes on a CUDA stream of "
+                        "its own (docs/guide/images.md)")
 
 
 def _acceleration(args):
