@@ -16,7 +16,13 @@ context; the child ends with ``os._exit`` so persistent loader workers cannot ha
   the AN loss, spmlkit's optimiser, val mAP each epoch);
 - ``spmlkit+gpu-decode``: the same with ``--gpu-decode`` (nvJPEG);
 - ``spmlkit+compile``: the same with ``--compile reduce-overhead --cudnn-benchmark``
-  (``--with-compile``; its compilation takes minutes).
+  (``--with-compile``; its compilation takes minutes);
+- ``spmlkit+sync-checkpoint`` / ``spmlkit+no-folder`` (``--paths``): the run folder's
+  checkpoint written in the training thread, as spmlkit did before it wrote in a thread of its
+  own / no run folder at all (no checkpoint): what the checkpoint costs an epoch;
+- ``spmlkit+float-workers`` (``--paths``): the loader workers flip and normalise and deliver
+  float32, as spmlkit did before the uint8 loader: its speed, and its val / test mAP against the
+  default path's from the same seed (the issue's "within bfloat16 noise").
 
 Every path: the same model (``--backbone``, random init, ``--image-size``), batch, precision
 (``--amp``) and memory format (channels-last on CUDA). An epoch = the training pass over the
@@ -24,7 +30,9 @@ train rows + an eval pass over the val rows; ``--epochs`` epochs, the first one 
 autotuning, compilation) left out of the figures. Per path and batch: the mean epoch seconds,
 train images/s, and the GPU's busy share (NVML's utilisation, sampled every 50 ms over the
 timed epochs); ``vs_bare`` (epoch / the bare loop's at that batch: the target is <= 1.1) and
-``train_vs_ceiling`` (train images/s / the ceiling's: the target with GPU decode is >= 0.85).
+``train_vs_ceiling`` (train images/s / the ceiling's: the target with GPU decode is >= 0.85);
+``checkpoint_s``: the seconds per epoch the training thread spent in the run folder's
+checkpoint, ``val_map`` / ``test_map``: the run's (spmlkit's paths, seed 0).
 Paths left out for lack of time (``--budget`` seconds in all) or that fail are rows with their
 reason. The CSV has the machine (GPU, CPU cores, torch version).
 """
@@ -43,7 +51,7 @@ from pathlib import Path
 
 COCO_IDS = sorted(set(range(1, 91)) - {12, 26, 29, 30, 45, 66, 68, 69, 71, 83})
 FIELDS = ["path", "batch", "epoch_s", "train_img_s", "gpu_busy_pct", "vs_bare",
-          "train_vs_ceiling", "epochs_timed",
+          "train_vs_ceiling", "checkpoint_s", "val_map", "test_map", "epochs_timed",
           "train_rows", "val_rows", "device", "note"]
 
 
@@ -297,17 +305,48 @@ def child_bare(args, device, busy):
     return times, len(splits.train), len(splits.val)
 
 
-def child_spmlkit(args, device, busy, **accel):
-    """spmlkit's finetune through its API (what ``spml train`` runs)."""
+def child_spmlkit(args, device, busy, folder: str = "background", float_workers: bool = False,
+                  **accel):
+    """spmlkit's finetune through its API (what ``spml train`` runs). ``folder``: the run
+    folder's checkpoint written in a thread (``"background"``, spmlkit's default), in the
+    training thread (``"sync"``, spmlkit before it wrote in a thread) or no run folder
+    (``"none"``: no checkpoint at all). ``float_workers``: the loader workers flip and
+    normalise, delivering float32 images, as spmlkit did before issue 31 (the same bits on the
+    CPU; the seeded comparison of its val / test mAP with the default path's)."""
     import tempfile
 
+    import torch
+
+    from spmlkit import runs
+    from spmlkit.engine import image_batches
     from spmlkit.engine import TrainConfig, acceleration
     from spmlkit.engine.loop import batch_progress
     from spmlkit.methods import get_method, train_run
 
     splits = _splits(args)
-    marks = {"first": None, "train_end": float("nan"), "rows": 0}
+    marks = {"first": None, "train_end": float("nan"), "rows": 0, "saving": 0.0}
     times = []
+    real_checkpointer, real_call = runs.RunDir.checkpointer, runs.Checkpointer.__call__
+
+    def checkpointer(self, every_seconds=0.0, background=True):
+        return real_checkpointer(self, every_seconds, background=folder == "background")
+
+    def timed_call(self, make_state):  # the training thread's time in the checkpoint
+        t0 = time.perf_counter()
+        real_call(self, make_state)
+        marks["saving"] = time.perf_counter() - t0
+
+    runs.RunDir.checkpointer, runs.Checkpointer.__call__ = checkpointer, timed_call
+    if float_workers:  # (the workers are forked after this: they run it too)
+        real_load = image_batches.load_view
+
+        def float_view(transform, img, generator):
+            x, flip = real_load(transform, img, generator)
+            if x.dtype != torch.uint8:
+                return x, flip
+            return transform.finish(x[None], torch.tensor([flip]))[0], False
+
+        image_batches.load_view = float_view
 
     def step(rows, per_epoch):
         if marks["first"] is None:  # the first step marks the first epoch's start
@@ -317,18 +356,22 @@ def child_spmlkit(args, device, busy, **accel):
             _sync(device)               # the device is done (one wait per epoch)
             marks["train_end"], marks["rows"] = time.perf_counter(), 0
 
-    def on_epoch(record, *_):
+    def on_epoch(record, *_):  # (the epoch's checkpoint follows: it counts in the next one)
         now = time.perf_counter()
         start = times[-1][2] if times else marks["first"]
-        times.append((start, marks["train_end"], now))
+        times.append((start, marks["train_end"], now, marks["saving"]))
+        marks["saving"] = 0.0
 
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch, lr=1e-4, seed=0,
                          device=str(device), amp=args.amp, num_workers=args.workers,
                          image_size=args.image_size)
-    with tempfile.TemporaryDirectory() as out, batch_progress(step), acceleration(**accel):
-        train_run(get_method("finetune"), splits, "an", {}, config, out=out, on_epoch=on_epoch,
-                  backbone=args.backbone, pretrained=False, progress=False)
-    return times, len(splits.train), len(splits.val)
+    with tempfile.TemporaryDirectory() as out, batch_progress(step), \
+            acceleration(**accel):
+        result = train_run(get_method("finetune"), splits, "an", {}, config,
+                           out=None if folder == "none" else out, on_epoch=on_epoch,
+                           backbone=args.backbone, pretrained=False, progress=False)
+    scores = {"val_map": result["val_map"], "test_map": result["test_map"]}
+    return times, len(splits.train), len(splits.val), scores
 
 
 def run_child(args) -> None:
@@ -341,20 +384,29 @@ def run_child(args) -> None:
     busy = Busy(device)
     kind = args.child
     accel = {"spmlkit+gpu-decode": {"gpu_decode": True},
-             "spmlkit+compile": {"compile": "reduce-overhead", "cudnn_benchmark": True}}
+             "spmlkit+compile": {"compile": "reduce-overhead", "cudnn_benchmark": True},
+             "spmlkit+sync-checkpoint": {"folder": "sync"},
+             "spmlkit+no-folder": {"folder": "none"},
+             "spmlkit+float-workers": {"float_workers": True}}
+    scores = {}
     if kind == "ceiling":
         times, n_train, n_val = child_ceiling(args, device, busy)
     elif kind == "bare":
         times, n_train, n_val = child_bare(args, device, busy)
     else:
-        times, n_train, n_val = child_spmlkit(args, device, busy, **accel.get(kind, {}))
+        times, n_train, n_val, scores = child_spmlkit(args, device, busy,
+                                                      **accel.get(kind, {}))
     timed = times[1:] if len(times) > 1 else times
-    epoch = sum(t2 - t0 for t0, _, t2 in timed) / len(timed)
-    train = [t1 - t0 for t0, t1, _ in timed if not math.isnan(t1)]
+    # spmlkit: the training thread's seconds in the checkpoint inside each timed window (an
+    # epoch's checkpoint follows its on_epoch: it counts in the next epoch's window)
+    saving = [t[3] for t in timed if len(t) > 3]
+    epoch = sum(t[2] - t[0] for t in timed) / len(timed)
+    train = [t[1] - t[0] for t in timed if not math.isnan(t[1])]
     result = {"epoch_s": epoch, "train_s": sum(train) / len(train) if train else float("nan"),
               "gpu_busy_pct": busy.mean(timed[0][0], timed[-1][2]),
               "epochs_timed": len(timed), "train_rows": n_train, "val_rows": n_val,
-              "epochs": [round(t2 - t0, 3) for t0, _, t2 in times]}
+              "epochs": [round(t[2] - t[0], 3) for t in times],
+              "checkpoint_s": sum(saving) / len(saving) if saving else None, **scores}
     busy.stop.set()
     Path(args.result).write_text(json.dumps(result))
 
@@ -506,6 +558,9 @@ def _child(args, path: str, batch: int, left: float) -> dict:
     return {"epoch_s": round(out["epoch_s"], 3), "train_img_s": round(n_train / train_s, 1),
             "gpu_busy_pct": round(out["gpu_busy_pct"], 1)
             if not math.isnan(out["gpu_busy_pct"]) else None,
+            "checkpoint_s": None if out.get("checkpoint_s") is None
+            else round(out["checkpoint_s"], 3),
+            **{key: round(out[key], 2) for key in ("val_map", "test_map") if key in out},
             "epochs_timed": out["epochs_timed"], "train_rows": n_train,
             "val_rows": out["val_rows"], "note": note}
 

@@ -12,9 +12,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_smoke_mode_writes_every_path(tmp_path):
     out = tmp_path / "gpu.csv"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    paths = ("ceiling,bare,spmlkit,spmlkit+gpu-decode,spmlkit+sync-checkpoint,spmlkit+no-folder,"
+             "spmlkit+float-workers")
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_throughput.py"),
                            "--smoke", "--device", "cpu", "--out", str(out),
-                           "--workdir", str(tmp_path / "work")],
+                           "--workdir", str(tmp_path / "work"), "--paths", paths],
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = list(csv.DictReader(out.open()))
@@ -25,6 +27,16 @@ def test_smoke_mode_writes_every_path(tmp_path):
             assert float(row["epoch_s"]) > 0 and float(row["train_img_s"]) > 0, row
             assert row["train_rows"] == "40" and row["val_rows"] == "10", row
         assert float(got[("bare", batch)]["vs_bare"]) == 1.0
+        # the training thread's time in the checkpoint: spmlkit's paths with a run folder
+        assert got[("bare", batch)]["checkpoint_s"] == ""
+        assert got[("spmlkit+no-folder", batch)]["checkpoint_s"] == "0.0"
+        for path in ("spmlkit", "spmlkit+sync-checkpoint"):
+            assert float(got[(path, batch)]["checkpoint_s"]) > 0, got[(path, batch)]
+        # on a CPU the uint8 loader + finish in the training process gives the float32 workers'
+        # bits: the seeded runs' scores are equal (on a GPU: within bfloat16 noise)
+        ours, before = got[("spmlkit", batch)], got[("spmlkit+float-workers", batch)]
+        assert ours["val_map"] != "" and (ours["val_map"], ours["test_map"]) == \
+            (before["val_map"], before["test_map"]), (ours, before)
     assert got[("spmlkit+gpu-decode", "8")]["note"] == "skipped: --gpu-decode needs CUDA"
     layout = tmp_path / "work" / "coco"
     assert len(list((layout / "train2014").glob("*.jpg"))) == 50
