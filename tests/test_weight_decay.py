@@ -1,5 +1,6 @@
 """Issue 29: weight decay of the heads on feature vectors (single, stacked, MLP, SMILE, CLI,
 studies), and the scikit-learn reference row of ``spml benchmark``."""
+import csv
 import json
 
 import numpy as np
@@ -200,6 +201,27 @@ def test_a_study_with_sklearn_reference_has_its_rows_in_the_table(tmp_path, caps
     assert "sklearn_lr (scikit-learn reference)" in table
     assert "sklearn_lr@full (scikit-learn reference)" in table
     assert f"{refs[0]['test_map']:.2f}" in table
+    # the report's mAP tables and the selected rows' export have them too (the same table)
+    report = tmp_path / "report.html"
+    assert main(["report", str(out), "--out", str(report)]) == 0
+    page = report.read_text()
+    test_table = page[page.index('id="table-test_map"'):page.index('id="table-train_recovery')]
+    assert "sklearn_lr (scikit-learn reference)" in test_table
+    assert f"{refs[0]['test_map']:.2f}" in test_table
+    for selected, has in ((["--selected"], True), ([], False)):
+        dump = tmp_path / f"rows{len(selected)}.csv"
+        assert main(["study", "export", str(out), "--format", "csv", "--output", str(dump),
+                     *selected]) == 0
+        rows = list(csv.DictReader(dump.open()))
+        ours = [r for r in rows if r["method"] == "sklearn_lr (scikit-learn reference)"]
+        assert bool(ours) == has
+        if has:
+            assert float(ours[0]["test_map"]) == refs[0]["test_map"] and ours[0]["run_id"] == ""
+    (out / "sklearn-reference.json").write_text("{")  # a damaged file is named
+    from spmlkit.experiments.reference import study_rows
+
+    with pytest.raises(ValueError, match="sklearn-reference.json: not the JSON"):
+        study_rows(out)
     for bad, match in (({"sklearn_reference": "yes"}, "true or false"),
                        ({"sklearn_reference": True, "mode": "finetune"}, "mode linear")):
         with pytest.raises(ValueError, match=match):

@@ -15,6 +15,7 @@ def _study_table(out, fmt: str = "markdown", metric: str = "test_map",
     `spmlkit.metrics.METRICS` (its test value, the grid point selected on its val value
     with its direction, unless ``select`` names another), or several such names separated by
     commas (one column each; selection on ``select``, default the spec's ``metric``)."""
+    from ..experiments.reference import study_rows
     from ..experiments.store import select_best
     from ..experiments.study import open_study
     from ..experiments.tables import metric_column, metrics_table, study_table
@@ -45,21 +46,8 @@ def _study_table(out, fmt: str = "markdown", metric: str = "test_map",
     if select:
         raise ValueError("--select needs --metric to name metrics of spml list metrics "
                          f"({', '.join(METRICS)}), not {metric!r}")
-    return study_table(study.selected + _sklearn_rows(out, metric), fmt, metric,
+    return study_table(study.selected + study_rows(out, metric), fmt, metric,
                        columns=columns, title=study.title, order=order, labels=labels)
-
-
-def _sklearn_rows(out, metric: str) -> list:
-    """The scikit-learn reference rows of a study run with ``sklearn_reference: true`` (its
-    ``sklearn-reference.json``), as selected rows, for the mAP columns they have."""
-    from pathlib import Path
-
-    from ..experiments.reference import SKLEARN_FILE, table_rows
-
-    path = Path(out) / SKLEARN_FILE
-    if metric not in ("test_map", "val_map") or not path.is_file():
-        return []
-    return table_rows(json.loads(path.read_text()))
 
 
 def _study_source(args) -> tuple:

@@ -151,3 +151,28 @@ def table_rows(records) -> list:
              "regime": r["regime"], "seed": r["seed"], "test_map": r["test_map"],
              "val_map": r["val_map"], "train_recovery_map": r["train_recovery_map"],
              "status": "done", "variant": "{}"} for r in records]
+
+
+#: the columns the scikit-learn rows have (`table_rows`)
+ROW_METRICS = ("test_map", "val_map", "train_recovery_map")
+
+
+def study_rows(folder, metric: str = "test_map") -> list:
+    """The scikit-learn rows of the study or benchmark folder ``folder`` (its
+    ``sklearn-reference.json``, written with ``sklearn_reference: true`` / by ``spml
+    benchmark``) as selected study rows (`table_rows`); ``[]`` without the file or for a
+    ``metric`` column they do not have. What ``spml study table``, ``spml report`` and ``spml
+    study export --selected`` add to the methods' rows, so the alternative is in the same
+    table."""
+    import json
+    from pathlib import Path
+
+    path = Path(folder) / SKLEARN_FILE
+    if metric not in ROW_METRICS or not path.is_file():
+        return []
+    try:
+        records = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise ValueError(f"{path}: not the JSON spml wrote ({err}); remove it and run the "
+                         f"study again to write the scikit-learn rows") from None
+    return table_rows(records)

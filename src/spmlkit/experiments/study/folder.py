@@ -132,8 +132,9 @@ class StudyFolder:
 
     def export(self, path, fmt: str = "csv", *, selected: bool = False,
                include_stale: bool = False, force: bool = False) -> Path:
-        """Write the current spec's rows (or the selected ones; or, with ``include_stale``,
-        every stored row) as ``csv`` / ``json`` / ``markdown`` / ``latex``
+        """Write the current spec's rows (or the selected ones, with the scikit-learn rows of a
+        study run with ``sklearn_reference: true``, as its tables show them; or, with
+        ``include_stale``, every stored row) as ``csv`` / ``json`` / ``markdown`` / ``latex``
         (`spmlkit.experiments.store.format_rows`) to ``path``, atomically; an existing
         file is an error unless ``force`` (`spmlkit.runs.write_output`). Returns the path
         written.
@@ -145,7 +146,9 @@ class StudyFolder:
             raise ValueError("selected rows are chosen among the current spec's runs: ask for "
                              "the selected rows or for every stored row, not both")
         if selected:
-            rows = self.selected
+            from ..reference import study_rows
+
+            rows = self.selected + study_rows(self.path)
         elif include_stale:
             rows = sorted(self.rows + self.stale, key=lambda r: r["run_id"])
         else:

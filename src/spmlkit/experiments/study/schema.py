@@ -121,8 +121,9 @@ SPEC_SCHEMA = (
     Key("sklearn_reference", "boolean", False,
         "add the scikit-learn reference rows (`mode: linear`, feature vectors): one-vs-rest "
         "LogisticRegression on each method regime's observed labels, unknown = negative, C "
-        "chosen on val mAP; `sklearn_lr@<regime>` rows of `spml study table` "
-        "(`sklearn-reference.json` in the study folder).", expected="true or false"),
+        "chosen on val mAP; `sklearn_lr@<regime>` rows of `spml study table`, the mAP tables "
+        "of `spml report` and `spml study export --selected` (`sklearn-reference.json` in the "
+        "study folder).", expected="true or false"),
     Key("mlflow", "boolean", False,
         "also log every run to MLflow (when it is installed).", expected="true or false"),
     Key("metric", "metric name", "map",
