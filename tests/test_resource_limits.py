@@ -124,6 +124,45 @@ def test_a_compressed_table_that_inflates_past_memory(tmp_path, capsys, monkeypa
     assert _train_table(path) == 0  # the same file, with the memory there is
 
 
+def test_a_zipped_table_is_bounded_as_the_others(tmp_path, capsys, monkeypatch):
+    """.zip went to pandas unbounded (a zip bomb filled memory); now its one file is read
+    through the same bound, and an archive of several files or none is named."""
+    import zipfile
+
+    import spmlkit.resources as resources
+
+    path = tmp_path / "t.csv.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("t.csv", _features_and_labels(tmp_path, 20000))
+    monkeypatch.setattr(resources, "memory_budget", lambda: 600_000)
+    assert _train_table(path) == 2
+    assert f"{path}: inflates to more than 97.7 KiB" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert _train_table(path) == 0
+    two = tmp_path / "two.csv.zip"
+    with zipfile.ZipFile(two, "w") as z:
+        z.writestr("a.csv", "f1\n1\n")
+        z.writestr("b.csv", "f1\n1\n")
+    assert _train_table(two) == 2
+    assert "a zipped table holds one file, this archive 2 (a.csv, b.csv)" in \
+        capsys.readouterr().err
+
+
+def test_a_zstd_table_names_what_reads_it(tmp_path, capsys):
+    pytest.importorskip("pandas")
+    try:
+        import zstandard
+    except ModuleNotFoundError:
+        path = tmp_path / "t.csv.zst"
+        path.write_bytes(b"\x28\xb5\x2f\xfd")
+        assert _train_table(path) != 0
+        assert "reading a .zst table needs the zstandard package" in capsys.readouterr().err
+        return
+    path = tmp_path / "t.csv.zst"
+    path.write_bytes(zstandard.ZstdCompressor().compress(_features_and_labels(tmp_path)))
+    assert _train_table(path) == 0
+
+
 def test_a_truncated_compressed_table(tmp_path, capsys):
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb") as fh:

@@ -105,19 +105,15 @@ class _InflationError(ValueError):
 
 @contextlib.contextmanager
 def _inflating(path: Path):
-    """For a ``.gz`` / ``.bz2`` / ``.xz`` file: its decompressed stream, bounded to what this
+    """For a compressed file (`COMPRESSED`): its decompressed stream, bounded to what this
     process can hold (`spmlkit.resources.bounded_reader`); else None (pandas opens it)."""
-    import bz2
-    import gzip
-    import lzma
-
     from ..resources import bounded_reader
 
-    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(path.suffix.lower())
+    opener = _DECOMPRESSORS.get(path.suffix.lower())
     if opener is None:
         yield None
         return
-    fh = bounded_reader(opener(path, "rb"), path)
+    fh = bounded_reader(opener(path), path)
     try:
         yield fh
     except ValueError as err:
@@ -126,6 +122,54 @@ def _inflating(path: Path):
         raise
     finally:
         fh.close()
+
+
+def _zip_member(path: Path):
+    """The one file of a zipped table (pandas' rule), as a stream; the archive closes with it."""
+    import zipfile
+
+    try:
+        archive = zipfile.ZipFile(path)
+    except zipfile.BadZipFile as err:
+        raise ValueError(f"not a zip archive ({err})") from None
+    files = [i for i in archive.infolist() if not i.is_dir()]
+    if len(files) != 1:
+        archive.close()
+        raise ValueError(f"a zipped table holds one file, this archive {len(files)} "
+                         f"({', '.join(i.filename for i in files[:5]) or 'none'}); zip the "
+                         f"table alone")
+    member = archive.open(files[0])
+    close = member.close
+
+    def close_both():
+        close()
+        archive.close()
+
+    member.close = close_both
+    return member
+
+
+def _zstd(path: Path):
+    try:
+        import zstandard
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError(f"{path}: reading a .zst table needs the zstandard package "
+                                  f"(pip install zstandard), or give it as .csv.gz / .xz") \
+            from None
+    return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+
+
+def _decompressors() -> dict:
+    import bz2
+    import gzip
+    import lzma
+
+    return {".gz": lambda p: gzip.open(p, "rb"), ".bz2": lambda p: bz2.open(p, "rb"),
+            ".xz": lambda p: lzma.open(p, "rb"), ".zip": _zip_member, ".zst": _zstd}
+
+
+#: how each of `COMPRESSED` is opened: a stream of the table's text
+_DECOMPRESSORS = _decompressors()
 
 
 def read_table(path, what: str = "table"):
