@@ -199,6 +199,23 @@ def test_timm_adapter_with_a_fake_timm(monkeypatch):
         create_backbone("timm:offline_net")
 
 
+def test_a_random_init_timm_backbone_is_the_same_network_wherever_it_is_built(monkeypatch):
+    """timm draws its initial weights from torch's global RNG: without weights spmlkit builds it
+    from a fixed seed (as EfficientNet-Lite), whatever the RNG had drawn before, and leaves the
+    caller's RNG as it was."""
+    monkeypatch.setitem(sys.modules, "timm", _fake_timm([]))
+    torch.manual_seed(1)
+    untouched = torch.rand(1)
+    torch.manual_seed(1)
+    a = create_backbone("timm:cnn", pretrained=False)
+    assert torch.equal(torch.rand(1), untouched)  # the caller's RNG as it was
+    torch.manual_seed(1)
+    torch.rand(5)  # something else drew first (another run in the same worker process)
+    b = create_backbone("timm:cnn", pretrained=False)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(),
+                                                  b.state_dict().values()))
+
+
 def test_timm_missing_gives_install_hint(monkeypatch):
     monkeypatch.setitem(sys.modules, "timm", None)
     with pytest.raises(ModuleNotFoundError, match="pip install timm"):

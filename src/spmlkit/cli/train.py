@@ -340,7 +340,8 @@ def _add_finetune(method, training, finetune) -> None:
                           help="fine-tuning: cpu or cuda (default: cuda if there; with torchrun "
                                "each process takes cuda:LOCAL_RANK)")
     finetune.add_argument("--random-init", action="store_true",
-                          help="fine-tuning: start the backbone from random weights")
+                          help="fine-tuning: start the backbone from random weights (the "
+                               "same ones in every run: drawn from a fixed seed, not --seed)")
     finetune.add_argument("--augment", choices=["none", "weak", "strong"], default=None,
                           help="fine-tuning: training-image augmentation: none (resize only), weak "
                                "(default: resize + horizontal flip) or strong (flip, Cutout, "

@@ -20,6 +20,11 @@ Entries (``list_backbones()``):
 - ``timm:<model>``: any timm model (optional dependency; pretrained weights only where timm can
   fetch or find them).
 
+Without weights (``pretrained=False``, ``--random-init``) every backbone starts from the same
+random weights in every process and run: drawn from a fixed seed (0; ``tiny_cnn``: its
+``seed``), never from the caller's RNG, so a random-init run is reproducible and its cached
+features' key (``-random``) names one network.
+
 Input normalisation (``mean`` / ``std`` of each, applied by every transform spmlkit builds for
 it: extraction, fine-tuning, prediction, figures):
 
@@ -52,6 +57,7 @@ ImageNet classifier's keys ignored, and keys that still do not match are named i
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 from pathlib import Path
@@ -292,9 +298,14 @@ class TimmBackbone(Backbone):
                 f"backbone 'timm:{model_name}' needs the optional package timm; install it "
                 f"with `pip install timm` (it brings torchvision; on a CPU-only torch add "
                 f"`-c constraints.txt` so pip keeps the installed torch)") from None
+        # without weights, the initial weights come from a fixed seed (as EfficientNet-Lite's)
+        # without touching the caller's RNG: the same network in every process and at every
+        # point of a run, so a random-init run (and its features' cache key) is reproducible
+        seeded = global_rng(0) if not pretrained else contextlib.nullcontext()
         try:
-            model = timm.create_model(model_name, pretrained=pretrained, num_classes=0,
-                                      **kwargs)
+            with seeded:
+                model = timm.create_model(model_name, pretrained=pretrained, num_classes=0,
+                                          **kwargs)
         except RuntimeError as err:
             if "Unknown model" in str(err) or "unknown model" in str(err):
                 raise ValueError(f"timm has no model {model_name!r} (see timm.list_models())"
