@@ -318,6 +318,7 @@ def child_spmlkit(args, device, busy, folder: str = "background", float_workers:
     import torch
 
     from spmlkit import runs
+    from spmlkit.checkpointing import Checkpointer
     from spmlkit.engine import image_batches
     from spmlkit.engine import TrainConfig, acceleration
     from spmlkit.engine.loop import batch_progress
@@ -326,7 +327,7 @@ def child_spmlkit(args, device, busy, folder: str = "background", float_workers:
     splits = _splits(args)
     marks = {"first": None, "train_end": float("nan"), "rows": 0, "saving": 0.0}
     times = []
-    real_checkpointer, real_call = runs.RunDir.checkpointer, runs.Checkpointer.__call__
+    real_checkpointer, real_call = runs.RunDir.checkpointer, Checkpointer.__call__
 
     def checkpointer(self, every_seconds=0.0, background=True):
         return real_checkpointer(self, every_seconds, background=folder == "background")
@@ -336,7 +337,7 @@ def child_spmlkit(args, device, busy, folder: str = "background", float_workers:
         real_call(self, make_state)
         marks["saving"] = time.perf_counter() - t0
 
-    runs.RunDir.checkpointer, runs.Checkpointer.__call__ = checkpointer, timed_call
+    runs.RunDir.checkpointer, Checkpointer.__call__ = checkpointer, timed_call
     if float_workers:  # (the workers are forked after this: they run it too)
         real_load = image_batches.load_view
 

@@ -7,7 +7,8 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from spmlkit.runs import CHECKPOINT_FILE, RunDir, _on_host, load_torch
+from spmlkit.checkpointing import on_host
+from spmlkit.runs import CHECKPOINT_FILE, RunDir, load_torch
 
 
 @pytest.fixture
@@ -94,7 +95,7 @@ def test_on_host_keeps_the_states_structure():
     meta = OrderedDict(a=torch.ones(2))
     meta._metadata = {"": {"version": 1}}
     state = {"model": meta, "groups": [{"lr": 0.1, "m": (torch.zeros(1),)}], "n": None}
-    out = _on_host(state)
+    out = on_host(state)
     assert type(out["model"]) is OrderedDict and out["model"]._metadata == meta._metadata
     assert out["model"]["a"] is meta["a"]  # CPU tensors: the state's copies, not copied again
     assert isinstance(out["groups"][0]["m"], tuple) and out["n"] is None
@@ -102,7 +103,7 @@ def test_on_host_keeps_the_states_structure():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_on_host_copies_device_tensors_to_the_cpu():
-    out = _on_host({"w": torch.ones(3, device="cuda")})
+    out = on_host({"w": torch.ones(3, device="cuda")})
     assert out["w"].device.type == "cpu" and torch.equal(out["w"], torch.ones(3))
 
 

@@ -33,12 +33,12 @@ import stat
 import tempfile
 import time
 import traceback
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .checkpointing import Checkpointer
 # the checked readers every run-folder read uses (spmlkit.safe_load), importable from here too
 from .safe_load import check_array_file, load_array, load_arrays, load_torch  # noqa: F401
 
@@ -492,14 +492,15 @@ class RunDir:
 
     def checkpointer(self, every_seconds: float = 0.0,
                      background: bool = True) -> "Checkpointer":
-        """The ``checkpoint`` callable of the engine's fit functions (`Checkpointer`): called
-        after every epoch with a function that builds the resumable state; writes
-        ``checkpoint.pt`` when at least ``every_seconds`` have passed since the last write (0:
-        every epoch), so short runs do not pay for states they will never resume from. With
-        ``background`` the state is copied to host memory at once and written (and synced) by
-        a thread while the next epoch trains; call its ``wait()`` before the run's folder is
-        finished or failed."""
-        return Checkpointer(self, every_seconds, background)
+        """The ``checkpoint`` callable of the engine's fit functions
+        (`spmlkit.checkpointing.Checkpointer`): called after every epoch with a function that
+        builds the resumable state; writes ``checkpoint.pt`` when at least ``every_seconds``
+        have passed since the last write (0: every epoch), so short runs do not pay for states
+        they will never resume from. With ``background`` the state is copied to host memory at
+        once and written (and synced) by a thread while the next epoch trains; call its
+        ``wait()`` before the run's folder is finished or failed."""
+        return Checkpointer(lambda state: self.save_torch(CHECKPOINT_FILE, state),
+                            every_seconds, background)
 
     def resume_state(self, trim_metrics: bool = True):
         """The state in ``checkpoint.pt`` (None without one); with ``trim_metrics``,
@@ -544,81 +545,6 @@ class RunDir:
             "traceback": "".join(traceback.format_exception(type(err), err,
                                                             err.__traceback__))[-6000:]},
             durable=True)
-
-
-class Checkpointer:
-    """Writes a run's ``checkpoint.pt`` after an epoch (`RunDir.checkpointer`).
-
-    A fine-tuned ResNet-50's state (weights, best weights, Adam's two moments: about 400 MB)
-    took 0.35-0.42 s to write and sync on spmlkit's test machine, a seventh of an epoch of the
-    GPU benchmark's 2,400 images (`benchmarks/gpu_throughput.py`). With ``background`` the
-    training loop pays only for the copy to host memory: the state is built in the calling
-    thread (so it is the epoch's, whatever the next one changes), its device tensors copied to
-    the CPU, and a thread serialises, writes and syncs it while the next epoch trains. One
-    write at a time: the next checkpoint, and `wait`, wait for the one in flight and raise
-    its error (a full disk) there. The file is still published atomically: a process killed
-    meanwhile leaves the previous epoch's checkpoint. The price is a host copy of the state
-    while it is written.
-    """
-
-    def __init__(self, run: "RunDir", every_seconds: float = 0.0, background: bool = True):
-        self.run, self.every, self.background = run, float(every_seconds), bool(background)
-        self.last = time.monotonic()
-        self._thread = None
-        self._error: BaseException | None = None
-
-    def __call__(self, make_state) -> None:
-        if time.monotonic() - self.last < self.every:
-            return
-        self.wait()
-        state = make_state()
-        if not self.background:
-            self.run.save_torch(CHECKPOINT_FILE, state)
-        else:
-            import threading
-
-            state = _on_host(state)
-            self._thread = threading.Thread(target=self._write, args=(state,),
-                                            name="spmlkit-checkpoint")
-            self._thread.start()
-        self.last = time.monotonic()
-
-    def _write(self, state) -> None:
-        try:
-            self.run.save_torch(CHECKPOINT_FILE, state)
-        except BaseException as err:  # raised in the training thread, by wait()
-            self._error = err
-
-    def wait(self, raise_error: bool = True) -> None:
-        """Return when no write is in flight; raise the error of a write that failed (with
-        ``raise_error=False``, when the run already failed of its own error, it is dropped:
-        the previous checkpoint stays)."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        err, self._error = self._error, None
-        if err is not None and raise_error:
-            raise err
-
-
-def _on_host(obj):
-    """``obj`` (a training state: dicts, lists, tuples, tensors, plain values) with every
-    tensor on a device other than the CPU copied to the CPU (CPU tensors as they are: the
-    state holds copies already). An ``OrderedDict`` keeps its type and ``_metadata``."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj.cpu() if obj.device.type != "cpu" else obj
-    if isinstance(obj, dict):
-        items = [(k, _on_host(v)) for k, v in obj.items()]
-        out = OrderedDict(items) if isinstance(obj, OrderedDict) else dict(items)
-        if hasattr(obj, "_metadata"):
-            out._metadata = obj._metadata
-        return out
-    if isinstance(obj, (list, tuple)):
-        items = [_on_host(v) for v in obj]
-        return items if isinstance(obj, list) else tuple(items)
-    return obj
 
 
 @dataclass
