@@ -123,6 +123,7 @@ def resize_all(images: list, size: int) -> torch.Tensor:
                                                     antialias=True).round_().clamp_(0, 255)
         if len(rows) == len(images):
             out.copy_(batch)
-        else:
-            out[torch.tensor(rows, device=first.device)] = batch.to(torch.uint8)
+        else:  # one copy per image: an index tensor would be a copy to the device, and a wait
+            for k, i in enumerate(rows):
+                out[i].copy_(batch[k])
     return out
