@@ -48,8 +48,28 @@ def test_lite0_pretrained_weights_are_the_shipped_ones(lite0, raw_state):
                  "_bn1.running_mean", "_bn1.running_var"):
         torch.testing.assert_close(net.state_dict()[name], raw_state[name], rtol=0, atol=0)
     random = create_backbone("efficientnet_lite0", pretrained=False)
-    assert random.cache_key == "efficientnet_lite0-random"
+    assert random.cache_key == "efficientnet_lite0-random-seed0"
     assert not torch.equal(random.net._conv_head.weight, raw_state["_conv_head.weight"])
+
+
+def test_a_random_init_lite_is_the_packages_seeded_network_wherever_it_is_built():
+    """Without weights EfficientNet-Lite is the package's network drawn from seed 0, the folded
+    convolutions included (they drew new weights from the caller's RNG: every build, and so
+    every random-init run, differed), and the caller's RNG is left as it was."""
+    from spmlkit.models.rng import global_rng
+
+    torch.manual_seed(1)
+    untouched = torch.rand(1)
+    torch.manual_seed(1)
+    a = create_backbone("efficientnet_lite0", pretrained=False)
+    assert torch.equal(torch.rand(1), untouched)
+    torch.rand(7)  # something else drew meanwhile
+    b = create_backbone("efficientnet_lite0", pretrained=False)
+    with global_rng(0):
+        ref = lite_pkg.EfficientNet.from_name("efficientnet-lite0", image_size=None).state_dict()
+    ours, again = a.net.state_dict(), b.net.state_dict()
+    assert set(ours) == {k for k in ref if not k.startswith("_fc.")}
+    assert all(torch.equal(ours[k], again[k]) and torch.equal(ours[k], ref[k]) for k in ours)
 
 
 def test_lite0_matches_the_package_model(lite0, raw_state):

@@ -23,7 +23,7 @@ Entries (``list_backbones()``):
 Without weights (``pretrained=False``, ``--random-init``) every backbone starts from the same
 random weights in every process and run: drawn from a fixed seed (0; ``tiny_cnn``: its
 ``seed``), never from the caller's RNG, so a random-init run is reproducible and its cached
-features' key (``-random``) names one network.
+features' key (`RANDOM_KEY`) names one network.
 
 Input normalisation (``mean`` / ``std`` of each, applied by every transform spmlkit builds for
 it: extraction, fine-tuning, prediction, figures):
@@ -140,6 +140,11 @@ def lite_weights_file(variant: int) -> Path:
     return path
 
 
+#: the end of a random-init backbone's cache key: its weights drawn from seed 0 (stores of the
+#: earlier "-random" key came from networks that differed from process to process)
+RANDOM_KEY = "-random-seed0"
+
+
 def _tighten_same_padding(net: nn.Module, conv_type: type) -> None:
     """Replace the package's TensorFlow-'SAME' convolutions whose padding is symmetric for every
     input size (stride 1, odd kernel) by plain ``nn.Conv2d`` with that padding: identical output,
@@ -152,6 +157,10 @@ def _tighten_same_padding(net: nn.Module, conv_type: type) -> None:
                 conv = nn.Conv2d(child.in_channels, child.out_channels, child.kernel_size,
                                  stride=1, padding=tuple(k // 2 for k in child.kernel_size),
                                  groups=child.groups, bias=child.bias is not None)
+                with torch.no_grad():  # the same weights: the package's (seeded) ones
+                    conv.weight.copy_(child.weight)
+                    if child.bias is not None:
+                        conv.bias.copy_(child.bias)
                 setattr(parent, child_name, conv)
 
 
@@ -177,10 +186,12 @@ class EfficientNetLite(Backbone):
         self.name = f"efficientnet_lite{variant}"
         # image_size=None: padding computed from each input, so any input size is exact.
         # The initial weights come from a fixed seed without touching the global RNG (they are
-        # the weights of pretrained=False, and overwritten otherwise)
+        # the weights of pretrained=False, and overwritten otherwise); the folded convolutions
+        # keep them (before, they drew new ones from the caller's RNG: no two random-init
+        # networks alike)
         with global_rng(0):
             net = EfficientNet.from_name(f"efficientnet-lite{variant}", image_size=None)
-        _tighten_same_padding(net, Conv2dDynamicSamePadding)
+            _tighten_same_padding(net, Conv2dDynamicSamePadding)
         net._fc = nn.Identity()          # the ImageNet classifier is not part of a backbone
         net._dropout = nn.Identity()
         self.net = net
@@ -189,7 +200,7 @@ class EfficientNetLite(Backbone):
             self.weights_file = lite_weights_file(variant)
             self._load(self.weights_file)
         self.pretrained = bool(pretrained)
-        self.cache_key = self.name + ("-imagenet" if pretrained else "-random")
+        self.cache_key = self.name + ("-imagenet" if pretrained else RANDOM_KEY)
 
     def _load(self, path: Path) -> None:
         try:
@@ -327,7 +338,7 @@ class TimmBackbone(Backbone):
         self.name = TIMM_PREFIX + model_name
         tag = cfg.get("tag") or cfg.get("hf_hub_id") or ""
         self.cache_key = (self.name + (f"-{tag}" if tag else "")
-                          + ("-pretrained" if pretrained else "-random"))
+                          + ("-pretrained" if pretrained else RANDOM_KEY))
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         out = self.model.forward_features(x)
@@ -517,7 +528,7 @@ def backbone_spec(name: str, pretrained: bool = True) -> dict:
     without building it (for feature-store keys); timm models are built without weights."""
     if name.startswith(TIMM_PREFIX):
         net = create_backbone(name, pretrained=False)
-        key = net.cache_key.rsplit("-", 1)[0] + ("-pretrained" if pretrained else "-random")
+        key = net.cache_key[:-len(RANDOM_KEY)] + ("-pretrained" if pretrained else RANDOM_KEY)
         return {"cache_key": key, "input_size": net.input_size,
                 "num_features": net.num_features, "mean": net.mean, "std": net.std}
     entry = BACKBONES.get(name)
@@ -525,7 +536,7 @@ def backbone_spec(name: str, pretrained: bool = True) -> dict:
     if "random" in entry.tags:
         key = create_backbone(name).cache_key
     else:
-        key = name + ("-imagenet" if pretrained else "-random")
+        key = name + ("-imagenet" if pretrained else RANDOM_KEY)
     return {"cache_key": key, "input_size": d["input_size"], "num_features": d["num_features"],
             "mean": tuple(d["mean"]), "std": tuple(d["std"])}
 
