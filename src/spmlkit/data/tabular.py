@@ -42,9 +42,11 @@ standardisation and observed training labels are handled.
 """
 from __future__ import annotations
 
+import bz2
 import contextlib
-
 import fnmatch
+import gzip
+import lzma
 import os
 import warnings
 from pathlib import Path
@@ -125,7 +127,8 @@ def _inflating(path: Path):
 
 
 def _zip_member(path: Path):
-    """The one file of a zipped table (pandas' rule), as a stream; the archive closes with it."""
+    """The one file of a zipped table (pandas' rule), as a stream; the archive's file closes
+    with it."""
     import zipfile
 
     try:
@@ -139,13 +142,7 @@ def _zip_member(path: Path):
                          f"({', '.join(i.filename for i in files[:5]) or 'none'}); zip the "
                          f"table alone")
     member = archive.open(files[0])
-    close = member.close
-
-    def close_both():
-        close()
-        archive.close()
-
-    member.close = close_both
+    archive.close()  # (zipfile keeps the file open until its open member is closed too)
     return member
 
 
@@ -159,17 +156,9 @@ def _zstd(path: Path):
     return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
 
 
-def _decompressors() -> dict:
-    import bz2
-    import gzip
-    import lzma
-
-    return {".gz": lambda p: gzip.open(p, "rb"), ".bz2": lambda p: bz2.open(p, "rb"),
-            ".xz": lambda p: lzma.open(p, "rb"), ".zip": _zip_member, ".zst": _zstd}
-
-
 #: how each of `COMPRESSED` is opened: a stream of the table's text
-_DECOMPRESSORS = _decompressors()
+_DECOMPRESSORS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open, ".zip": _zip_member,
+                  ".zst": _zstd}
 
 
 def read_table(path, what: str = "table"):
