@@ -183,6 +183,18 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+def _plain(args, num_classes: int, device):
+    """The ceiling's and the bare loop's model (channels-last on CUDA), torch's Adam (fused on
+    CUDA), memory format and autocast dtype."""
+    import torch
+
+    fmt = torch.channels_last if device.type == "cuda" else torch.contiguous_format
+    model = _model(args, num_classes).to(device).to(memory_format=fmt)
+    fused = {"fused": True} if device.type == "cuda" else {}
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, **fused)
+    return model, opt, fmt, _amp(args, device)
+
+
 def _step(model, opt, x, y, device, amp) -> None:
     """One plain training step (the ceiling's and the bare loop's): forward under autocast,
     BCE on the logits in float32, backward, optimiser step; nothing read back."""
@@ -202,12 +214,7 @@ def child_ceiling(args, device, busy):
 
     splits = _splits(args)
     n_train, n_val, L = len(splits.train), len(splits.val), len(splits.class_names)
-    model = _model(args, L).to(device)
-    fmt = torch.channels_last if device.type == "cuda" else torch.contiguous_format
-    model = model.to(memory_format=fmt)
-    fused = {"fused": True} if device.type == "cuda" else {}
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4, **fused)
-    amp = _amp(args, device)
+    model, opt, fmt, amp = _plain(args, L, device)
     size, b = args.image_size, args.batch
     x = torch.randn(b, 3, size, size, device=device).contiguous(memory_format=fmt)
     y = (torch.rand(b, L, device=device) < 0.05).float()
@@ -259,12 +266,7 @@ def child_bare(args, device, busy):
 
     splits = _splits(args)
     L = len(splits.class_names)
-    model = _model(args, L).to(device)
-    fmt = torch.channels_last if device.type == "cuda" else torch.contiguous_format
-    model = model.to(memory_format=fmt)
-    fused = {"fused": True} if device.type == "cuda" else {}
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4, **fused)
-    amp = _amp(args, device)
+    model, opt, fmt, amp = _plain(args, L, device)
     observed = torch.as_tensor(splits.observed, dtype=torch.float32).clamp(min=0).to(device)
     pin = device.type == "cuda"
     common = dict(num_workers=args.workers, pin_memory=pin,
