@@ -123,3 +123,22 @@ def test_the_stall_benchmark_measures_both_modes(tmp_path):
     assert [r["mode"] for r in rows] == ["training thread", "own thread"]
     assert all(float(r["mean_s"]) >= 0 and len(r["stalls_s"].split()) == 2 for r in rows)
     assert not list(tmp_path.glob("tmp*"))  # its run folders are gone
+
+
+def test_a_fork_waits_for_the_write_in_flight(run, monkeypatch):
+    """A DataLoader's workers forked while the last epoch's state is written: the fork waits
+    for the write, so no child starts from a process whose writer holds a lock mid-save."""
+    import multiprocessing
+
+    slow_writes(monkeypatch, 0.5)
+    save = run.checkpointer(0.0)
+    save(lambda: {"w": torch.ones(2)})
+    writer = save._thread
+    assert writer.is_alive()
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(0,))
+    child.start()  # the at-fork hook joins the writer first
+    assert not writer.is_alive()
+    assert (run.path / CHECKPOINT_FILE).exists()
+    child.join()
+    save.wait()
+    assert child.exitcode == 0

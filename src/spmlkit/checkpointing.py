@@ -1,6 +1,7 @@
 """The resumable checkpoint of a run, written while the next epoch trains (`Checkpointer`)."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -23,6 +24,12 @@ class Checkpointer:
     its error (a full disk) there. The file is still published atomically: a process killed
     meanwhile leaves the previous epoch's checkpoint. The price is a host copy of the state
     while it is written.
+
+    A fork (a DataLoader starting its workers: the val, test and prediction loaders start at
+    their first pass, which can fall while the last epoch's state is written) first waits for
+    the writes in flight, so no child is forked from a process whose writer thread holds a
+    lock halfway through ``torch.save`` (`os.register_at_fork`; Python 3.12 and later warn of
+    such forks).
     """
 
     def __init__(self, save: Callable[[dict], None], every_seconds: float = 0.0,
@@ -43,6 +50,7 @@ class Checkpointer:
             state = on_host(state)
             self._thread = threading.Thread(target=self._write, args=(state,),
                                             name="spmlkit-checkpoint")
+            _WRITERS.add(self._thread)
             self._thread.start()
         self.last = time.monotonic()
 
@@ -51,6 +59,8 @@ class Checkpointer:
             self.save(state)
         except BaseException as err:  # raised in the training thread, by wait()
             self._error = err
+        finally:
+            _WRITERS.discard(threading.current_thread())
 
     def wait(self, raise_error: bool = True) -> None:
         """Return when no write is in flight; raise the error of a write that failed (with
@@ -62,6 +72,20 @@ class Checkpointer:
         err, self._error = self._error, None
         if err is not None and raise_error:
             raise err
+
+
+#: the writer threads with a write in flight; a fork waits for them (`_before_fork`)
+_WRITERS: set = set()
+
+
+def _before_fork() -> None:
+    for thread in list(_WRITERS):
+        if thread.is_alive() and thread is not threading.current_thread():
+            thread.join()
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows, which does not fork)
+    os.register_at_fork(before=_before_fork)
 
 
 def on_host(obj):
