@@ -32,7 +32,9 @@ train images/s, and the GPU's busy share (NVML's utilisation, sampled every 50 m
 timed epochs); ``vs_bare`` (epoch / the bare loop's at that batch: the target is <= 1.1) and
 ``train_vs_ceiling`` (train images/s / the ceiling's: the target with GPU decode is >= 0.85);
 ``checkpoint_s``: the seconds per epoch the training thread spent in the run folder's
-checkpoint, ``val_map`` / ``test_map``: the run's (spmlkit's paths, seed 0).
+checkpoint, ``decode_s`` (``--gpu-decode``): in queueing nvJPEG's decodes and resizes (their
+host side: near the epoch's training seconds, the host is what the GPU waits for),
+``val_map`` / ``test_map``: the run's (spmlkit's paths, seed 0).
 Paths left out for lack of time (``--budget`` seconds in all) or that fail are rows with their
 reason. The CSV has the machine (GPU, CPU cores, torch version).
 """
@@ -51,7 +53,7 @@ from pathlib import Path
 
 COCO_IDS = sorted(set(range(1, 91)) - {12, 26, 29, 30, 45, 66, 68, 69, 71, 83})
 FIELDS = ["path", "batch", "epoch_s", "train_img_s", "gpu_busy_pct", "vs_bare",
-          "train_vs_ceiling", "checkpoint_s", "val_map", "test_map", "epochs_timed",
+          "train_vs_ceiling", "checkpoint_s", "decode_s", "val_map", "test_map", "epochs_timed",
           "train_rows", "val_rows", "device", "note"]
 
 
@@ -321,13 +323,14 @@ def child_spmlkit(args, device, busy, folder: str = "background", float_workers:
 
     from spmlkit import runs
     from spmlkit.checkpointing import Checkpointer
+    from spmlkit.data import image_views
     from spmlkit.engine import image_batches
     from spmlkit.engine import TrainConfig, acceleration
     from spmlkit.engine.loop import batch_progress
     from spmlkit.methods import get_method, train_run
 
     splits = _splits(args)
-    marks = {"first": None, "train_end": float("nan"), "rows": 0, "saving": 0.0}
+    marks = {"first": None, "train_end": float("nan"), "rows": 0, "saving": 0.0, "decode": 0.0}
     times = []
     real_checkpointer, real_call = runs.RunDir.checkpointer, Checkpointer.__call__
 
@@ -340,6 +343,15 @@ def child_spmlkit(args, device, busy, folder: str = "background", float_workers:
         marks["saving"] = time.perf_counter() - t0
 
     runs.RunDir.checkpointer, Checkpointer.__call__ = checkpointer, timed_call
+    real_decode = image_views._decode_jpegs
+
+    def timed_decode(*a):  # the host's time in --gpu-decode's decodes (train and val)
+        t0 = time.perf_counter()
+        out = real_decode(*a)
+        marks["decode"] += time.perf_counter() - t0
+        return out
+
+    image_views._decode_jpegs = timed_decode
     if float_workers:  # (the workers are forked after this: they run it too)
         real_load = image_batches.load_view
 
@@ -362,8 +374,8 @@ def child_spmlkit(args, device, busy, folder: str = "background", float_workers:
     def on_epoch(record, *_):  # (the epoch's checkpoint follows: it counts in the next one)
         now = time.perf_counter()
         start = times[-1][2] if times else marks["first"]
-        times.append((start, marks["train_end"], now, marks["saving"]))
-        marks["saving"] = 0.0
+        times.append((start, marks["train_end"], now, marks["saving"], marks["decode"]))
+        marks["saving"] = marks["decode"] = 0.0
 
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch, lr=1e-4, seed=0,
                          device=str(device), amp=args.amp, num_workers=args.workers,
@@ -403,13 +415,16 @@ def run_child(args) -> None:
     # spmlkit: the training thread's seconds in the checkpoint inside each timed window (an
     # epoch's checkpoint follows its on_epoch: it counts in the next epoch's window)
     saving = [t[3] for t in timed if len(t) > 3]
+    decode = [t[4] for t in timed if len(t) > 4]
     epoch = sum(t[2] - t[0] for t in timed) / len(timed)
     train = [t[1] - t[0] for t in timed if not math.isnan(t[1])]
     result = {"epoch_s": epoch, "train_s": sum(train) / len(train) if train else float("nan"),
               "gpu_busy_pct": busy.mean(timed[0][0], timed[-1][2]),
               "epochs_timed": len(timed), "train_rows": n_train, "val_rows": n_val,
               "epochs": [round(t[2] - t[0], 3) for t in times],
-              "checkpoint_s": sum(saving) / len(saving) if saving else None, **scores}
+              "checkpoint_s": sum(saving) / len(saving) if saving else None,
+              "decode_s": sum(decode) / len(decode) if decode and "gpu-decode" in kind else None,
+              **scores}
     busy.stop.set()
     Path(args.result).write_text(json.dumps(result))
 
@@ -561,8 +576,8 @@ def _child(args, path: str, batch: int, left: float) -> dict:
     return {"epoch_s": round(out["epoch_s"], 3), "train_img_s": round(n_train / train_s, 1),
             "gpu_busy_pct": round(out["gpu_busy_pct"], 1)
             if not math.isnan(out["gpu_busy_pct"]) else None,
-            "checkpoint_s": None if out.get("checkpoint_s") is None
-            else round(out["checkpoint_s"], 3),
+            **{key: None if out.get(key) is None else round(out[key], 3)
+               for key in ("checkpoint_s", "decode_s")},
             **{key: round(out[key], 2) for key in ("val_map", "test_map") if key in out},
             "epochs_timed": out["epochs_timed"], "train_rows": n_train,
             "val_rows": out["val_rows"], "note": note}

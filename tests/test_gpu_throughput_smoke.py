@@ -32,6 +32,7 @@ def test_smoke_mode_writes_every_path(tmp_path):
         assert got[("spmlkit+no-folder", batch)]["checkpoint_s"] == "0.0"
         for path in ("spmlkit", "spmlkit+sync-checkpoint"):
             assert float(got[(path, batch)]["checkpoint_s"]) > 0, got[(path, batch)]
+            assert got[(path, batch)]["decode_s"] == ""  # (--gpu-decode's paths only)
         # on a CPU the uint8 loader + finish in the training process gives the float32 workers'
         # bits: the seeded runs' scores are equal (on a GPU: within bfloat16 noise)
         ours, before = got[("spmlkit", batch)], got[("spmlkit+float-workers", batch)]
