@@ -32,7 +32,7 @@ demo: install
 	@echo "demo: wrote $(OUT)/; the spml command is $(VENV)/bin/spml" \
 	     "(run '. $(VENV)/bin/activate' to call it as spml)"
 
-# The whole suite (about 2,300 tests; 25+ minutes on 2 cores). Tests that need a system package
+# The whole suite (about 3,350 tests; 7-8 minutes on 2 idle cores, README). Tests that need a system package
 # that is missing are skipped with a line naming `make test SYSTEM_DEPS=1`.
 test: install mdi-icons $(if $(SYSTEM_DEPS),system-deps,system-check) lint docs
 	$(PY) -m pytest
