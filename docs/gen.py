@@ -115,15 +115,31 @@ def _option(action) -> str | None:
     return "- " + "; ".join(parts[:1]) + (": " + "; ".join(parts[1:]) if parts[1:] else "")
 
 
+def _usage(parser, width: int = 98) -> str:
+    """The usage line as argparse writes it on one line, wrapped here at ``width`` between its
+    parts (an option, a bracketed group, a positional's ``X [X ...]``): argparse's own wrapping
+    differs between Python versions (3.13 breaks inside ``[--a | --b]``), and the page must be
+    the same on each."""
+    os.environ.update(COLUMNS=str(10 ** 6), PYTHON_COLORS="0")  # one line, no colour (3.14)
+    line = re.sub(r"^usage: ", "", parser.format_usage().strip())
+    prog = parser.prog
+    parts = re.findall(r"\(.*?\)+(?=\s|$)|\[.*?\]+(?=\s|$)|\S+ \[\S+ \.\.\.\](?=\s|$)|\S+",
+                       line[len(prog):])
+    lines, current = [], prog
+    for part in parts:
+        if len(current) + 1 + len(part) > width and current.strip():
+            lines.append(current)
+            current = " " * len(prog)
+        current += " " + part
+    return "\n".join(lines + [current])
+
+
 def _command(parser, title: str, helptext: str, level: int, out: list) -> None:
     anchor = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
     out.append(f"{'#' * level} `{title}` {{ #{anchor} }}\n")
     if helptext:
         out.append(text(helptext[0].upper() + helptext[1:]) + ".\n")
-    usage = parser.format_usage().strip()
-    usage = "\n".join(line[7:] if i and line.startswith(" " * 7) else line
-                      for i, line in enumerate(re.sub(r"^usage: ", "", usage).splitlines()))
-    out.append("```text\n" + usage + "\n```\n")
+    out.append("```text\n" + _usage(parser) + "\n```\n")
     # the options in no argument group of their own first (in the order they were added), then
     # each group's under its title (spml train's data, method, training, ... options)
     groups = [g for g in parser._action_groups if g not in (parser._positionals,
@@ -143,7 +159,6 @@ def _command(parser, title: str, helptext: str, level: int, out: list) -> None:
 
 
 def gen_cli() -> str:
-    os.environ["COLUMNS"] = "100"  # argparse's usage width: fixed, so the page is the same anywhere
     from spmlkit.cli import build_parser
 
     parser = build_parser()
