@@ -38,6 +38,7 @@ def make_workspace(d):
     (d / "notes.txt").write_text("not an array\n")
     (d / "empty.csv").write_text("")
     (d / "garbage.npy").write_bytes(b"\x00\x01garbage" * 20)
+    (d / "long-field.csv").write_text("Att1,Class1\n" + "x" * 200_000 + ",1\n")
     (d / "garbage.png").write_bytes(b"\x00\x01not an image" * 20)
     (d / "garbage.yaml").write_text("datasets: [yeast\nmethods: [an\n")
     (d / "list.yaml").write_text("- yeast\n- an\n")
@@ -154,6 +155,9 @@ CASES = [
     case(TRAIN + "--dataset yeast --data features=1", "spml train", "backbone"),
     case(TRAIN + "--dataset yeast --data path={d}/garbage.npy", "spml train",
          "garbage.npy"),
+    # csv.Error (a field over csv's limit; NUL bytes on Python 3.10) is not a ValueError
+    case(TRAIN + "--dataset yeast --data path={d}/long-field.csv", "spml train",
+         "long-field.csv: not a readable CSV file"),
     case(TRAIN + "--dataset yeast --data path={d}/missing.csv", "spml train",
          "missing.csv"),
     case(TRAIN + "--dataset yeast --data path={d}/notes.txt", "spml train", "notes.txt"),

@@ -41,8 +41,11 @@ def read_yeast_csv(path) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Features (``Att*`` columns), labels (``Class*`` columns) and the class names."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", newline="") as fh:
-        rows = list(csv.reader(fh))
+    try:
+        with opener(path, "rt", newline="") as fh:
+            rows = list(csv.reader(fh))
+    except csv.Error as err:  # (NUL bytes on Python 3.10, an over-long field): not a ValueError
+        raise ValueError(f"{path}: not a readable CSV file ({err})") from None
     if not rows:
         raise ValueError(f"{path}: empty file")
     header = rows[0]
