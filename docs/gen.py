@@ -120,7 +120,6 @@ def _usage(parser, width: int = 98) -> str:
     parts (an option, a bracketed group, a positional's ``X [X ...]``): argparse's own wrapping
     differs between Python versions (3.13 breaks inside ``[--a | --b]``), and the page must be
     the same on each."""
-    os.environ.update(COLUMNS=str(10 ** 6), PYTHON_COLORS="0")  # one line, no colour (3.14)
     line = re.sub(r"^usage: ", "", parser.format_usage().strip())
     prog = parser.prog
     parts = re.findall(r"\(.*?\)+(?=\s|$)|\[.*?\]+(?=\s|$)|\S+ \[\S+ \.\.\.\](?=\s|$)|\S+",
@@ -159,6 +158,8 @@ def _command(parser, title: str, helptext: str, level: int, out: list) -> None:
 
 
 def gen_cli() -> str:
+    os.environ.update(COLUMNS=str(10 ** 6), PYTHON_COLORS="0")  # usage on one line (`_usage`),
+    # with no colour (3.14)
     from spmlkit.cli import build_parser
 
     parser = build_parser()

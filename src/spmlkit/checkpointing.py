@@ -49,8 +49,7 @@ class Checkpointer:
         else:
             state = on_host(state)
             self._thread = threading.Thread(target=self._write, args=(state,),
-                                            name="spmlkit-checkpoint")
-            _WRITERS.add(self._thread)
+                                            name=WRITER_NAME)
             self._thread.start()
         self.last = time.monotonic()
 
@@ -59,8 +58,6 @@ class Checkpointer:
             self.save(state)
         except BaseException as err:  # raised in the training thread, by wait()
             self._error = err
-        finally:
-            _WRITERS.discard(threading.current_thread())
 
     def wait(self, raise_error: bool = True) -> None:
         """Return when no write is in flight; raise the error of a write that failed (with
@@ -74,13 +71,13 @@ class Checkpointer:
             raise err
 
 
-#: the writer threads with a write in flight; a fork waits for them (`_before_fork`)
-_WRITERS: set = set()
+#: the name of the threads that write checkpoints (a fork waits for them: `_before_fork`)
+WRITER_NAME = "spmlkit-checkpoint"
 
 
 def _before_fork() -> None:
-    for thread in list(_WRITERS):
-        if thread.is_alive() and thread is not threading.current_thread():
+    for thread in threading.enumerate():
+        if thread.name == WRITER_NAME and thread is not threading.current_thread():
             thread.join()
 
 
