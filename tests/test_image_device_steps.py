@@ -12,7 +12,7 @@ from _image_toy import make_images, tiny_model
 from spmlkit.data import transforms as T
 from spmlkit.engine import (Acceleration, ItemPredictor, TrainConfig, acceleration,
                             fit_finetune)
-from spmlkit.data.image_views import finish_view
+from spmlkit.data.image_views import AHEAD_NAME, finish_view, finished_batches
 from spmlkit.engine.image_batches import ImageItems, _Collate
 from spmlkit.labels import make_observed
 from spmlkit.losses import SPMLLoss, create_loss
@@ -233,6 +233,69 @@ def test_gpu_decode_refused_for_a_cpu_prediction_pass(images):
                       torch.device("cpu"))
 
 
+# -- --gpu-decode's batches finished ahead, in a thread of their own ----------------------------
+def _ahead_threads() -> list:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == AHEAD_NAME]
+
+
+def test_finished_batches_ahead_are_the_inline_ones_in_order_from_their_own_thread():
+    import threading
+
+    where = set()
+
+    def finish(batch):
+        where.add(threading.current_thread().name)
+        return batch * 10
+
+    device = torch.device("cpu")
+    inline = list(finished_batches(range(7), finish, device))
+    assert where == {threading.current_thread().name}
+    where.clear()
+    assert list(finished_batches(range(7), finish, device, ahead=True)) == inline == \
+        [10 * i for i in range(7)]
+    assert where == {AHEAD_NAME} and not _ahead_threads()
+    assert list(finished_batches((), finish, device, ahead=True)) == []
+
+
+@pytest.mark.parametrize("where", ["finish", "loader"])
+def test_an_error_ahead_is_raised_at_its_batch_and_ends_the_thread(where):
+    def source():
+        for i in range(6):
+            if where == "loader" and i == 3:
+                raise OSError("row 3 unreadable")
+            yield i
+
+    def finish(batch):
+        if where == "finish" and batch == 3:
+            raise ValueError("--gpu-decode: nvJPEG could not decode a file of the batch")
+        return batch
+
+    got = []
+    with pytest.raises((ValueError, OSError), match="nvJPEG|unreadable"):
+        for batch in finished_batches(source(), finish, torch.device("cpu"), ahead=True):
+            got.append(batch)
+    assert got == [0, 1, 2] and not _ahead_threads()
+
+
+def test_leaving_the_loop_early_stops_the_thread_and_frees_the_loader():
+    pulled = []
+
+    def source():
+        for i in range(100):
+            pulled.append(i)
+            yield i
+
+    batches = finished_batches(source(), lambda b: b, torch.device("cpu"), ahead=True, depth=2)
+    for batch in batches:
+        if batch == 1:
+            break
+    batches.close()
+    assert not _ahead_threads()
+    assert len(pulled) <= 2 + 2 + 1  # used, queued (depth) and the one in hand
+
+
 # -- on a GPU (skipped without one) ---------------------------------------------------------------
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -319,6 +382,32 @@ def test_cuda_gpu_decode_never_writes_into_memory_queued_kernels_still_read(jpeg
         torch.cuda.synchronize()
         bad += sum(int(s) != k * 3 * 60 * 80 for k, s in zip(range(1, 25), sums))
     assert bad == 0
+
+
+@cuda
+def test_cuda_batches_decoded_ahead_are_the_inline_ones_while_the_gpu_is_busy(jpegs):
+    """Batches decoded and finished ahead on the decode stream, while this stream is still
+    busy with a long kernel (a training step) and frees memory: each equals the batch decoded
+    in this thread, and nothing it holds is reused before this stream has read it."""
+    pytest.importorskip("torchvision")
+    t = T.weak_view(32)
+    device = torch.device("cuda")
+    items = ImageItems(jpegs, t, seed=3, raw=True)
+    raw = [_Collate((3, 32, 32))([items[(r, e)] for r in range(12)]) for e in range(6)]
+
+    def finish(batch):
+        return finish_view(t, batch[0], batch[1], device)
+
+    inline = [finish(b).cpu() for b in raw]
+    for _ in range(3):
+        got = []
+        for x in finished_batches(raw, finish, device, ahead=True):
+            torch.cuda._sleep(5_000_000)  # the step that uses it is still running
+            scratch = torch.full_like(x, 7.0)
+            got.append((x * 1).cpu())
+            del scratch, x
+        assert all(torch.equal(a, b) for a, b in zip(got, inline)) and len(got) == 6
+    assert not _ahead_threads()
 
 
 @cuda

@@ -61,7 +61,8 @@ from . import data
 from .data.protocol import Dataset, LabelledSet, Splits
 from .data.rows import holds_vectors
 from .accel import start as start_acceleration
-from .data.image_views import finish_view, gpu_decodable, load_view, raw_item
+from .data.image_views import (finish_view, finished_batches, gpu_decodable, load_view,
+                               raw_item)
 from .machine import default_cache_dir, default_workers, loader_workers, prefetch_factor
 from .runs import check_own_file, open_own, own_folder, preallocate, write_bytes, write_json
 
@@ -460,8 +461,13 @@ def _fill(plan, items, backbone, transform, batch_size, num_workers, pretrained,
     run = accel.compiled(net.forward_features if "maps" in plan.fields else net)
     bar = tqdm(total=plan.n, initial=plan.n - todo.size, unit="img", disable=not progress,
                desc=desc or f"extract {plan.fields['backbone']}", smoothing=0.1)
+
+    def finish(batch):  # a batch with unreadable rows stays as it is: the loop stops at it
+        rows, x, errors = batch
+        return batch if errors else (rows, finish_view(tf, *x, dev, channels_last), errors)
+
     try:
-        for rows, x, errors in loader:
+        for rows, x, errors in finished_batches(loader, finish, dev, ahead=accel.gpu_decode):
             if errors:
                 row, message = errors[0]
                 more = f" ({len(errors) - 1} more unreadable in this batch)" if len(errors) > 1 \
@@ -469,7 +475,6 @@ def _fill(plan, items, backbone, transform, batch_size, num_workers, pretrained,
                 raise ValueError(f"feature extraction stopped at row {row}: {message}{more}; "
                                  f"the {int(mask.sum())} rows computed so far are kept: fix or "
                                  f"drop the image and run again to finish the store")
-            x = finish_view(tf, *x, dev, channels_last)
             with torch.inference_mode(), torch.autocast(dev.type, enabled=amp):
                 feats = run(x)
             feats = feats.float().flatten(1).cpu().numpy()

@@ -16,7 +16,7 @@ from ..metrics_partial import is_partial
 from .. import distributed as dist_utils
 from ..labels import validate_full_labels, validate_observed
 from ..accel import start as start_acceleration
-from ..data.image_views import finish_view
+from ..data.image_views import finish_view, finished_batches
 from ..losses import SPMLLoss, TrainInfo
 from .amp import LossScaler, amp_dtype, run_model
 from .config import TrainConfig
@@ -125,17 +125,21 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
     per_epoch = len(sampler)
     live = {}  # the stage's optimiser and its groups' base learning rates
 
+    def finish(batch):
+        inputs, flips, local = batch
+        return finish_view(train_t, inputs, flips, device), local
+
     def batches(epoch):
         sampler.set_epoch(epoch)
-        for i, ((inputs, flips, local), rows) in enumerate(zip(loader,
-                                                               sampler.global_batches(epoch))):
+        finished = finished_batches(loader, finish, device, ahead=accel.gpu_decode)
+        for i, ((inputs, local), rows) in enumerate(zip(finished,
+                                                        sampler.global_batches(epoch))):
             if tuning.schedules and "opt" in live:  # from (epoch, batch): the same on resume
                 set_lr(live["opt"], live["base"], tuning.lr_factor(epoch * per_epoch + i,
                                                                    config.epochs * per_epoch,
                                                                    per_epoch))
             # one process: the loader's (pinned) rows are the global batch's
             rows = (local if ctx.world_size == 1 else rows).to(device, non_blocking=True)
-            inputs = finish_view(train_t, inputs, flips, device)
             yield inputs, z[rows], rows  # observed labels and index of the global batch
 
     def forward(inputs, obs, idx):

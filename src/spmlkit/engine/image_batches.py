@@ -12,7 +12,8 @@ from torch import nn
 
 from .. import distributed as dist_utils
 from ..accel import current_acceleration
-from ..data.image_views import finish_view, gpu_decodable, load_view, raw_item
+from ..data.image_views import (finish_view, finished_batches, gpu_decodable, load_view,
+                                raw_item)
 from ..machine import loader_workers, prefetch_factor
 from .amp import amp_dtype, run_model
 from .config import TrainConfig, epoch_rows
@@ -240,7 +241,7 @@ class ItemPredictor:
         self.transform = transform
         accel = current_acceleration()
         accel.check(device, "this prediction pass")
-        raw = accel.gpu_decode
+        raw = self.ahead = accel.gpu_decode
         self.loader = make_loader(ImageItems(items, transform, read, raw=raw), _Rows(rows, batch),
                                   config, shape, device, batch_size=batch) if len(rows) else None
 
@@ -258,8 +259,8 @@ class ItemPredictor:
         was = module.training
         module.eval()
         local, start = out, 0
-        for inputs, flips, _ in (self.loader or ()):
-            inputs = finish_view(self.transform, inputs, flips, self.device)
+        for inputs in finished_batches(self.loader or (), self._finish, self.device,
+                                       ahead=self.ahead):
             part = run_model(module, inputs, self.device, self.amp, self.channels_last).float()
             if local is None:
                 local = torch.empty((self.sizes[self.ctx.rank], *part.shape[1:]),
@@ -277,6 +278,11 @@ class ItemPredictor:
         if self.ctx.world_size == 1:
             return local
         return dist_utils.all_gather_rows(local, self.sizes, device=self.device)
+
+
+    def _finish(self, batch) -> torch.Tensor:
+        inputs, flips, _ = batch
+        return finish_view(self.transform, inputs, flips, self.device)
 
 
 def _image_geometry(model: nn.Module, config: TrainConfig) -> tuple[int, tuple, tuple]:
