@@ -14,7 +14,10 @@ context; the child ends with ``os._exit`` so persistent loader workers cannot ha
   flip -> uint8, pinned; normalisation on the GPU; torch's fused Adam;
 - ``spmlkit``: ``spml train --mode finetune`` through its API (``train_run``: the Cole split,
   the AN loss, spmlkit's optimiser, val mAP each epoch);
-- ``spmlkit+gpu-decode``: the same with ``--gpu-decode`` (nvJPEG);
+- ``spmlkit+gpu-decode``: the same with ``--gpu-decode`` (nvJPEG; the batches decoded a few
+  ahead in a thread of their own);
+- ``spmlkit+gpu-decode-inline`` (``--paths``): ``--gpu-decode`` with each batch decoded in the
+  training thread, as spmlkit did before its decode thread: what that thread gains;
 - ``spmlkit+compile``: the same with ``--compile reduce-overhead --cudnn-benchmark``
   (``--with-compile``; its compilation takes minutes);
 - ``spmlkit+sync-checkpoint`` / ``spmlkit+no-folder`` (``--paths``): the run folder's
@@ -32,8 +35,12 @@ train images/s, and the GPU's busy share (NVML's utilisation, sampled every 50 m
 timed epochs); ``vs_bare`` (epoch / the bare loop's at that batch: the target is <= 1.1) and
 ``train_vs_ceiling`` (train images/s / the ceiling's: the target with GPU decode is >= 0.85);
 ``checkpoint_s``: the seconds per epoch the training thread spent in the run folder's
-checkpoint, ``decode_s`` (``--gpu-decode``): in queueing nvJPEG's decodes and resizes (their
-host side: near the epoch's training seconds, the host is what the GPU waits for),
+checkpoint, ``decode_s`` (``--gpu-decode``): the seconds per epoch spent queueing nvJPEG's
+decodes and resizes and waiting for the decoder (in the decode thread, or in the training thread
+with ``-inline``: there they add to the epoch when the host sets the pace), ``wait_s``
+(bare and spmlkit paths): the seconds per epoch the training thread waited for its next
+training batch (the loader, or the decode thread, behind the steps; small while the GPU is
+still short of busy: the steps' own host work sets the pace),
 ``val_map`` / ``test_map``: the run's (spmlkit's paths, seed 0).
 Paths left out for lack of time (``--budget`` seconds in all) or that fail are rows with their
 reason. The CSV has the machine (GPU, CPU cores, torch version).
@@ -53,8 +60,8 @@ from pathlib import Path
 
 COCO_IDS = sorted(set(range(1, 91)) - {12, 26, 29, 30, 45, 66, 68, 69, 71, 83})
 FIELDS = ["path", "batch", "epoch_s", "train_img_s", "gpu_busy_pct", "vs_bare",
-          "train_vs_ceiling", "checkpoint_s", "decode_s", "val_map", "test_map", "epochs_timed",
-          "train_rows", "val_rows", "device", "note"]
+          "train_vs_ceiling", "checkpoint_s", "decode_s", "wait_s", "val_map", "test_map",
+          "epochs_timed", "train_rows", "val_rows", "device", "note"]
 
 
 # ---- the synthetic COCO layout ----------------------------------------------------------------
@@ -292,7 +299,14 @@ def child_bare(args, device, busy):
         _sync(device)
         t0 = time.perf_counter()
         model.train()
-        for x, idx in train:
+        waited, it = 0.0, iter(train)
+        while True:
+            t_wait = time.perf_counter()
+            batch = next(it, None)
+            waited += time.perf_counter() - t_wait
+            if batch is None:
+                break
+            x, idx = batch
             _step(model, opt, prep(x), observed[idx.to(device, non_blocking=True)], device, amp)
         _sync(device)
         t1 = time.perf_counter()
@@ -305,18 +319,19 @@ def child_bare(args, device, busy):
                     outs.append(model(prep(x)).float())
             torch.cat(outs).cpu()
         _sync(device)
-        times.append((t0, t1, time.perf_counter()))
+        times.append((t0, t1, time.perf_counter(), None, None, waited))
     return times, len(splits.train), len(splits.val)
 
 
 def child_spmlkit(args, device, busy, folder: str = "background", float_workers: bool = False,
-                  **accel):
+                  ahead: bool = True, **accel):
     """spmlkit's finetune through its API (what ``spml train`` runs). ``folder``: the run
     folder's checkpoint written in a thread (``"background"``, spmlkit's default), in the
     training thread (``"sync"``, spmlkit before it wrote in a thread) or no run folder
     (``"none"``: no checkpoint at all). ``float_workers``: the loader workers flip and
     normalise, delivering float32 images, as spmlkit did before issue 31 (the same bits on the
-    CPU; the seeded comparison of its val / test mAP with the default path's)."""
+    CPU; the seeded comparison of its val / test mAP with the default path's). ``ahead=False``:
+    ``--gpu-decode``'s batches decoded in the training thread, not in a thread of their own."""
     import tempfile
 
     import torch
@@ -324,13 +339,13 @@ def child_spmlkit(args, device, busy, folder: str = "background", float_workers:
     from spmlkit import runs
     from spmlkit.checkpointing import Checkpointer
     from spmlkit.data import image_views
-    from spmlkit.engine import image_batches
-    from spmlkit.engine import TrainConfig, acceleration
+    from spmlkit.engine import TrainConfig, acceleration, finetune, image_batches
     from spmlkit.engine.loop import batch_progress
     from spmlkit.methods import get_method, train_run
 
     splits = _splits(args)
-    marks = {"first": None, "train_end": float("nan"), "rows": 0, "saving": 0.0, "decode": 0.0}
+    marks = {"first": None, "train_end": float("nan"), "rows": 0, "saving": 0.0, "decode": 0.0,
+             "wait": 0.0}
     times = []
     real_checkpointer, real_call = runs.RunDir.checkpointer, Checkpointer.__call__
 
@@ -352,6 +367,29 @@ def child_spmlkit(args, device, busy, folder: str = "background", float_workers:
         return out
 
     image_views._decode_jpegs = timed_decode
+    if not ahead:
+        real_batches = image_views.finished_batches
+
+        def inline(batches, finish, device, ahead=False, depth=2):
+            return real_batches(batches, finish, device)
+
+        finetune.finished_batches = image_batches.finished_batches = inline
+    real_finished = finetune.finished_batches
+
+    def timed_batches(*a, **kw):  # the training thread's waits for its next training batch
+        batches = real_finished(*a, **kw)
+        try:
+            while True:
+                t0 = time.perf_counter()
+                batch = next(batches, None)
+                marks["wait"] += time.perf_counter() - t0
+                if batch is None:
+                    return
+                yield batch
+        finally:
+            batches.close()
+
+    finetune.finished_batches = timed_batches
     if float_workers:  # (the workers are forked after this: they run it too)
         real_load = image_batches.load_view
 
@@ -374,8 +412,9 @@ def child_spmlkit(args, device, busy, folder: str = "background", float_workers:
     def on_epoch(record, *_):  # (the epoch's checkpoint follows: it counts in the next one)
         now = time.perf_counter()
         start = times[-1][2] if times else marks["first"]
-        times.append((start, marks["train_end"], now, marks["saving"], marks["decode"]))
-        marks["saving"] = marks["decode"] = 0.0
+        times.append((start, marks["train_end"], now, marks["saving"], marks["decode"],
+                      marks["wait"]))
+        marks["saving"] = marks["decode"] = marks["wait"] = 0.0
 
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch, lr=1e-4, seed=0,
                          device=str(device), amp=args.amp, num_workers=args.workers,
@@ -399,6 +438,7 @@ def run_child(args) -> None:
     busy = Busy(device)
     kind = args.child
     accel = {"spmlkit+gpu-decode": {"gpu_decode": True},
+             "spmlkit+gpu-decode-inline": {"gpu_decode": True, "ahead": False},
              "spmlkit+compile": {"compile": "reduce-overhead", "cudnn_benchmark": True},
              "spmlkit+sync-checkpoint": {"folder": "sync"},
              "spmlkit+no-folder": {"folder": "none"},
@@ -414,8 +454,9 @@ def run_child(args) -> None:
     timed = times[1:] if len(times) > 1 else times
     # spmlkit: the training thread's seconds in the checkpoint inside each timed window (an
     # epoch's checkpoint follows its on_epoch: it counts in the next epoch's window)
-    saving = [t[3] for t in timed if len(t) > 3]
-    decode = [t[4] for t in timed if len(t) > 4]
+    saving = [t[3] for t in timed if len(t) > 3 and t[3] is not None]
+    decode = [t[4] for t in timed if len(t) > 4 and t[4] is not None]
+    wait = [t[5] for t in timed if len(t) > 5]
     epoch = sum(t[2] - t[0] for t in timed) / len(timed)
     train = [t[1] - t[0] for t in timed if not math.isnan(t[1])]
     result = {"epoch_s": epoch, "train_s": sum(train) / len(train) if train else float("nan"),
@@ -424,6 +465,7 @@ def run_child(args) -> None:
               "epochs": [round(t[2] - t[0], 3) for t in times],
               "checkpoint_s": sum(saving) / len(saving) if saving else None,
               "decode_s": sum(decode) / len(decode) if decode and "gpu-decode" in kind else None,
+              "wait_s": sum(wait) / len(wait) if wait else None,
               **scores}
     busy.stop.set()
     Path(args.result).write_text(json.dumps(result))
@@ -505,7 +547,7 @@ def parent(args) -> int:
     plan = []
     for b in batches:
         for path in paths:
-            if path == "spmlkit+gpu-decode" and b != batches[0]:
+            if path.startswith("spmlkit+gpu-decode") and b != batches[0]:
                 continue
             plan.append((path, b))
         if args.with_compile:
@@ -515,7 +557,7 @@ def parent(args) -> int:
     for path, b in plan:
         left = args.budget - (time.perf_counter() - t_start)
         row = {"path": path, "batch": b, "device": machine}
-        if path == "spmlkit+gpu-decode" and not args.device.startswith("cuda"):
+        if path.startswith("spmlkit+gpu-decode") and not args.device.startswith("cuda"):
             row["note"] = "skipped: --gpu-decode needs CUDA"
         elif left < 20:
             row["note"] = f"skipped: the --budget of {args.budget:.0f} s was spent"
@@ -577,7 +619,7 @@ def _child(args, path: str, batch: int, left: float) -> dict:
             "gpu_busy_pct": round(out["gpu_busy_pct"], 1)
             if not math.isnan(out["gpu_busy_pct"]) else None,
             **{key: None if out.get(key) is None else round(out[key], 3)
-               for key in ("checkpoint_s", "decode_s")},
+               for key in ("checkpoint_s", "decode_s", "wait_s")},
             **{key: round(out[key], 2) for key in ("val_map", "test_map") if key in out},
             "epochs_timed": out["epochs_timed"], "train_rows": n_train,
             "val_rows": out["val_rows"], "note": note}

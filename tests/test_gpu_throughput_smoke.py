@@ -13,7 +13,7 @@ def test_smoke_mode_writes_every_path(tmp_path):
     out = tmp_path / "gpu.csv"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     paths = ("ceiling,bare,spmlkit,spmlkit+gpu-decode,spmlkit+sync-checkpoint,spmlkit+no-folder,"
-             "spmlkit+float-workers")
+             "spmlkit+float-workers,spmlkit+gpu-decode-inline")
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_throughput.py"),
                            "--smoke", "--device", "cpu", "--out", str(out),
                            "--workdir", str(tmp_path / "work"), "--paths", paths],
@@ -33,12 +33,17 @@ def test_smoke_mode_writes_every_path(tmp_path):
         for path in ("spmlkit", "spmlkit+sync-checkpoint"):
             assert float(got[(path, batch)]["checkpoint_s"]) > 0, got[(path, batch)]
             assert got[(path, batch)]["decode_s"] == ""  # (--gpu-decode's paths only)
+        # the training thread's waits for its next batch: the loops with a loader
+        assert got[("ceiling", batch)]["wait_s"] == ""
+        for path in ("bare", "spmlkit", "spmlkit+float-workers"):
+            assert float(got[(path, batch)]["wait_s"]) >= 0, got[(path, batch)]
         # on a CPU the uint8 loader + finish in the training process gives the float32 workers'
         # bits: the seeded runs' scores are equal (on a GPU: within bfloat16 noise)
         ours, before = got[("spmlkit", batch)], got[("spmlkit+float-workers", batch)]
         assert ours["val_map"] != "" and (ours["val_map"], ours["test_map"]) == \
             (before["val_map"], before["test_map"]), (ours, before)
-    assert got[("spmlkit+gpu-decode", "8")]["note"] == "skipped: --gpu-decode needs CUDA"
+    for path in ("spmlkit+gpu-decode", "spmlkit+gpu-decode-inline"):
+        assert got[(path, "8")]["note"] == "skipped: --gpu-decode needs CUDA"
     layout = tmp_path / "work" / "coco"
     assert len(list((layout / "train2014").glob("*.jpg"))) == 50
     assert (layout / "annotations" / "instances_val2014.json").is_file()
