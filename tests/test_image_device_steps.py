@@ -12,7 +12,7 @@ from _image_toy import make_images, tiny_model
 from spmlkit.data import transforms as T
 from spmlkit.engine import (Acceleration, ItemPredictor, TrainConfig, acceleration,
                             fit_finetune)
-from spmlkit.data.image_views import AHEAD_NAME, finish_view, finished_batches
+from spmlkit.data.image_views import AHEAD_NAME, RawFiles, finish_view, finished_batches
 from spmlkit.engine.image_batches import ImageItems, _Collate
 from spmlkit.labels import make_observed
 from spmlkit.losses import SPMLLoss, create_loss
@@ -326,16 +326,31 @@ def jpegs(tmp_path_factory):
     return paths
 
 
+def test_raw_files_cross_the_loader_as_one_block_and_split_back_into_each_file(jpegs):
+    from pathlib import Path
+
+    items = ImageItems(jpegs, T.eval_transform(32), raw=True)
+    loader = torch.utils.data.DataLoader(items, batch_size=5, num_workers=1,
+                                         collate_fn=_Collate((3, 32, 32)))
+    seen = []
+    for raw, _, rows in loader:
+        assert isinstance(raw, RawFiles) and raw.data.ndim == 1 and len(raw.sizes) == len(rows)
+        seen += [(int(r), bytes(f.numpy())) for r, f in zip(rows, raw.files())]
+    assert seen == [(i, Path(p).read_bytes()) for i, p in enumerate(jpegs)]
+
+
 @cuda
 def test_cuda_gpu_decode_is_close_to_the_pil_path(jpegs):
     pytest.importorskip("torchvision")
     t = T.eval_transform(32)
     cpu = _Collate((3, 32, 32))([ImageItems(jpegs, t)[r] for r in range(12)])
     raw = _Collate((3, 32, 32))([ImageItems(jpegs, t, raw=True)[r] for r in range(12)])
-    assert isinstance(raw[0], list) and raw[0][0].dtype == torch.uint8
+    assert isinstance(raw[0], RawFiles) and raw[0].data.dtype == torch.uint8
     from spmlkit.data.image_views import _decode_jpegs
 
     decoded = _decode_jpegs(raw[0], 32, torch.device("cuda")).cpu().int()
+    as_list = _decode_jpegs(raw[0].files(), 32, torch.device("cuda")).cpu().int()
+    assert torch.equal(decoded, as_list)
     diff = (decoded - cpu[0].int()).abs().float()
     assert diff.mean() < 3 and diff.max() < 64, (diff.mean(), diff.max())
 

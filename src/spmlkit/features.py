@@ -62,7 +62,7 @@ from .data.protocol import Dataset, LabelledSet, Splits
 from .data.rows import holds_vectors
 from .accel import start as start_acceleration
 from .data.image_views import (finish_view, finished_batches, gpu_decodable, load_view,
-                               raw_item)
+                               raw_item, stack_views)
 from .machine import default_cache_dir, default_workers, loader_workers, prefetch_factor
 from .runs import check_own_file, open_own, own_folder, preallocate, write_bytes, write_json
 
@@ -128,8 +128,7 @@ def _collate(batch):
     if errors:
         return rows, None, errors
     xs, flips = zip(*(b[1] for b in batch))
-    xs = list(xs) if xs[0].ndim == 1 else torch.stack(xs)  # raw files: a list
-    return rows, (xs, torch.tensor(flips, dtype=torch.bool)), errors
+    return rows, (stack_views(xs), torch.tensor(flips, dtype=torch.bool)), errors
 
 
 # ---- keys and stores --------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from torch import nn
 from .. import distributed as dist_utils
 from ..accel import current_acceleration
 from ..data.image_views import (finish_view, finished_batches, gpu_decodable, load_view,
-                                raw_item)
+                                raw_item, stack_views)
 from ..machine import loader_workers, prefetch_factor
 from .amp import amp_dtype, run_model
 from .config import TrainConfig, epoch_rows
@@ -166,9 +166,10 @@ class ImageItems(torch.utils.data.Dataset):
 
 
 class _Collate:
-    """Stacks ``((image, flip), row)`` items into ``(images, flips, rows)``; raw files stay a
-    list. An empty chunk (many processes, a short last batch) becomes an empty
-    ``0 x C x H x W`` batch so that every process still runs its step."""
+    """Stacks ``((image, flip), row)`` items into ``(images, flips, rows)`` (raw files: one
+    `spmlkit.data.image_views.RawFiles`). An empty chunk (many processes, a short last
+    batch) becomes an empty ``0 x C x H x W`` batch so that every process still runs its
+    step."""
 
     def __init__(self, shape: tuple):
         self.shape = tuple(shape)
@@ -179,8 +180,8 @@ class _Collate:
                     torch.empty(0, dtype=torch.long))
         views, rows = zip(*batch)
         xs, flips = zip(*views)
-        xs = list(xs) if xs[0].ndim == 1 else torch.stack(xs)
-        return xs, torch.tensor(flips, dtype=torch.bool), torch.tensor(rows, dtype=torch.long)
+        return stack_views(xs), torch.tensor(flips, dtype=torch.bool), \
+            torch.tensor(rows, dtype=torch.long)
 
 
 def make_loader(dataset, batch_sampler, config: TrainConfig, shape, device,
