@@ -15,8 +15,8 @@ call; the last write is waited for and not counted (a run waits for it before it
 from __future__ import annotations
 
 import argparse
-import csv
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +26,9 @@ import torch
 from spmlkit.engine.optim import LeanAdam
 from spmlkit.engine.selection import snapshot
 from spmlkit.runs import RunDir
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_io import write_rows  # noqa: E402  (benchmarks/: the script's folder)
 
 
 def stalls(device: torch.device, params: int, epochs: int, pause: float, folder: str,
@@ -71,11 +74,7 @@ def main(argv=None) -> int:
                          "stalls_s": " ".join(f"{s:.3f}" for s in got),
                          "device": f"{name}, torch {torch.__version__}"})
             print(rows[-1], flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(args.out, rows)
     return 0
 
 
