@@ -20,6 +20,9 @@ context; the child ends with ``os._exit`` so persistent loader workers cannot ha
   training thread, as spmlkit did before its decode thread: what that thread gains;
 - ``spmlkit+compile``: the same with ``--compile reduce-overhead --cudnn-benchmark``
   (``--with-compile``; its compilation takes minutes);
+- ``spmlkit+gpu-decode+compile`` (``--paths``, the first batch only): ``--gpu-decode`` with
+  ``--compile reduce-overhead --cudnn-benchmark``: CUDA graphs take the kernel launches off the
+  host, which sets the pace of ``--gpu-decode`` (results/gpu-throughput.csv, calls 4 and 6);
 - ``spmlkit+sync-checkpoint`` / ``spmlkit+no-folder`` (``--paths``): the run folder's
   checkpoint written in the training thread, as spmlkit did before it wrote in a thread of its
   own / no run folder at all (no checkpoint): what the checkpoint costs an epoch;
@@ -440,6 +443,8 @@ def run_child(args) -> None:
     accel = {"spmlkit+gpu-decode": {"gpu_decode": True},
              "spmlkit+gpu-decode-inline": {"gpu_decode": True, "ahead": False},
              "spmlkit+compile": {"compile": "reduce-overhead", "cudnn_benchmark": True},
+             "spmlkit+gpu-decode+compile": {"gpu_decode": True, "compile": "reduce-overhead",
+                                            "cudnn_benchmark": True},
              "spmlkit+sync-checkpoint": {"folder": "sync"},
              "spmlkit+no-folder": {"folder": "none"},
              "spmlkit+float-workers": {"float_workers": True}}
