@@ -13,7 +13,7 @@ def test_smoke_mode_writes_every_path(tmp_path):
     out = tmp_path / "gpu.csv"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     paths = ("ceiling,bare,spmlkit,spmlkit+gpu-decode,spmlkit+sync-checkpoint,spmlkit+no-folder,"
-             "spmlkit+float-workers,spmlkit+gpu-decode-inline")
+             "spmlkit+float-workers,spmlkit+gpu-decode-inline,spmlkit+gpu-decode+compile")
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_throughput.py"),
                            "--smoke", "--device", "cpu", "--out", str(out),
                            "--workdir", str(tmp_path / "work"), "--paths", paths],
@@ -42,8 +42,9 @@ def test_smoke_mode_writes_every_path(tmp_path):
         ours, before = got[("spmlkit", batch)], got[("spmlkit+float-workers", batch)]
         assert ours["val_map"] != "" and (ours["val_map"], ours["test_map"]) == \
             (before["val_map"], before["test_map"]), (ours, before)
-    for path in ("spmlkit+gpu-decode", "spmlkit+gpu-decode-inline"):
+    for path in ("spmlkit+gpu-decode", "spmlkit+gpu-decode-inline", "spmlkit+gpu-decode+compile"):
         assert got[(path, "8")]["note"] == "skipped: --gpu-decode needs CUDA"
+        assert (path, "4") not in got  # --gpu-decode's paths: the first batch only
     layout = tmp_path / "work" / "coco"
     assert len(list((layout / "train2014").glob("*.jpg"))) == 50
     assert (layout / "annotations" / "instances_val2014.json").is_file()
