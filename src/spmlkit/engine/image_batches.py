@@ -280,7 +280,6 @@ class ItemPredictor:
             return local
         return dist_utils.all_gather_rows(local, self.sizes, device=self.device)
 
-
     def _finish(self, batch) -> torch.Tensor:
         inputs, flips, _ = batch
         return finish_view(self.transform, inputs, flips, self.device)
