@@ -149,15 +149,13 @@ def finished_batches(batches: Iterable, finish: Callable, device: torch.device,
 
 
 def _record_on(value, stream) -> None:
-    """``record_stream(stream)`` for every CUDA tensor in ``value`` (tuples, lists, dicts)."""
+    """``record_stream(stream)`` for every CUDA tensor in ``value`` (a tensor, or tuples and
+    lists of them: what the callers' ``finish`` returns)."""
     if isinstance(value, torch.Tensor):
         if value.is_cuda:
             value.record_stream(stream)
     elif isinstance(value, (tuple, list)):
         for part in value:
-            _record_on(part, stream)
-    elif isinstance(value, dict):
-        for part in value.values():
             _record_on(part, stream)
 
 
@@ -191,9 +189,8 @@ _DECODE_STREAMS: dict = {}
 
 def _decode_jpegs(files, size: int, device: torch.device) -> torch.Tensor:
     """JPEG files' bytes (`RawFiles`, or a list of each file's) -> B x 3 x size x size uint8 on
-    ``device`` (nvJPEG, then a bilinear
-    antialiased resize there), on a stream of their own that the caller's stream then waits
-    for.
+    ``device`` (nvJPEG, then a bilinear antialiased resize there), on a stream of their own
+    that the caller's stream then waits for.
 
     nvJPEG's hardware decoder writes its outputs before the work queued on the stream has run,
     and those outputs come from torch's caching allocator, which hands out again memory that
@@ -203,9 +200,9 @@ def _decode_jpegs(files, size: int, device: torch.device) -> torch.Tensor:
     queueing the next step while the GPU trained (measured: 56 % of the compute ceiling). Here
     the decode allocates from a stream that runs only the decode steps (these decodes and
     resizes; with `finished_batches` ahead, the batches' finish too), so the wait before it is
-    for the previous batch's steps only; the result is handed to the caller's
-    stream with ``record_stream``, so the allocator does not reuse it before the caller's
-    kernels have read it."""
+    for the previous batch's steps only; the result is handed to the caller's stream with
+    ``record_stream``, so the allocator does not reuse it before the caller's kernels have
+    read it."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
     if isinstance(files, RawFiles):
