@@ -89,7 +89,7 @@ def hand_pr():
             if Z[i][a] != 1:
                 continue
             for b in range(L):
-                if Z[i][b] == 0:
+                if Z[i][b] != 1:  # unobserved or a known negative (Z[0][2] = -1)
                     total += max(0.0, 1 - sig(S[i][a]) + sig(S[i][b]))
     return total / (B * L)
 

@@ -261,13 +261,19 @@ class ROLELoss(_NeedsK):
         return 0.5 * (mat_f + mat_g), 0.5 * (pen_f + pen_g)
 
 
-@register("pr", "pairwise ranking: sum over (observed positive i, unobserved j) of "
-          "max(0, 1 - p_i + p_j)", paper=COLE + ", App. A")
+@register("pr", "pairwise ranking: sum over (observed positive i, unobserved or known "
+          "negative j) of max(0, 1 - p_i + p_j)", paper=COLE + ", App. A")
 class PairwiseRankingLoss(SPMLLoss):
-    """PR: for each observed positive i and unobserved j of a row, ``max(0, 1 - p_i + p_j)``.
+    """PR: for each observed positive i and each other label j of a row, unobserved or a
+    known negative, ``max(0, 1 - p_i + p_j)``.
 
-    The pairs' sum is placed on the positive's entry, so the reduction is the usual one over
-    B * L. Works on probabilities (no logs, so ``eps`` has no effect).
+    Cole et al. pair each positive with the unobserved labels (App. A), which in their
+    single-positive protocol are all the others. A regime that observes negatives (``1p_1n``,
+    a partial-label table) pairs the positive with those too: a known negative is surely
+    ranked below it (spmlkit 0.1.0 left it out, so it taught PR nothing). On one-positive
+    labels the loss is the paper's, unchanged. The pairs' sum is placed on the positive's entry,
+    so the reduction is the usual one over B * L. Works on probabilities (no logs, so ``eps``
+    has no effect).
     """
 
     stackable = True
@@ -276,9 +282,9 @@ class PairwiseRankingLoss(SPMLLoss):
 
     def entries(self, logits, observed, index):
         p = torch.sigmoid(logits)
-        pos, unobs, _ = masks(observed)
+        pos, unobs, neg = masks(observed)
         hinge = torch.relu(1.0 - p.unsqueeze(-1) + p.unsqueeze(-2))  # B x L(i) x L(j)
-        pairs = pos.unsqueeze(-1) * unobs.unsqueeze(-2)
+        pairs = pos.unsqueeze(-1) * (unobs + neg).unsqueeze(-2)
         return (hinge * pairs).sum(dim=-1), None
 
     def stacked_step(self, logits, observed, index):
@@ -289,9 +295,9 @@ class PairwiseRankingLoss(SPMLLoss):
         autograd's)."""
         runs, batch, classes = logits.shape
         p = torch.sigmoid(logits)
-        pos, unobs, _ = masks(observed)
+        pos, unobs, neg = masks(observed)
         hinge = (1.0 - p.unsqueeze(-1) + p.unsqueeze(-2)).mul_(
-            pos.unsqueeze(-1) * unobs.unsqueeze(-2))  # R x B x L(i) x L(j); 0 off the pairs
+            pos.unsqueeze(-1) * (unobs + neg).unsqueeze(-2))  # R x B x L(i) x L(j); 0 off pairs
         active = (hinge > 0).to(p.dtype)
         values = hinge.clamp_(min=0.0).sum(dim=(1, 2, 3)) / (batch * classes)
         grad_p = active.sum(dim=-2) - active.sum(dim=-1)
