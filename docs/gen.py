@@ -462,6 +462,7 @@ def gen_metrics() -> str:
                else "none (an example by hand)")
         rows.append([code(m.name), "higher" if m.higher_is_better else "lower",
                      str(m.decimals), "yes" if m.needs_threshold else "no",
+                     "none" if m.takes is None else
                      f"{code(m.takes)} (default {code(show(METRIC_SETTINGS[m.takes]))})",
                      ref, text(m.description)])
     out.append(table(["metric", "better", "decimals", "threshold", "setting",

@@ -176,6 +176,21 @@ def test_benchmark_without_epochs_runs_the_papers_25(tmp_path):
     assert yaml.safe_load((out / "study.yaml").read_text())["epochs"] == 25
 
 
+def test_cli_train_selects_on_a_top_k_metric(tmp_path):
+    """``--metric ndcg@3`` (a record with '@' in its name): the run's epochs carry
+    ``val_ndcg@3``, the best epoch has the highest, and the test metrics have every top-k
+    record."""
+    assert main(["train", "--dataset", "yeast", "--loss", "an", "--epochs", "4", "--lr", "1e-2",
+                 "--quiet", "--metric", "ndcg@3", "--out", str(tmp_path)]) == 0
+    (run,) = list(tmp_path.iterdir())
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    final = json.loads((run / "final.json").read_text())
+    scores = [r["val_ndcg@3"] for r in records]
+    assert final["best_epoch"] == scores.index(max(scores)) + 1
+    assert {"ndcg@3", "ndcg@5", "rp@3", "rp@5", "micro_ap", "weighted_ap"} <= \
+        set(final["test_metrics"])
+
+
 def test_cli_train_and_benchmark_select_on_a_metric(tmp_path, capsys):
     """``--metric``: spml train selects its epoch on that val metric and prints the classic
     test metrics; spml benchmark selects epochs and grid points on it and adds its columns;

@@ -77,7 +77,8 @@ def test_full_labels_as_partial_equal_the_ordinary_metrics():
     plain = classic_metrics(scores, full, threshold=0.5, no_positive="exclude")
     masked = masked_metrics(scores, part, threshold=0.5)
     for name in ("map", "lrap", "ranking_loss", "coverage", "one_error", "hamming_loss",
-                 "micro_f1", "macro_f1"):
+                 "micro_f1", "macro_f1", "micro_ap", "weighted_ap", "ndcg@3", "ndcg@5", "rp@3",
+                 "rp@5"):
         assert masked[name] == pytest.approx(plain[name]), name
     assert weighted_average_precision(scores, full) == pytest.approx(
         average_precision_score(full, scores, average="weighted") * 100)
@@ -130,6 +131,41 @@ def test_ndcg_and_rp_by_hand():
     assert ndcg_at_k(s, y, 2) == pytest.approx((1 / np.log2(3)) / ideal)
     assert ndcg_at_k(s, y, 4) == pytest.approx((1 / np.log2(3) + 1 / np.log2(5)) / ideal)
     assert rprecision_at_k(s, y, 1) == 0.0 and rprecision_at_k(s, y, 3) == 0.5
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_ndcg_equals_scikit_learn_where_no_scores_tie(k):
+    """Rows without a positive score 0 by default, as in scikit-learn's ndcg_score; with
+    ``"exclude"`` they are left out (LibMultiLabel)."""
+    from sklearn.metrics import ndcg_score
+
+    rng = np.random.default_rng(k)
+    s, y = rng.random((50, 7)), (rng.random((50, 7)) < 0.3).astype(np.uint8)
+    y[:4] = 0
+    assert ndcg_at_k(s, y, k) == pytest.approx(ndcg_score(y, s, k=k), rel=1e-12)
+    has = y.any(axis=1)
+    assert ndcg_at_k(s, y, k, "exclude") == pytest.approx(ndcg_score(y[has], s[has], k=k))
+    assert rprecision_at_k(s, y, k) == pytest.approx(rprecision_at_k(s, y, k, "exclude")
+                                                     * has.mean())
+
+
+def test_top_k_of_partial_labels_ranks_the_known_labels_only():
+    """An unknown label scored on top is skipped; the known ones rank as full labels of the
+    known columns; masked_metrics reports the same (rows without a known positive left out)."""
+    s = np.array([[0.95, 0.9, 0.8, 0.1], [0.99, 0.2, 0.6, 0.7], [0.5, 0.4, 0.3, 0.2]])
+    y = partial_labels([[0, -1, 1, 1], [0, 1, -1, 1], [0, -1, -1, -1]])
+    known = s[:2, 1:], (np.asarray(y)[:2, 1:] == 1).astype(np.uint8)
+    for k in (1, 2, 3):
+        assert ndcg_at_k(s, y, k, "exclude") == pytest.approx(ndcg_at_k(*known, k))
+        assert rprecision_at_k(s, y, k, "exclude") == pytest.approx(rprecision_at_k(*known, k))
+        assert ndcg_at_k(s, y, k) == pytest.approx(ndcg_at_k(*known, k) * 2 / 3)
+    m = masked_metrics(s, y)
+    assert m["ndcg@3"] == pytest.approx(ndcg_at_k(*known, 3))
+    assert m["rp@5"] == pytest.approx(rprecision_at_k(*known, 3))  # k = 5 > L ranks all four
+    assert m["micro_ap"] == pytest.approx(micro_average_precision(s, y))
+    assert m["weighted_ap"] == pytest.approx(weighted_average_precision(s, y))
+    with pytest.raises(ValueError, match=r"k must be in 1..4"):
+        ndcg_at_k(s, y, 5)
 
 
 def test_partial_labels_keep_their_mask_through_indexing_and_pickling():

@@ -261,7 +261,7 @@ def test_report_shows_the_classic_metrics_of_a_real_study(tmp_path, capsys):
         assert f'id="{anchor}"' in text
     assert "best validation lrap is selected" in text and "selected on val lrap" in text
     classic = text[text.index('id="table-classic"'):text.index('id="figures"')]
-    heads = re.findall(r"<th>([a-z_0-9]+)</th>", classic)
+    heads = re.findall(r"<th>([a-z_0-9@]+)</th>", classic)
     assert heads[:5] == ["lrap", "ranking_loss", "coverage_norm", "hamming_loss", "one_error"]
     assert set(heads) == set(METRICS) - {"map"}
     for r in study.selected:

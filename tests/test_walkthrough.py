@@ -127,7 +127,7 @@ def test_walkthrough_train_then_predict_matches_the_python_api(walk):
     assert out[1].split(":")[0] == shown[1].split(":")[0]
     assert np.allclose(np.array(numbers[0], float), np.array(numbers[1], float), atol=0.5)
     # the classic metrics of the test set: the same names, values close
-    names = [re.findall(r"([a-z_0-9]+) \d", line) for line in (out[2], shown[2])]
+    names = [re.findall(r"([a-z_0-9@]+) \d", line) for line in (out[2], shown[2])]
     assert out[2].startswith("test: ") and names[0] == names[1]
     values = [re.findall(r" (\d+\.\d+)", line) for line in (out[2], shown[2])]
     assert np.allclose(np.array(values[0], float), np.array(values[1], float), atol=0.05)

@@ -371,6 +371,137 @@ def one_error(scores, y, no_positive: str = "sklearn") -> float:
     return _row_mean(wrong, y.sum(axis=1) > 0, 1.0, no_positive)
 
 
+# ---- top-k ranking metrics (LibMultiLabel's) and AP averaged over entries ----------------------
+def top_k_hits(s: np.ndarray, pos: np.ndarray, k: int) -> np.ndarray:
+    """N x k: whether each row's r-th top-scored label (ties: the lower column first) is a
+    positive, for validated scores ``s`` and bool positives ``pos``, in blocks of rows. Labels
+    not to be ranked (unknown ones) are passed as ``-inf`` scores that are not positive."""
+    if not 1 <= k <= s.shape[1]:
+        raise ValueError(f"k must be in 1..{s.shape[1]} (the number of labels), got {k}")
+    step = max(1, BLOCK_ENTRIES // s.shape[1])
+    return np.concatenate([np.take_along_axis(
+        pos[i:i + step], np.argsort(-s[i:i + step], axis=1, kind="stable")[:, :k], axis=1)
+        for i in range(0, len(s), step)] or [np.zeros((0, k), dtype=bool)])
+
+
+def top_k_rows(hits: np.ndarray, n_pos: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: nDCG@k and RP@k (NaN where the row has no positive) from `top_k_hits` (its
+    first ``k`` columns) and the rows' positive counts."""
+    hits = hits[:, :k].astype(np.float64)
+    discount = 1.0 / np.log2(np.arange(2, k + 2))
+    best = np.minimum(n_pos, k)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ndcg = np.where(best > 0, (hits @ discount) / np.cumsum(discount)[np.maximum(best, 1) - 1],
+                        np.nan)
+        rp = np.where(best > 0, hits.sum(axis=1) / best, np.nan)
+    return ndcg, rp
+
+
+def ndcg_at_k(scores, y, k: int, no_positive: str = "sklearn") -> float:
+    """nDCG@k (LibMultiLabel's definition): per row, ``sum_{r<=k} rel_r / log2(r + 1)`` over
+    its k top-scored labels (ties: the lower column first) divided by the same sum of an ideal
+    ranking (``min(k, positives)`` hits on top), averaged over rows.
+
+    Rows without a positive: ``no_positive="sklearn"`` scores them 0 (scikit-learn's
+    ``ndcg_score``, which equals this where no scores tie); ``"exclude"`` leaves them out
+    (LibMultiLabel). ``spmlkit.metrics_partial.ndcg_at_k`` also takes partial labels.
+
+    >>> round(ndcg_at_k([[0.9, 0.8, 0.1]], [[0, 1, 1]], 2), 4)
+    0.3869
+    """
+    return _top_k(scores, y, int(k), no_positive)["ndcg"]
+
+
+def rprecision_at_k(scores, y, k: int, no_positive: str = "sklearn") -> float:
+    """RP@k (R-precision at k, LibMultiLabel): per row, the positives among its k top-scored
+    labels divided by ``min(k, positives)``, averaged over rows; rows without a positive score
+    0 (``"sklearn"``, as `ndcg_at_k`) or are left out (``"exclude"``).
+
+    >>> rprecision_at_k([[0.9, 0.8, 0.1]], [[0, 1, 1]], 2)
+    0.5
+    """
+    return _top_k(scores, y, int(k), no_positive)["rp"]
+
+
+def _top_k(scores, y, k: int, no_positive: str) -> dict:
+    s, y = _as_scores(scores, y)
+    pos = y > 0
+    n_pos = pos.sum(axis=1)
+    ndcg, rp = top_k_rows(top_k_hits(s, pos, k), n_pos, k)
+    return {"ndcg": _row_mean(ndcg, n_pos > 0, 0.0, no_positive),
+            "rp": _row_mean(rp, n_pos > 0, 0.0, no_positive)}
+
+
+def micro_average_precision(scores, y) -> float:
+    """Micro-averaged AP x100: one AP over every entry of the N x L matrix, as scikit-learn's
+    ``average_precision_score(average="micro")``; NaN without any positive.
+
+    >>> micro_average_precision([[0.9, 0.2], [0.1, 0.8]], [[1, 0], [1, 0]])
+    75.0
+    """
+    s, y = _as_scores(scores, y)
+    return average_precision(s.ravel(), y.ravel()) * 100.0
+
+
+def weighted_average_precision(scores, y) -> float:
+    """Per-class AP x100 averaged with weights the classes' positive counts, as scikit-learn's
+    ``average_precision_score(average="weighted")`` (a class without a positive weighs 0);
+    NaN without any positive.
+
+    >>> round(weighted_average_precision([[0.9, 0.2], [0.1, 0.8], [0.5, 0.3]],
+    ...                                  [[1, 0], [1, 1], [0, 0]]), 4)
+    88.8889
+    """
+    s, y = _as_scores(scores, y)
+    return weighted_ap(per_class_ap(s, y), y.sum(axis=0))
+
+
+def weighted_ap(ap: np.ndarray, positives: np.ndarray) -> float:
+    """Per-class ``ap`` averaged with weights ``positives`` (NaN APs weigh 0); NaN when no
+    class has a positive."""
+    weight = np.asarray(positives, dtype=np.float64)
+    if weight.sum() == 0:
+        return float("nan")
+    return float(np.nansum(np.asarray(ap) * weight) / weight.sum())
+
+
+#: the k of the top-k records (``ndcg@k``, ``rp@k``)
+TOP_K = (3, 5)
+
+
+def _top_k_metrics(p: np.ndarray, y: np.ndarray, no_positive: str) -> dict:
+    """The top-k records (``ndcg@k``, ``rp@k`` for k in `TOP_K`) from one sort of each row;
+    ``k`` above L ranks all L labels."""
+    if p.size == 0:
+        return {f"{name}@{k}": float("nan") for k in TOP_K for name in ("ndcg", "rp")}
+    pos = y > 0
+    n_pos, width = pos.sum(axis=1), y.shape[1]
+    hits = top_k_hits(p, pos, min(max(TOP_K), width))
+    out = {}
+    for k in TOP_K:
+        ndcg, rp = top_k_rows(hits, n_pos, min(k, width))
+        out[f"ndcg@{k}"] = _row_mean(ndcg, n_pos > 0, 0.0, no_positive)
+        out[f"rp@{k}"] = _row_mean(rp, n_pos > 0, 0.0, no_positive)
+    return out
+
+
+def _top_k_record(name: str, k: int) -> Callable:
+    """``fn(probs, y, no_positive)`` of the record ``{name}@{k}`` (`ndcg_at_k` /
+    `rprecision_at_k` at ``min(k, L)``)."""
+    def fn(probs, y, no_positive="sklearn") -> float:
+        return _top_k_metrics(*_as_scores(probs, y), no_positive)[f"{name}@{k}"]
+    fn.__doc__ = f"{'ndcg_at_k' if name == 'ndcg' else 'rprecision_at_k'} at k = min({k}, L)"
+    return fn
+
+
+def _no_setting(fn: Callable) -> Callable:
+    """``fn(probs, y)`` as a record's ``fn(probs, y, setting)`` (a metric no setting changes)."""
+    def record(probs, y, _setting=None) -> float:
+        return fn(probs, y)
+    record.__doc__ = f"`{fn.__name__}`"
+    return record
+
+
 def hamming_loss(probs, y, threshold: float = 0.5) -> float:
     """The share of the N x L label entries predicted wrongly, predicting positive where
     ``probs >= threshold`` (scikit-learn's ``hamming_loss`` of those predictions). No edge case:
@@ -454,6 +585,17 @@ def _per_label_minus_one(value: float, num_labels: int) -> float:
     return (value - 1.0) / num_labels
 
 
+def _times_100(value: float, num_labels: int) -> float:
+    """, x100"""
+    return value * 100.0
+
+
+#: the top-k records' example: row 0 ranks 0.9 (-), 0.8 (+), 0.7 (-), 0.1 (+); row 1 has no
+#: positive (0 at the default setting); L = 4, so k = 5 ranks all four labels
+_TOP_K_CASE = ([[0.9, 0.8, 0.1, 0.7], [0.2, 0.3, 0.4, 0.1]], [[0, 1, 1, 0], [0, 0, 0, 0]])
+_IDEAL_2 = 1 + 1 / np.log2(3)  # two positives on top
+
+
 #: the settings a metric's function takes as its third argument, and their defaults
 METRIC_SETTINGS = {"convention": "present", "threshold": 0.5, "no_positive": "sklearn"}
 
@@ -472,8 +614,9 @@ class Metric:
         decimals: decimals shown in tables and the CLI.
         description: one line (``spml list metrics``).
         takes: ``"convention"`` (mAP's classes without positives), ``"threshold"`` (the
-            metric scores 0/1 predictions ``probs >= threshold``) or ``"no_positive"`` (rows
-            without a positive, `NO_POSITIVE`).
+            metric scores 0/1 predictions ``probs >= threshold``), ``"no_positive"`` (rows
+            without a positive, `NO_POSITIVE`) or ``None`` (no setting changes it; ``fn``
+            gets ``None``).
         sklearn: ``(y, x) -> float``, scikit-learn's value of the metric at the default
             setting, ``x`` the scores (a thresholded metric: the 0/1 predictions at 0.5);
             ``None`` where scikit-learn has none.
@@ -488,7 +631,7 @@ class Metric:
     higher_is_better: bool
     decimals: int
     description: str
-    takes: str
+    takes: str | None
     sklearn: Callable[..., float] | None = None
     example: tuple | None = None
     joint: Callable[..., dict] | None = None
@@ -514,7 +657,7 @@ def register_metric(metric: Metric) -> Metric:
     """
     if metric.name in METRICS:
         raise ValueError(f"metric {metric.name!r} is registered twice")
-    if metric.takes not in METRIC_SETTINGS:
+    if metric.takes is not None and metric.takes not in METRIC_SETTINGS:
         raise ValueError(f"metric {metric.name!r}: takes={metric.takes!r}; one of "
                          f"{', '.join(METRIC_SETTINGS)}")
     if metric.sklearn is None and metric.example is None:
@@ -556,6 +699,24 @@ for _metric in (
     Metric("macro_f1", macro_f1, True, 4, "mean of the per-class F1 at the threshold",
            "threshold", sklearn=_sklearn("f1_score", average="macro", zero_division=np.nan),
            joint=_f1_pair),
+    Metric("micro_ap", _no_setting(micro_average_precision), True, 2,
+           "micro-averaged AP, x100: one AP over every label entry", None,
+           sklearn=_sklearn("average_precision_score", _times_100, average="micro")),
+    Metric("weighted_ap", _no_setting(weighted_average_precision), True, 2,
+           "per-class AP weighted by the classes' positive counts, x100", None,
+           sklearn=_sklearn("average_precision_score", _times_100, average="weighted")),
+    Metric("ndcg@3", _top_k_record("ndcg", 3), True, 4,
+           "nDCG of each row's 3 top-ranked labels (LibMultiLabel's)", "no_positive",
+           example=(*_TOP_K_CASE, (1 / np.log2(3)) / _IDEAL_2 / 2), joint=_top_k_metrics),
+    Metric("ndcg@5", _top_k_record("ndcg", 5), True, 4,
+           "nDCG of each row's 5 top-ranked labels", "no_positive",
+           example=(*_TOP_K_CASE, (1 / np.log2(3) + 1 / np.log2(5)) / _IDEAL_2 / 2),
+           joint=_top_k_metrics),
+    Metric("rp@3", _top_k_record("rp", 3), True, 4,
+           "R-precision at 3: positives among the row's top 3 / min(3, its positives)",
+           "no_positive", example=(*_TOP_K_CASE, 0.25), joint=_top_k_metrics),
+    Metric("rp@5", _top_k_record("rp", 5), True, 4,
+           "R-precision at 5", "no_positive", example=(*_TOP_K_CASE, 0.5), joint=_top_k_metrics),
 ):
     register_metric(_metric)
 
@@ -597,7 +758,7 @@ def metric_score(name: str, probs, y, *, convention: str = "present",
     if metric.needs_threshold and threshold == "chosen":
         threshold = best_global_threshold(probs, y)[0]
     settings = {"convention": convention, "threshold": threshold, "no_positive": no_positive}
-    return metric.fn(probs, y, settings[metric.takes])
+    return metric.fn(probs, y, settings.get(metric.takes))
 
 
 def classic_metrics(probs, y, *, convention: str = "present", threshold: float = 0.5,
@@ -614,7 +775,7 @@ def classic_metrics(probs, y, *, convention: str = "present", threshold: float =
     settings = {"convention": convention, "threshold": threshold, "no_positive": no_positive}
     out, shared = {}, {}
     for name, metric in METRICS.items():
-        setting = settings[metric.takes]
+        setting = settings.get(metric.takes)
         if metric.joint is None:
             out[name] = metric.fn(p, y, setting)
             continue

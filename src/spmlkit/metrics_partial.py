@@ -31,8 +31,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import metrics as full
-from .metrics import METRICS, _as_scores, _best_f1, _count_at_least, _f1_sweep, _row_mean, \
-    average_precision, classic_metrics, f1_micro_macro, map_from_ap, per_class_ap
+from .metrics import METRICS, _best_f1, _count_at_least, _f1_sweep, _row_mean, _top_k_metrics, \
+    average_precision, classic_metrics, f1_micro_macro, map_from_ap, per_class_ap, top_k_hits, \
+    top_k_rows
 
 __all__ = ["MASKS", "PartialLabels", "partial_labels", "is_partial", "known_entries",
            "masked_per_class_ap", "masked_map", "masked_metrics", "micro_average_precision",
@@ -139,8 +140,8 @@ def masked_per_class_ap(scores, y, mask: str | None = None) -> np.ndarray:
     (``"row"``); NaN for a class without a known positive there."""
     s, pos, known = _checked(scores, y)
     if _mask_of(y, mask) == "row":
-        s, full, _ = _complete_rows(s, pos, known)
-        return per_class_ap(s, full)
+        s, labels, _ = _complete_rows(s, pos, known)
+        return per_class_ap(s, labels)
     return np.array([average_precision(s[known[:, j], j], pos[known[:, j], j]) * 100.0
                      for j in range(s.shape[1])])
 
@@ -152,34 +153,47 @@ def masked_map(scores, y, convention: str = "present", mask: str | None = None) 
 
 
 def micro_average_precision(scores, y) -> float:
-    """Micro-averaged AP x100: one AP over every (known) entry of the matrix, as scikit-learn's
-    ``average_precision_score(average="micro")``; ``y`` full 0 / 1 or partial labels."""
-    s, pos, known = _either(scores, y)
+    """`spmlkit.metrics.micro_average_precision`, or of partial labels: one AP over every known
+    entry."""
+    if not is_partial(y):
+        return full.micro_average_precision(scores, y)
+    s, pos, known = _checked(scores, y)
     return average_precision(s[known], pos[known]) * 100.0
 
 
 def weighted_average_precision(scores, y) -> float:
-    """Per-class AP x100 averaged with weights the classes' (known) positive counts, as
-    scikit-learn's ``average_precision_score(average="weighted")``; NaN without positives."""
-    s, pos, known = _either(scores, y)
-    ap = masked_per_class_ap(s, np.where(known, np.where(pos, 1, -1), 0).view(PartialLabels),
-                             "entry") if not known.all() else _full_ap(s, pos)
-    weight = (pos & known).sum(axis=0).astype(np.float64)
-    if weight.sum() == 0:
-        return float("nan")
-    return float(np.nansum(ap * weight) / weight.sum())
+    """`spmlkit.metrics.weighted_average_precision`, or of partial labels: each class's AP over
+    its known rows, weighted by its known positives."""
+    if not is_partial(y):
+        return full.weighted_average_precision(scores, y)
+    _, pos, _ = _checked(scores, y)
+    return full.weighted_ap(masked_per_class_ap(scores, y, "entry"), pos.sum(axis=0))
 
 
-def _full_ap(s, pos):
-    return per_class_ap(s, pos.astype(np.uint8))
+def ndcg_at_k(scores, y, k: int, no_positive: str = "sklearn") -> float:
+    """`spmlkit.metrics.ndcg_at_k`, or of partial labels: each row's known labels ranked
+    (rows without a known positive: 0, or left out with ``"exclude"``).
+
+    >>> ndcg_at_k([[0.9, 0.8, 0.1]], partial_labels([[0, 1, -1]]), 1)  # 0.9 is unknown
+    1.0
+    """
+    return _top_k(scores, y, int(k), no_positive)[0]
 
 
-def _either(scores, y):
-    """Scores, positives and known entries of full 0 / 1 labels (all known) or partial ones."""
-    if is_partial(y):
-        return _checked(scores, y)
-    s, full = _as_scores(scores, y)
-    return s, full > 0, np.ones(full.shape, dtype=bool)
+def rprecision_at_k(scores, y, k: int, no_positive: str = "sklearn") -> float:
+    """`spmlkit.metrics.rprecision_at_k`, or of partial labels: each row's known labels
+    ranked."""
+    return _top_k(scores, y, int(k), no_positive)[1]
+
+
+def _top_k(scores, y, k: int, no_positive: str) -> tuple[float, float]:
+    if not is_partial(y):
+        return (full.ndcg_at_k(scores, y, k, no_positive),
+                full.rprecision_at_k(scores, y, k, no_positive))
+    s, pos, known = _checked(scores, y)
+    ndcg, rp = top_k_rows(top_k_hits(np.where(known, s, -np.inf), pos, k), pos.sum(axis=1), k)
+    has = pos.any(axis=1)
+    return _row_mean(ndcg, has, 0.0, no_positive), _row_mean(rp, has, 0.0, no_positive)
 
 
 def _masked_ranking(s, pos, known) -> dict:
@@ -208,21 +222,26 @@ def masked_metrics(probs, y, *, convention: str = "present", threshold: float = 
     """Every metric of `spmlkit.metrics.METRICS` on partial labels, with ``threshold``,
     ``mask``, ``known_entries`` (their share) and ``rows_scored``.
 
-    ``"entry"``: mAP over each class's known rows, F1s and Hamming loss over the known entries,
-    the ranking metrics over each row's known labels (rows without a known positive left out:
+    ``"entry"``: mAP (and weighted AP) over each class's known rows, micro AP, F1s and Hamming
+    loss over the known entries, the ranking and top-k metrics over each row's known labels
+    (rows without a known positive left out:
     ``no_positive="exclude"`` of `spmlkit.metrics`, whatever was asked there).
     ``"row"``: `spmlkit.metrics.classic_metrics` of the fully known rows.
     """
     s, pos, known = _checked(probs, y)
     mask = _mask_of(y, mask)
     if mask == "row":
-        s_rows, full, rows = _complete_rows(s, pos, known)
+        s_rows, labels, rows = _complete_rows(s, pos, known)
         if not rows.any():
             raise ValueError("mask 'row': no row of the partial labels is fully known")
-        out = classic_metrics(s_rows, full, convention=convention, threshold=threshold)
+        out = classic_metrics(s_rows, labels, convention=convention, threshold=threshold)
         out["rows_scored"] = int(rows.sum())
     else:
-        out = {"map": masked_map(s, y, convention, "entry"), **_masked_ranking(s, pos, known)}
+        ap = masked_per_class_ap(s, y, "entry")
+        out = {"map": map_from_ap(ap, convention), **_masked_ranking(s, pos, known),
+               "micro_ap": average_precision(s[known], pos[known]) * 100.0,
+               "weighted_ap": full.weighted_ap(ap, pos.sum(axis=0)),
+               **_top_k_metrics(np.where(known, s, -np.inf), pos, "exclude")}
         pred = s >= threshold
         out["hamming_loss"] = float((pred != pos)[known].mean()) if known.any() else float("nan")
         # F1 over the known entries: unknown ones count neither as positives nor as predictions
@@ -237,45 +256,6 @@ def masked_metrics(probs, y, *, convention: str = "present", threshold: float = 
     return out
 
 
-def _gains(scores, y, k: int):
-    s, pos, known = _either(scores, y)
-    if not 1 <= k <= s.shape[1]:
-        raise ValueError(f"k must be in 1..{s.shape[1]}, got {k}")
-    order = np.argsort(-np.where(known, s, -np.inf), axis=1, kind="stable")[:, :k]
-    hits = np.take_along_axis(pos, order, axis=1).astype(np.float64)
-    return hits, pos.sum(axis=1)
-
-
-def ndcg_at_k(scores, y, k: int) -> float:
-    """nDCG@k (LibMultiLabel's definition): per row, ``sum_{r<=k} rel_r / log2(r + 1)`` over
-    the top-k labels divided by the same sum of an ideal ranking (``min(k, positives)`` hits
-    on top), averaged over rows with a positive; ties broken by column order. Partial labels:
-    each row's known labels ranked.
-
-    >>> round(ndcg_at_k([[0.9, 0.8, 0.1]], [[0, 1, 1]], 2), 4)
-    0.3869
-    """
-    hits, n_pos = _gains(scores, y, k)
-    discount = 1.0 / np.log2(np.arange(2, k + 2))
-    dcg = hits @ discount
-    ideal = np.cumsum(discount)[np.minimum(n_pos, k) - 1]
-    has = n_pos > 0
-    return float((dcg[has] / ideal[has]).mean()) if has.any() else float("nan")
-
-
-def rprecision_at_k(scores, y, k: int) -> float:
-    """RP@k (R-precision at k, LibMultiLabel): per row, the positives among the top k divided
-    by ``min(k, positives)``, averaged over rows with a positive.
-
-    >>> rprecision_at_k([[0.9, 0.8, 0.1]], [[0, 1, 1]], 2)
-    0.5
-    """
-    hits, n_pos = _gains(scores, y, k)
-    has = n_pos > 0
-    return float((hits.sum(axis=1)[has] / np.minimum(n_pos[has], k)).mean()) if has.any() \
-        else float("nan")
-
-
 def masked_evaluate(scores, y, convention: str = "present") -> dict:
     """`spmlkit.metrics.evaluate` of partial labels: the masked mAP, the classes without a
     known positive, P@k / R@k ranking each row's known labels (``"entry"``) or of the fully
@@ -287,14 +267,14 @@ def masked_evaluate(scores, y, convention: str = "present") -> dict:
     out = {"map": map_from_ap(ap, convention),
            "classes_without_positives": np.flatnonzero(np.isnan(ap)).tolist(), "mask": mask}
     if mask == "row":
-        s, full, _ = _complete_rows(s, pos, known)
+        s, labels, _ = _complete_rows(s, pos, known)
     else:
-        s, full = np.where(known, s, -np.inf), pos.astype(np.uint8)
+        s, labels = np.where(known, s, -np.inf), pos.astype(np.uint8)
     for k in (1, 3):
         if k <= s.shape[1] and len(s):
             top = np.argsort(-s, axis=1, kind="mergesort")[:, :k]
-            hits = np.take_along_axis(full, top, axis=1).sum(axis=1)
-            n_pos = full.sum(axis=1)
+            hits = np.take_along_axis(labels, top, axis=1).sum(axis=1)
+            n_pos = labels.sum(axis=1)
             has = n_pos > 0
             out[f"p@{k}"] = float(hits.mean() / k)
             out[f"r@{k}"] = float((hits[has] / n_pos[has]).mean()) if has.any() else float("nan")
