@@ -44,6 +44,11 @@ with ``-inline``: there they add to the epoch when the host sets the pace), ``wa
 (bare and spmlkit paths): the seconds per epoch the training thread waited for its next
 training batch (the loader, or the decode thread, behind the steps; small while the GPU is
 still short of busy: the steps' own host work sets the pace),
+``train_cpu_s`` / ``decode_cpu_s`` / ``pin_cpu_s`` / ``host_cpu_s``: the CPU seconds per
+epoch of the thread that queues the steps, of --gpu-decode's decode thread, of the loaders'
+pin-memory threads and of the whole training process (`ThreadCPU`, Linux): a training
+thread near its wall time is busy queueing (launches, Python: CUDA graphs shorten that), one
+well below it while the GPU idles waits (for the interpreter's lock, a batch, the GPU);
 ``val_map`` / ``test_map``: the run's (spmlkit's paths, seed 0).
 Paths left out for lack of time (``--budget`` seconds in all) or that fail are rows with their
 reason. The CSV has the machine (GPU, CPU cores, torch version).
@@ -62,8 +67,11 @@ import time
 from pathlib import Path
 
 COCO_IDS = sorted(set(range(1, 91)) - {12, 26, 29, 30, 45, 66, 68, 69, 71, 83})
+#: the roles of `ThreadCPU`, each a column ``<role>_cpu_s``
+CPU_ROLES = ("train", "decode", "pin", "host")
 FIELDS = ["path", "batch", "epoch_s", "train_img_s", "gpu_busy_pct", "vs_bare",
-          "train_vs_ceiling", "checkpoint_s", "decode_s", "wait_s", "val_map", "test_map",
+          "train_vs_ceiling", "checkpoint_s", "decode_s", "wait_s",
+          *(f"{role}_cpu_s" for role in CPU_ROLES), "val_map", "test_map",
           "epochs_timed", "train_rows", "val_rows", "device", "note"]
 
 
@@ -165,6 +173,77 @@ class Busy:
     def mean(self, t0: float, t1: float) -> float:
         inside = [v for t, v in list(self.samples) if t0 <= t <= t1]
         return sum(inside) / len(inside) if inside else float("nan")
+
+
+class ThreadCPU:
+    """CPU seconds of this process's threads by role, read from ``/proc`` (Linux) every 50 ms
+    in a thread of its own: where the host's time goes while the GPU waits. Roles: ``train``
+    (the main thread: it queues the steps), ``decode`` (--gpu-decode's decode thread), ``pin``
+    (the loaders' pin-memory threads), ``host`` (every thread of the process: torch's, CUDA's
+    and these together). A thread that queues steps as fast as the GPU runs them spends about
+    its wall time on the CPU; one that waits for the interpreter's lock, the loader or the
+    GPU spends less."""
+
+    def __init__(self):
+        self.samples, self.stop = [], threading.Event()
+        self.seen: dict = {}      # thread id -> [role, its CPU seconds at the last reading]
+        self.retired: dict = {}   # role -> CPU seconds of threads whose id was taken again
+        if not os.path.isdir("/proc/self/task"):
+            return
+        from spmlkit.data.image_views import AHEAD_NAME
+
+        self.tick, self.ahead = os.sysconf("SC_CLK_TCK"), AHEAD_NAME
+        self.main = threading.main_thread().native_id
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _role(self, tid: int, names: dict) -> str:
+        name = names.get(tid, "")
+        if tid == self.main:
+            return "train"
+        if name == self.ahead:
+            return "decode"
+        return "pin" if "pin_memory" in name else "other"
+
+    def _read(self) -> dict:
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        for entry in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:  # the thread ended
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()  # utime, stime: fields 14 and 15
+            cpu = (int(fields[11]) + int(fields[12])) / self.tick
+            tid = int(entry)
+            known = self.seen.get(tid)
+            if known is not None and cpu < known[1]:  # an ended thread's id, taken again
+                self.retired[known[0]] = self.retired.get(known[0], 0.0) + known[1]
+                known = None
+            if known is None:
+                self.seen[tid] = [self._role(tid, names), cpu]
+            else:
+                known[1] = cpu
+        totals = dict(self.retired)
+        for role, cpu in self.seen.values():
+            totals[role] = totals.get(role, 0.0) + cpu
+        totals["host"] = sum(totals.values())
+        return totals
+
+    def _run(self):
+        while not self.stop.is_set():
+            self.samples.append((time.perf_counter(), self._read()))
+            time.sleep(0.05)
+
+    def used(self, t0: float, t1: float) -> dict:
+        """CPU seconds per role between the last readings at or before ``t0`` and ``t1``
+        (empty without ``/proc``)."""
+        samples = list(self.samples)
+        before = [s for t, s in samples if t <= t0]
+        upto = [s for t, s in samples if t <= t1]
+        if not before or not upto:
+            return {}
+        a, b = before[-1], upto[-1]
+        return {role: b[role] - a.get(role, 0.0) for role in b}
 
 
 # ---- the child processes -----------------------------------------------------------------------
@@ -438,7 +517,7 @@ def run_child(args) -> None:
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)  # torch 2.11 refuses a device without an index here
     torch.set_num_threads(1 if device.type == "cpu" else 4)
-    busy = Busy(device)
+    busy, cpu = Busy(device), ThreadCPU()
     kind = args.child
     accel = {"spmlkit+gpu-decode": {"gpu_decode": True},
              "spmlkit+gpu-decode-inline": {"gpu_decode": True, "ahead": False},
@@ -472,7 +551,11 @@ def run_child(args) -> None:
               "decode_s": sum(decode) / len(decode) if decode and "gpu-decode" in kind else None,
               "wait_s": sum(wait) / len(wait) if wait else None,
               **scores}
+    used = cpu.used(timed[0][0], timed[-1][2])
+    result.update({f"{role}_cpu_s": used[role] / len(timed) if role in used else None
+                   for role in CPU_ROLES})
     busy.stop.set()
+    cpu.stop.set()
     Path(args.result).write_text(json.dumps(result))
 
 
@@ -624,7 +707,8 @@ def _child(args, path: str, batch: int, left: float) -> dict:
             "gpu_busy_pct": round(out["gpu_busy_pct"], 1)
             if not math.isnan(out["gpu_busy_pct"]) else None,
             **{key: None if out.get(key) is None else round(out[key], 3)
-               for key in ("checkpoint_s", "decode_s", "wait_s")},
+               for key in ("checkpoint_s", "decode_s", "wait_s",
+                           *(f"{role}_cpu_s" for role in CPU_ROLES))},
             **{key: round(out[key], 2) for key in ("val_map", "test_map") if key in out},
             "epochs_timed": out["epochs_timed"], "train_rows": n_train,
             "val_rows": out["val_rows"], "note": note}

@@ -1,10 +1,15 @@
 """benchmarks/gpu_throughput.py in its CPU smoke mode: the synthetic COCO layout, every path's
 child process, the CSV (the GPU figures come from a run on a GPU)."""
 import csv
+import importlib.util
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,6 +38,10 @@ def test_smoke_mode_writes_every_path(tmp_path):
         for path in ("spmlkit", "spmlkit+sync-checkpoint"):
             assert float(got[(path, batch)]["checkpoint_s"]) > 0, got[(path, batch)]
             assert got[(path, batch)]["decode_s"] == ""  # (--gpu-decode's paths only)
+        # the CPU seconds of the thread that queues the steps, and of the whole process
+        for path in ("ceiling", "bare", "spmlkit"):
+            row = got[(path, batch)]
+            assert float(row["host_cpu_s"]) >= float(row["train_cpu_s"]) >= 0, row
         # the training thread's waits for its next batch: the loops with a loader
         assert got[("ceiling", batch)]["wait_s"] == ""
         for path in ("bare", "spmlkit", "spmlkit+float-workers"):
@@ -48,3 +57,36 @@ def test_smoke_mode_writes_every_path(tmp_path):
     layout = tmp_path / "work" / "coco"
     assert len(list((layout / "train2014").glob("*.jpg"))) == 50
     assert (layout / "annotations" / "instances_val2014.json").is_file()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads Linux's /proc")
+def test_thread_cpu_charges_each_thread_to_its_role():
+    """The benchmark's per-thread CPU columns: a decode thread's and the main thread's CPU
+    seconds, each burnt in turn, are charged to ``decode`` and ``train``; the process total
+    holds both."""
+    from spmlkit.data.image_views import AHEAD_NAME
+
+    spec = importlib.util.spec_from_file_location("gpu_throughput",
+                                                  ROOT / "benchmarks" / "gpu_throughput.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def burn(seconds, then=0.0):
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+        time.sleep(then)  # alive, idle: read once more before it ends
+
+    cpu = bench.ThreadCPU()
+    time.sleep(0.12)
+    t0 = time.perf_counter()
+    other = threading.Thread(target=burn, args=(0.4, 0.2), name=AHEAD_NAME)
+    other.start()
+    other.join()
+    burn(0.3)
+    time.sleep(0.2)
+    used = cpu.used(t0, time.perf_counter())
+    cpu.stop.set()
+    assert used["decode"] == pytest.approx(0.4, abs=0.05)
+    assert used["train"] == pytest.approx(0.3, abs=0.05)
+    assert used["host"] >= used["decode"] + used["train"] - 1e-9  # (sums of ticks)
