@@ -26,6 +26,8 @@ context; the child ends with ``os._exit`` so persistent loader workers cannot ha
 - ``spmlkit+sync-checkpoint`` / ``spmlkit+no-folder`` (``--paths``): the run folder's
   checkpoint written in the training thread, as spmlkit did before it wrote in a thread of its
   own / no run folder at all (no checkpoint): what the checkpoint costs an epoch;
+- ``spmlkit+glibc-malloc`` (``--paths``): the loader workers with glibc's malloc defaults, as
+  before `spmlkit.machine.loader_worker_init` (``benchmarks/loader_malloc.py``);
 - ``spmlkit+float-workers`` (``--paths``): the loader workers flip and normalise and deliver
   float32, as spmlkit did before the uint8 loader: its speed, and its val / test mAP against the
   default path's from the same seed (the issue's "within bfloat16 noise").
@@ -406,14 +408,16 @@ def child_bare(args, device, busy):
 
 
 def child_spmlkit(args, device, busy, folder: str = "background", float_workers: bool = False,
-                  ahead: bool = True, **accel):
+                  ahead: bool = True, glibc_malloc: bool = False, **accel):
     """spmlkit's finetune through its API (what ``spml train`` runs). ``folder``: the run
     folder's checkpoint written in a thread (``"background"``, spmlkit's default), in the
     training thread (``"sync"``, spmlkit before it wrote in a thread) or no run folder
     (``"none"``: no checkpoint at all). ``float_workers``: the loader workers flip and
     normalise, delivering float32 images, as spmlkit did before issue 31 (the same bits on the
     CPU; the seeded comparison of its val / test mAP with the default path's). ``ahead=False``:
-    ``--gpu-decode``'s batches decoded in the training thread, not in a thread of their own."""
+    ``--gpu-decode``'s batches decoded in the training thread, not in a thread of their own.
+    ``glibc_malloc``: the loader workers keep glibc's malloc defaults (no
+    `spmlkit.machine.loader_worker_init`), as before spmlkit set them."""
     import tempfile
 
     import torch
@@ -456,6 +460,8 @@ def child_spmlkit(args, device, busy, folder: str = "background", float_workers:
             return real_batches(batches, finish, device)
 
         finetune.finished_batches = image_batches.finished_batches = inline
+    if glibc_malloc:  # (read when the loaders are made)
+        image_batches.loader_worker_init = None
     real_finished = finetune.finished_batches
 
     def timed_batches(*a, **kw):  # the training thread's waits for its next training batch
@@ -526,7 +532,8 @@ def run_child(args) -> None:
                                             "cudnn_benchmark": True},
              "spmlkit+sync-checkpoint": {"folder": "sync"},
              "spmlkit+no-folder": {"folder": "none"},
-             "spmlkit+float-workers": {"float_workers": True}}
+             "spmlkit+float-workers": {"float_workers": True},
+             "spmlkit+glibc-malloc": {"glibc_malloc": True}}
     scores = {}
     if kind == "ceiling":
         times, n_train, n_val = child_ceiling(args, device, busy)

@@ -18,7 +18,8 @@ def test_smoke_mode_writes_every_path(tmp_path):
     out = tmp_path / "gpu.csv"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     paths = ("ceiling,bare,spmlkit,spmlkit+gpu-decode,spmlkit+sync-checkpoint,spmlkit+no-folder,"
-             "spmlkit+float-workers,spmlkit+gpu-decode-inline,spmlkit+gpu-decode+compile")
+             "spmlkit+float-workers,spmlkit+gpu-decode-inline,spmlkit+gpu-decode+compile,"
+             "spmlkit+glibc-malloc")
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_throughput.py"),
                            "--smoke", "--device", "cpu", "--out", str(out),
                            "--workdir", str(tmp_path / "work"), "--paths", paths],
@@ -44,13 +45,15 @@ def test_smoke_mode_writes_every_path(tmp_path):
             assert float(row["host_cpu_s"]) >= float(row["train_cpu_s"]) >= 0, row
         # the training thread's waits for its next batch: the loops with a loader
         assert got[("ceiling", batch)]["wait_s"] == ""
-        for path in ("bare", "spmlkit", "spmlkit+float-workers"):
+        for path in ("bare", "spmlkit", "spmlkit+float-workers", "spmlkit+glibc-malloc"):
             assert float(got[(path, batch)]["wait_s"]) >= 0, got[(path, batch)]
         # on a CPU the uint8 loader + finish in the training process gives the float32 workers'
         # bits: the seeded runs' scores are equal (on a GPU: within bfloat16 noise)
         ours, before = got[("spmlkit", batch)], got[("spmlkit+float-workers", batch)]
         assert ours["val_map"] != "" and (ours["val_map"], ours["test_map"]) == \
             (before["val_map"], before["test_map"]), (ours, before)
+        glibc = got[("spmlkit+glibc-malloc", batch)]  # the allocator changes no bit
+        assert (glibc["val_map"], glibc["test_map"]) == (ours["val_map"], ours["test_map"])
     for path in ("spmlkit+gpu-decode", "spmlkit+gpu-decode-inline", "spmlkit+gpu-decode+compile"):
         assert got[(path, "8")]["note"] == "skipped: --gpu-decode needs CUDA"
         assert (path, "4") not in got  # --gpu-decode's paths: the first batch only

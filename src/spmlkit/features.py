@@ -63,7 +63,8 @@ from .data.rows import holds_vectors
 from .accel import start as start_acceleration
 from .data.image_views import (finish_view, finished_batches, gpu_decodable, load_view,
                                raw_item, stack_views)
-from .machine import default_cache_dir, default_workers, loader_workers, prefetch_factor
+from .machine import default_cache_dir, default_workers, loader_worker_init, loader_workers, \
+    prefetch_factor
 from .runs import check_own_file, open_own, own_folder, preallocate, write_bytes, write_json
 
 FORMAT_VERSION = 1
@@ -450,7 +451,7 @@ def _fill(plan, items, backbone, transform, batch_size, num_workers, pretrained,
     loader = torch.utils.data.DataLoader(
         _Rows(items, todo, tf, None if transform == "eval" else seed, raw=accel.gpu_decode),
         batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=_collate,
-        pin_memory=dev.type == "cuda",
+        pin_memory=dev.type == "cuda", worker_init_fn=loader_worker_init,
         prefetch_factor=prefetch_factor(batch_size) if workers > 0 else None)
     was_training = net.training
     old_threads = torch.get_num_threads()

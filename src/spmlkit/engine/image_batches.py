@@ -14,7 +14,7 @@ from .. import distributed as dist_utils
 from ..accel import current_acceleration
 from ..data.image_views import (finish_view, finished_batches, gpu_decodable, load_view,
                                 raw_item, stack_views)
-from ..machine import loader_workers, prefetch_factor
+from ..machine import loader_worker_init, loader_workers, prefetch_factor
 from .amp import amp_dtype, run_model
 from .config import TrainConfig, epoch_rows
 
@@ -199,6 +199,7 @@ def make_loader(dataset, batch_sampler, config: TrainConfig, shape, device,
                                        collate_fn=_Collate(shape),
                                        pin_memory=device.type == "cuda",
                                        persistent_workers=persistent and workers > 0,
+                                       worker_init_fn=loader_worker_init,
                                        generator=torch.Generator(), **more)
 
 

@@ -35,7 +35,7 @@ from torch import nn
 from ..data.rows import read_rows
 from ..engine import ItemPredictor, TrainConfig, mix_seed
 from ..data.image_views import finish_view, load_view
-from ..machine import loader_workers, prefetch_factor
+from ..machine import loader_worker_init, loader_workers, prefetch_factor
 
 __all__ = ["MAP_DTYPES", "CachedMapViews", "EvalMapViews", "ImageViews", "backbone_record",
            "check_head_config", "config_fields", "config_from_dict", "config_from_options",
@@ -443,6 +443,7 @@ class ImageViews:
             _TwoViewItems(list(splits.train.x), weak, strong, read, seed),
             batch_sampler=self.sampler, num_workers=workers, collate_fn=_collate_two,
             pin_memory=device.type == "cuda", persistent_workers=workers > 0,
+            worker_init_fn=loader_worker_init,
             generator=torch.Generator(), **more)  # workers' base seed: not the global RNG
         eval_t = T.eval_transform(size, mean, std)
         self.predictors = {s: ItemPredictor(list(getattr(splits, s).x), eval_t, config,
