@@ -50,7 +50,7 @@ SAMPLES = {
     "linear_epochs": ["--linear-epochs", "3"], "linear_lr": ["--linear-lr", "0.01"],
     "save_train_probs": ["--save-train-probs"], "drop_last": ["--drop-last"],
     "cudnn_benchmark": ["--cudnn-benchmark"], "compile": ["--compile", "default"],
-    "gpu_decode": ["--gpu-decode"],
+    "gpu_decode": ["--gpu-decode"], "jpeg_draft": ["--jpeg-draft"],
     # spml benchmark
     "losses": ["--losses", "an,epr"], "no_references": ["--no-references"],
     "seeds": ["--seeds", "2"], "batch_sizes": ["--batch-sizes", "16"], "lrs": ["--lrs", "1e-2"],

@@ -60,9 +60,10 @@ import torch
 from . import data
 from .data.protocol import Dataset, LabelledSet, Splits
 from .data.rows import holds_vectors
+from .accel import current_acceleration
 from .accel import start as start_acceleration
-from .data.image_views import (finish_view, finished_batches, gpu_decodable, load_view,
-                               raw_item, stack_views)
+from .data.image_views import (finish_view, finished_batches, gpu_decodable, image_reader,
+                               load_view, raw_item, stack_views)
 from .machine import default_cache_dir, default_workers, loader_worker_init, loader_workers, \
     prefetch_factor
 from .runs import check_own_file, open_own, own_folder, preallocate, write_bytes, write_json
@@ -103,9 +104,10 @@ class _Rows(torch.utils.data.Dataset):
     """Decodes and transforms the rows still to compute; an unreadable image comes back as an
     error message (raised cleanly in the main process), not as a traceback from a worker."""
 
-    def __init__(self, items, rows, transform, seed: int | None, raw: bool = False):
+    def __init__(self, items, rows, transform, seed: int | None, raw: bool = False, read=None):
         self.items, self.rows, self.transform, self.seed = items, rows, transform, seed
         self.raw = raw  # --gpu-decode: the file's bytes (decoded on the device)
+        self.read = read or _open  # (--jpeg-draft: a reader at a reduced scale)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -118,7 +120,7 @@ class _Rows(torch.utils.data.Dataset):
                 self.seed * 1_000_003 + i)
             if self.raw:
                 return i, raw_item(path, self.transform, g), None
-            return i, load_view(self.transform, _open(path), g), None
+            return i, load_view(self.transform, self.read(path), g), None
         except (ValueError, OSError) as err:
             return i, None, str(err) if os.fspath(path) in str(err) else f"{path}: {err}"
 
@@ -266,6 +268,9 @@ def plan_store(items, backbone="efficientnet_lite0", transform: str = "eval",
     fields = {"format": FORMAT_VERSION, "backbone": spec["cache_key"], "transform": tspec,
               "seed": None if transform == "eval" else int(seed),
               "items_sha256": items_digest(items), "n": len(items), "dtype": dtype}
+    decoder = current_acceleration().decoder
+    if decoder is not None:  # --gpu-decode / --jpeg-draft: other pixels, a store of its own
+        fields["decode"] = decoder
     d, tag = spec["num_features"], ""
     if maps:  # a new key field only here: the keys of pooled stores are unchanged
         shape = map_shape(backbone, size, pretrained)
@@ -449,7 +454,8 @@ def _fill(plan, items, backbone, transform, batch_size, num_workers, pretrained,
         gpu_decodable(tf)
     workers = loader_workers(default_workers() if num_workers is None else num_workers)
     loader = torch.utils.data.DataLoader(
-        _Rows(items, todo, tf, None if transform == "eval" else seed, raw=accel.gpu_decode),
+        _Rows(items, todo, tf, None if transform == "eval" else seed, raw=accel.gpu_decode,
+              read=image_reader(None, tf, items) if accel.jpeg_draft else None),
         batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=_collate,
         pin_memory=dev.type == "cuda", worker_init_fn=loader_worker_init,
         prefetch_factor=prefetch_factor(batch_size) if workers > 0 else None)

@@ -338,8 +338,8 @@ def _fail(prog: str, message: str) -> int:
 
 
 def _add_acceleration(p) -> None:
-    """``--cudnn-benchmark``, ``--compile [MODE]``, ``--gpu-decode``: the opt-in speed-ups of
-    the image paths (`spmlkit.accel`), each changing bits."""
+    """``--cudnn-benchmark``, ``--compile [MODE]``, ``--gpu-decode``, ``--jpeg-draft``: the
+    opt-in speed-ups of the image paths (`spmlkit.accel`), each changing bits."""
     p.add_argument("--cudnn-benchmark", action="store_true",
                    help="CUDA: cudnn's autotuner (seconds at the start and at each new input "
                         "shape; results no longer bit-reproducible)")
@@ -353,6 +353,10 @@ def _add_acceleration(p) -> None:
                         "(antialiased bilinear: pixels differ a little from PIL's); eval and "
                         "weak views only; needs CUDA and torchvision; decodes on a CUDA stream of "
                         "its own (docs/guide/images.md)")
+    p.add_argument("--jpeg-draft", action="store_true",
+                   help="decode JPEGs at a reduced scale (1/2, 1/4, 1/8) no smaller than the "
+                        "view, then resize as before: several times faster for photos much "
+                        "larger than the view; pixels differ by a fraction of a level")
 
 
 def _acceleration(args):
@@ -361,4 +365,5 @@ def _acceleration(args):
 
     return Acceleration(cudnn_benchmark=bool(getattr(args, "cudnn_benchmark", False)),
                         compile=getattr(args, "compile", None),
-                        gpu_decode=bool(getattr(args, "gpu_decode", False)))
+                        gpu_decode=bool(getattr(args, "gpu_decode", False)),
+                        jpeg_draft=bool(getattr(args, "jpeg_draft", False)))

@@ -51,7 +51,7 @@ def _decode_errors() -> tuple:
             Image.DecompressionBombError)
 
 
-def open_image(path, background: tuple = (255, 255, 255)):
+def open_image(path, background: tuple = (255, 255, 255), draft: int | None = None):
     """Open an image file as an RGB `PIL.Image.Image` (fully decoded, file closed).
 
     Grayscale, CMYK, 16-bit and palette images are converted to RGB; images with transparency
@@ -62,6 +62,9 @@ def open_image(path, background: tuple = (255, 255, 255)):
     Args:
         path: the image file.
         background: RGB colour under transparent pixels.
+        draft: a JPEG is decoded at the smallest of libjpeg's scales (1/2, 1/4, 1/8) whose
+            image is still at least ``draft`` x ``draft`` pixels (``PIL.Image.draft``; other
+            files as they are): ``--jpeg-draft`` (`spmlkit.accel`).
 
     Returns:
         an RGB image of the file's size.
@@ -91,12 +94,24 @@ def open_image(path, background: tuple = (255, 255, 255)):
         raise FileNotFoundError(f"image {path} {what}")
     try:
         with Image.open(path) as img:
+            if draft is not None and img.format == "JPEG":
+                img.draft("RGB", (int(draft), int(draft)))
             img.load()
             return _to_rgb(img, background)
     except _decode_errors() as err:
         raise ValueError(f"{path}: not a readable image ({type(err).__name__}: {err}); replace "
                          f"or delete the file, or load the dataset with skip_corrupt=True") \
             from None
+
+
+class DraftReader:
+    """``open_image(path, draft=size)`` as a reader (picklable: loader workers get it)."""
+
+    def __init__(self, size: int):
+        self.size = int(size)
+
+    def __call__(self, path):
+        return open_image(path, draft=self.size)
 
 
 def _to_rgb(img, background):

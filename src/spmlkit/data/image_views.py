@@ -17,8 +17,44 @@ from typing import Callable, Iterable, Iterator, NamedTuple
 import numpy as np
 import torch
 
-__all__ = ["RawFiles", "finish_view", "finished_batches", "gpu_decodable", "load_view",
-           "raw_item", "stack_views"]
+__all__ = ["RawFiles", "finish_view", "finished_batches", "gpu_decodable", "image_reader",
+           "load_view", "raw_item", "stack_views"]
+
+
+def image_reader(read: Callable | None, transform, items=()) -> Callable:
+    """What a dataset of image files opens them with: ``read`` (a reader of your own), else
+    `spmlkit.data.image_files.open_image`; under ``--jpeg-draft`` (the block's
+    `spmlkit.accel.acceleration`) JPEGs decoded at the smallest scale still at least the
+    ``transform``'s size (`spmlkit.data.image_files.DraftReader`).
+
+    Raises:
+        ValueError: ``--jpeg-draft`` with a reader of your own, a transform without a
+            ``size``, or ``items`` that are images in memory, not files.
+    """
+    from ..accel import current_acceleration
+    from .image_files import DraftReader, open_image
+
+    if not current_acceleration().jpeg_draft:
+        return read or open_image
+    if isinstance(read, DraftReader):  # (passed on: the prediction passes of a run)
+        return read
+    if read is not None:
+        raise ValueError("--jpeg-draft decodes with spmlkit's image reader; this run opens its "
+                         "images with a reader of its own (image_reader=): leave --jpeg-draft "
+                         "off")
+    if len(items) and not _is_path(items[0]):
+        raise ValueError(f"--jpeg-draft decodes image files; these items are "
+                         f"{type(items[0]).__name__} objects in memory: leave --jpeg-draft off")
+    size = getattr(transform, "size", None)
+    if not size:
+        raise ValueError(f"--jpeg-draft decodes at a scale no smaller than the view's size; "
+                         f"the transform {type(transform).__name__} has no size: leave "
+                         f"--jpeg-draft off")
+    return DraftReader(int(size))
+
+
+def _is_path(item) -> bool:
+    return isinstance(item, (str, bytes)) or hasattr(item, "__fspath__")
 
 
 def load_view(transform: Callable, img, generator) -> tuple[torch.Tensor, bool]:
@@ -175,7 +211,7 @@ def gpu_decodable(transform) -> None:
 def raw_item(item, transform, gen) -> tuple[torch.Tensor, bool]:
     from .transforms import _coin
 
-    if not (isinstance(item, (str, bytes)) or hasattr(item, "__fspath__")):
+    if not _is_path(item):
         raise ValueError(f"--gpu-decode reads image files; got a {type(item).__name__} item")
     data = torch.from_numpy(np.fromfile(item, dtype=np.uint8))
     steps = transform.steps

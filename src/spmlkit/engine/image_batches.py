@@ -12,8 +12,8 @@ from torch import nn
 
 from .. import distributed as dist_utils
 from ..accel import current_acceleration
-from ..data.image_views import (finish_view, finished_batches, gpu_decodable, load_view,
-                                raw_item, stack_views)
+from ..data.image_views import (finish_view, finished_batches, gpu_decodable, image_reader,
+                                load_view, raw_item, stack_views)
 from ..machine import loader_worker_init, loader_workers, prefetch_factor
 from .amp import amp_dtype, run_model
 from .config import TrainConfig, epoch_rows
@@ -144,7 +144,7 @@ class ImageItems(torch.utils.data.Dataset):
                  seed: int = 0, raw: bool = False):
         self.items = items
         self.transform = transform
-        self.read = read or default_image_reader()
+        self.read = image_reader(read, transform, items)
         self.seed = int(seed)
         self.raw = bool(raw)
         if self.raw:

@@ -35,6 +35,7 @@ from torch import nn
 from ..data.rows import read_rows
 from ..engine import ItemPredictor, TrainConfig, mix_seed
 from ..data.image_views import finish_view, load_view
+from ..data.image_views import image_reader as reader_of
 from ..machine import loader_worker_init, loader_workers, prefetch_factor
 
 __all__ = ["MAP_DTYPES", "CachedMapViews", "EvalMapViews", "ImageViews", "backbone_record",
@@ -420,10 +421,8 @@ class ImageViews:
 
     def __init__(self, splits, size: int, mean, std, config: TrainConfig, *,
                  seed: int, device: torch.device, image_reader: Callable | None = None):
-        from ..data import transforms as T
-        from ..engine import default_image_reader
-
         from ..accel import start
+        from ..data import transforms as T
 
         accel = start(device, "this run on images")
         if accel.compile or accel.gpu_decode:
@@ -431,11 +430,11 @@ class ImageViews:
                              f"head (lac, mime) train on the strong view's PIL steps and do not "
                              f"compile their model; --compile and --gpu-decode are for "
                              f"finetune, linear_init and spml extract")
-        read = image_reader or default_image_reader()
         self.device, self.seconds = device, 0.0
         self.size = int(size)
         weak, strong = T.weak_view(size, mean, std), T.strong_view(size, mean, std)
         self.weak, self.strong = weak, strong
+        read = reader_of(image_reader, weak, list(splits.train.x))
         self.sampler = _Batches()
         workers = loader_workers(config.num_workers)
         more = {"prefetch_factor": prefetch_factor(config.batch_size)} if workers else {}
