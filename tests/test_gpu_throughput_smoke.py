@@ -74,20 +74,26 @@ def test_thread_cpu_charges_each_thread_to_its_role():
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
 
-    def burn(seconds, then=0.0):
+    cpu = bench.ThreadCPU()
+
+    def read_after(moment):  # until the sampler has read every thread after ``moment``
+        deadline = time.perf_counter() + 10
+        while not any(t > moment for t, _ in list(cpu.samples)):
+            assert time.perf_counter() < deadline, "no reading"
+            time.sleep(0.01)
+
+    def burn(seconds):
         end = time.thread_time() + seconds
         while time.thread_time() < end:
             pass
-        time.sleep(then)  # alive, idle: read once more before it ends
+        read_after(time.perf_counter())  # alive and idle until read once more
 
-    cpu = bench.ThreadCPU()
-    time.sleep(0.12)
+    read_after(time.perf_counter())
     t0 = time.perf_counter()
-    other = threading.Thread(target=burn, args=(0.4, 0.2), name=AHEAD_NAME)
+    other = threading.Thread(target=burn, args=(0.4,), name=AHEAD_NAME)
     other.start()
     other.join()
     burn(0.3)
-    time.sleep(0.2)
     used = cpu.used(t0, time.perf_counter())
     cpu.stop.set()
     assert used["decode"] == pytest.approx(0.4, abs=0.05)
