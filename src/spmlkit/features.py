@@ -107,7 +107,7 @@ class _Rows(torch.utils.data.Dataset):
     def __init__(self, items, rows, transform, seed: int | None, raw: bool = False, read=None):
         self.items, self.rows, self.transform, self.seed = items, rows, transform, seed
         self.raw = raw  # --gpu-decode: the file's bytes (decoded on the device)
-        self.read = read or _open  # (--jpeg-draft: a reader at a reduced scale)
+        self.read = read or _open  # (`image_reader`'s: a reduced scale under --jpeg-draft)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -455,7 +455,7 @@ def _fill(plan, items, backbone, transform, batch_size, num_workers, pretrained,
     workers = loader_workers(default_workers() if num_workers is None else num_workers)
     loader = torch.utils.data.DataLoader(
         _Rows(items, todo, tf, None if transform == "eval" else seed, raw=accel.gpu_decode,
-              read=image_reader(None, tf, items) if accel.jpeg_draft else None),
+              read=image_reader(None, tf, items)),
         batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=_collate,
         pin_memory=dev.type == "cuda", worker_init_fn=loader_worker_init,
         prefetch_factor=prefetch_factor(batch_size) if workers > 0 else None)

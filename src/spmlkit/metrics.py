@@ -409,7 +409,7 @@ def ndcg_at_k(scores, y, k: int, no_positive: str = "sklearn") -> float:
     >>> round(ndcg_at_k([[0.9, 0.8, 0.1]], [[0, 1, 1]], 2), 4)
     0.3869
     """
-    return _top_k(scores, y, int(k), no_positive)["ndcg"]
+    return _top_k(scores, y, int(k), no_positive)[f"ndcg@{int(k)}"]
 
 
 def rprecision_at_k(scores, y, k: int, no_positive: str = "sklearn") -> float:
@@ -420,16 +420,26 @@ def rprecision_at_k(scores, y, k: int, no_positive: str = "sklearn") -> float:
     >>> rprecision_at_k([[0.9, 0.8, 0.1]], [[0, 1, 1]], 2)
     0.5
     """
-    return _top_k(scores, y, int(k), no_positive)["rp"]
+    return _top_k(scores, y, int(k), no_positive)[f"rp@{int(k)}"]
 
 
 def _top_k(scores, y, k: int, no_positive: str) -> dict:
     s, y = _as_scores(scores, y)
-    pos = y > 0
+    return top_k_means(s, y > 0, (k,), no_positive)
+
+
+def top_k_means(s: np.ndarray, pos: np.ndarray, ks, no_positive: str) -> dict:
+    """``ndcg@k`` and ``rp@k`` (row means, rows without a positive as ``no_positive`` says) for
+    each ``k`` of ``ks`` (each at most L), from one sort of each row (`top_k_hits`: unknown
+    labels passed as ``-inf`` scores)."""
     n_pos = pos.sum(axis=1)
-    ndcg, rp = top_k_rows(top_k_hits(s, pos, k), n_pos, k)
-    return {"ndcg": _row_mean(ndcg, n_pos > 0, 0.0, no_positive),
-            "rp": _row_mean(rp, n_pos > 0, 0.0, no_positive)}
+    hits = top_k_hits(s, pos, max(ks))
+    out = {}
+    for k in ks:
+        ndcg, rp = top_k_rows(hits, n_pos, k)
+        out[f"ndcg@{k}"] = _row_mean(ndcg, n_pos > 0, 0.0, no_positive)
+        out[f"rp@{k}"] = _row_mean(rp, n_pos > 0, 0.0, no_positive)
+    return out
 
 
 def micro_average_precision(scores, y) -> float:
@@ -474,15 +484,9 @@ def _top_k_metrics(p: np.ndarray, y: np.ndarray, no_positive: str) -> dict:
     ``k`` above L ranks all L labels."""
     if p.size == 0:
         return {f"{name}@{k}": float("nan") for k in TOP_K for name in ("ndcg", "rp")}
-    pos = y > 0
-    n_pos, width = pos.sum(axis=1), y.shape[1]
-    hits = top_k_hits(p, pos, min(max(TOP_K), width))
-    out = {}
-    for k in TOP_K:
-        ndcg, rp = top_k_rows(hits, n_pos, min(k, width))
-        out[f"ndcg@{k}"] = _row_mean(ndcg, n_pos > 0, 0.0, no_positive)
-        out[f"rp@{k}"] = _row_mean(rp, n_pos > 0, 0.0, no_positive)
-    return out
+    width = y.shape[1]
+    got = top_k_means(p, y > 0, sorted({min(k, width) for k in TOP_K}), no_positive)
+    return {f"{name}@{k}": got[f"{name}@{min(k, width)}"] for k in TOP_K for name in ("ndcg", "rp")}
 
 
 def _top_k_record(name: str, k: int) -> Callable:

@@ -31,9 +31,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import metrics as full
-from .metrics import METRICS, _best_f1, _count_at_least, _f1_sweep, _row_mean, _top_k_metrics, \
-    average_precision, classic_metrics, f1_micro_macro, map_from_ap, per_class_ap, top_k_hits, \
-    top_k_rows
+from .metrics import METRICS, _best_f1, _count_at_least, _f1_sweep, _row_mean, \
+    _top_k_metrics, average_precision, classic_metrics, f1_micro_macro, map_from_ap, \
+    per_class_ap, top_k_means
 
 __all__ = ["MASKS", "PartialLabels", "partial_labels", "is_partial", "known_entries",
            "masked_per_class_ap", "masked_map", "masked_metrics", "micro_average_precision",
@@ -188,12 +188,11 @@ def rprecision_at_k(scores, y, k: int, no_positive: str = "sklearn") -> float:
 
 def _top_k(scores, y, k: int, no_positive: str) -> tuple[float, float]:
     if not is_partial(y):
-        return (full.ndcg_at_k(scores, y, k, no_positive),
-                full.rprecision_at_k(scores, y, k, no_positive))
-    s, pos, known = _checked(scores, y)
-    ndcg, rp = top_k_rows(top_k_hits(np.where(known, s, -np.inf), pos, k), pos.sum(axis=1), k)
-    has = pos.any(axis=1)
-    return _row_mean(ndcg, has, 0.0, no_positive), _row_mean(rp, has, 0.0, no_positive)
+        got = full._top_k(scores, y, k, no_positive)
+    else:
+        s, pos, known = _checked(scores, y)
+        got = top_k_means(np.where(known, s, -np.inf), pos, (k,), no_positive)
+    return got[f"ndcg@{k}"], got[f"rp@{k}"]
 
 
 def _masked_ranking(s, pos, known) -> dict:
