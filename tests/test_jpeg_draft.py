@@ -69,6 +69,13 @@ def test_what_jpeg_draft_refuses(photos):
             ImageItems([Image.new("RGB", (8, 8))], eval_transform(64))
         with pytest.raises(ValueError, match="has no size"):
             ImageItems(paths, lambda img, g: torch.zeros(3, 8, 8))
+        pngs = []
+        for i, path in enumerate(paths[:2]):  # no JPEG among them: it would change nothing
+            pngs.append(str(photos / f"{i}.png"))
+            Image.open(path).save(pngs[-1])
+        with pytest.raises(ValueError, match="none of these 2 files is a .jpg"):
+            ImageItems(pngs, eval_transform(64))
+        ImageItems([pngs[0], paths[0]], eval_transform(64))  # one JPEG among them: taken
 
 
 def test_extract_with_jpeg_draft_is_a_store_of_its_own(photos, tmp_path, capsys):

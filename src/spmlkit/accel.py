@@ -31,7 +31,8 @@ every image path
   pixels differ from the full decode's by a fraction of a level on average (the scaled DCT is
   not PIL's resize; EfficientNet-Lite0's features: cosine 0.996-0.998 to the full decode's).
   Other files, and JPEGs not twice the view's size, decode as before. spmlkit's image reader
-  only (not an ``image_reader`` of your own), not with ``gpu_decode``; feature stores
+  only (not an ``image_reader`` of your own), JPEG files (refused where none is one), not
+  with ``gpu_decode``; feature stores
   extracted with it (or with ``gpu_decode``) are stores of their own (a key field
   ``decode``).
 """

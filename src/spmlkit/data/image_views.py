@@ -10,6 +10,7 @@ loader's steps.
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from typing import Callable, Iterable, Iterator, NamedTuple
@@ -29,7 +30,8 @@ def image_reader(read: Callable | None, transform, items=()) -> Callable:
 
     Raises:
         ValueError: ``--jpeg-draft`` with a reader of your own, a transform without a
-            ``size``, or ``items`` that are images in memory, not files.
+            ``size``, ``items`` that are images in memory, not files, or no JPEG file among
+            them (it would change nothing).
     """
     from ..accel import current_acceleration
     from .image_files import DraftReader, open_image
@@ -45,6 +47,10 @@ def image_reader(read: Callable | None, transform, items=()) -> Callable:
     if len(items) and not _is_path(items[0]):
         raise ValueError(f"--jpeg-draft decodes image files; these items are "
                          f"{type(items[0]).__name__} objects in memory: leave --jpeg-draft off")
+    if len(items) and not any(os.fsdecode(i).lower().endswith((".jpg", ".jpeg")) for i in items):
+        raise ValueError(f"--jpeg-draft decodes JPEG files at a reduced scale; none of these "
+                         f"{len(items)} files is a .jpg / .jpeg (e.g. {os.fsdecode(items[0])}): "
+                         f"leave --jpeg-draft off")
     size = getattr(transform, "size", None)
     if not size:
         raise ValueError(f"--jpeg-draft decodes at a scale no smaller than the view's size; "
