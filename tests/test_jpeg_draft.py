@@ -131,3 +131,31 @@ def test_the_benchmark_measures_both_decoders(tmp_path):
         for decode in ("full", "jpeg-draft")]
     for row in rows[1::2]:
         assert float(row["mean_cosine_to_full"]) > 0.98, row
+
+
+def test_predict_decodes_new_images_as_the_run_did(tmp_path):
+    """A run fine-tuned with ``--jpeg-draft`` scored its val / test images drafted; ``spml
+    predict`` decodes new images the same way, so it gives the run's own test probabilities
+    (a full decode gives others)."""
+    from spmlkit.features import load_splits
+    from spmlkit.predict import predict_run
+
+    root = tmp_path / "photos"
+    for c, name in enumerate(("cat", "dog", "owl")):
+        (root / name).mkdir(parents=True)
+        for i in range(5):
+            _photo(root / name / f"{i}.jpg", 800, 600, seed=10 * c + i)
+    assert main(["train", "--dataset", "folder", "--data", f"root={root}", "--mode", "finetune",
+                 "--backbone", "tiny_cnn", "--random-init", "--image-size", "64", "--epochs",
+                 "1", "--workers", "0", "--jpeg-draft", "--out", str(tmp_path / "runs"),
+                 "--quiet"]) == 0
+    (run,) = (tmp_path / "runs").iterdir()
+    assert json.loads((run / "config.json").read_text())["acceleration"] == ["--jpeg-draft"]
+    test_paths = load_splits("folder", root=str(root)).test.x
+    saved = np.load(run / "predictions.npz")["probs_test"]
+    pred = predict_run(run, test_paths)
+    np.testing.assert_allclose(pred.probs, saved, rtol=1e-4, atol=1e-6)
+    config = json.loads((run / "config.json").read_text())
+    del config["acceleration"]
+    (run / "config.json").write_text(json.dumps(config))
+    assert not np.allclose(predict_run(run, test_paths).probs, saved, rtol=1e-4, atol=1e-6)

@@ -11,7 +11,8 @@ model) and ``thresholds.json`` (chosen on the validation split at training time:
   trained on a backbone's cached features (``spml train --backbone``), image files and folders
   work too (the backbone is rebuilt);
 - fine-tuned runs (``finetune``, ``linear_init``): image files and folders (searched
-  recursively, sorted).
+  recursively, sorted), decoded as the run decoded its val and test images: a run trained with
+  ``--jpeg-draft`` decodes JPEGs at libjpeg's reduced scale here too (`run_decoder`).
 
 Thresholds: ``"global"`` (the one maximising val micro-F1), ``"per-class"`` (each class's
 val-F1 maximiser) or a number in [0, 1]. A label is predicted where ``p >= threshold``.
@@ -201,6 +202,17 @@ def _readable(items: list, skip_corrupt: bool) -> tuple[list, list]:
     return good, bad
 
 
+def run_decoder(config: dict, size: int):
+    """The image reader that decodes new images as the run (``config.json``) decoded its val
+    and test images: ``--jpeg-draft`` runs JPEGs at the smallest libjpeg scale still at least
+    ``size`` (`spmlkit.data.image_files.DraftReader`; other files as they are), else ``None``
+    (the full decode). A ``--gpu-decode`` run's images are decoded in full on the CPU: nvJPEG's
+    pixels differ from PIL's by a few levels, as its val pixels did."""
+    from .data.image_files import DraftReader
+
+    return DraftReader(size) if "--jpeg-draft" in (config.get("acceleration") or []) else None
+
+
 def rule_settings(run, rule: str, k: float | None = None) -> dict:
     """What threshold rule ``rule`` (`spmlkit.thresholds.RULES`) uses for run ``run``:
     ``k`` given, or the run's ``k`` (config.json: the expected positives per row, EPR / ROLE's
@@ -323,7 +335,8 @@ def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
         size, mean, std = info["image_size"], info["mean"], info["std"]
         cfg = TrainConfig(epochs=1, device=device, eval_batch_size=batch_size,
                           num_workers=num_workers, image_size=size)
-        logits = predict_items(model, items, cfg, transform=eval_transform(size, mean, std))
+        logits = predict_items(model, items, cfg, transform=eval_transform(size, mean, std),
+                               image_reader=run_decoder(info["config"], size))
         probs = torch.sigmoid(logits).cpu().numpy()
     pred = Predictions(items, probs.astype(np.float32), names, thresholds, kind,
                        skipped if info["inputs"] != "features" else [])
