@@ -126,6 +126,20 @@ def test_predict_never_replaces_its_input(world, tmp_path, capsys):
     assert open(inp, "rb").read() == before
 
 
+def test_predict_never_replaces_an_image_of_an_input_folder(world, tmp_path, capsys):
+    from PIL import Image
+
+    (tmp_path / "imgs" / "sub").mkdir(parents=True)
+    for name in ("a.png", "sub/b.jpg"):
+        Image.new("RGB", (8, 8), (200, 10, 10)).save(tmp_path / "imgs" / name)
+    image = tmp_path / "imgs" / "sub" / "b.jpg"
+    before = image.read_bytes()
+    assert main(["predict", str(world["run"]), str(tmp_path / "imgs"), "--out", str(image),
+                 "--force"]) == 2
+    assert f"{image}: is an input of this command" in capsys.readouterr().err
+    assert image.read_bytes() == before
+
+
 def test_export_never_replaces_the_studys_store(world, tmp_path, capsys):
     study = shutil.copytree(world["study"], tmp_path / "study")
     before = (study / "results.sqlite").read_bytes()

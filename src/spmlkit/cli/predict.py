@@ -13,9 +13,12 @@ def cmd_predict(args) -> int:
     from ..predict import predict_run, write_predictions
     from ..runs import check_output
 
-    # the inputs and the run's own files are never an output, --force or not; checked first
-    protect = [*args.inputs, *(p for p in Path(args.run).glob("*") if p.is_file())]
+    # the inputs (an input folder's images too) and the run's own files are never an output,
+    # --force or not; checked first
+    protect = []
     if args.out:
+        protect = [*args.inputs, *_folder_images(args.inputs),
+                   *(p for p in Path(args.run).glob("*") if p.is_file())]
         check_output(args.out, force=args.force, protect=protect)
     fmt = args.format or ("json" if args.out and Path(args.out).suffix.lower() == ".json"
                           else "csv")
@@ -35,6 +38,16 @@ def cmd_predict(args) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _folder_images(inputs) -> list:
+    """The image files of the input folders (what predict reads of them)."""
+    from pathlib import Path
+
+    from ..data.image_files import is_image_name
+
+    return [p for raw in inputs if Path(raw).is_dir() for p in Path(raw).rglob("*")
+            if is_image_name(p.name) and p.is_file()]
 
 
 def register(sub) -> None:
