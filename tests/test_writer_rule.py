@@ -140,6 +140,26 @@ def test_predict_never_replaces_an_image_of_an_input_folder(world, tmp_path, cap
     assert image.read_bytes() == before
 
 
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_a_figure_is_never_written_through_a_planted_figures_link(world, tmp_path, capsys,
+                                                                  force):
+    """``spml figure`` without --out writes into the folder's own ``figures/``: a link planted
+    there is refused, and the folder it points to gets nothing."""
+    run = shutil.copytree(world["run"], tmp_path / "run")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "curves.png").write_text("the user's file\n")
+    os.symlink(elsewhere, run / "figures")
+    capsys.readouterr()
+    assert main(["figure", "curves", str(run), *force]) == 2
+    assert f"{run / 'figures'}: is a symbolic link where spmlkit keeps its own folder" in \
+        capsys.readouterr().err
+    assert os.listdir(elsewhere) == ["curves.png"]
+    assert (elsewhere / "curves.png").read_text() == "the user's file\n"
+    os.unlink(run / "figures")
+    assert main(["figure", "curves", str(run)]) == 0 and (run / "figures" / "curves.png").is_file()
+
+
 def test_export_never_replaces_the_studys_store(world, tmp_path, capsys):
     study = shutil.copytree(world["study"], tmp_path / "study")
     before = (study / "results.sqlite").read_bytes()

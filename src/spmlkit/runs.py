@@ -284,17 +284,18 @@ def preallocate(fd: int, nbytes: int, name) -> None:
                         f"{nbytes / 2**20:.1f} MiB)", str(name)) from None
 
 
-def own_folder(path) -> Path:
+def own_folder(path, create: bool = True) -> Path:
     """``mkdir -p path`` for a folder spmlkit owns inside a folder the user gave (a study's
-    ``runs``, a run's folder, a feature store): a link at that name is refused (an
-    ``OSError`` naming it), so nothing is written through a link someone planted."""
+    ``runs``, a run's folder, a feature store, a run's ``figures``): a link at that name is
+    refused (an ``OSError`` naming it), so nothing is written through a link someone planted.
+    ``create=False``: the check only (before work whose output goes there)."""
     path = Path(path)
     st = _lstat(path)
     if st is not None and stat.S_ISLNK(st.st_mode):
         raise FileExistsError(errno.EEXIST, "is a symbolic link where spmlkit keeps its own "
                               "folder; spmlkit never writes through it (was this folder "
                               "handed to you? remove the link)", str(path))
-    return make_folder(path)
+    return make_folder(path) if create else path
 
 
 def _savez_fast(fh, arrays: dict) -> None:

@@ -48,6 +48,10 @@ def cmd_figure(args) -> int:
     kind = args.figure
     base = Path(args.study if kind == "sweep" else args.runs[0] if kind == "curves" else args.run)
     name = f"sweep-{args.axis}" if kind == "sweep" else kind
+    if args.out is None:  # the folder's own figures folder: never through a planted link
+        from ..runs import own_folder
+
+        own_folder(base / fg.FIGURES_DIR, create=False)
     wanted = args.out or base / fg.FIGURES_DIR / f"{name}.png"
     force = args.force
     _check_out(wanted, force)
