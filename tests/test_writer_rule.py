@@ -275,8 +275,30 @@ def test_a_feature_cache_with_something_planted(cache, tmp_path, capsys, name, k
 def test_a_benchmark_folder_with_something_planted(tmp_path, capsys, kind):
     out = tmp_path / "f" / "bench"
     out.mkdir(parents=True)
+    (out / "study.yaml").write_text("")  # a study folder (its spec is written again)
     watched, before = plant(out / "table.md", kind)
     assert main(["benchmark", "--losses", "an", "--seeds", "1", "--epochs", "1", "--batch-sizes",
                  "16", "--lrs", "1e-2", "--no-references", "--out", str(out), "--quiet"]) == 2
     assert f"{out / 'table.md'}: is " in capsys.readouterr().err
     assert state(watched) == before
+
+
+@pytest.mark.parametrize("command", ["benchmark", "study"])
+def test_a_launch_never_takes_over_a_folder_of_other_files(tmp_path, capsys, command):
+    """A study or benchmark ``--out`` that holds files and is not a study folder is refused
+    before anything is written: the launch would replace its ``study.yaml``, ``table.md``,
+    ``results.json``."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    mine = {"table.md": "MY TABLE\n", "results.json": '{"mine": 1}\n', "study.yml": "x: 1\n"}
+    for name, text in mine.items():
+        (out / name).write_text(text)
+    argv = {"benchmark": ["benchmark", "--losses", "an", "--seeds", "1", "--epochs", "1",
+                          "--batch-sizes", "16", "--lrs", "1e-2", "--no-references"],
+            "study": ["study", "run", "smoke", "--jobs", "1", "--set", "epochs=1",
+                      "methods=[an]"]}[command]
+    assert main([*argv, "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{out}: holds files (results.json, study.yml, table.md) and is not a study " \
+        f"folder" in err and err.count("\n") == 1, err
+    assert {p.name: p.read_text() for p in out.iterdir()} == mine

@@ -20,7 +20,8 @@ from ..store import StudyStore
 from .expand import RunTask, expand
 from .folder import failure_groups
 from .grouping import group_tasks
-from .layout import LAUNCHES_FILE, RESULTS_FILE, RUNS_DIR, SPEC_FILE, STUDIES_ROOT
+from .layout import (LAUNCHES_FILE, RESULTS_FILE, RUNS_DIR, SPEC_FILE, STUDIES_ROOT,
+                     check_study_folder)
 from .loading import load_study
 from .spec import StudySpec
 from .worker import lost_rows, run_task
@@ -306,6 +307,7 @@ class Launch:
     def run(self) -> dict:
         self.cluster = self.options.connect()
         created = not self.out.exists()
+        check_study_folder(self.out)
         self.out = make_folder(self.out)
         with _closing(self.cluster), _study_lock(self.out), \
                 _unless_refused(self.out, created):
