@@ -116,8 +116,14 @@ def main(argv=None) -> int:
         return _fail(prog, _os_message(err))  # else a file the system refused: path, reason
     except sqlite3.Error as err:  # last resort: stores turn the known cases into ValueError
         return _fail(prog, f"the study's results store (SQLite) failed: {err}")
-    except KeyboardInterrupt:
-        print("interrupted; finished work is kept (re-run the same command to resume)",
-              file=sys.stderr)
+    except KeyboardInterrupt as err:
+        from ..methods.driver import RunInterrupted
+
+        if isinstance(err, RunInterrupted) and args.func is cmd_train:  # a new folder each run
+            print(f"interrupted; {err.run_dir} keeps the epochs of its last checkpoint: "
+                  f"continue it with spml train --resume {err.run_dir}", file=sys.stderr)
+        else:
+            print("interrupted; finished work is kept (re-run the same command to resume)",
+                  file=sys.stderr)
         return 130
 

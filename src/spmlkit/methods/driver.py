@@ -160,6 +160,26 @@ RESUME_KEYS = ("dataset", "regime", "mode", "loss", "hparams", "k", "sizes")
 RESUME_FREE = ("device", "num_workers", "eval_batch_size")
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run that writes a folder: ``run_dir`` keeps the epochs its last
+    checkpoint holds, and ``spml train --resume run_dir`` continues it."""
+
+    def __init__(self, run_dir):
+        super().__init__(str(run_dir))
+        self.run_dir = str(run_dir)
+
+
+def _interrupted(err: BaseException, run, is_main: bool) -> BaseException:
+    """What a run re-raises for ``err``: Ctrl-C as `RunInterrupted` naming the run folder; a
+    failure recorded in the folder (``failed.json``) first."""
+    if run is None or not is_main:
+        return err
+    if isinstance(err, KeyboardInterrupt):
+        return err if isinstance(err, RunInterrupted) else RunInterrupted(run.path)
+    run.fail(err)
+    return err
+
+
 class ResumeError(ValueError):
     """A run folder cannot be continued (other settings, an unreadable checkpoint, written by an
     older spmlkit): the run has to be trained again from its first epoch."""
@@ -347,9 +367,10 @@ def _train_run(method, splits, loss, hparams, loss_fn, config, k, options, datas
     except BaseException as err:
         if saver is not None:  # ... or failed (the run's error is the one raised)
             saver.wait(raise_error=False)
-        if run is not None and is_main and not isinstance(err, KeyboardInterrupt):
-            run.fail(err)
-        raise
+        raised = _interrupted(err, run, is_main)
+        if raised is err:
+            raise
+        raise raised from err
     return _complete_run(ctx, run, fitted, pseudo, t0)
 
 
@@ -424,9 +445,10 @@ def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
         result["seconds"] = time.perf_counter() - t0  # this launch's
         result.update(extra or {})
     except BaseException as err:
-        if run is not None and is_main and not isinstance(err, KeyboardInterrupt):
-            run.fail(err)
-        raise
+        raised = _interrupted(err, run, is_main)
+        if raised is err:
+            raise
+        raise raised from err
     if run is not None and is_main:
         for name, array in fitted.files.items():
             run.save_array(name, array)
