@@ -279,7 +279,8 @@ def test_a_killed_launch_leaves_a_true_record_and_no_empty_stale_folder(tmp_path
     leaves no empty ``runs/.stale/`` (it did)."""
     out = tmp_path / "study"
     spec = tmp_path / "kill.yaml"
-    spec.write_text("datasets: [yeast]\nmethods: [an, bce]\nepochs: 30\nseeds: 3\n"
+    # runs of a second or so (30 epochs took 0.25 s: the kill could land between two runs)
+    spec.write_text("datasets: [yeast]\nmethods: [an, bce]\nepochs: 150\nseeds: 3\n"
                     "grid: {lr: [1.0e-3], batch_size: [16]}\n")
     proc = subprocess.Popen([sys.executable, "-m", "spmlkit", "study", "run", str(spec),
                              "--out", str(out), "--jobs", "1", "--quiet", "--no-vectorise"],
@@ -291,12 +292,16 @@ def test_a_killed_launch_leaves_a_true_record_and_no_empty_stale_folder(tmp_path
                 return con.execute("select count(*) from runs").fetchone()[0]
         except sqlite3.Error:
             return 0
+    def training():  # a run folder with an epoch logged and no final.json
+        return [p for p in (out / "runs").glob("*/metrics.jsonl")
+                if p.stat().st_size and not (p.parent / "final.json").exists()]
     try:
         deadline = time.monotonic() + 240
-        while stored() < 2 and proc.poll() is None and time.monotonic() < deadline:
+        while (stored() < 2 or not training()) and proc.poll() is None and \
+                time.monotonic() < deadline:
             time.sleep(0.05)
         assert proc.poll() is None, "the study finished before it could be killed"
-        time.sleep(0.3)  # the launch record is written right after each stored row
+        time.sleep(0.1)  # the launch record is written right after each stored row
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
