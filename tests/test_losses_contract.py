@@ -422,3 +422,26 @@ def test_rows_without_a_positive_give_a_finite_loss_and_gradient(name):
         assert torch.isfinite(out), f"{name}: {out} on rows {rows.tolist()}"
         out.backward()
         assert torch.isfinite(s.grad).all(), f"{name}: non-finite gradient"
+
+
+@pytest.mark.parametrize("name", ["role", "em_apl", "ll_cp", "opml_sp"])
+def test_an_index_that_is_not_the_batchs_rows_is_refused(name):
+    """Negative positions (wrapped), fractions (truncated), a boolean mask (read as rows 0 / 1)
+    and rows past the train split: a clear error, not other rows' state."""
+    from spmlkit.losses import TrainInfo, create_loss
+
+    torch.manual_seed(0)
+    n, c = 40, 5
+    obs = torch.zeros(n, c, dtype=torch.long)
+    obs[torch.arange(n), torch.randint(0, c, (n,))] = 1
+    loss = create_loss(name)
+    loss.on_train_start(obs, TrainInfo(n, c, k=1.5, num_epochs=3))
+    loss.on_epoch_start(0)
+    cases = {"0 to 39; found -1": torch.tensor([-1, 2]), "found 40": torch.tensor([39, 40]),
+             "not torch.float32": torch.tensor([3.9, 7.2]),
+             "not torch.bool": torch.tensor([True, False])}
+    with torch.no_grad():
+        for says, index in cases.items():
+            with pytest.raises(ValueError, match=re.escape(says)):
+                loss(torch.randn(2, c), obs[:2], index=index)
+        assert torch.isfinite(loss(torch.randn(2, c), obs[:2], index=[38, 39]))

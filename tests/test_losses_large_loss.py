@@ -298,3 +298,21 @@ def test_errors_name_the_problem():
         create_loss("ll_cp")(_logits(), _obs(), index=torch.arange(2))
     with pytest.raises(ValueError, match="index"):
         create_loss("ll_cp")(_logits(), _obs())
+
+
+def test_ll_cp_flips_nothing_at_evaluation_calls():
+    """A train-loss pass under ``torch.no_grad()`` (the loss left in training mode, as a
+    researcher's logging does) flips no label; a training call does."""
+    torch.manual_seed(0)
+    n, c = 40, 5
+    obs = torch.zeros(n, c, dtype=torch.long)
+    obs[torch.arange(n), torch.randint(0, c, (n,))] = POSITIVE
+    loss = create_loss("ll_cp", delta_rel=10.0)
+    loss.on_train_start(obs, TrainInfo(n, c))
+    loss.on_epoch_start(1)
+    logits = torch.randn(8, c)
+    with torch.no_grad():
+        loss(logits, obs[:8], index=torch.arange(8))
+    assert int(loss.flipped.sum()) == 0
+    loss(logits.requires_grad_(), obs[:8], index=torch.arange(8))
+    assert int(loss.flipped.sum()) > 0

@@ -17,7 +17,7 @@ from .. import distributed as dist_utils
 from ..labels import validate_full_labels, validate_observed
 from ..accel import start as start_acceleration
 from ..data.image_views import finish_view, finished_batches
-from ..losses import SPMLLoss, TrainInfo
+from ..losses import SPMLLoss, TrainInfo, carry_state
 from .amp import LossScaler, amp_dtype, run_model
 from .config import TrainConfig
 from .image_batches import (GlobalBatchSampler, ImageItems, ItemPredictor, check_items,
@@ -403,6 +403,7 @@ def fit_linear_init(model: nn.Module, train_items: Sequence, observed, loss: SPM
         with torch.no_grad():
             head.weight.copy_(linear_head.weight.to(head.weight))
             head.bias.copy_(linear_head.bias.to(head.bias))
+        carry_state(loss)  # fine-tuning continues the linear phase's loss (ROLE's estimates)
     model, result = fit_finetune(model, train_items, observed, loss, config, val_items=val_items,
                                  y_val=y_val, k=k, on_epoch=tagged("finetune"),
                                  train_transform=train_transform, eval_transform=eval_transform,

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..losses import SPMLLoss
+from ..losses import SPMLLoss, carry_state
 from ..models.rng import global_rng
 from .selection import Selection, snapshot
 
@@ -448,6 +448,7 @@ class _Run:
         model, loss = self.selection.best_weights()
         self.model.load_state_dict(model)
         self.loss.load_state_dict(loss)
+        carry_state(self.loss, False)  # the run is over: a next on_train_start starts afresh
         return FitResult(**self.selection.result_fields(),
                          seconds=self.seconds_before + time.perf_counter() - self.start)
 

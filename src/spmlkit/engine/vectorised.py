@@ -58,7 +58,7 @@ import torch
 from torch import nn
 
 from ..data.rows import is_stored
-from ..losses import SPMLLoss, TrainInfo, observed_validated
+from ..losses import SPMLLoss, TrainInfo, carry_state, observed_validated
 from .config import TrainConfig, batch_starts, epoch_rows
 from .linear import linear_inputs, make_linear_head
 from .loop import STATE_FORMAT, FitResult, diverged
@@ -511,6 +511,7 @@ class StackedRuns:
             head = nn.Linear(self.x.shape[1], self.num_classes).to(self.device)
             head.load_state_dict(weights)
             self.losses[r].load_state_dict(loss_state)
+            carry_state(self.losses[r], False)  # the run is over (as `train_loop` ends one)
             out[self.order[r]] = (head, FitResult(**book.result_fields(), seconds=seconds))
         return out
 

@@ -19,8 +19,8 @@ from . import robust  # noqa: F401  (GR, Hill, SPLC)
 from . import scorer  # noqa: F401  (em_pl, gpr: an external scorer's pseudo-labels)
 from . import crisp  # noqa: F401  (CRISP: class-prior estimation)
 from . import pu  # noqa: F401  (vpu: PU-MLC's variational PU loss)
-from .contract import HOOKS, SPMLLoss, TrainInfo, check_observed, hooks_driven, log_1mp, \
-    log_p, observed_validated, soft_bce
+from .contract import HOOKS, SPMLLoss, TrainInfo, carry_state, check_observed, hooks_driven, \
+    log_1mp, log_p, observed_validated, soft_bce
 from .registry import LOSSES
 from .regularizers import REGULARIZERS, Regularized, parse_regularizers
 
@@ -74,6 +74,6 @@ def list_losses() -> list[tuple[str, str]]:
 
 
 __all__ = ["HOOKS", "LOSSES", "REGULARIZERS", "Regularized", "SPMLLoss", "TrainInfo",
-           "check_observed", "hooks_driven",
+           "carry_state", "check_observed", "hooks_driven",
            "create_loss", "list_losses", "loss_hparams", "observed_validated",
            "log_p", "log_1mp", "soft_bce"]

@@ -130,10 +130,11 @@ class _NeedsK(SPMLLoss):
             raise ValueError(f"lam (the weight of the expected-positive penalty) must be >= 0, "
                              f"got {lam}")
         self.k = k
+        self.k_given = k is not None  # else each run's k is its TrainInfo's
         self.lam = float(lam)
 
     def on_train_start(self, observed, info: TrainInfo) -> None:
-        if self.k is None:
+        if not self.k_given:
             if info.k is not None and info.k <= 0:
                 raise ValueError(f"{type(self).__name__} needs k > 0 expected positives per "
                                  f"example; the train split's mean is {info.k}: pass k=...")
@@ -160,7 +161,7 @@ class EPRLoss(_NeedsK, _BCEForm):
 
     def required_hooks(self) -> tuple[str, ...]:
         """``on_train_start`` (for ``k``) unless ``k=`` was given: then none."""
-        return () if self.k is not None else ("on_train_start",)
+        return () if self.k_given else ("on_train_start",)
 
 
 def _logit(p: float) -> float:
@@ -194,8 +195,8 @@ class ROLELoss(_NeedsK):
 
     def on_train_start(self, observed, info: TrainInfo) -> None:
         super().on_train_start(observed, info)
-        if self.label_logits.shape == tuple(observed.shape):
-            return  # carried over (linear_init, resume): keep the estimates
+        if self.carries_state() and self.label_logits.shape == tuple(observed.shape):
+            return  # restored (resume) or carried on (linear_init): keep the estimates
         gen = torch.Generator().manual_seed(int(info.seed))
         hi = _logit(0.6)
         theta = hi * (2 * torch.rand(observed.shape, generator=gen) - 1)

@@ -131,11 +131,12 @@ class _HookLog:
 
     __slots__ = ("info", "started", "epoch", "open", "ended", "unended", "calls", "penalties",
                  "penalties_seen", "params", "since_update", "arrived", "depth", "snapshot",
-                 "checked")
+                 "checked", "carry")
 
     def __init__(self):
         self.info: TrainInfo | None = None
         self.started = False
+        self.carry = False              # the next on_train_start keeps the state (carry_state)
         self.depth = 0                  # hooks running (a hook calling its parent's records once)
         self._new_run()
         self.calls = 0                  # training calls
@@ -158,6 +159,7 @@ class _HookLog:
             info = args[1] if len(args) > 1 else kwargs.get("info")
             self.info = info if isinstance(info, TrainInfo) else self.info
             self.started = True
+            self.carry = False
             self._new_run()
         elif hook == "on_epoch_start":
             if self.open:
@@ -175,6 +177,22 @@ def _hook_log(loss: nn.Module) -> _HookLog:
         log = _HookLog()
         loss.__dict__["_hook_log"] = log
     return log
+
+
+def carry_state(loss: nn.Module, keep: bool = True) -> None:
+    """Whether the next ``on_train_start`` of ``loss`` (and of the spmlkit losses inside it)
+    keeps the per-run state it holds, where that state fits the labels it is given.
+
+    ``on_train_start`` starts a run: ROLE's estimates, pseudo-labels, flips, corrections and
+    priors are built afresh, so one loss object serves run after run (seeds, learning rates,
+    other labels) as a new one would. Two cases continue a run instead, and set this: a state
+    restored with ``load_state_dict`` (resuming in a loop of your own: load, then
+    ``on_train_start``), and linear_init's fine-tuning phase, which continues the linear
+    phase's loss. ``on_train_start`` clears it; ``keep=False`` clears it (the engine, after it
+    loads the best epoch's state at the end of a run)."""
+    for module in loss.modules():
+        if isinstance(module, SPMLLoss):
+            _hook_log(module).carry = bool(keep)
 
 
 def _recorded(hook: str, fn):
@@ -300,6 +318,37 @@ def take_rows(state: torch.Tensor, index) -> torch.Tensor:
         return state[index]
     runs = torch.arange(index.shape[0], device=state.device).unsqueeze(1)
     return state[runs, index]
+
+
+def check_index(index, rows: int | None, where: str) -> None:
+    """Raise ``ValueError`` unless ``index`` holds whole numbers, the batch's rows in the train
+    split: an integer tensor (or a sequence of ints), and, on the CPU, each in ``[0, rows)``
+    (``rows``: `TrainInfo.num_examples`; None: ``>= 0`` only). A boolean mask, fractions
+    or negative positions would pick other rows' state silently (``state[index]`` wraps,
+    truncates, or reads a mask as rows 0 / 1). On an accelerator the values are not read (a host
+    sync); the dtype is checked everywhere.
+
+    >>> check_index(torch.tensor([0, 3]), 4, "role")
+    >>> check_index(torch.tensor([-1, 2]), 4, "role")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: role: index must hold the batch's rows in the train split, 0 to 3; found -1 ...
+    """
+    if not torch.is_tensor(index):
+        index = torch.as_tensor(index)
+    if index.dtype == torch.bool or index.is_floating_point() or index.is_complex():
+        raise ValueError(f"{where}: index must hold the batch's rows in the train split as "
+                         f"whole numbers (an integer tensor), not {index.dtype}; a mask selects "
+                         f"rows with index.nonzero().squeeze(1)")
+    if index.device.type != "cpu" or index.numel() == 0:
+        return
+    lo, hi = (int(v) for v in torch.aminmax(index))
+    if lo < 0 or (rows is not None and hi >= rows):
+        span = f"0 to {rows - 1}" if rows is not None else "0 or more"
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{where}: index must hold the batch's rows in the train split, "
+                         f"{span}; found {bad} (the rows given to on_train_start are the "
+                         f"ones index counts)")
 
 
 def check_observed(observed: torch.Tensor, where: str) -> None:
@@ -555,8 +604,10 @@ class SPMLLoss(nn.Module):
     def on_train_start(self, observed: torch.Tensor, info: TrainInfo) -> None:
         """Once before the first step: the whole train split's observed labels (N x L, the
         rows ``index`` refers to) and a `TrainInfo`. Builds per-example state (ROLE's
-        label estimates, stored labels), takes ``k`` or the run's epochs. Called again with
-        the same labels (a resumed run), a loss keeps the state it holds."""
+        label estimates, stored labels), takes ``k`` or the run's epochs: a new run at each
+        call, whatever the loss held, unless its state was restored (``load_state_dict``) or
+        carried on (`carry_state`) and fits these labels: then it continues (a resumed
+        run)."""
 
     def on_epoch_start(self, epoch: int) -> None:
         """Before the first batch of ``epoch`` (from 0): schedules (LL-R's rejected share, GR's
@@ -683,6 +734,13 @@ class SPMLLoss(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         resize_state_on_load(self, state_dict, prefix, self.resizable_state)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        _hook_log(self).carry = True  # a restore: on_train_start continues it (carry_state)
+
+    def carries_state(self) -> bool:
+        """Whether this ``on_train_start`` continues the run whose state the loss holds
+        (`carry_state`): a loss keeps its per-run state only then, and only where it fits the
+        labels given; otherwise it builds it afresh."""
+        return _hook_log(self).carry
 
     # --- the contract -----------------------------------------------------------------------
     def forward(self, logits: torch.Tensor, observed: torch.Tensor, index=None) -> torch.Tensor:
@@ -714,6 +772,10 @@ class SPMLLoss(nn.Module):
             if len(index) != logits.shape[0]:
                 raise ValueError(f"index has {len(index)} entries for a batch of "
                                  f"{logits.shape[0]}")
+            if not (self._hooks_driven or _is_compiling()):  # (the engine's rows are its own)
+                info = _hook_log(self).info
+                check_index(index, None if info is None else info.num_examples,
+                            type(self).__name__)
         logits = as_compute(logits)
         if logits.shape[0] == 0:
             zero = logits.sum() * 0.0  # on the graph, never NaN

@@ -218,9 +218,10 @@ class CRISPLoss(SPMLLoss):
     def on_train_start(self, observed, info: TrainInfo) -> None:
         observed = torch.as_tensor(observed)
         positives = (observed == POSITIVE).to(self.positives.device)
-        if self.positives.shape == positives.shape and bool((self.positives == positives).all()) \
-                and self.priors.numel() == positives.shape[1]:
-            return  # carried over (resume, linear_init): keep the estimates
+        if self.carries_state() and self.positives.shape == positives.shape and \
+                bool((self.positives == positives).all()) and \
+                self.priors.numel() == positives.shape[1]:
+            return  # restored (resume) or carried on (linear_init): keep the estimates
         counts = positives.sum(dim=0).double()
         weight = torch.where(counts > 0, positives.shape[0] / counts.clamp(min=1),
                              torch.zeros_like(counts))
@@ -253,6 +254,9 @@ class CRISPLoss(SPMLLoss):
         if scores.shape != self.positives.shape:
             raise ValueError(f"crisp: train_logits have shape {tuple(scores.shape)}; the train "
                              f"split's observed labels are {tuple(self.positives.shape)}")
+        if torch.isnan(scores).any():  # (the priors' search would fail or drift silently)
+            raise ValueError(f"crisp: train_logits hold {int(torch.isnan(scores).sum())} NaN "
+                             f"value(s)")
         priors = estimate_class_priors(scores, self.positives, self.delta, self.tau)
         self.priors = priors.float().to(self.priors.device)
 

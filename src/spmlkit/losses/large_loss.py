@@ -232,9 +232,10 @@ class LargeLossCorrectionPermanent(_LargeLoss):
 
     The loss keeps its own copy of the train split's observed labels, the buffer
     ``observed_labels`` (N_train x L, int8), filled by ``on_train_start``. In every batch the
-    rows ``index`` of that buffer replace the observed labels passed in, and (in training mode)
-    the selected entries are set to ``POSITIVE`` in it after the loss is computed: from the next
-    batch on they are observed positives (target 1, never selected again). ``flipped`` (bool,
+    rows ``index`` of that buffer replace the observed labels passed in, and at training calls
+    (training mode with gradients on; not under ``torch.no_grad()``) the selected entries are
+    set to ``POSITIVE`` in it after the loss is computed: from the next batch on they are
+    observed positives (target 1, never selected again). ``flipped`` (bool,
     N_train x L) marks them, e.g. to measure how many were true positives. Both buffers are in
     ``state_dict()`` and are resized when a state dict of another size is loaded.
 
@@ -263,8 +264,8 @@ class LargeLossCorrectionPermanent(_LargeLoss):
     def on_train_start(self, observed, info: TrainInfo) -> None:
         observed = torch.as_tensor(observed).to(torch.int8)
         device = self.observed_labels.device
-        if self.observed_labels.shape == observed.shape:
-            # carried over (resume, linear_init): keep the flips if they belong to these labels
+        if self.carries_state() and self.observed_labels.shape == observed.shape:
+            # restored (resume) or carried on (linear_init): keep the flips of these labels
             same = self.observed_labels.cpu() == observed.cpu()
             if bool((same | self.flipped.cpu()).all()):
                 return
@@ -291,7 +292,7 @@ class LargeLossCorrectionPermanent(_LargeLoss):
         return stored.to(observed.device)
 
     def _after_selection(self, an_loss, selected, threshold, index) -> None:
-        if not self.training:
+        if not (self.training and torch.is_grad_enabled()):  # evaluation calls flip nothing
             return
         rows = self._rows(index)
         to_flip = selected

@@ -237,7 +237,8 @@ class SoftOPMLLoss(OPMLLoss):
     def on_train_start(self, observed, info: TrainInfo) -> None:
         observed = torch.as_tensor(observed).to(torch.int8)
         device = self.observed_labels.device
-        if self.observed_labels.shape == observed.shape and self.ap.numel() == observed.shape[1]:
+        if self.carries_state() and self.observed_labels.shape == observed.shape and \
+                self.ap.numel() == observed.shape[1]:
             same = self.observed_labels.cpu() == observed.cpu()
             if bool((same | self.corrected.cpu()).all()):
                 return  # carried over (resume, linear_init): keep AP and corrections

@@ -287,7 +287,8 @@ class APLLoss(EntropyMaximizationLoss):
                              f"({info.num_examples} examples x {info.num_classes} classes)")
         device = self.pseudo_mask.device
         unobs = obs.to(device) == UNOBSERVED
-        if not (self.unobserved.shape == unobs.shape and torch.equal(self.unobserved, unobs)):
+        if not (self.carries_state() and self.unobserved.shape == unobs.shape and
+                torch.equal(self.unobserved, unobs)):
             self.unobserved = unobs
             self.pseudo_mask = torch.zeros_like(unobs)
             self.pseudo_target = torch.zeros(unobs.shape, device=device)
