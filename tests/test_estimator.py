@@ -366,3 +366,16 @@ def test_predict_counts_a_probability_exactly_on_the_threshold_as_a_label():
     np.testing.assert_array_equal(pred, (proba >= cut).astype(np.int64))
     per_class = proba[0].tolist()  # one threshold per class: row 0 is positive everywhere
     assert clf.predict(x, threshold=per_class)[0].tolist() == [1] * len(per_class)
+
+
+def test_pandas_nullable_labels_with_pd_na_are_unobserved():
+    """An observed-label table of pandas' nullable dtypes (``read_csv(dtype_backend=
+    "numpy_nullable")``): ``pd.NA`` is an empty cell, unobserved, as NaN is."""
+    pd = pytest.importorskip("pandas")
+    x = np.random.default_rng(0).normal(size=(30, 4))
+    nullable = pd.DataFrame({"a": [1, pd.NA, pd.NA] * 10, "b": [pd.NA, 1, pd.NA] * 10,
+                             "c": [pd.NA, pd.NA, 1] * 10}, dtype="Int64")
+    a = SPMLClassifier(epochs=1).fit(x, nullable)
+    b = SPMLClassifier(epochs=1).fit(x, nullable.astype("float64"))
+    assert list(a.classes_) == ["a", "b", "c"]
+    np.testing.assert_array_equal(a.predict_proba(x), b.predict_proba(x))

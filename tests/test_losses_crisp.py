@@ -273,3 +273,16 @@ def test_crisp_phase_contract():
     out64 = losses["mean"](logits.double(), obs[:6])
     assert out64.dtype == torch.float64
     torch.testing.assert_close(out64.float(), m)
+
+
+def test_nan_train_logits_are_an_error():
+    n, c = 20, 3
+    obs = torch.zeros(n, c, dtype=torch.long)
+    obs[torch.arange(n), torch.arange(n) % c] = 1
+    loss = create_loss("crisp")
+    loss.on_train_start(obs, TrainInfo(n, c, num_epochs=5))
+    loss.on_epoch_start(0)
+    logits = torch.zeros(n, c)
+    logits[3, 1] = float("nan")
+    with pytest.raises(ValueError, match="train_logits hold 1 NaN value"):
+        loss.on_epoch_end(0, logits)

@@ -151,3 +151,17 @@ def test_other_methods_select_and_score_on_partial_labels(partial, method, loss)
     res = train_run(method, splits, loss, {}, TrainConfig(epochs=2, batch_size=16, lr=1e-2))
     assert res["test_metrics"]["mask"] == "entry"
     assert np.isfinite(res["val_map"]) and np.isfinite(res["test_map"])
+
+
+def test_partial_label_thresholds_refuse_nan_scores():
+    """As the full-label thresholds do: a NaN score is an error, not a NaN threshold."""
+    from spmlkit.metrics_partial import (masked_global_threshold, masked_select_thresholds,
+                                         partial_labels)
+
+    y = partial_labels([[1, -1], [-1, 1]])
+    probs = np.array([[np.nan, 0.2], [0.3, 0.8]])
+    for fn in (masked_global_threshold, masked_select_thresholds):
+        with pytest.raises(ValueError, match="1 non-finite value"):
+            fn(probs, y)
+    assert masked_select_thresholds(np.array([[0.9, 0.2], [0.3, 0.8]]), y)["per_class"] == \
+        [0.9, 0.8]

@@ -312,6 +312,10 @@ def _observed_from_y(y, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
     columns = getattr(y, "columns", None)
     if sp.issparse(y):
         y = y.toarray()
+    if columns is not None and hasattr(y, "to_numpy") and all(
+            np.dtype(getattr(t, "numpy_dtype", t)).kind in "biuf" for t in y.dtypes):
+        # numeric columns, pandas' nullable ones (Int64, boolean, Float64) too: pd.NA -> NaN
+        y = y.to_numpy(dtype=np.float64, na_value=np.nan)
     arr = np.asarray(y)
     if arr.ndim not in (1, 2):
         raise ValueError(f"y must be 1-D (each row's observed positive) or 2-D (the observed "

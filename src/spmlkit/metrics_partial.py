@@ -285,7 +285,7 @@ def masked_class_thresholds(probs, y, fallback: float | None = None):
     over its known rows (the fallback, default the known entries' global one, for a class
     without a known positive)."""
     p = np.asarray(probs)
-    pos, known = known_entries(y)
+    _, pos, known = _checked(p, y)  # (shapes, and finite scores: NaN would be a threshold)
     if fallback is None:
         fallback = masked_global_threshold(p, y)[0]
     thresholds = np.full(p.shape[1], float(fallback))
@@ -312,10 +312,11 @@ def masked_select_thresholds(probs, y, class_names=None) -> dict:
 
 def masked_global_threshold(probs, y) -> tuple[float, float]:
     """`spmlkit.metrics.best_global_threshold` over the known entries of partial labels."""
-    positive, known = known_entries(y)
+    p = np.asarray(probs)
+    _, positive, known = _checked(p, y)
     if not positive.any():
         return 0.5, float("nan")
-    return _best_f1(np.asarray(probs)[known], positive[known])
+    return _best_f1(p[known], positive[known])
 
 
 # ---- one split's scores, whichever its labels: what a run calls --------------------------------
