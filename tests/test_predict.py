@@ -225,3 +225,21 @@ def test_a_score_exactly_on_the_threshold_is_a_label(tmp_path, capsys):
     assert rows[0]["labels"] == names
     for row, s in zip(rows[1:], scores[1:]):
         assert row["labels"] == [c for c, v, t in zip(names, s, scores[0]) if v >= t]
+
+
+def test_features_standardised_already_are_warned_about(tmp_path, recwarn):
+    """The yeast run standardises raw features: its own raw test rows give its test
+    probabilities exactly; ``load_splits(...).test.x`` (the model's inputs, standardised) would
+    be standardised twice, and predict says so."""
+    from spmlkit.data import load_dataset, load_splits
+    from spmlkit.predict import predict_run
+
+    assert main(["train", "--epochs", "2", "--out", str(tmp_path / "runs"), "--quiet"]) == 0
+    (run,) = (tmp_path / "runs").iterdir()
+    np.save(tmp_path / "raw.npy", np.asarray(load_dataset("yeast").test.x, np.float32))
+    np.save(tmp_path / "std.npy", np.asarray(load_splits("yeast", "1p").test.x, np.float32))
+    saved = np.load(run / "predictions.npz")["probs_test"]
+    np.testing.assert_array_equal(predict_run(run, tmp_path / "raw.npy").probs, saved)
+    assert not [w for w in recwarn if "standardised already" in str(w.message)]
+    with pytest.warns(UserWarning, match="look standardised already .* standardised twice"):
+        predict_run(run, tmp_path / "std.npy")

@@ -202,6 +202,35 @@ def _readable(items: list, skip_corrupt: bool) -> tuple[list, list]:
     return good, bad
 
 
+def standardized_already(x: np.ndarray, preprocess: dict, where) -> bool:
+    """Warn (and return True) when a run standardises its raw features and ``x`` (N x D, at
+    least 20 rows) looks standardised already: its columns' spreads are closer to 1 than to
+    the train rows' raw spreads, which differ from 1 by 2x or more. Predicting from such
+    features standardises them twice (``load_splits(...).test.x`` are the model's inputs, not
+    raw rows: ``load_dataset(...).test.x`` are)."""
+    import warnings
+
+    if not preprocess or len(x) < 20:
+        return False
+    run_std = np.asarray(preprocess["std"], dtype=np.float64).ravel()
+    given = np.asarray(x, dtype=np.float64).std(axis=0)
+    ok = (run_std > 0) & (given > 0) & np.isfinite(given)
+    if not ok.any():
+        return False
+    to_raw = np.median(np.abs(np.log(given[ok] / run_std[ok])))
+    to_unit = np.median(np.abs(np.log(given[ok])))
+    far = np.median(np.abs(np.log(run_std[ok])))
+    if far < np.log(2) or to_unit >= to_raw:
+        return False
+    warnings.warn(f"{where}: these features look standardised already (column spreads about "
+                  f"{np.median(given[ok]):.3g}; the train rows' raw features: about "
+                  f"{np.median(run_std[ok]):.3g}): spml predict standardises raw features "
+                  f"with the train rows' statistics, so these would be standardised twice; "
+                  f"give raw feature rows (spmlkit.data.load_dataset(...), not load_splits)",
+                  stacklevel=3)
+    return True
+
+
 def run_decoder(config: dict, size: int):
     """The image reader that decodes new images as the run (``config.json``) decoded its val
     and test images: ``--jpeg-draft`` runs JPEGs at the smallest libjpeg scale still at least
@@ -322,7 +351,9 @@ def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
                                  f"{info['in_features']}-d features")
             mats.append(m)
             items += rows
-        x = preprocess_features(torch.from_numpy(np.concatenate(mats)), info["preprocess"])
+        raw = np.concatenate(mats)
+        standardized_already(raw, info["preprocess"], inputs[0])
+        x = preprocess_features(torch.from_numpy(raw), info["preprocess"])
         with torch.no_grad():
             probs = torch.sigmoid(model(x)).numpy()
     else:
