@@ -237,3 +237,19 @@ def test_the_sklearn_row_is_left_out_with_a_note_where_it_cannot_run(yeast, monk
         ref.sklearn_reference(yeast, 0)
     assert ref.reference_records("yeast", {}, ["1p"], [0, 1]) == []
     assert "note: sklearn_lr left out on yeast" in capsys.readouterr().err
+
+
+def test_a_launch_without_references_drops_an_earlier_launchs_rows(tmp_path, capsys):
+    """A benchmark with the scikit-learn rows, then one of other data into the same folder with
+    --no-references: the folder's tables no longer show the first launch's rows (they were
+    marked best beside methods trained on other data)."""
+    out = tmp_path / "bench"
+    common = ["benchmark", "--losses", "an", "--seeds", "1", "--batch-sizes", "16", "--lrs",
+              "1e-2", "--epochs", "1", "--jobs", "1", "--quiet", "--out", str(out)]
+    assert main(common) == 0
+    assert (out / "sklearn-reference.json").is_file()
+    assert main([*common, "--no-references", "--data", "subsample=0.3"]) == 0
+    assert not (out / "sklearn-reference.json").exists()
+    capsys.readouterr()
+    assert main(["study", "table", str(out)]) == 0
+    assert "sklearn_lr" not in capsys.readouterr().out

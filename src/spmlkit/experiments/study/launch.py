@@ -216,11 +216,16 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
                             vectorise=vectorise, connect_timeout=connect_timeout)
     spec = load_study(spec)
     res = Launch(spec, options).run()
+    from ..reference import SKLEARN_FILE
+
     if spec.sklearn_reference:
         from ...runs import write_json
-        from ..reference import SKLEARN_FILE, study_references
+        from ..reference import study_references
 
         write_json(Path(res["out"]) / SKLEARN_FILE, study_references(spec))
+    else:  # an earlier launch's rows (other data, other seeds) are not this spec's: the tables
+        # would show them beside its methods (`spml benchmark` writes its own after this)
+        (Path(res["out"]) / SKLEARN_FILE).unlink(missing_ok=True)
     return res
 
 
