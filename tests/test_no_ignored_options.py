@@ -211,3 +211,40 @@ def test_a_train_config_field_a_mode_does_not_read_is_refused(mode, field):
         return
     with pytest.raises(ValueError, match=f"--mode {mode} does not use it"):
         check_train_fields(m, config)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    from spmlkit.cli import main
+
+    out = tmp_path_factory.mktemp("resume")
+    assert main(["train", "--epochs", "1", "--out", str(out), "--quiet"]) == 0
+    (run,) = out.iterdir()
+    return run
+
+
+@pytest.mark.parametrize("option", [o for o in TRAIN_OPTIONS if o not in
+                                    {"resume", "device", "cache_dir", "quiet", "verbose",
+                                     "threads", "config", "help", "cudnn_benchmark", "compile",
+                                     "gpu_decode", "jpeg_draft"}])
+def test_an_option_a_resume_would_ignore_is_refused(option, finished_run, capsys):
+    """``spml train --resume RUN`` takes the run's settings from its config.json: any option
+    that would change the run is refused, naming it (it was ignored silently)."""
+    from spmlkit.cli import main
+
+    sample = {"mode": ["--mode", "finetune"], "out": ["--out", "elsewhere"]}.get(option) or \
+        SAMPLES[option]
+    assert main(["train", "--resume", str(finished_run), *sample, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f": --resume continues {finished_run}" in err and err.count("\n") == 1, err
+    assert sample[0] in err.split(": --resume")[0], err
+
+
+def test_k_with_k_estimate_and_hidden_without_mlp_are_refused(capsys):
+    from spmlkit.cli import main
+
+    assert main(["train", "--k", "2", "--k-estimate", "10", "--epochs", "1", "--quiet"]) == 2
+    assert "give --k 2 or --k-estimate 10, not both" in capsys.readouterr().err
+    assert main(["train", "--hidden", "64", "--epochs", "1", "--quiet"]) == 2
+    assert "--hidden 64: the width of the MLP head; this run's head is linear" in \
+        capsys.readouterr().err

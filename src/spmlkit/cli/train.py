@@ -22,6 +22,7 @@ def cmd_train(args) -> int:
     if args.resume:
         from ..runs import read_run
 
+        _refuse_resume_flags(args)
         method = get_method(read_run(args.resume).config.get("mode", "linear"))
         bar, show = _epoch_bar(args, None, f"resume {args.resume}")
         try:
@@ -55,6 +56,8 @@ def cmd_train(args) -> int:
     if args.reg:
         hparams["reg"] = args.reg
     k = args.k
+    if args.k_estimate and args.k is not None:
+        raise ValueError(f"give --k {args.k:g} or --k-estimate {args.k_estimate}, not both")
     if args.k_estimate:  # from train rows, or val rows when the training labels are partial
         k = resolve_k(f"estimate:{args.k_estimate}:point", splits, args.seed, report=True,
                       given=f"--k-estimate {args.k_estimate}")
@@ -215,6 +218,11 @@ def _weights_option(args, method) -> dict | None:
 def _method_options(args, method) -> dict:
     flags = _flag_options(args, method)
     _refuse_unused(flags, method)
+    if flags.get("hidden") is not None and "head" in method.options and \
+            (flags.get("head") or method.options["head"]) != "mlp":
+        raise ValueError(f"--hidden {flags['hidden']}: the width of the MLP head; this run's "
+                         f"head is {flags.get('head') or method.options['head']}: give "
+                         f"--head mlp too, or leave --hidden out")
     given = {k: v for k, v in flags.items() if v is not None and k in method.options}
     given.update(_pairs(getattr(args, "lac", None), "--lac"))  # deprecated: --option's
     given.update(_pairs(getattr(args, "option", None), "--option"))  # unknown keys: refused
@@ -222,6 +230,36 @@ def _method_options(args, method) -> dict:
             method.options.get("backbone") is None and not method.accepts_vectors:
         raise ValueError(f"--mode {method.name} needs --backbone NAME (spml list backbones)")
     return given
+
+
+#: the spml train flags a resume takes (where and how it runs and shows, not what it trains)
+_RESUME_FLAGS = {"resume", "device", "cache_dir", "quiet", "verbose", "threads", "config",
+                 "cudnn_benchmark", "compile", "gpu_decode", "jpeg_draft"}
+
+
+def _refuse_resume_flags(args) -> None:
+    """``--resume`` with a flag that would change the run (``--epochs``, ``--lr``, ...): an
+    error naming them, not a resume that ignores them."""
+    import argparse
+
+    from . import build_parser
+
+    train = next(a for a in build_parser()._actions
+                 if isinstance(a, argparse._SubParsersAction)).choices["train"]
+    defaults: dict = {}
+    flags: dict = {}
+    for action in train._actions:  # (a dest of two flags: --float32 / --float16)
+        if action.option_strings:
+            defaults.setdefault(action.dest, action.default)
+            flags[action.dest] = "/".join(filter(None, [flags.get(action.dest),
+                                                        action.option_strings[-1]]))
+    given = [flags[d] for d, default in defaults.items()
+             if d not in _RESUME_FLAGS and getattr(args, d, default) != default]
+    if given:
+        raise ValueError(f"{', '.join(given)}: --resume continues {args.resume} with the "
+                         f"settings in its config.json, so these would be ignored; leave them "
+                         f"out (a resume takes --device, --cache-dir, --quiet, --verbose, "
+                         f"--threads and the speed-up flags), or train a new run")
 
 
 def _resume_overrides(args, method) -> dict:
@@ -324,7 +362,8 @@ def _add_finetune(method, training, finetune) -> None:
     training.add_argument("--resume", default=None, metavar="RUN_DIR",
                           help="continue an interrupted run (any --mode) from its checkpoint, with "
                                "the settings in its config.json (--device, --cache-dir and --quiet "
-                               "may change; the other options are ignored)")
+                               "may change; the options that would change the run are "
+                               "refused)")
     finetune.add_argument("--head-lr-mult", type=_positive, default=1.0,
                           help="fine-tuning: the head's learning rate is lr times this (Kim et "
                                "al.: 10)")
