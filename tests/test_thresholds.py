@@ -70,12 +70,11 @@ def run(tmp_path_factory):
 
 
 def test_predict_threshold_rules_on_a_yeast_run(run, tmp_path):
-    from spmlkit.data import load_splits
+    from spmlkit.data import load_dataset
 
     folder, _ = run
-    splits = load_splits("yeast", "1p")
-    feats = tmp_path / "test.npy"
-    np.save(feats, np.asarray(splits.test.x[:50], dtype=np.float32))
+    feats = tmp_path / "test.npy"  # raw rows, as new ones come (predict standardises them)
+    np.save(feats, np.asarray(load_dataset("yeast").test.x[:50], dtype=np.float32))
     k = json.loads((folder / "config.json").read_text())["k"]
     stored = np.load(folder / "predictions.npz")
     for rule, extra in (("rcut", []), ("lcard", []), ("pcut", []), ("mcut", []),
@@ -98,5 +97,8 @@ def test_predict_threshold_rules_on_a_yeast_run(run, tmp_path):
             assert settings["priors"] == pytest.approx(stored["y_val"].mean(axis=0).tolist())
     assert main(["predict", str(folder), str(feats), "--threshold-rule", "mcut",
                  "--threshold-k", "2"]) == 2
+    for rule, bad in (("rcut", "-5"), ("rcut", "0"), ("rcut", "1.5"), ("lcard", "0")):
+        assert main(["predict", str(folder), str(feats), "--threshold-rule", rule,
+                     "--threshold-k", bad]) == 2  # (a negative k gave one label a row)
     assert main(["predict", str(folder), str(feats), "--threshold-rule", "mcut",
                  "--threshold", "0.5"]) == 2

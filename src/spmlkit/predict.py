@@ -250,7 +250,8 @@ def rule_settings(run, rule: str, k: float | None = None) -> dict:
     over the known rows), with where they came from.
 
     Raises:
-        ValueError: an unknown rule, ``k`` for a rule without one.
+        ValueError: an unknown rule, ``k`` for a rule without one, a given ``k`` that is not
+            a whole number >= 1 (rcut) or not > 0 (lcard).
     """
     from .thresholds import RULES
 
@@ -261,7 +262,14 @@ def rule_settings(run, rule: str, k: float | None = None) -> dict:
         if k is None:
             k = float(json.loads((run / "config.json").read_text())["k"])
             return {"rule": rule, "k": k, "k_from": "the run's k (config.json)"}
-        return {"rule": rule, "k": float(k), "k_from": "given"}
+        k = float(k)
+        if rule == "rcut" and not (k >= 1 and k == int(k)):  # (the run's own k is rounded)
+            raise ValueError(f"rcut takes each row's k highest-scored labels: k "
+                             f"(--threshold-k) must be a whole number >= 1, got {k:g}")
+        if not k > 0:
+            raise ValueError(f"lcard matches a mean of k labels per row: k (--threshold-k) "
+                             f"must be > 0, got {k:g}")
+        return {"rule": rule, "k": k, "k_from": "given"}
     if k is not None:
         raise ValueError(f"threshold rule {rule} does not use k (--threshold-k): rcut and "
                          f"lcard do")
