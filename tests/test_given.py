@@ -443,3 +443,19 @@ def test_folder_given_on_backbone_features_keeps_the_observed_labels_and_val(ima
     assert (s.observed == 1).sum(1).tolist() == [1] * 12 and s.meta["val_from"] == "given"
     res = train_run("linear", s, "epr", config=TrainConfig(epochs=1))
     assert np.isfinite(res["test_map"]) and res["train_recovery_map"] is None
+
+
+def test_a_class_without_an_observed_positive_is_named(arrays_given):
+    """A class that no training row observes as positive can only be learnt as absent: the
+    summary names it (it said nothing)."""
+    folder, opts, (x, y, z, xt, yt) = arrays_given
+    z = z.copy()
+    z[:, 1][z[:, 1] == 1] = 0
+    np.save(folder / "z3.npy", z)
+    s = load_splits("arrays", "given", **{**opts, "labels": str(folder / "z3.npy")})
+    labels = describe_labels(s)
+    name = str(s.class_names[1])
+    assert labels["classes_without_positive"] == [name]
+    assert f"; 1 class(es) without an observed positive, learnt as absent: {name})" in \
+        labels["summary"]
+    assert describe_labels(load_splits("yeast"))["classes_without_positive"] == []

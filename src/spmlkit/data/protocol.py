@@ -489,7 +489,8 @@ def describe_labels(splits: Splits) -> dict:
 
     Returns:
         ``{"regime", "train_labels", "observed_from", "positives", "negatives", "unobserved",
-        "rows_without_positive", "val_from", "k_from", "k", "summary"}``; ``summary`` is one
+        "rows_without_positive", "classes_without_positive", "val_from", "k_from", "k",
+        "summary"}``; ``summary`` is one
         line, e.g. ``regime given: observed training labels from y_obs.csv (100 rows: 100
         positives, 40 negatives, ...); val (20 rows carved out of the test set, fraction 0.2)
         and test (80 rows) fully labelled; default k 1.800 from the val labels``.
@@ -504,6 +505,12 @@ def describe_labels(splits: Splits) -> dict:
     numbers = (f"{counts['rows']} rows: {counts['positives']} positives, {counts['negatives']} "
                f"negatives, {counts['unobserved']} unobserved; {counts['rows_without_positive']} "
                f"row(s) without an observed positive")
+    # a class no training row observes as positive is learnt as absent
+    seen = (np.asarray(splits.observed) == 1).any(axis=0)
+    unseen = [str(c) for c, ok in zip(splits.class_names, seen) if not ok]
+    if unseen:
+        numbers += (f"; {len(unseen)} class(es) without an observed positive, learnt as "
+                    f"absent: {', '.join(unseen[:5])}{', ...' if len(unseen) > 5 else ''}")
     if given:
         head = f"regime {splits.regime}: observed training labels from {source or 'the source'} " \
                f"({numbers})"
@@ -534,6 +541,7 @@ def describe_labels(splits: Splits) -> dict:
     return {"regime": splits.regime, "train_labels": "observed" if given else "full",
             "observed_from": source, **{k: counts[k] for k in (
                 "positives", "negatives", "unobserved", "rows_without_positive")},
+            "classes_without_positive": unseen,
             "val_from": val_from, "k_from": meta.get("k_from", "train"), "k": float(splits.k),
             **({f"{s}_mask": masked[s] for s in masked if masked[s]}), "summary": summary}
 
