@@ -569,3 +569,23 @@ def test_the_options_that_used_to_collide_now_work(ws, capsys):
     assert config["dataset_options"]["features"] == {"dtype": "float32",
                                                      "cache_dir": f"{d}/cache", "num_workers": 0}
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--lrs", "-1"], "spml benchmark: error: --lrs: expected a positive number, got -1.0"),
+    (["--losses", "an,an"], "spml benchmark: error: --losses (with the reference rows): labels "
+                            "must be unique")])
+def test_benchmark_errors_name_the_option_not_the_spec_key(argv, says, tmp_path, capsys):
+    """The study spec spml benchmark builds is an inner detail: its errors name the option
+    (they began ``<dict>: grid.lr:``)."""
+    assert main(["benchmark", *argv, "--seeds", "1", "--epochs", "1", "--out",
+                 str(tmp_path / "b"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(says) and "<dict>" not in err, err
+    assert not (tmp_path / "b").exists()
+
+
+def test_list_without_what_names_only_what_is_required(capsys):
+    with pytest.raises(SystemExit):
+        main(["list"])
+    assert capsys.readouterr().err.rstrip().endswith("the following arguments are required: what")

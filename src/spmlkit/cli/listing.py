@@ -70,7 +70,7 @@ def register(sub) -> None:
                        "backbones or metrics")
     p.add_argument("what", choices=["losses", "methods", "datasets", "regimes", "backbones",
                                     "metrics"])
-    p.add_argument("names", nargs="*", metavar="NAME",
+    p.add_argument("names", nargs="*", default=[], metavar="NAME",
                    help="datasets: only these, with --details implied")
     p.add_argument("--details", action="store_true",
                    help="datasets: every option of each source (--data KEY=VALUE) with its "

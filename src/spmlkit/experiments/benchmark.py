@@ -181,9 +181,12 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
         grid["weight_decay"] = OWN_DATA_WEIGHT_DECAYS
     if tuple(grid.get("weight_decay", ())) in ((0,), (0.0,)):  # none: the runs, ids and table
         del grid["weight_decay"]                                # as without weight decay
-    spec = load_study(benchmark_study(dataset, losses, references, seeds, epochs, grid,
-                                      early_stop, hparams, dataset_options, metric, regime,
-                                      drop_last))
+    try:
+        spec = load_study(benchmark_study(dataset, losses, references, seeds, epochs, grid,
+                                          early_stop, hparams, dataset_options, metric, regime,
+                                          drop_last))
+    except ValueError as err:  # the spec's keys, said as the options that made them
+        raise ValueError(_as_options(str(err))) from None
     skipped = [r for r in kept_references(references, dataset_options)[1]
                if r not in [m.label for m in spec.methods]]
     if skipped:
@@ -215,6 +218,25 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
     return {"results": selected, "table": table, "seconds": res["seconds"], "study": res,
             "sklearn": refs,
             "failure_groups": _failure_groups(out, spec), "missing": missing}
+
+
+#: the spml benchmark option behind each key of the study spec it builds
+_SPEC_OPTIONS = {"methods": "--losses (with the reference rows)", "seeds": "--seeds",
+                 "epochs": "--epochs", "grid.lr": "--lrs", "grid.batch_size": "--batch-sizes",
+                 "grid.weight_decay": "--weight-decays", "early_stop": "--early-stop",
+                 "metric": "--metric", "hparams": "--hp", "datasets": "--dataset"}
+
+
+def _as_options(message: str) -> str:
+    """A study spec's error (``<dict>: grid.lr: ...``) as one about benchmark's options."""
+    prefix = "<dict>: "
+    if not message.startswith(prefix):
+        return message
+    rest = message[len(prefix):]
+    key = rest.split(":", 1)[0]
+    option = _SPEC_OPTIONS.get(key)
+    return f"{option}: {rest[len(key) + 1:].lstrip()}" if option else \
+        f"the benchmark's study spec: {rest}"
 
 
 def _failure_groups(out: Path, spec) -> list[dict]:
