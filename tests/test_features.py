@@ -262,3 +262,37 @@ def test_load_dataset_with_backbone_and_cli(folder_root, tmp_path, capsys):
     assert config["dataset_options"]["features"]["cache_dir"] == str(cache)
     stores = [p for p in cache.iterdir() if p.is_dir()]
     assert len(stores) == 4            # 2 float16 (--limit 3) + 2 float32 (full) stores
+
+
+def test_a_changed_image_is_computed_again_and_only_it(tmp_path):
+    """The store's key holds the images' paths, not their pixels: an image replaced in place
+    (same path) has its row computed again at the next reuse, with a warning naming it; the
+    other rows are not computed again. A removed image keeps its row; a store without
+    ``files.npy`` (an older spmlkit's) takes the files as they are."""
+    import os
+
+    paths = _images(tmp_path / "imgs", 6, seed=1)
+    cache = tmp_path / "cache"
+    net = Counting()
+    F.extract_features(paths, net, cache_dir=cache, batch_size=4, num_workers=0, progress=False)
+    plan = F.plan_store(paths, net, cache_dir=cache)
+    stats = np.load(plan.folder / "files.npy")
+    np.testing.assert_array_equal(stats, F.file_stats(paths))
+    other = _images(tmp_path / "other", 6, seed=9)
+    shutil.copyfile(other[2], paths[2])            # new pixels, the same path
+    os.utime(paths[2], ns=(1, 2_000_000_000_000))  # and a time of its own
+    rows = net.rows
+    with pytest.warns(UserWarning, match=r"1 image file\(s\) changed since their features.*"
+                                         r"img002\.jpg.*computing their rows again"):
+        feats = F.extract_features(paths, net, cache_dir=cache, num_workers=0, progress=False)
+    assert net.rows == rows + 1
+    np.testing.assert_allclose(feats, _direct(paths), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(np.load(plan.folder / "files.npy"), F.file_stats(paths))
+    again = F.extract_features(paths, net, cache_dir=cache, num_workers=0, progress=False)
+    assert net.rows == rows + 1  # nothing changed since
+    os.unlink(paths[5])          # features kept, images deleted: the store stays as it is
+    (plan.folder / "files.npy").unlink()  # an older store: trusted, its stats written
+    kept = F.extract_features(paths, net, cache_dir=cache, num_workers=0, progress=False)
+    assert net.rows == rows + 1
+    np.testing.assert_array_equal(kept, again)
+    assert (np.load(plan.folder / "files.npy")[5] == -2).all()  # (unknown: no file to read)

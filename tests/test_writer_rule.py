@@ -254,7 +254,7 @@ def cache(tmp_path_factory):
     return base / "cache", argv
 
 
-@pytest.mark.parametrize("name", ["features.npy", "done.npy", "meta.json", ".lock"])
+@pytest.mark.parametrize("name", ["features.npy", "done.npy", "meta.json", "files.npy", ".lock"])
 @pytest.mark.parametrize("kind", ["device", "fifo", "link"])
 def test_a_feature_cache_with_something_planted(cache, tmp_path, capsys, name, kind):
     folder, argv = cache

@@ -16,8 +16,10 @@ building the backbone. With ``maps=True`` a store holds the backbone's last feat
 (``forward_features``: C x h x w per row, stored flattened as N x (C*h*w) with the map shape in
 the key; `extract_feature_maps` returns them as N x C x h x w) instead of pooled vectors,
 for heads that look at space (LAC's label-wise embeddings, `spmlkit.methods.lac`).
-The files of the images are not hashed (only their paths): after replacing images in place,
-pass ``recompute=True``.
+The images' contents are not in the key (only their paths); the store records each row's file
+size and modification time (``files.npy``), and reusing a complete store recomputes the rows
+whose files changed since (a warning names them). A store of an older spmlkit (or rows of a
+killed extraction) takes the files as they are when it is next reused.
 
 Extraction runs a `torch.utils.data.DataLoader` whose worker processes decode and
 transform images (`spmlkit.data.image_files.open_image`, `spmlkit.data.transforms`) while
@@ -73,6 +75,10 @@ FORMAT_VERSION = 1
 TRANSFORMS = {"eval": "eval_transform", "weak": "weak_view", "strong": "strong_view"}
 DTYPES = ("float32", "float16")
 FEATURES_FILE, DONE_FILE, META_FILE, LOCK_FILE = "features.npy", "done.npy", "meta.json", ".lock"
+#: each row's image file as its features were computed: N x 2 int64 (size, mtime in ns)
+FILES_FILE = "files.npy"
+#: a row of `FILES_FILE` not known (a store of an older spmlkit; rows of a killed extraction)
+_UNKNOWN = -2
 
 
 # ---- transforms -------------------------------------------------------------------------------
@@ -396,17 +402,78 @@ def extract_features(items, backbone="efficientnet_lite0", transform: str = "eva
         for name in (META_FILE, DONE_FILE, FEATURES_FILE):
             with contextlib.suppress(FileNotFoundError):
                 (plan.folder / name).unlink()
-    if plan.complete():
+    if plan.complete() and _fresh(plan, items):
         return plan.open("c")
     if plan.read_meta() is None:  # a new store: every image decoded first (a few threads),
         _check_decodable(items)      # so a bad file is named before a partial store exists
     own_folder(plan.folder)  # a link planted at the store's name: refused
     with _locked(plan.folder):
         if plan.complete():          # another process finished it while we waited
-            return plan.open("c")
+            if _fresh(plan, items, invalidate=True):
+                return plan.open("c")
         _fill(plan, items, backbone, transform, batch_size, num_workers, pretrained, device,
               seed, progress, amp, channels_last, threads, desc)
     return plan.open("c")
+
+
+def file_stats(items) -> np.ndarray:
+    """N x 2 int64: each item's file size and modification time in ns (-1 for a file that
+    cannot be read: such a row keeps the features it has)."""
+    out = np.full((len(items), 2), -1, dtype=np.int64)
+    for i, item in enumerate(items):
+        try:
+            st = os.stat(item)
+        except OSError:
+            continue
+        out[i] = st.st_size, st.st_mtime_ns
+    return out
+
+
+def _load_stats(plan: StorePlan) -> np.ndarray:
+    check_own_file(plan.folder / FILES_FILE)
+    try:
+        stats = np.load(plan.folder / FILES_FILE)
+    except (FileNotFoundError, ValueError, OSError):
+        stats = None
+    if stats is None or stats.shape != (plan.n, 2) or stats.dtype != np.int64:
+        return np.full((plan.n, 2), _UNKNOWN, dtype=np.int64)
+    return stats
+
+
+def _save_stats(plan: StorePlan, stats: np.ndarray) -> None:
+    buf = io.BytesIO()
+    np.save(buf, stats)
+    write_bytes(plan.folder / FILES_FILE, buf.getvalue(), durable=False)
+
+
+def _fresh(plan: StorePlan, items, invalidate: bool = False) -> bool:
+    """Whether the complete store's rows were computed from the files as they are now. With
+    ``invalidate`` (holding the store's lock): rows of changed files are marked to do again
+    (a warning names them) and rows of unknown files take the files as they are."""
+    stored, now = _load_stats(plan), file_stats(items)
+    known = (stored[:, 0] != _UNKNOWN) & (now[:, 0] >= 0)
+    changed = np.flatnonzero(known & (stored != now).any(axis=1))
+    unknown = (stored[:, 0] == _UNKNOWN) & (now[:, 0] >= 0)
+    if not invalidate:
+        return not changed.size and not unknown.any()
+    if unknown.any():
+        stored[unknown] = now[unknown]
+        _save_stats(plan, stored)
+    if not changed.size:
+        return True
+    import warnings
+
+    warnings.warn(f"{changed.size} image file(s) changed since their features were stored in "
+                  f"{plan.folder} (first: {os.fspath(items[changed[0]])}): computing their "
+                  f"rows again", stacklevel=3)
+    mask = _load_mask(plan)
+    if mask is None:
+        mask = np.ones(plan.n, dtype=np.uint8)
+    mask[changed] = 0
+    _save_mask(plan.folder, mask)
+    meta = plan.read_meta() or {}
+    _write_meta(plan, int(mask.sum()), float(meta.get("seconds", 0.0)), items)
+    return False
 
 
 def _check_decodable(items) -> None:
@@ -441,6 +508,7 @@ def _fill(plan, items, backbone, transform, batch_size, num_workers, pretrained,
     todo = np.flatnonzero(mask == 0)
     t0 = time.perf_counter()
     spent = float((plan.read_meta() or {}).get("seconds", 0.0))
+    stats, now = _load_stats(plan), file_stats(items)  # the files as these rows read them
     if todo.size == 0:
         _write_meta(plan, plan.n, spent, items)
         return
@@ -505,6 +573,10 @@ def _fill(plan, items, backbone, transform, batch_size, num_workers, pretrained,
         torch.set_num_threads(old_threads)
         net.train(was_training)
         mm.flush()
+        done = mask.astype(bool)
+        fresh = done & np.isin(np.arange(plan.n), todo)  # computed in this fill
+        stats[fresh] = now[fresh]
+        _save_stats(plan, stats)  # (before the sidecar: a complete store has its files' stats)
         _write_meta(plan, int(mask.sum()), spent + time.perf_counter() - t0, items)
         del mm
 
