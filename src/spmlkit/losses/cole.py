@@ -130,11 +130,11 @@ class _NeedsK(SPMLLoss):
             raise ValueError(f"lam (the weight of the expected-positive penalty) must be >= 0, "
                              f"got {lam}")
         self.k = k
-        self.k_given = k is not None  # else each run's k is its TrainInfo's
+        self._k_given = k is not None  # else each run's k is its TrainInfo's
         self.lam = float(lam)
 
     def on_train_start(self, observed, info: TrainInfo) -> None:
-        if not self.k_given:
+        if not self._k_given:
             if info.k is not None and info.k <= 0:
                 raise ValueError(f"{type(self).__name__} needs k > 0 expected positives per "
                                  f"example; the train split's mean is {info.k}: pass k=...")
@@ -161,7 +161,7 @@ class EPRLoss(_NeedsK, _BCEForm):
 
     def required_hooks(self) -> tuple[str, ...]:
         """``on_train_start`` (for ``k``) unless ``k=`` was given: then none."""
-        return () if self.k_given else ("on_train_start",)
+        return () if self._k_given else ("on_train_start",)
 
 
 def _logit(p: float) -> float:

@@ -562,7 +562,7 @@ class GPRLoss(ScorerPseudoLabelLoss):
         self.mu0, self.sigma0 = float(mu0), float(sigma0)
         self.mu_max, self.sigma_max = float(mu_max), float(sigma_max)
         self.epr, self.k = float(epr), k
-        self.k_given = k is not None
+        self._k_given = k is not None
         super().__init__(scores=scores, score_type=score_type, threshold=threshold,
                          neg_ratio=neg_ratio, temp=temp, **kw)
 
@@ -571,7 +571,7 @@ class GPRLoss(ScorerPseudoLabelLoss):
 
     def on_train_start(self, observed, info: TrainInfo) -> None:
         super().on_train_start(observed, info)
-        if not self.k_given:  # each run's own
+        if not self._k_given:  # each run's own
             self.k = info.k
 
     def schedule(self, epoch: int | None = None) -> dict:
