@@ -336,11 +336,13 @@ def check_index(index, rows: int | None, where: str) -> None:
     """
     if not torch.is_tensor(index):
         index = torch.as_tensor(index)
+    if index.numel() == 0:  # an empty batch (``torch.tensor([])`` is float32)
+        return
     if index.dtype == torch.bool or index.is_floating_point() or index.is_complex():
         raise ValueError(f"{where}: index must hold the batch's rows in the train split as "
                          f"whole numbers (an integer tensor), not {index.dtype}; a mask selects "
                          f"rows with index.nonzero().squeeze(1)")
-    if index.device.type != "cpu" or index.numel() == 0:
+    if index.device.type != "cpu":
         return
     lo, hi = (int(v) for v in torch.aminmax(index))
     if lo < 0 or (rows is not None and hi >= rows):
