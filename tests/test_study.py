@@ -1043,3 +1043,27 @@ def test_cache_dirs_outside_the_study_are_named_and_a_table_s_feature_columns_ar
              types.SimpleNamespace(dataset_options={"cache_dir": str(tmp_path / "s" / "c")},
                                    mode_options=None)]
     assert _cache_dirs_outside(tasks, tmp_path / "s") == [(tmp_path / "elsewhere").resolve()]
+
+
+def test_a_study_folder_given_as_the_spec_continues_there(tmp_path, capsys, monkeypatch):
+    """``spml study run DIR`` (DIR a study folder, no --out) continues DIR: it retrained every
+    run into ./runs/studies/NAME. A relaunch names the runs that failed before (they were
+    counted as finished, with nothing said)."""
+    from spmlkit.cli import main
+
+    spec = tmp_path / "f.yaml"
+    spec.write_text("name: f\ndatasets: [yeast]\nmethods: [an, epr]\nseeds: 1\nepochs: 1\n"
+                    "grid: {batch_size: [16], lr: [1.0e-2]}\n"
+                    "vary: {k: [2, 'estimate:99999:point']}\n")
+    out = tmp_path / "study"
+    assert main(["study", "run", str(spec), "--out", str(out), "--jobs", "1", "--quiet"]) == 1
+    capsys.readouterr()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main(["study", "run", str(out), "--jobs", "1", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert "f: 0 run(s) in" in captured.out and "3 of 3 were finished before" in captured.out
+    assert f"study folder: {out}" in captured.out
+    assert not (tmp_path / "elsewhere" / "runs").exists()
+    assert "run(s) of this spec failed in an earlier launch and are not in the table; " \
+           "--retry-failed runs them again" in captured.err

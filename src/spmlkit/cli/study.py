@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from pathlib import Path
 
 from .common import MAX_THREADS, LazyHelp, _whole, _positive, FORCE_HELP, _wrote, _prog, _fail
 
@@ -98,6 +99,9 @@ def cmd_study(args) -> int:
         return 0
     if args.action == "run":
         spec = st.load_study(*_study_source(args))
+        if args.out is None and args.spec is not None and \
+                (Path(args.spec) / st.SPEC_FILE).is_file():
+            args.out = args.spec  # a study folder continues where it is (not runs/studies/NAME)
         try:
             res = st.run_study(spec, out=args.out, jobs=args.jobs, progress=not args.quiet,
                                mlflow=args.mlflow, argv=sys.argv,
@@ -138,6 +142,12 @@ def cmd_study(args) -> int:
             print(err)
         print(f"study folder: {res['out']}")
         _print_failures(res)
+        if not res["failures"] and not args.retry_failed:
+            failed = st.study_status(res["out"])["failed"]
+            if failed:  # counted in "finished before": say that they are not in the table
+                print(f"{failed} run(s) of this spec failed in an earlier launch and are not in "
+                      f"the table; --retry-failed runs them again (spml study status "
+                      f"{res['out']}, spml report {res['out']}: their errors)", file=sys.stderr)
         return 1 if res["failures"] else 0
     if args.action == "status":
         s = st.study_status(args.dir)
