@@ -9,6 +9,7 @@ import textwrap
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from spmlkit.cli import main
@@ -790,7 +791,9 @@ def test_a_spec_without_method_modes_keeps_its_run_ids():
      r"methods\[1\]\.mode_options: .*method 'smile' has no option\(s\) \['head'\]"),
     ({"label": "x", "mode": "smile"}, r"methods\[1\]: expected a method spec or .*spec "
                                       r"required"),
-    ({"label": "x", "spec": "an", "modes": "smile"}, r"methods\[1\]: expected a method spec or"),
+    ({"label": "x", "spec": "an", "modes": "smile"},
+     r"methods\[1\]: unknown key\(s\) \['modes'\] \(did you mean 'mode'\?\); a method "
+     r"mapping takes label, spec, mode"),
     ({"spec": "an", "mode": "smile"}, r"methods: labels must be unique, got \['an', 'an'\]"),
 ])
 def test_method_mode_errors_name_the_method(method, message):
@@ -1067,3 +1070,52 @@ def test_a_study_folder_given_as_the_spec_continues_there(tmp_path, capsys, monk
     assert not (tmp_path / "elsewhere" / "runs").exists()
     assert "run(s) of this spec failed in an earlier launch and are not in the table; " \
            "--retry-failed runs them again" in captured.err
+
+
+def test_vary_columns_keep_the_datasets_of_a_study_apart(tmp_path, capsys):
+    """``spml study table --columns hparams.alpha`` of a study of two datasets: a row per
+    method and dataset (the cells averaged yeast's and the other set's mAP). A source listed
+    twice with other options gets a column per entry (its runs were pooled, one grid point
+    selected across them), with the run ids it had."""
+    import yaml
+
+    from spmlkit.cli import main
+    from spmlkit.experiments.study import load_study, open_study
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((120, 6)).astype(np.float32)
+    y = (x[:, :4] + 0.3 * rng.standard_normal((120, 4)) > 0.3).astype(np.uint8)
+    y[np.arange(120), np.argmax(x[:, :4], axis=1)] = 1
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    spec = {"name": "two", "datasets": ["yeast", {"name": "arrays", "options": {
+        "features": str(tmp_path / "x.npy"), "labels": str(tmp_path / "y.npy")}}],
+        "methods": ["em"], "seeds": 1, "epochs": 1, "grid": {"batch_size": [16], "lr": [1e-2]},
+        "vary": {"hparams.alpha": [0.1, 0.5]}}
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump(spec))
+    out = tmp_path / "study"
+    assert main(["study", "run", str(tmp_path / "two.yaml"), "--out", str(out), "--jobs", "1",
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["study", "table", str(out), "--columns", "hparams.alpha"]) == 0
+    table = capsys.readouterr().out
+    from spmlkit.experiments.tables import row_variant
+
+    rows = {r["dataset"] + str(row_variant(r)["hparams.alpha"]): r["test_map"]
+            for r in open_study(out).selected}
+    for dataset in ("yeast", "arrays"):
+        line = next(ln for ln in table.splitlines() if f"em [{dataset}]" in ln)
+        for alpha in (0.1, 0.5):
+            assert f"{rows[dataset + str(alpha)]:.2f}" in line, (line, rows)
+    twice = {**spec, "name": "twice", "vary": {},
+             "datasets": ["yeast", {"name": "yeast", "options": {"seed": 7}}]}
+    (tmp_path / "twice.yaml").write_text(yaml.safe_dump(twice))
+    assert main(["study", "run", str(tmp_path / "twice.yaml"), "--out", str(tmp_path / "t2"),
+                 "--jobs", "1", "--quiet"]) == 0
+    selected = open_study(tmp_path / "t2").selected
+    assert sorted(r["dataset"] for r in selected) == ["yeast", "yeast (seed=7)"]
+    assert len({r["test_map"] for r in selected}) == 2  # two splits, two grid selections
+    assert [t.run_id for t in expand(load_study(twice))] == sorted(r["run_id"] for r in selected)
+    capsys.readouterr()
+    assert main(["study", "table", str(tmp_path / "t2")]) == 0
+    assert "| Method | yeast | yeast (seed=7) |" in capsys.readouterr().out

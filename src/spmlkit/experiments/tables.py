@@ -246,15 +246,20 @@ def _cells(selected_rows, metric, rows, columns, group, labels):
     row_groups: dict = {}
     col_values, group_values = [], []
     everywhere = []  # rows without the column axis (a reference method): shown in every column
-    for r in selected_rows:
-        if r.get("status", "done") != "done":
-            continue
+    done = [r for r in selected_rows if r.get("status", "done") == "done"]
+    # a dataset or regime that is neither the columns nor the row groups, and differs among the
+    # rows, goes into the row label: the cells would otherwise average across them
+    apart = [k for k in ("dataset", "regime") if k not in skip and
+             len({str(r.get(k)) for r in done if k in r}) > 1]
+    for r in done:
         value = metric_value(r, metric)
         if value is None:
             continue
         try:
             grp = axis_value(r, group) if group else None
             label = _label(r, rows, skip, labels)
+            if apart:
+                label += " [" + ", ".join(str(r.get(k, "")) for k in apart) + "]"
             try:
                 col = axis_value(r, columns)
             except KeyError:

@@ -175,10 +175,39 @@ def open_study(out) -> StudyFolder:
     # a folder, a link, an empty file there: refused
     stored = StudyStore(db, read_only=True).rows() if os.path.lexists(db) else []
     current = set(run_ids)
-    rows = [r for r in stored if r["run_id"] in current]
+    rows = by_dataset_entry(spec, [r for r in stored if r["run_id"] in current])
     stale = [r for r in stored if r["run_id"] not in current]
     return StudyFolder(out, spec, text, run_ids, rows, select_best(rows, spec.metric), stale,
                        db.is_file())
+
+
+def by_dataset_entry(spec: StudySpec, rows: list) -> list:
+    """``rows`` with the ``dataset`` of a source the spec lists more than once (yeast, and
+    yeast with ``protocol: tabular``) named by its entry: ``yeast (protocol=tabular)``, so that
+    the entries get columns of their own and a grid point selected within each (their runs
+    were pooled, one grid point selected across them). A row belongs to the entry whose
+    options its ``dataset_options`` hold, the most specific one; run ids and the store are
+    unchanged."""
+    import json
+
+    names = [d.name for d in spec.datasets]
+    twice = {n for n in names if names.count(n) > 1}
+    if not twice:
+        return rows
+    out = []
+    for r in rows:
+        if r.get("dataset") in twice:
+            config = r.get("config")
+            config = json.loads(config) if isinstance(config, str) else (config or {})
+            given = config.get("dataset_options") or {}
+            entries = [d for d in spec.datasets if d.name == r["dataset"] and
+                       all(given.get(k) == v for k, v in d.options.items())]
+            if entries:
+                d = max(entries, key=lambda e: len(e.options))
+                shown = ", ".join(f"{k}={v}" for k, v in sorted(d.options.items()))
+                r = {**r, "dataset": f"{d.name} ({shown})" if shown else d.name}
+        out.append(r)
+    return out
 
 
 def study_status(out) -> dict:
