@@ -269,6 +269,11 @@ def test_report_shows_the_classic_metrics_of_a_real_study(tmp_path, capsys):
         row = re.search(rf'<th scope="row">{r["method"]}</th>(.*?)</tr>', classic).group(1)
         cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
         assert cells == [f"{values[h]:.{METRICS[h].decimals}f}" for h in heads]
+    # the training curves draw the metric the study selects on (val_lrap): the page said
+    # that no run folder had per-epoch records
+    figures = text[text.index('id="figures"'):]
+    assert "No figure: no run folder" not in figures
+    assert "Training curves of the selected runs, yeast" in figures
     # the CLI's table of the same metrics shows the same numbers
     assert main(["study", "table", str(out), "--metric", ",".join(heads), "--format",
                  "html"]) == 0

@@ -231,11 +231,18 @@ def _mean_records(study: StudyFolder, rows) -> list:
             continue
         for i, rec in enumerate(_epochs(run), 1):
             slot = per_epoch.setdefault(i, {})
-            for key in ("val_map", "train_loss"):
+            for key in (curve_key(study), "train_loss"):
                 if _good(rec.get(key)):
                     slot.setdefault(key, []).append(float(rec[key]))
     return [{"epoch": e, **{k: sum(v) / len(v) for k, v in per_epoch[e].items()}}
             for e in sorted(per_epoch) if per_epoch[e]]
+
+
+def curve_key(study: StudyFolder) -> str:
+    """The per-epoch record the report's curves draw: the val value of the metric the study
+    selects on (``val_map``, ``val_lrap``, ...)."""
+    metric = study.spec.metric
+    return "val_map" if metric == "map" else f"val_{metric}"
 
 
 def _curves(study: StudyFolder, rows) -> dict:
@@ -249,7 +256,7 @@ def _curves(study: StudyFolder, rows) -> dict:
     curves = {}
     for label, members in groups.items():
         records = _mean_records(study, members)
-        if any("val_map" in rec for rec in records):
+        if any(curve_key(study) in rec for rec in records):
             curves[label] = records
     return curves
 
@@ -275,7 +282,7 @@ def _curve_panels(study: StudyFolder, rows) -> dict:
         for label, members in sorted(panels[method].items(),
                                      key=lambda kv: _natural_key(kv[0])):
             records = _mean_records(study, members)
-            if any("val_map" in rec for rec in records):
+            if any(curve_key(study) in rec for rec in records):
                 lines[label] = records
         if lines:
             out[method] = lines
@@ -304,15 +311,17 @@ def build_figures(study: StudyFolder, folder) -> list:
         curves = _curves(study, rows)
         if len(curves) > CURVES_IN_ONE_PANEL:
             panels = _curve_panels(study, rows)
-            caption = (f"Validation mAP per epoch of the selected runs, {dataset} (mean over "
-                       f"seeds): one panel per method"
+            caption = (f"Validation {_metric_name(study.spec.metric)} per epoch of the "
+                       f"selected runs, {dataset} (mean over seeds): one panel per method"
                        + (", its variants in it" if any(len(v) > 1 for v in panels.values())
                           else ", the other methods in grey"))
             figures.append((caption, fg.plot_small_curves(
-                panels, folder / f"curves-{i}.png", title=f"{dataset}: selected runs")))
+                panels, folder / f"curves-{i}.png", curve_key(study),
+                title=f"{dataset}: selected runs")))
         elif curves:
             caption = f"Training curves of the selected runs, {dataset} (mean over seeds)"
             figures.append((caption, fg.plot_curves(curves, folder / f"curves-{i}.png",
+                                                    curve_key(study),
                                                     title=f"{dataset}: selected runs")))
     for i, axis in enumerate(study.spec.vary):
         x = fg.default_x(axis)
