@@ -589,3 +589,18 @@ def test_list_without_what_names_only_what_is_required(capsys):
     with pytest.raises(SystemExit):
         main(["list"])
     assert capsys.readouterr().err.rstrip().endswith("the following arguments are required: what")
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly():
+    """``spml ... | head``: the reader closes the pipe; the command stops with 141 (128 +
+    SIGPIPE, as a shell reports it) and says nothing (it printed ``error: [Errno 32] Broken
+    pipe``, exit 2)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "spmlkit", "list", "losses", "--details"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait() == 141 and err == "", err

@@ -8,6 +8,8 @@ One module per command (`train`, `predict`, `benchmark`, `extract`,
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 
 from . import benchmark, extract, figures, listing, predict, study, train
@@ -112,6 +114,14 @@ def main(argv=None) -> int:
         return args.func(args)
     except (ValueError, ModuleNotFoundError, FloatingPointError) as err:
         return _fail(prog, str(err))  # what is wrong and where, said by the code that found it
+    except BrokenPipeError as err:
+        if err.filename is not None:
+            return _fail(prog, _os_message(err))
+        # the reader of standard output left (spml study table ... | head): stop quietly, as
+        # other commands do; what is left to flush goes nowhere
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for such a command
     except OSError as err:  # ours (FileNotFoundError naming the file and what was expected),
         return _fail(prog, _os_message(err))  # else a file the system refused: path, reason
     except sqlite3.Error as err:  # last resort: stores turn the known cases into ValueError

@@ -102,9 +102,10 @@ def register(sub) -> None:
                            "train_labels=observed says the data's training labels are the "
                            "observed ones (1 / 0 / -1 or empty cells)")
     grid.add_argument("--seeds", type=int, default=3,
-                      help="seeds per method (0, 1, ... N-1): each draws its own observed labels "
-                           "and initialisation; a table cell is the mean +- sample standard "
-                           "deviation over them (default: %(default)s, as Cole et al.)")
+                      help="seeds per method (0, 1, ... N-1): each its own initialisation and "
+                           "batch order (the observed labels are drawn once, the same for every "
+                           "seed); a table cell is the mean +- sample standard deviation over "
+                           "them (default: %(default)s, as Cole et al.)")
     grid.add_argument("--batch-sizes", type=_ints, default=None, help="grid, default 8,16")
     grid.add_argument("--lrs", type=_floats, default=None, help="grid, default 1e-2,1e-3,1e-4,1e-5")
     grid.add_argument("--weight-decays", type=_decays, default=None,

@@ -188,6 +188,14 @@ def _methods(raw: dict, source: str) -> list:
         key = f"methods[{i}]"
         own_mode = None
         if isinstance(item, dict):
+            unknown = sorted(map(str, set(item) - set(METHOD_KEYS)))
+            if unknown:
+                import difflib
+
+                close = difflib.get_close_matches(unknown[0], list(METHOD_KEYS), n=1)
+                _fail(source, key, f"unknown key(s) {unknown}"
+                                   f"{f' (did you mean {close[0]!r}?)' if close else ''}; a "
+                                   f"method mapping takes {', '.join(METHOD_KEYS)}")
             if "spec" not in item or set(item) - set(METHOD_KEYS) or \
                     ("mode" in item and not isinstance(item["mode"], str)):
                 _fail(source, key, f"expected a method spec or {method_mapping_form()} (spec "
