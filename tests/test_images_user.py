@@ -461,3 +461,33 @@ def test_a_run_records_the_opt_in_speed_ups_it_trained_with(tagged):
     assert "acceleration" not in json.loads((plain / "config.json").read_text())
     assert json.loads((compiled / "config.json").read_text())["acceleration"] == \
         ["--compile default"]
+
+
+def test_image_modes_score_partial_test_labels_masked(tagged, capsys):
+    """``eval_labels=partial`` with an image mode: the run finishes with masked scores (it
+    failed after its last epoch, scoring the trivial baseline on full-label metrics), and its
+    test mAP is the masked one of its own predictions."""
+    from spmlkit.metrics_partial import split_map
+
+    root, y_test = tagged
+    rows = (root / "test.csv").read_text().splitlines()[1:]
+    partial = ["path,labels"]
+    for i, row in enumerate(rows):
+        path, labels = row.split(",")
+        known = [n for n in labels.split(";") if n]
+        negatives = [f"-{n}" for n in NAMES if n not in known][: i % 2]  # some known negatives
+        partial.append(f"{path},{';'.join(known[: 1 + i % 2] + negatives)}")
+    (root / "partial.csv").write_text("\n".join(partial) + "\n")
+    assert main(["train", "--dataset", "csv", "--data", f"path={root / 'tags.csv'}", "--data",
+                 f"test_path={root / 'partial.csv'}", "--data", "train_labels=observed",
+                 "--data", "eval_labels=partial", "--regime", "given", "--mode", "finetune",
+                 "--backbone", "tiny_cnn", "--random-init", "--image-size", "16", "--epochs",
+                 "1", "--workers", "0", "--out", str(root / "runs"), "--quiet"]) == 0
+    (run,) = (root / "runs").iterdir()
+    final = json.loads((run / "final.json").read_text())
+    saved = np.load(run / "predictions.npz")
+    splits = load_splits("csv", "given", path=str(root / "tags.csv"),
+                         test_path=str(root / "partial.csv"), train_labels="observed",
+                         eval_labels="partial")
+    assert final["test_map"] == pytest.approx(split_map(saved["probs_test"], splits.test.y))
+    assert np.isfinite(final["trivial_test_map"])

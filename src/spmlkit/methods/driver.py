@@ -58,9 +58,9 @@ BASELINE_LIFT = 0.15
 
 def trivial_map(y, convention: str = "present") -> float:
     """The test mAP of scoring every image alike (each class's AP is then its prevalence): the
-    baseline a model that learned nothing reaches."""
-    y = np.asarray(y)
-    return split_map(np.zeros(y.shape, dtype=np.float32), y, convention)
+    baseline a model that learned nothing reaches. Partial labels (`PartialLabels`) are
+    scored masked, as the run's own test mAP is."""
+    return split_map(np.zeros(np.shape(y), dtype=np.float32), y, convention)
 
 
 def baseline_warning(method: "TrainingMethod", config, options: dict, test_map: float,
