@@ -299,6 +299,11 @@ def cam_from_run(run, split: str = "test", n: int = 4, seed: int = 0) -> MapOver
                          f"no linear classifier to weight the feature map with, so it has no "
                          f"class activation map; draw where each label's query looks with "
                          f"`spml figure attention {run}`")
+    if mode == "mime":
+        raise ValueError(f"run {run_label(run)} is a MIME run: its label-wise embedding head "
+                         f"(LAC's, with a Gaussian bottleneck per label) has no linear "
+                         f"classifier to weight the feature map with, so it has no class "
+                         f"activation map (`spml figure panel {run}` shows its predictions)")
     model, info = load_run_model(run)
     if info["inputs"] != "images":
         raise ValueError(f"run {run_label(run)} is a linear run on feature vectors: class "
@@ -345,8 +350,9 @@ def attention_from_run(run, split: str = "test", n: int = 4, seed: int = 0) -> M
     mode = config.get("mode", "linear")
     if mode != "lac":
         raise ValueError(f"run {run_label(run)} is a {mode} run: attention maps exist only for "
-                         f"LAC runs (mode lac, label-wise embedding head); use `spml figure "
-                         f"cam` for a linear head")
+                         f"LAC runs (mode lac, label-wise embedding head); `spml figure cam` "
+                         f"draws the class activation maps of a run whose head is linear on "
+                         f"the backbone's features (finetune, linear_init, boostlu)")
     from ...methods import load_run_model
 
     model, info = load_run_model(run)
