@@ -372,7 +372,11 @@ def test_folder_given_with_a_test_csv(images):
     # the folder's full-label mode also takes a fully labelled test CSV, when asked for
     s1 = load_splits("folder", root=str(root / "tree"), test_csv=str(root / "test.csv"),
                      train_labels="full")
-    assert len(s1.test) == 4 and s1.train_labels_complete
+    assert len(s1.test) == 4
+    # ... its training labels are still one folder tag per image, not full ones: no train
+    # recovery is scored against them, and the summary does not call them full
+    assert not s1.train_labels_complete
+    assert "drawn from full labels" not in describe_labels(s1)["summary"]
     # by default a test CSV makes the folder tags observed labels (val from the test CSV)
     s2 = load_splits("folder", root=str(root / "tree"), test_csv=str(root / "test.csv"))
     assert not s2.train_labels_complete and s2.meta["val_from"] == "test"

@@ -171,8 +171,11 @@ class Splits:
     @property
     def train_labels_complete(self) -> bool:
         """Whether ``train.y`` are full labels; False for regime ``given`` (then ``train.y``
-        holds only the observed positives, and train-label recovery cannot be measured)."""
-        return self.meta.get("train_labels", "full") != "observed"
+        holds only the observed positives, and train-label recovery cannot be measured), and
+        for a folder tree's one tag per image (``train_labels=full`` on the ``folder`` source:
+        the labels 1p observes, not full ones)."""
+        return self.meta.get("train_labels", "full") != "observed" and \
+            self.meta.get("labels") != "folder_class_only"
 
 
 def cole_split(n: int, fraction: float, seed: int = OFFICIAL_SEED) -> tuple[np.ndarray, np.ndarray]:
@@ -498,7 +501,8 @@ def describe_labels(splits: Splits) -> dict:
     meta = splits.meta or {}
     counts = meta.get("observed_counts") or observed_counts(splits.observed)
     given = not splits.train_labels_complete
-    source = meta.get("observed_from")
+    source = meta.get("observed_from") or ("the class folders (one tag per image)" if
+                                           meta.get("labels") == "folder_class_only" else None)
     val_from = meta.get("val_from", "pool")
     where = {"pool": "split from the training rows", "given": "given apart",
              "test": f"carved out of the test set, fraction {meta.get('val_fraction', 0.2)}"}
