@@ -159,3 +159,45 @@ def test_predict_decodes_new_images_as_the_run_did(tmp_path):
     del config["acceleration"]
     (run / "config.json").write_text(json.dumps(config))
     assert not np.allclose(predict_run(run, test_paths).probs, saved, rtol=1e-4, atol=1e-6)
+
+
+def test_a_resume_keeps_the_runs_decoder(tmp_path, monkeypatch, capsys):
+    """A --jpeg-draft run interrupted after its first epoch and resumed without the flag
+    decodes its remaining epochs drafted, as the uninterrupted run (they were decoded in full:
+    other predictions, and spml predict no longer reproduced them); a run without it refuses
+    a resume with it."""
+    import spmlkit.cli.train as cli_train
+
+    root = tmp_path / "photos"
+    for c, name in enumerate(("cat", "dog", "owl")):
+        (root / name).mkdir(parents=True)
+        for i in range(4):
+            _photo(root / name / f"{i}.jpg", 800, 600, seed=10 * c + i)
+    argv = ["train", "--dataset", "folder", "--data", f"root={root}", "--mode", "finetune",
+            "--backbone", "tiny_cnn", "--random-init", "--image-size", "64", "--epochs", "2",
+            "--lr", "1e-2", "--workers", "0", "--quiet"]
+    assert main([*argv, "--jpeg-draft", "--out", str(tmp_path / "whole")]) == 0
+    epoch_bar = cli_train._epoch_bar
+
+    def interrupting(args, total, desc, batches=False):
+        bar, show = epoch_bar(args, total, desc, batches)
+
+        def on_epoch(record, *rest):
+            show(record, *rest)
+            raise KeyboardInterrupt
+        on_epoch.batch = show.batch
+        return bar, on_epoch
+
+    monkeypatch.setattr(cli_train, "_epoch_bar", interrupting)
+    assert main([*argv, "--jpeg-draft", "--out", str(tmp_path / "cut")]) == 130
+    assert main([*argv, "--out", str(tmp_path / "plain")]) == 130
+    monkeypatch.setattr(cli_train, "_epoch_bar", epoch_bar)
+    (whole,), (cut,), (plain,) = (list((tmp_path / d).iterdir())
+                                  for d in ("whole", "cut", "plain"))
+    assert main(["train", "--resume", str(cut), "--quiet"]) == 0
+    for key in ("probs_test", "probs_val"):
+        np.testing.assert_array_equal(np.load(cut / "predictions.npz")[key],
+                                      np.load(whole / "predictions.npz")[key])
+    capsys.readouterr()
+    assert main(["train", "--resume", str(plain), "--jpeg-draft", "--quiet"]) == 2
+    assert "--jpeg-draft: the run decoded its images without it" in capsys.readouterr().err

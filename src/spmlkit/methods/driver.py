@@ -20,7 +20,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from ..accel import current_acceleration
+from ..accel import acceleration, current_acceleration
 from ..engine import TrainConfig
 from ..losses import create_loss
 from ..metrics import THRESHOLD_POLICY, map_score, pseudo_label_stats
@@ -608,10 +608,35 @@ def resume_run(run_dir, *, on_epoch=None, device: str | None = None,
     if splits is None:
         splits = load_splits(cfg["dataset"], cfg["regime"],
                              **(cfg.get("dataset_options") or {}))
-    return train_run(method, splits, cfg["loss"], cfg["hparams"], TrainConfig(**train),
-                     k=cfg["k"], dataset_options=cfg.get("dataset_options"), resume=run.path,
-                     on_epoch=on_epoch, checkpoint_seconds=checkpoint_seconds,
-                     **{**cfg["options"], **overrides})
+    with acceleration(_run_decoder(run.path, cfg)):
+        return train_run(method, splits, cfg["loss"], cfg["hparams"], TrainConfig(**train),
+                         k=cfg["k"], dataset_options=cfg.get("dataset_options"),
+                         resume=run.path, on_epoch=on_epoch,
+                         checkpoint_seconds=checkpoint_seconds,
+                         **{**cfg["options"], **overrides})
+
+
+#: the speed-ups that decide an image's pixels (`spmlkit.accel.Acceleration` fields)
+DECODE_FLAGS = {"--jpeg-draft": "jpeg_draft", "--gpu-decode": "gpu_decode"}
+
+
+def _run_decoder(path, cfg: dict):
+    """The acceleration a resume runs under: the caller's, with the decoder the run started
+    with (config.json's ``acceleration``): its remaining epochs see the pixels its first ones
+    did, and `spmlkit.predict` (which decodes as config.json says) still reproduces its test
+    probabilities. A decoder other than the run's is refused (a `ResumeError`)."""
+    import dataclasses
+
+    recorded = set(cfg.get("acceleration") or [])
+    accel = current_acceleration()
+    wanted = {field: flag in recorded for flag, field in DECODE_FLAGS.items()}
+    given = [flag for flag, field in DECODE_FLAGS.items() if getattr(accel, field) and
+             not wanted[field]]
+    if given:
+        raise ResumeError(f"cannot resume {path} with {given[0]}: the run decoded its images "
+                          f"without it (config.json); resume without it (a resume keeps the "
+                          f"run's decoder)")
+    return dataclasses.replace(accel, **wanted)
 
 
 def load_run_model(run, device: str = "cpu") -> tuple[torch.nn.Module, dict]:
