@@ -388,3 +388,15 @@ def test_loss_scaler_state_round_trip():
     assert (other.scale, other.good, other.skipped) == (4.0, 3, 1)
     with pytest.raises(ValueError, match="lacks"):
         other.load_state_dict({})
+
+
+def test_fit_finetune_refuses_the_heads_weight_decay(images):
+    """``TrainConfig.weight_decay`` is the feature heads' coupled L2; fit_finetune does not read
+    it (its decay is FinetuneOptions'), so a value there is refused, not ignored."""
+    from spmlkit.engine import FinetuneOptions
+
+    with pytest.raises(ValueError, match=r"TrainConfig.weight_decay \(0.5\) .*"
+                                         r"FinetuneOptions\(weight_decay=...\)"):
+        fit_finetune(tiny_model(), images["train"], images["observed"], create_loss("an"),
+                     cfg(weight_decay=0.5))
+    assert FinetuneOptions(weight_decay=0.5).weight_decay == 0.5

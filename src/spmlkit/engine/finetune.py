@@ -88,6 +88,10 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
         epoch's weights and ``loss`` the best epoch's state, in every process.
     """
     start = time.perf_counter()
+    if config.weight_decay:  # (it would do nothing here)
+        raise ValueError(f"fit_finetune: TrainConfig.weight_decay ({config.weight_decay:g}) is "
+                         f"the feature heads' coupled L2 (fit_linear); fine-tuning decays with "
+                         f"tuning=FinetuneOptions(weight_decay=...) (decoupled, weights only)")
     ctx = dist_utils.current_context(config.device)
     device = ctx.device
     train_items = check_items(train_items, "train items")
