@@ -296,3 +296,33 @@ def test_a_changed_image_is_computed_again_and_only_it(tmp_path):
     assert net.rows == rows + 1
     np.testing.assert_array_equal(kept, again)
     assert (np.load(plan.folder / "files.npy")[5] == -2).all()  # (unknown: no file to read)
+
+
+def test_a_complete_store_that_cannot_be_written_is_read_as_it_is(tmp_path, monkeypatch):
+    """A complete store on a read-only disk (an older store without files.npy, and an image
+    touched since): read without the lock and without writing (it failed on .lock), its
+    stored features used with a warning naming the changed file."""
+    import os
+
+    paths = _images(tmp_path / "imgs", 4, seed=3)
+    cache = tmp_path / "cache"
+    first = np.array(F.extract_features(paths, "tiny_cnn", cache_dir=cache, num_workers=0,
+                                        progress=False))
+    plan = F.plan_store(paths, "tiny_cnn", cache_dir=cache)
+    (plan.folder / "files.npy").unlink()
+    F.extract_features(paths, "tiny_cnn", cache_dir=cache, num_workers=0, progress=False)
+    assert (plan.folder / "files.npy").is_file()  # recorded where the store can be written
+    os.utime(paths[1], ns=(1, 3_000_000_000_000))
+    real_access = os.access
+    monkeypatch.setattr(F.os, "access", lambda p, mode: False if mode == os.W_OK
+                        else real_access(p, mode))
+
+    def no_write(*a, **k):
+        raise AssertionError("wrote to a read-only store")
+    monkeypatch.setattr(F, "_locked", no_write)
+    monkeypatch.setattr(F, "_save_stats", no_write)
+    with pytest.warns(UserWarning, match=r"1 image file\(s\) changed .*img001.*cannot be "
+                                         r"written here"):
+        again = F.extract_features(paths, "tiny_cnn", cache_dir=cache, num_workers=0,
+                                   progress=False)
+    np.testing.assert_array_equal(again, first)

@@ -402,7 +402,7 @@ def extract_features(items, backbone="efficientnet_lite0", transform: str = "eva
         for name in (META_FILE, DONE_FILE, FEATURES_FILE):
             with contextlib.suppress(FileNotFoundError):
                 (plan.folder / name).unlink()
-    if plan.complete() and _fresh(plan, items):
+    if plan.complete() and _fresh(plan, items, readonly=True):
         return plan.open("c")
     if plan.read_meta() is None:  # a new store: every image decoded first (a few threads),
         _check_decodable(items)      # so a bad file is named before a partial store exists
@@ -446,23 +446,35 @@ def _save_stats(plan: StorePlan, stats: np.ndarray) -> None:
     write_bytes(plan.folder / FILES_FILE, buf.getvalue(), durable=False)
 
 
-def _fresh(plan: StorePlan, items, invalidate: bool = False) -> bool:
-    """Whether the complete store's rows were computed from the files as they are now. With
-    ``invalidate`` (holding the store's lock): rows of changed files are marked to do again
-    (a warning names them) and rows of unknown files take the files as they are."""
+def _fresh(plan: StorePlan, items, invalidate: bool = False, readonly: bool = False) -> bool:
+    """Whether the complete store's rows can be used as they are: computed from the files as
+    they are now. Rows of unknown files (an older store) take the files as they are (recorded
+    when the store can be written). With ``readonly`` (before taking the lock) a store that
+    cannot be written is used as it is, changed files or not (a warning names them: nothing
+    can be recomputed there). With ``invalidate`` (holding the store's lock): rows of changed
+    files are marked to do again (a warning names them)."""
+    import warnings
+
     stored, now = _load_stats(plan), file_stats(items)
     known = (stored[:, 0] != _UNKNOWN) & (now[:, 0] >= 0)
     changed = np.flatnonzero(known & (stored != now).any(axis=1))
     unknown = (stored[:, 0] == _UNKNOWN) & (now[:, 0] >= 0)
-    if not invalidate:
-        return not changed.size and not unknown.any()
-    if unknown.any():
+    writable = os.access(plan.folder, os.W_OK)
+    if unknown.any() and writable and (invalidate or not changed.size):
         stored[unknown] = now[unknown]
-        _save_stats(plan, stored)
+        with contextlib.suppress(OSError):  # (a record only: the store is usable without it)
+            _save_stats(plan, stored)
     if not changed.size:
         return True
-    import warnings
-
+    if readonly and not writable:
+        warnings.warn(f"{changed.size} image file(s) changed since their features were stored "
+                      f"in {plan.folder} (first: {os.fspath(items[changed[0]])}); the store "
+                      f"cannot be written here, so its stored features are used: copy the "
+                      f"cache somewhere writable (--cache-dir) to have them computed again",
+                      stacklevel=3)
+        return True
+    if not invalidate:
+        return False
     warnings.warn(f"{changed.size} image file(s) changed since their features were stored in "
                   f"{plan.folder} (first: {os.fspath(items[changed[0]])}): computing their "
                   f"rows again", stacklevel=3)
