@@ -608,7 +608,7 @@ def resume_run(run_dir, *, on_epoch=None, device: str | None = None,
     if splits is None:
         splits = load_splits(cfg["dataset"], cfg["regime"],
                              **(cfg.get("dataset_options") or {}))
-    with acceleration(_run_decoder(run.path, cfg)):
+    with acceleration(_run_decoder(run.path, cfg, train.get("device"))):
         return train_run(method, splits, cfg["loss"], cfg["hparams"], TrainConfig(**train),
                          k=cfg["k"], dataset_options=cfg.get("dataset_options"),
                          resume=run.path, on_epoch=on_epoch,
@@ -620,12 +620,15 @@ def resume_run(run_dir, *, on_epoch=None, device: str | None = None,
 DECODE_FLAGS = {"--jpeg-draft": "jpeg_draft", "--gpu-decode": "gpu_decode"}
 
 
-def _run_decoder(path, cfg: dict):
+def _run_decoder(path, cfg: dict, device=None):
     """The acceleration a resume runs under: the caller's, with the decoder the run started
     with (config.json's ``acceleration``): its remaining epochs see the pixels its first ones
     did, and `spmlkit.predict` (which decodes as config.json says) still reproduces its test
-    probabilities. A decoder other than the run's is refused (a `ResumeError`)."""
+    probabilities. A decoder other than the run's is refused (a `ResumeError`). A
+    ``--gpu-decode`` run resumed off CUDA decodes with PIL, with a warning (nvJPEG needs the
+    GPU; its pixels are a few levels off PIL's)."""
     import dataclasses
+    import warnings
 
     recorded = set(cfg.get("acceleration") or [])
     accel = current_acceleration()
@@ -636,6 +639,11 @@ def _run_decoder(path, cfg: dict):
         raise ResumeError(f"cannot resume {path} with {given[0]}: the run decoded its images "
                           f"without it (config.json); resume without it (a resume keeps the "
                           f"run's decoder)")
+    if wanted["gpu_decode"] and not str(device or "").startswith("cuda"):
+        warnings.warn(f"{path} was trained with --gpu-decode (nvJPEG); resumed on {device}, "
+                      f"its remaining epochs decode with PIL (pixels a few levels off)",
+                      stacklevel=3)
+        wanted["gpu_decode"] = False
     return dataclasses.replace(accel, **wanted)
 
 
