@@ -1119,3 +1119,25 @@ def test_vary_columns_keep_the_datasets_of_a_study_apart(tmp_path, capsys):
     capsys.readouterr()
     assert main(["study", "table", str(tmp_path / "t2")]) == 0
     assert "| Method | yeast | yeast (seed=7) |" in capsys.readouterr().out
+    # the scikit-learn rows are per entry too; a data.* axis over an entry's option keeps
+    # each run with its own entry
+    varied = {**twice, "name": "varied", "sklearn_reference": True,
+              "datasets": [{"name": "yeast", "options": {"subsample": 0.5}},
+                           {"name": "yeast", "options": {"seed": 7}}],
+              "vary": {"data.subsample": [0.5, 1.0]}}
+    (tmp_path / "varied.yaml").write_text(yaml.safe_dump(varied))
+    assert main(["study", "run", str(tmp_path / "varied.yaml"), "--out", str(tmp_path / "t3"),
+                 "--jobs", "1", "--quiet"]) == 0
+    study = open_study(tmp_path / "t3")
+    assert sorted({r["dataset"] for r in study.rows}) == ["yeast (seed=7)",
+                                                          "yeast (subsample=0.5)"]
+    assert all((json.loads(r["config"])["dataset_options"].get("seed") == 7) ==
+               (r["dataset"] == "yeast (seed=7)") for r in study.rows)
+    capsys.readouterr()
+    assert main(["study", "table", str(tmp_path / "t3")]) == 0
+    table = capsys.readouterr().out
+    head = next(ln for ln in table.splitlines() if ln.startswith("| Method"))
+    assert sorted(c.strip() for c in head.strip("|").split("|")[1:]) == \
+        ["yeast (seed=7)", "yeast (subsample=0.5)"]
+    ref = next(ln for ln in table.splitlines() if ln.startswith("| sklearn_lr (scikit"))
+    assert "–" not in ref and "±" not in ref, ref  # one value per entry, not pooled

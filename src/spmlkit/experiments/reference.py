@@ -141,7 +141,7 @@ def study_references(spec) -> list:
     """The scikit-learn rows of a study (``sklearn_reference: true``): per dataset, the regimes
     of its methods (`reference_records`)."""
     regimes = list(dict.fromkeys(m.regime for m in spec.methods))
-    return [r for ds in spec.datasets
+    return [{**r, "dataset": spec.dataset_label(ds)} for ds in spec.datasets
             for r in reference_records(ds.name, ds.options, regimes, spec.seeds)]
 
 

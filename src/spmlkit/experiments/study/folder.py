@@ -194,6 +194,8 @@ def by_dataset_entry(spec: StudySpec, rows: list) -> list:
     twice = {n for n in names if names.count(n) > 1}
     if not twice:
         return rows
+    # an option a data.* axis sets is the run's, whatever the entry said
+    varied = {k[5:] for k in [*spec.vary, *spec.grid] if k.startswith("data.")}
     out = []
     for r in rows:
         if r.get("dataset") in twice:
@@ -201,11 +203,10 @@ def by_dataset_entry(spec: StudySpec, rows: list) -> list:
             config = json.loads(config) if isinstance(config, str) else (config or {})
             given = config.get("dataset_options") or {}
             entries = [d for d in spec.datasets if d.name == r["dataset"] and
-                       all(given.get(k) == v for k, v in d.options.items())]
+                       all(given.get(k) == v for k, v in d.options.items() if k not in varied)]
             if entries:
-                d = max(entries, key=lambda e: len(e.options))
-                shown = ", ".join(f"{k}={v}" for k, v in sorted(d.options.items()))
-                r = {**r, "dataset": f"{d.name} ({shown})" if shown else d.name}
+                d = max(entries, key=lambda e: len(set(e.options) - varied))
+                r = {**r, "dataset": spec.dataset_label(d)}
         out.append(r)
     return out
 

@@ -83,6 +83,13 @@ class StudySpec:
             return dict(m.mode_options)
         return merged(self.mode_options, m.mode_options)
 
+    def dataset_label(self, ds: DatasetSpec) -> str:
+        """The tables' name of the dataset entry ``ds``: its source's name, with the entry's
+        options when the spec lists that source more than once (``yeast (seed=7)``)."""
+        if [d.name for d in self.datasets].count(ds.name) < 2 or not ds.options:
+            return ds.name
+        return f"{ds.name} ({', '.join(f'{k}={v}' for k, v in sorted(ds.options.items()))})"
+
     def row_labels(self) -> dict:
         """``{method label: the label a table shows}``: a method trained in a mode other than
         the study's is shown with its mode in brackets (``an [smile]``), unless its label
