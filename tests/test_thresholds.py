@@ -97,7 +97,8 @@ def test_predict_threshold_rules_on_a_yeast_run(run, tmp_path):
             assert settings["priors"] == pytest.approx(stored["y_val"].mean(axis=0).tolist())
     assert main(["predict", str(folder), str(feats), "--threshold-rule", "mcut",
                  "--threshold-k", "2"]) == 2
-    for rule, bad in (("rcut", "-5"), ("rcut", "0"), ("rcut", "1.5"), ("lcard", "0")):
+    for rule, bad in (("rcut", "-5"), ("rcut", "0"), ("rcut", "1.5"), ("rcut", "inf"),
+                      ("lcard", "0"), ("lcard", "inf")):
         assert main(["predict", str(folder), str(feats), "--threshold-rule", rule,
                      "--threshold-k", bad]) == 2  # (a negative k gave one label a row)
     assert main(["predict", str(folder), str(feats), "--threshold-rule", "mcut",

@@ -213,7 +213,8 @@ def standardized_already(x: np.ndarray, preprocess: dict, where) -> bool:
     if not preprocess or len(x) < 20:
         return False
     run_std = np.asarray(preprocess["std"], dtype=np.float64).ravel()
-    given = np.asarray(x, dtype=np.float64).std(axis=0)
+    sample = x[:: max(1, len(x) // 5000)]  # ~5000 rows: enough to tell, no copy of them all
+    given = np.asarray(sample, dtype=np.float64).std(axis=0)
     ok = (run_std > 0) & (given > 0) & np.isfinite(given)
     if not ok.any():
         return False
@@ -263,10 +264,10 @@ def rule_settings(run, rule: str, k: float | None = None) -> dict:
             k = float(json.loads((run / "config.json").read_text())["k"])
             return {"rule": rule, "k": k, "k_from": "the run's k (config.json)"}
         k = float(k)
-        if rule == "rcut" and not (k >= 1 and k == int(k)):  # (the run's own k is rounded)
+        if rule == "rcut" and not (np.isfinite(k) and k >= 1 and k == int(k)):
             raise ValueError(f"rcut takes each row's k highest-scored labels: k "
                              f"(--threshold-k) must be a whole number >= 1, got {k:g}")
-        if not k > 0:
+        if not (np.isfinite(k) and k > 0):
             raise ValueError(f"lcard matches a mean of k labels per row: k (--threshold-k) "
                              f"must be > 0, got {k:g}")
         return {"rule": rule, "k": k, "k_from": "given"}

@@ -310,9 +310,9 @@ class Launch:
         self.launch_record: dict = {}
 
     def run(self) -> dict:
+        check_study_folder(self.out)  # (before a cluster is reached: nothing to close)
         self.cluster = self.options.connect()
         created = not self.out.exists()
-        check_study_folder(self.out)
         self.out = make_folder(self.out)
         with _closing(self.cluster), _study_lock(self.out), \
                 _unless_refused(self.out, created):
