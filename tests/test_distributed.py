@@ -83,3 +83,47 @@ def test_two_processes_match_one_process(tmp_path):
                                                            abs=1e-6)
     assert [e["train_loss"] for e in epochs] == pytest.approx(
         [e["train_loss"] for e in epochs_one], rel=1e-5)
+
+
+def test_a_resume_under_torchrun_runs_in_every_process(tmp_path, monkeypatch):
+    """``torchrun --nproc_per_node 2 -m spmlkit train --resume RUN``: the resume starts the
+    process group as a new run does (it did not: every process took the folder's lock as if
+    it were process 0, one failed on it, and the other trained alone)."""
+    import os
+    import subprocess
+    import sys
+
+    import spmlkit.cli.train as cli_train
+
+    names = ["blue", "green", "red"]
+    paths, y = make_images(tmp_path / "imgs", 24, seed=0)
+    csv = tmp_path / "images.csv"
+    csv.write_text("".join(f"{p},{';'.join(n for n, f in zip(names, r) if f)}\n"
+                           for p, r in zip(paths, y)))
+    epoch_bar = cli_train._epoch_bar
+
+    def interrupting(args, total, desc, batches=False):
+        bar, show = epoch_bar(args, total, desc, batches)
+
+        def on_epoch(record, *rest):
+            show(record, *rest)
+            raise KeyboardInterrupt
+        on_epoch.batch = show.batch
+        return bar, on_epoch
+
+    monkeypatch.setattr(cli_train, "_epoch_bar", interrupting)
+    assert main(["train", "--dataset", "csv", "--data", f"path={csv}", "--mode", "finetune",
+                 "--loss", "role", "--backbone", "tiny_cnn", "--random-init", "--image-size",
+                 "16", "--epochs", "3", "--batch-size", "8", "--lr", "1e-2", "--workers", "0",
+                 "--device", "cpu", "--out", str(tmp_path / "runs"), "--quiet"]) == 130
+    (run,) = (tmp_path / "runs").iterdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                           str(WORLD), "--master_port", str(free_port()), "-m", "spmlkit",
+                           "train", "--resume", str(run), "--quiet"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "being trained by another process" not in proc.stderr
+    final = json.loads((run / "final.json").read_text())
+    assert final["epochs_run"] == 3
+    assert proc.stdout.count("run folder:") == 1  # process 0 alone prints the result

@@ -129,6 +129,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt as err:
         from ..methods.driver import RunInterrupted
 
+        if int(os.environ.get("RANK", "0") or 0) > 0:  # torchrun: process 0 says what to do
+            return 130
         if isinstance(err, RunInterrupted) and args.func is cmd_train:  # a new folder each run
             print(f"interrupted; {err.run_dir} keeps the epochs of its last checkpoint: "
                   f"continue it with spml train --resume {err.run_dir}", file=sys.stderr)

@@ -24,14 +24,18 @@ def cmd_train(args) -> int:
 
         _refuse_resume_flags(args)
         method = get_method(read_run(args.resume).config.get("mode", "linear"))
-        bar, show = _epoch_bar(args, None, f"resume {args.resume}")
+        ctx = _processes(method, args)  # under torchrun: the process group, as a new run's
+        bar, show = _epoch_bar(args, None if ctx.is_main else 0, f"resume {args.resume}")
         try:
             with acceleration(_acceleration(args)):
                 res = resume_run(args.resume, on_epoch=show, device=args.device,
-                             **_resume_overrides(args, method))
+                                 **_resume_overrides(args, method))
+            if ctx.world_size > 1:
+                torch.distributed.barrier()
         finally:
             bar.close()
-        return _print_result(args, res)
+            _end_processes(ctx)
+        return _print_result(args, res) if ctx.is_main else 0
     method = get_method(args.mode)
     accel = _acceleration(args)
     if accel.any and method.inputs != "images":
@@ -89,14 +93,7 @@ def cmd_train(args) -> int:
             torch.distributed.barrier()  # aborts on a destroy racing a peer's last collective)
     finally:
         bar.close()
-        if ctx.world_size > 1:
-            torch.distributed.destroy_process_group()
-            # free DDP's reducers and their finished gloo work now: left to interpreter
-            # shutdown, freeing them can abort the process ("terminate called without an active
-            # exception"; seen about once in 20 test-suite runs, after all work was done)
-            import gc
-
-            gc.collect()
+        _end_processes(ctx)
     if why is not None and ctx.is_main:  # after the run, so an input error stays the one line
         print(f"lr {lr:g}: {why} (--lr sets another)", file=sys.stderr)
     return _print_result(args, res) if ctx.is_main else 0
@@ -121,6 +118,20 @@ def _processes(method, args):
                          f"--nproc_per_node=N is for --mode {runs_many} (for many linear runs "
                          f"at once use spml benchmark --jobs)")
     return current_context("cpu")
+
+
+def _end_processes(ctx) -> None:
+    """Tear down a torchrun process group (`_processes`) at the end of the command."""
+    if ctx.world_size > 1:
+        import gc
+
+        import torch
+
+        torch.distributed.destroy_process_group()
+        # free DDP's reducers and their finished gloo work now: left to interpreter shutdown,
+        # freeing them can abort the process ("terminate called without an active
+        # exception"; seen about once in 20 test-suite runs, after all work was done)
+        gc.collect()
 
 
 def _methods():
