@@ -128,33 +128,20 @@ def test_benchmark_seeds_has_help(capsys):
     assert "--seeds SEEDS seeds per method (0, 1, ... N-1)" in out
 
 
-def test_ctrl_c_names_the_run_folder_and_how_to_continue_it(tmp_path, capsys, monkeypatch):
+def test_ctrl_c_names_the_run_folder_and_how_to_continue_it(tmp_path, capsys):
     """``spml train`` makes a new folder each time, so re-running the command after Ctrl-C would
     start over: the message names the interrupted folder and ``--resume``, which finishes it."""
-    import spmlkit.cli.train as cli_train
+    from _interrupt import ctrl_c_after_epoch
 
-    epoch_bar = cli_train._epoch_bar
-
-    def interrupting(args, total, desc, batches=False):
-        bar, show = epoch_bar(args, total, desc, batches)
-
-        def on_epoch(record, *rest):
-            show(record, *rest)
-            if record["epoch"] == 2:
-                raise KeyboardInterrupt
-        on_epoch.batch = show.batch
-        return bar, on_epoch
-
-    monkeypatch.setattr(cli_train, "_epoch_bar", interrupting)
     argv = ["train", "--epochs", "4", "--lr", "1e-2", "--out", str(tmp_path / "runs"),
             "--quiet"]
-    assert main(argv) == 130
+    with ctrl_c_after_epoch(2):
+        assert main(argv) == 130
     (run,) = (tmp_path / "runs").iterdir()
     err = capsys.readouterr().err
     assert f"interrupted; {run} keeps the epochs of its last checkpoint: continue it with " \
            f"spml train --resume {run}" in err, err
     assert not (run / "failed.json").exists() and not (run / "final.json").exists()
-    monkeypatch.setattr(cli_train, "_epoch_bar", epoch_bar)
     assert main(["train", "--resume", str(run), "--quiet"]) == 0
     assert json.loads((run / "final.json").read_text())["epochs_run"] == 4
     assert [p.name for p in (tmp_path / "runs").iterdir()] == [run.name]

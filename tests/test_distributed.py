@@ -85,7 +85,7 @@ def test_two_processes_match_one_process(tmp_path):
         [e["train_loss"] for e in epochs_one], rel=1e-5)
 
 
-def test_a_resume_under_torchrun_runs_in_every_process(tmp_path, monkeypatch):
+def test_a_resume_under_torchrun_runs_in_every_process(tmp_path):
     """``torchrun --nproc_per_node 2 -m spmlkit train --resume RUN``: the resume starts the
     process group as a new run does (it did not: every process took the folder's lock as if
     it were process 0, one failed on it, and the other trained alone)."""
@@ -93,29 +93,19 @@ def test_a_resume_under_torchrun_runs_in_every_process(tmp_path, monkeypatch):
     import subprocess
     import sys
 
-    import spmlkit.cli.train as cli_train
+    from _interrupt import ctrl_c_after_epoch
 
     names = ["blue", "green", "red"]
     paths, y = make_images(tmp_path / "imgs", 24, seed=0)
     csv = tmp_path / "images.csv"
     csv.write_text("".join(f"{p},{';'.join(n for n, f in zip(names, r) if f)}\n"
                            for p, r in zip(paths, y)))
-    epoch_bar = cli_train._epoch_bar
-
-    def interrupting(args, total, desc, batches=False):
-        bar, show = epoch_bar(args, total, desc, batches)
-
-        def on_epoch(record, *rest):
-            show(record, *rest)
-            raise KeyboardInterrupt
-        on_epoch.batch = show.batch
-        return bar, on_epoch
-
-    monkeypatch.setattr(cli_train, "_epoch_bar", interrupting)
-    assert main(["train", "--dataset", "csv", "--data", f"path={csv}", "--mode", "finetune",
-                 "--loss", "role", "--backbone", "tiny_cnn", "--random-init", "--image-size",
-                 "16", "--epochs", "3", "--batch-size", "8", "--lr", "1e-2", "--workers", "0",
-                 "--device", "cpu", "--out", str(tmp_path / "runs"), "--quiet"]) == 130
+    with ctrl_c_after_epoch():
+        assert main(["train", "--dataset", "csv", "--data", f"path={csv}", "--mode", "finetune",
+                     "--loss", "role", "--backbone", "tiny_cnn", "--random-init",
+                     "--image-size", "16", "--epochs", "3", "--batch-size", "8", "--lr", "1e-2",
+                     "--workers", "0", "--device", "cpu", "--out", str(tmp_path / "runs"),
+                     "--quiet"]) == 130
     (run,) = (tmp_path / "runs").iterdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",

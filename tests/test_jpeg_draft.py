@@ -161,12 +161,12 @@ def test_predict_decodes_new_images_as_the_run_did(tmp_path):
     assert not np.allclose(predict_run(run, test_paths).probs, saved, rtol=1e-4, atol=1e-6)
 
 
-def test_a_resume_keeps_the_runs_decoder(tmp_path, monkeypatch, capsys):
+def test_a_resume_keeps_the_runs_decoder(tmp_path, capsys):
     """A --jpeg-draft run interrupted after its first epoch and resumed without the flag
     decodes its remaining epochs drafted, as the uninterrupted run (they were decoded in full:
     other predictions, and spml predict no longer reproduced them); a run without it refuses
     a resume with it."""
-    import spmlkit.cli.train as cli_train
+    from _interrupt import ctrl_c_after_epoch
 
     root = tmp_path / "photos"
     for c, name in enumerate(("cat", "dog", "owl")):
@@ -177,21 +177,9 @@ def test_a_resume_keeps_the_runs_decoder(tmp_path, monkeypatch, capsys):
             "--backbone", "tiny_cnn", "--random-init", "--image-size", "64", "--epochs", "2",
             "--lr", "1e-2", "--workers", "0", "--quiet"]
     assert main([*argv, "--jpeg-draft", "--out", str(tmp_path / "whole")]) == 0
-    epoch_bar = cli_train._epoch_bar
-
-    def interrupting(args, total, desc, batches=False):
-        bar, show = epoch_bar(args, total, desc, batches)
-
-        def on_epoch(record, *rest):
-            show(record, *rest)
-            raise KeyboardInterrupt
-        on_epoch.batch = show.batch
-        return bar, on_epoch
-
-    monkeypatch.setattr(cli_train, "_epoch_bar", interrupting)
-    assert main([*argv, "--jpeg-draft", "--out", str(tmp_path / "cut")]) == 130
-    assert main([*argv, "--out", str(tmp_path / "plain")]) == 130
-    monkeypatch.setattr(cli_train, "_epoch_bar", epoch_bar)
+    with ctrl_c_after_epoch():
+        assert main([*argv, "--jpeg-draft", "--out", str(tmp_path / "cut")]) == 130
+        assert main([*argv, "--out", str(tmp_path / "plain")]) == 130
     (whole,), (cut,), (plain,) = (list((tmp_path / d).iterdir())
                                   for d in ("whole", "cut", "plain"))
     assert main(["train", "--resume", str(cut), "--quiet"]) == 0
