@@ -134,15 +134,20 @@ def run_thresholds(run, kind: str = "global") -> tuple[np.ndarray | None, str]:
     return np.asarray(values, dtype=np.float64), kind
 
 
-def _expand_images(inputs) -> list[str]:
+def folder_images(folder) -> list[str]:
+    """The image files under ``folder`` (searched recursively), sorted."""
     from .data.image_files import is_image_name
 
+    return sorted(str(p) for p in Path(folder).rglob("*") if p.is_file()
+                  and is_image_name(p.name))
+
+
+def _expand_images(inputs) -> list[str]:
     out = []
     for raw in inputs:
         path = Path(raw)
         if path.is_dir():
-            found = sorted(str(p) for p in path.rglob("*") if p.is_file()
-                           and is_image_name(p.name))
+            found = folder_images(path)
             if not found:
                 raise FileNotFoundError(f"folder {path} holds no image file (searched "
                                         f"recursively)")

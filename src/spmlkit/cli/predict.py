@@ -10,14 +10,15 @@ from .common import FORCE_HELP, _whole, _device
 def cmd_predict(args) -> int:
     from pathlib import Path
 
-    from ..predict import predict_run, write_predictions
+    from ..predict import folder_images, predict_run, write_predictions
     from ..runs import check_output
 
     # the inputs (an input folder's images too) and the run's own files are never an output,
     # --force or not; checked first
     protect = []
     if args.out:
-        protect = [*args.inputs, *_folder_images(args.inputs),
+        protect = [*args.inputs, *(f for raw in args.inputs if Path(raw).is_dir()
+                                   for f in folder_images(raw)),
                    *(p for p in Path(args.run).glob("*") if p.is_file())]
         check_output(args.out, force=args.force, protect=protect)
     fmt = args.format or ("json" if args.out and Path(args.out).suffix.lower() == ".json"
@@ -38,16 +39,6 @@ def cmd_predict(args) -> int:
     else:
         sys.stdout.write(text)
     return 0
-
-
-def _folder_images(inputs) -> list:
-    """The image files of the input folders (what predict reads of them)."""
-    from pathlib import Path
-
-    from ..data.image_files import is_image_name
-
-    return [p for raw in inputs if Path(raw).is_dir() for p in Path(raw).rglob("*")
-            if is_image_name(p.name) and p.is_file()]
 
 
 def register(sub) -> None:
