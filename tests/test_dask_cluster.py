@@ -367,6 +367,27 @@ def test_an_address_that_never_answers_is_refused_within_the_connect_timeout(tmp
     assert not out.exists()
 
 
+def test_an_address_where_nothing_listens_says_so(tmp_path, capsys, caplog):
+    """A port nobody listens on (connection refused): a notice at once that spml waits for a
+    scheduler to start there, then, after ``--connect-timeout``, an error that says nothing
+    listens (not that a scheduler 'did not answer'), nothing written."""
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]  # free once closed
+    out = tmp_path / "s"
+    code = spml(["study", "run", spec_file(tmp_path), "--out", out, "--quiet",
+                 "--scheduler", f"127.0.0.1:{port}", "--connect-timeout", "1"], 30)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err == (f"spml study run: error: nothing listens at tcp://127.0.0.1:{port}: the "
+                   f"connection was refused for 1 s (--connect-timeout); start a scheduler "
+                   f"with `dask scheduler` and give the address `dask scheduler` prints, "
+                   f"tcp://HOST:PORT (port 8786 by default), or --scheduler-file with the "
+                   f"file it wrote\n")
+    assert f"nothing listens at tcp://127.0.0.1:{port} yet (connection refused); waiting up " \
+           f"to 1 s" in caplog.text
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("address, says", [
     ("nonsense", "the Dask scheduler address 'nonsense' is not HOST:PORT (missing port"),
     ("", "the Dask scheduler address is empty ('')"),

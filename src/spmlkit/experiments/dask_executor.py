@@ -148,6 +148,25 @@ def address_from_file(path) -> str:
         raise ValueError(f"Dask scheduler file {path}: {err}") from None
 
 
+def _refused(address: str) -> bool:
+    """Whether a TCP connection to a ``tcp://HOST:PORT`` address is refused at once (nothing
+    listens there); False for other protocols and for any other outcome."""
+    import socket
+
+    from distributed.comm.addressing import parse_host_port
+
+    scheme, _, rest = address.partition("://")
+    if scheme != "tcp":
+        return False
+    try:
+        with socket.create_connection(parse_host_port(rest), timeout=2.0):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except (OSError, ValueError):
+        return False
+
+
 def probe_scheduler(address: str, timeout: float) -> None:
     """Connect to ``address``, do Dask's handshake and ask who is there, all within
     ``timeout`` seconds (Dask's own connect bounds the TCP connect, not the handshake: a port
@@ -168,6 +187,10 @@ def probe_scheduler(address: str, timeout: float) -> None:
         finally:
             comm.abort()
 
+    refused = _refused(address)
+    if refused:
+        log.warning("nothing listens at %s yet (connection refused); waiting up to %g s "
+                    "(--connect-timeout) for a Dask scheduler to start there", address, timeout)
     answer: dict = {}
 
     def run():
@@ -180,6 +203,10 @@ def probe_scheduler(address: str, timeout: float) -> None:
     thread.start()
     thread.join(timeout + 5.0)  # the wait_for above ends it; this only bounds the unforeseen
     err = answer.get("error")
+    if (thread.is_alive() or err is not None) and refused and _refused(address):
+        raise ConnectionError(f"nothing listens at {address}: the connection was refused for "
+                              f"{timeout:g} s (--connect-timeout); start a scheduler with `dask "
+                              f"scheduler` and {ADDRESS_HINT}")
     if thread.is_alive() or isinstance(err, (TimeoutError, asyncio.TimeoutError)):
         raise ConnectionError(f"the Dask scheduler at {address} did not answer within "
                               f"{timeout:g} s (--connect-timeout): is a Dask scheduler "
