@@ -136,6 +136,8 @@ def _usage(parser, width: int = 98) -> str:
 def _command(parser, title: str, helptext: str, level: int, out: list) -> None:
     anchor = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
     out.append(f"{'#' * level} `{title}` {{ #{anchor} }}\n")
+    if parser.description:  # a command's longer description (`--help`'s)
+        helptext = parser.description.rstrip(".")
     if helptext:
         out.append(text(helptext[0].upper() + helptext[1:]) + ".\n")
     out.append("```text\n" + _usage(parser) + "\n```\n")

@@ -1051,7 +1051,8 @@ def test_cache_dirs_outside_the_study_are_named_and_a_table_s_feature_columns_ar
 def test_a_study_folder_given_as_the_spec_continues_there(tmp_path, capsys, monkeypatch):
     """``spml study run DIR`` (DIR a study folder, no --out) continues DIR: it retrained every
     run into ./runs/studies/NAME. A relaunch names the runs that failed before (they were
-    counted as finished, with nothing said)."""
+    counted as finished, with nothing said) and exits 1 as the first launch did: the table
+    still lacks them."""
     from spmlkit.cli import main
 
     spec = tmp_path / "f.yaml"
@@ -1063,7 +1064,7 @@ def test_a_study_folder_given_as_the_spec_continues_there(tmp_path, capsys, monk
     capsys.readouterr()
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
-    assert main(["study", "run", str(out), "--jobs", "1", "--quiet"]) == 0
+    assert main(["study", "run", str(out), "--jobs", "1", "--quiet"]) == 1
     captured = capsys.readouterr()
     assert "f: 0 run(s) in" in captured.out and "3 of 3 were finished before" in captured.out
     assert f"study folder: {out}" in captured.out

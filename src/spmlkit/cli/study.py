@@ -142,13 +142,14 @@ def cmd_study(args) -> int:
             print(err)
         print(f"study folder: {res['out']}")
         _print_failures(res)
-        if not res["failures"] and not args.retry_failed:
+        failed = res["failures"]
+        if not failed and not args.retry_failed:
             failed = st.study_status(res["out"])["failed"]
             if failed:  # counted in "finished before": say that they are not in the table
                 print(f"{failed} run(s) of this spec failed in an earlier launch and are not in "
                       f"the table; --retry-failed runs them again (spml study status "
                       f"{res['out']}, spml report {res['out']}: their errors)", file=sys.stderr)
-        return 1 if res["failures"] else 0
+        return 1 if failed else 0
     if args.action == "status":
         s = st.study_status(args.dir)
         print(f"{s['name']} ({s['title']}): {s['total']} runs: {s['done']} done, "
@@ -189,7 +190,10 @@ def register(sub) -> None:
                        "seeds x vary x grid; parallel, resumable) and tabulate it; `spml study "
                        "PRESET` is `spml study run PRESET`")
     ssub = p.add_subparsers(dest="action", required=True)
-    s = ssub.add_parser("run", help="run a study's missing runs (re-running resumes)")
+    s = ssub.add_parser("run", help="run a study's missing runs (re-running resumes)",
+                        description="Run a study's missing runs (re-running resumes) and print "
+                        "its table. Exit status 1 when runs of the spec failed, in this launch "
+                        "or an earlier one (they are not in the table).")
     spec = s.add_argument_group("the study", "which spec, and what on the command line "
                                 "changes in it")
     runs = s.add_argument_group("runs", "which runs this launch runs, and how")
