@@ -125,3 +125,14 @@ def check_resumed(out, paused, pid, run_id, epochs=4, at=3) -> None:
     logged = [json.loads(x)["epoch"] for x in
               (Path(out) / "runs" / run_id / "metrics.jsonl").read_text().splitlines()]
     assert logged == list(range(1, epochs + 1))
+
+
+def heap_buffer(task: dict) -> dict:
+    """Whether an 8 MiB buffer allocated in the worker comes from its heap (below the program
+    break: glibc's thresholds as `spmlkit.machine.loader_worker_init` sets them)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.sbrk.restype = ctypes.c_void_p
+    buf = ctypes.create_string_buffer(8 << 20)
+    return {"heap": ctypes.addressof(buf) < libc.sbrk(0)}

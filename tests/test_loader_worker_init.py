@@ -36,6 +36,17 @@ def test_a_worker_takes_image_sized_buffers_from_its_heap():
     assert out == {"init": ["True", "True"], "default": ["None", "False"]}
 
 
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc")
+def test_a_study_pool_worker_keeps_image_memory_too():
+    """A study's pool worker starts no loader workers of its own (it is daemonic) and decodes
+    the images itself: it runs with the same settings."""
+    from _pool_tasks import heap_buffer
+
+    from spmlkit.experiments.pool import run_tasks
+
+    assert list(run_tasks(heap_buffer, [{}, {}], jobs=2)) == [{"heap": True}, {"heap": True}]
+
+
 def test_every_dataloader_of_the_package_starts_its_workers_with_it():
     """Each ``DataLoader(...)`` call in src/spmlkit passes
     ``worker_init_fn=loader_worker_init``."""

@@ -43,6 +43,8 @@ import traceback
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 
+from ..machine import loader_worker_init
+
 #: how many (dataset, regime, options) splits a worker keeps loaded
 CACHE_SIZE = 8
 _CACHE: OrderedDict = OrderedDict()
@@ -164,6 +166,9 @@ def _serve(conn, threads: int) -> None:
     traceback)`` out, until ``None`` or the parent's end of the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; it stops the workers
     init_worker(threads)
+    # a pool worker may start no loader workers (`loader_workers`): it decodes a study's images
+    # itself, so it keeps their memory as a loader worker does
+    loader_worker_init()
     while True:
         try:
             message = conn.recv()
