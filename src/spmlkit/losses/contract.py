@@ -797,3 +797,25 @@ class SPMLLoss(nn.Module):
 for _hook in HOOKS:  # the base's own (no-op) hooks note their calls too
     setattr(SPMLLoss, _hook, _recorded(_hook, SPMLLoss.__dict__[_hook]))
 del _hook
+
+
+class EpochScheduled(SPMLLoss):
+    """An `SPMLLoss` whose terms follow the epoch (LL-R's rejected share, GR's weights,
+    SPLC's correction): the buffer ``current_epoch``, which `on_epoch_start` sets (a
+    checkpoint holds it: a resumed run continues its schedule), and the same number as the
+    Python int ``_epoch`` that the steps read (no device read per step: no host sync)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.register_buffer("current_epoch", torch.zeros((), dtype=torch.long))
+        self._epoch = 0
+
+    def on_epoch_start(self, epoch: int) -> None:
+        if epoch < 0:
+            raise ValueError(f"epoch counts from 0, got {epoch}")
+        self.current_epoch.fill_(int(epoch))
+        self._epoch = int(epoch)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self._epoch = int(self.current_epoch)

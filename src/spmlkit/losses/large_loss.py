@@ -51,7 +51,7 @@ import math
 import torch
 
 from ..labels import POSITIVE, UNOBSERVED
-from .contract import SPMLLoss, TrainInfo, log_p, masks, soft_bce
+from .contract import EpochScheduled, TrainInfo, log_p, masks, soft_bce
 from .registry import register
 
 KIM = "Kim et al. 2022 (Large Loss Matters)"
@@ -123,7 +123,7 @@ def select_large_losses(loss: torch.Tensor, unobserved: torch.Tensor, k: int):
     return unobserved & (loss >= threshold), threshold
 
 
-class _LargeLoss(SPMLLoss):
+class _LargeLoss(EpochScheduled):
     """Shared part of LL-R / LL-Ct / LL-Cp: AN BCE, the schedule of ``k``, the selection."""
 
     scheme = "r"
@@ -138,20 +138,8 @@ class _LargeLoss(SPMLLoss):
             raise ValueError(f"k_rounding must be one of {K_ROUNDINGS}, got {k_rounding!r}")
         self.delta_rel = float(delta_rel)
         self.k_rounding = k_rounding
-        self.register_buffer("current_epoch", torch.zeros((), dtype=torch.long))
-        self._epoch = 0  # current_epoch as a Python int (a step reads no device value)
         #: the entries selected in the last batch (B x L bool, detached); for analyses
         self.last_selected: torch.Tensor | None = None
-
-    def on_epoch_start(self, epoch: int) -> None:
-        if epoch < 0:
-            raise ValueError(f"epoch counts from 0, got {epoch}")
-        self.current_epoch.fill_(int(epoch))
-        self._epoch = int(epoch)
-
-    def _load_from_state_dict(self, *args, **kwargs):
-        super()._load_from_state_dict(*args, **kwargs)
-        self._epoch = int(self.current_epoch)
 
     def k_for(self, batch_size: int, num_classes: int) -> int:
         """``k`` for a batch of this size in the current epoch (before clamping)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
-from .contract import SPMLLoss, TrainInfo, as_compute, log_1mp, log_p
+from .contract import EpochScheduled, SPMLLoss, TrainInfo, as_compute, log_1mp, log_p
 from .registry import register
 from .zhou import _power
 
@@ -133,7 +133,7 @@ def gr_unobserved(logits: torch.Tensor, k, v, q2: float, q3: float) -> torch.Ten
           "(1-K)*(1-(1-p)^q3)/q3) with K = sigmoid(w p + b), V = Gaussian(p; mu, sigma) of the "
           "detached p and (w, b, mu, sigma) moved linearly over the run's epochs",
           paper=GR_PAPER, tags=("robust",))
-class GRLoss(SPMLLoss):
+class GRLoss(EpochScheduled):
     """GR loss (Chen et al., IJCAI 2024), from the official code (``yan4xi1/GRLoss`` at commit
     ``5e13f7f9d8e40a804698860fd621bb272c1ad0a3``: ``losses.GR_loss``, ``models.KFunction``,
     ``models.VFunction`` and the schedule in ``train.run_train``).
@@ -221,11 +221,10 @@ class GRLoss(SPMLLoss):
         if self.num_epochs and self.num_epochs <= self.linear_init:
             raise ValueError(f"gr: num_epochs ({self.num_epochs}) must exceed linear_init "
                              f"({self.linear_init})")
-        self.register_buffer("current_epoch", torch.zeros((), dtype=torch.long))
         self.register_buffer("total_epochs", torch.tensor(self.num_epochs, dtype=torch.long))
-        #: the two buffers as Python ints, and the current (w, b, mu, sigma) as Python floats,
+        #: the buffer as a Python int, and the current (w, b, mu, sigma) as Python floats,
         #: recomputed when they change (so a step reads no device tensor: no host sync on CUDA)
-        self._epoch, self._total = 0, self.num_epochs
+        self._total = self.num_epochs
         self._schedule = None
 
     def on_train_start(self, observed, info: TrainInfo) -> None:
@@ -238,10 +237,7 @@ class GRLoss(SPMLLoss):
         self._schedule = None
 
     def on_epoch_start(self, epoch: int) -> None:
-        if epoch < 0:
-            raise ValueError(f"epoch counts from 0, got {epoch}")
-        self.current_epoch.fill_(int(epoch))
-        self._epoch = int(epoch)
+        super().on_epoch_start(epoch)
         self._schedule = None
 
     def required_hooks(self) -> tuple[str, ...]:
@@ -251,7 +247,7 @@ class GRLoss(SPMLLoss):
 
     def _load_from_state_dict(self, *args, **kwargs):
         super()._load_from_state_dict(*args, **kwargs)
-        self._epoch, self._total = int(self.current_epoch), int(self.total_epochs)
+        self._total = int(self.total_epochs)
         self._schedule = None
 
     def schedule(self) -> tuple[float, float, float, float]:
@@ -358,7 +354,7 @@ class HillLoss(SPMLLoss):
 @register("splc", "self-paced loss correction: focal-margin loss on O+, focal loss on U and O-; "
           "from epoch change_epoch (0-based) on, every unobserved entry with p > tau is trained "
           "as a positive (re-decided in every batch)", paper=ZHANG_PAPER, tags=("robust",))
-class SPLCLoss(SPMLLoss):
+class SPLCLoss(EpochScheduled):
     """SPLC (Zhang et al.) with the focal-margin loss, from the official ``SPLC`` class
     (``xinyu1205/robust-loss-mlml`` at commit ``e8d4effec5f3a81cc330158fa421daee8b32b066``,
     ``src/loss_functions/losses.py``).
@@ -413,20 +409,8 @@ class SPLCLoss(SPMLLoss):
         _check_nonneg(margin=margin, gamma=gamma)
         self.tau, self.margin, self.gamma = float(tau), float(margin), float(gamma)
         self.change_epoch = _whole_epochs("change_epoch", change_epoch)
-        self.register_buffer("current_epoch", torch.zeros((), dtype=torch.long))
-        self._epoch = 0  # current_epoch as a Python int (no device read per step)
         #: the unobserved entries corrected in the last batch (B x L bool); for analyses
         self.last_corrected: torch.Tensor | None = None
-
-    def on_epoch_start(self, epoch: int) -> None:
-        if epoch < 0:
-            raise ValueError(f"epoch counts from 0, got {epoch}")
-        self.current_epoch.fill_(int(epoch))
-        self._epoch = int(epoch)
-
-    def _load_from_state_dict(self, *args, **kwargs):
-        super()._load_from_state_dict(*args, **kwargs)
-        self._epoch = int(self.current_epoch)
 
     def entries(self, logits, observed, index):
         pos = observed == POSITIVE
