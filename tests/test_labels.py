@@ -468,3 +468,41 @@ def test_observed_counts_tell_rows_without_a_positive_from_rows_without_any_labe
     counts = observed_counts([[0, 0, -1], [0, 0, 0], [1, -1, 0], [-1, -1, -1]])
     assert counts == {"rows": 4, "positives": 1, "negatives": 5, "unobserved": 6,
                       "rows_without_positive": 3, "rows_without_label": 1}
+
+
+def test_val_variant_observed_scores_val_on_the_drawn_labels(tmp_path, capsys):
+    """``val_variant="observed"`` (Cole et al.'s ``val_set_variant 'observed'``): the val rows
+    keep their features and get the regime's observed labels as 0 / 1 (unobserved counted as
+    negatives); train, test and the draw are those of the default run; a val set with labels
+    of its own refuses it; ``spml train --data val_variant=observed`` selects on them and says
+    so."""
+    from spmlkit.cli import main
+    from spmlkit.data import load_splits
+
+    full = load_splits("yeast")
+    obs = load_splits("yeast", val_variant="observed")
+    assert np.array_equal(obs.val.y, (full.val_observed == POSITIVE).astype(np.uint8))
+    assert obs.val.y.sum(axis=1).tolist() == [1] * len(obs.val)  # one positive a row (1p)
+    assert np.array_equal(obs.val.x, full.val.x) and np.array_equal(obs.test.y, full.test.y)
+    assert np.array_equal(obs.observed, full.observed) and obs.meta["val_variant"] == "observed"
+    with pytest.raises(ValueError, match="val_variant must be one of"):
+        load_splits("yeast", val_variant="clean")
+    y = np.eye(3, dtype=np.uint8)[np.arange(30) % 3]
+    part = LabelledSet(np.zeros((30, 2), np.float32), y)
+    with pytest.raises(ValueError, match="this val set is given apart with its own labels"):
+        make_splits(Dataset("d", part, part, val=part), val_variant="observed")
+
+    assert main(["train", "--dataset", "yeast", "--loss", "an", "--epochs", "2",
+                 "--data", "val_variant=observed", "--out", str(tmp_path), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "val (338 rows split from the training rows) scored on its observed labels " \
+           "(unobserved as negatives); test (725 rows) fully labelled" in out
+
+
+def test_no_source_option_shares_a_protocol_options_name():
+    """A protocol option (`PROTOCOL_OPTIONS`, taken by every source) never shadows a source's
+    own option of the same name (``val_labels`` is the csv / arrays sources' val label file)."""
+    from spmlkit.data import DATASETS, PROTOCOL_OPTIONS, source_parameters
+
+    for entry in DATASETS.entries():
+        assert not set(source_parameters(entry.name)) & set(PROTOCOL_OPTIONS), entry.name

@@ -37,7 +37,7 @@ from .registry import DATASETS
 
 #: ``load_splits`` options that belong to the protocol (`make_splits`),
 #: not to the source
-PROTOCOL_OPTIONS = ("subsample", "subsample_seed", "class_order", "protocol")
+PROTOCOL_OPTIONS = ("subsample", "subsample_seed", "class_order", "protocol", "val_variant")
 #: options every image source takes besides its own: its items become a backbone's cached
 #: features (`spmlkit.features.load_feature_dataset`)
 FEATURE_KEYS = ("backbone", "features")

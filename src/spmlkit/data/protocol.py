@@ -15,7 +15,7 @@ given set or carved out of the test set), and every other regime refuses such a 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -148,6 +148,10 @@ class Dataset:
     @property
     def class_names(self) -> list:
         return self.pool.class_names
+
+
+#: what ``val_variant`` takes: the val rows' full labels, or those the regime observes
+VAL_VARIANTS = ("full", "observed")
 
 
 @dataclass
@@ -352,7 +356,7 @@ def _all_rows(ds: Dataset) -> LabelledSet:
 def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
                 split_seed: int = OFFICIAL_SEED, *, subsample: float | None = None,
                 subsample_seed: int | None = None, class_order=None,
-                protocol: str = "cole") -> Splits:
+                protocol: str = "cole", val_variant: str = "full") -> Splits:
     """Apply the protocol: observe labels on the pool, split the pool into train / val.
 
     With regime ``1p`` and the official seed, a source's shipped observed labels
@@ -393,6 +397,11 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
             with ``seed`` (``1p``: one positive drawn uniformly per training row); val and
             test are scored on their full labels. One ``seed`` is one trial (the papers: 5
             trials, mean ± std). ``meta["train_rows"]`` etc. index the pool-then-test rows.
+        val_variant: ``"full"`` (default: val rows scored, and the epoch selected, on their
+            full labels) or ``"observed"``: on the labels the regime observes of them, an
+            unobserved entry counted as negative (Cole et al.'s ``val_set_variant
+            'observed'``: selection without full labels anywhere). Only for a val set split
+            from the training rows, whose labels the regime draws.
 
     ``meta`` records ``subsample``, ``observed_labels`` (the number of observed entries in the
     train rows, Fig. 1's x axis), ``observed_counts`` (`spmlkit.labels.observed_counts`
@@ -407,6 +416,9 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"{ds.name}: protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    if val_variant not in VAL_VARIANTS:
+        raise ValueError(f"{ds.name}: val_variant must be one of {VAL_VARIANTS}, got "
+                         f"{val_variant!r}")
     name, arg = parse_regime(regime)
     given = _given_or_refused(ds, name, regime)
     if protocol == "tabular" and (given or ds.val is not None):
@@ -469,6 +481,14 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
                      val_fraction=ds.val_fraction)
     else:
         val, val_observed, extra["val_from"] = pool.subset(val_idx), observed[val_idx], "pool"
+    if val_variant == "observed":
+        if extra["val_from"] != "pool":
+            how = "given apart" if extra["val_from"] == "given" else "carved out of the test set"
+            raise ValueError(f"{ds.name}: val_variant='observed' scores the val rows on the labels "
+                             f"the regime draws of them; this val set is {how} with its own "
+                             f"labels: leave val_variant out")
+        val = replace(val, y=(np.asarray(val_observed) == POSITIVE).astype(np.uint8))
+        extra["val_variant"] = "observed"
     standardize = None
     if ds.standardize:
         (train, val, test), standardize = _standardized(train, val, test)
@@ -537,6 +557,9 @@ def describe_labels(splits: Splits) -> dict:
         scored = f"{val_part} {only}; {test_part} fully labelled"
     elif partial_test:
         scored = f"{val_part} fully labelled; {test_part} {only}"
+    elif meta.get("val_variant") == "observed":
+        scored = f"{val_part} scored on its observed labels (unobserved as negatives); " \
+                 f"{test_part} fully labelled"
     else:
         scored = f"{val_part} and {test_part} fully labelled"
     masked = {s: _mask_note(getattr(splits, s).y) for s in ("val", "test")}
