@@ -310,3 +310,29 @@ def test_correction_needs_train_start_and_logits():
         loss.on_epoch_end(0, None)
     with pytest.raises(ValueError, match="shape"):
         loss.on_epoch_end(0, CORR_S[:3])
+
+
+@pytest.mark.parametrize("name", ["soft_opml", "opml_sp"])
+def test_soft_targets_keep_float32_precision_on_confident_logits_of_a_perfect_class(name):
+    """AP = 1 (every class's observed positives above all other train rows) and confident
+    logits: the soft target t = sigmoid(s) rounds to 1 in float32, and log(1 - t) was computed
+    from it: the loss fell to 0 at s = 17 (exact: log 3) and the unobserved entries' gradient to
+    ~1e-8. In log space float32 equals float64."""
+    z = torch.zeros(6, 3, dtype=torch.long)
+    z[torch.arange(6), torch.arange(6) % 3] = P
+    loss = create_loss(name)
+    loss.on_train_start(z, TrainInfo(6, 3, seed=0, num_epochs=3))
+    loss.on_epoch_start(0)
+    loss.on_epoch_end(0, (z == P).float() * 20 - 10)
+    assert loss.ap.tolist() == [1.0, 1.0, 1.0]
+    loss.on_epoch_start(1)
+    for v in (12.0, 17.0, 20.0, 60.0, -100.0):
+        s = torch.full((3, 3), v)
+        s[range(3), range(3)] = v + 2
+        s32, s64 = s.clone().requires_grad_(), s.double().requires_grad_()
+        idx = torch.arange(3)
+        l32, l64 = loss(s32, z[:3], idx), loss(s64, z[:3], idx)
+        (l32 + l64).backward()
+        assert l32.item() == pytest.approx(l64.item(), rel=1e-6), v
+        assert torch.allclose(s32.grad.double(), s64.grad, rtol=1e-5, atol=1e-7), v
+        assert torch.isfinite(s32.grad).all()

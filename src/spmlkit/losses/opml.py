@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ..labels import POSITIVE, UNOBSERVED
 from ..metrics import per_class_ap
@@ -49,7 +50,8 @@ def constant_from_ratio(a: float, name: str = "a") -> float:
 
 
 def opml_row_loss(logits: torch.Tensor, positive: torch.Tensor, alpha: float = 1.0,
-                  beta: float = 1.0, soft_targets: torch.Tensor | None = None) -> torch.Tensor:
+                  beta: float = 1.0, soft_targets: torch.Tensor | None = None, *,
+                  log_targets: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The (soft) OPML loss of every row, shape ``(B,)``.
 
     Hard form (Eq. 6; Eq. 3 when a row has one positive), with ``N`` = every entry not in ``P``::
@@ -72,6 +74,8 @@ def opml_row_loss(logits: torch.Tensor, positive: torch.Tensor, alpha: float = 1
         positive: B x L bool mask of ``P``.
         alpha, beta: the constants (> 0).
         soft_targets: optional B x L targets ``t`` (detached; values on ``P`` are ignored).
+        log_targets: instead of ``soft_targets``, ``(log t, log(1 - t))`` (detached): exact
+            where ``t`` rounds to 0 or 1 (`soft_log_targets_from_ap`).
 
     >>> import torch, math
     >>> s = torch.tensor([[2.0, 0.0, -1.0]])
@@ -85,14 +89,16 @@ def opml_row_loss(logits: torch.Tensor, positive: torch.Tensor, alpha: float = 1
     positive = positive.to(torch.bool)
     negative = ~positive
     ninf = torch.full_like(s, -math.inf)
-    if soft_targets is None:
+    if soft_targets is not None:
+        t = soft_targets.detach().to(s.dtype).clamp(0.0, 1.0)
+        log_targets = torch.log(t), torch.log1p(-t)
+    if log_targets is None:
         neg_terms = torch.where(negative, s, ninf)
         pos_terms = torch.where(positive, -s, ninf)
     else:
-        t = soft_targets.detach().to(s.dtype).clamp(0.0, 1.0)
-        t = torch.where(negative, t, torch.zeros_like(t))
-        neg_terms = torch.where(negative, s + torch.log1p(-t), ninf)
-        pos_terms = torch.where(positive, -s, torch.log(t) - s)
+        log_t, log_1mt = (x.detach().to(s.dtype) for x in log_targets)
+        neg_terms = torch.where(negative, s + log_1mt, ninf)
+        pos_terms = torch.where(positive, -s, torch.where(negative, log_t - s, ninf))
     lead = (*s.shape[:-1], 1)  # B x 1 (R x B x 1 for the vectorised engine's stacked runs)
     log_a = torch.full(lead, math.log(alpha), dtype=s.dtype, device=s.device)
     log_b = torch.full(lead, math.log(beta), dtype=s.dtype, device=s.device)
@@ -105,6 +111,20 @@ def soft_targets_from_ap(logits: torch.Tensor, ap: torch.Tensor, gamma: float) -
     R x L with R x B x L logits of stacked runs)."""
     p = torch.sigmoid(as_compute(logits).detach())
     return ap.to(p.dtype).clamp(0.0, 1.0).pow(gamma).unsqueeze(-2) * p
+
+
+def soft_log_targets_from_ap(logits: torch.Tensor, ap: torch.Tensor,
+                             gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log t, log(1 - t))`` of `soft_targets_from_ap`'s ``t = a * sigmoid(s)``,
+    ``a = AP ** gamma``, in log space (detached): ``log a + logsigmoid(s)`` and
+    ``log((1 - a) + a * sigmoid(-s))``, exact where ``t`` itself rounds to 1 (``a = 1`` and a
+    confident logit: then ``log(1 - t) = logsigmoid(-s)``) or to 0."""
+    s = as_compute(logits).detach()
+    a = ap.to(s.dtype).clamp(0.0, 1.0).pow(gamma).unsqueeze(-2)
+    log_a = torch.log(a)
+    log_t = log_a + F.logsigmoid(s)
+    log_1mt = torch.logaddexp(torch.log1p(-a).expand_as(s), log_a + F.logsigmoid(-s))
+    return log_t, log_1mt
 
 
 class _OPMLBase(SPMLLoss):
@@ -324,10 +344,13 @@ class SoftOPMLLoss(OPMLLoss):
                                    f"copy of the observed labels: the engine calls "
                                    f"on_train_start(observed, info) before training")
             observed = take_rows(self.observed_labels, index).to(logits.device)
-        targets = soft_targets_from_ap(logits, self._current_ap(logits.shape[-1], logits.device),
-                                       self.gamma)
-        targets = torch.where(observed == UNOBSERVED, targets, torch.zeros_like(targets))
-        return opml_row_loss(logits, observed == POSITIVE, self.alpha, self.beta, targets)
+        log_t, log_1mt = soft_log_targets_from_ap(
+            logits, self._current_ap(logits.shape[-1], logits.device), self.gamma)
+        soft = observed == UNOBSERVED  # observed negatives keep hard targets: t = 0
+        log_t = torch.where(soft, log_t, torch.full_like(log_t, -math.inf))
+        log_1mt = torch.where(soft, log_1mt, torch.zeros_like(log_1mt))
+        return opml_row_loss(logits, observed == POSITIVE, self.alpha, self.beta,
+                             log_targets=(log_t, log_1mt))
 
 
 @register("opml_sp", "OPML-SP: soft OPML + high-rank regulariser + AP-based label correction",
