@@ -366,8 +366,9 @@ def test_source_options_are_checked_against_the_signature(arrays_files):
     with pytest.raises(ValueError, match=r"^unknown option 'subsampel' for dataset 'yeast'; did "
                                          r"you mean 'subsample'\? It takes: path, seed, "
                                          r"subsample, subsample_seed, class_order, "
-                                         r"protocol \(spml list datasets yeast --details: "
-                                         r"each option's type, default and meaning\)$"):
+                                         r"protocol, val_variant \(spml list datasets yeast "
+                                         r"--details: each option's type, default and "
+                                         r"meaning\)$"):
         load_splits("yeast", subsampel=0.5)
     with pytest.raises(ValueError, match="'subsample' belongs to the train / val protocol"):
         load_dataset("yeast", subsample=0.5)  # no protocol without load_splits

@@ -442,8 +442,10 @@ def register(sub) -> None:
                                "where known, else the method's default: 1e-3 for a linear head, "
                                "1e-4 fine-tuned; the value used and why are printed)")
     training.add_argument("--seed", type=SEED, default=0,
-                          help="the run's seed: the observed labels drawn, the initialisation "
-                               "and the batch order (default: 0)")
+                          help="the run's seed: the initialisation and the batch order "
+                               "(default: 0); the observed labels are drawn with seed 1200, the "
+                               "same for every run, as in the papers (--data seed=N draws "
+                               "others)")
     method.add_argument("--k", type=_positive, default=None,
                         help="expected positives per example (default: the train split's mean)")
     method.add_argument("--k-estimate", type=_whole(1), default=None, metavar="M",

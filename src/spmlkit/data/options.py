@@ -140,9 +140,12 @@ def describe_options(name: str, feature_rows: Sequence[dict] = ()) -> list[dict]
     from .protocol import make_splits
 
     entry = DATASETS.get(name)
-    rows = parameter_rows(source_parameters(name), inspect.getdoc(entry.factory), "source")
+    # ``seed`` given with the options (--data seed=N, a study's data.seed) is load_splits' own:
+    # the observed labels' draw; a source's ``seed`` is load_dataset(name, seed=N)'s only
+    own = {k: p for k, p in source_parameters(name).items() if k != "seed"}
+    rows = parameter_rows(own, inspect.getdoc(entry.factory), "source")
     rows += parameter_rows(inspect.signature(make_splits).parameters,
-                           inspect.getdoc(make_splits), "protocol", PROTOCOL_OPTIONS)
+                           inspect.getdoc(make_splits), "protocol", ("seed", *PROTOCOL_OPTIONS))
     if "images" in entry.tags:
         rows += list(feature_rows)
     return rows

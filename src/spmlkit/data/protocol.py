@@ -378,7 +378,8 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
             ``1p_biased:loc`` need the source's per-label instance metadata
             (``ds.meta["instances"]``: a mapping with ``"size"`` / ``"loc"`` pool-row x label
             arrays, or a function returning one, called only then).
-        seed: the observed-label draw's seed.
+        seed: the observed-label draw's seed (``--data seed=N``, a study's ``data.seed``; the
+            papers draw once, with 1200, and vary only the training's seed).
         split_seed: the train / val split's seed.
         subsample: keep only this fraction of the train rows (Cole et al. Fig. 1: test mAP
             against the number of training labels, m% of the training images): a seeded
