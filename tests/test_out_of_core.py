@@ -251,3 +251,23 @@ def test_float16_rows_in_memory_standardise_as_stored_ones_do():
     np.testing.assert_allclose(stats["std"], std, rtol=1e-4)
     np.testing.assert_allclose(stats["mean"], mean, rtol=1e-4)
     np.testing.assert_allclose(train.x.std(axis=0), 1.0, rtol=1e-3)
+
+
+def test_a_huge_finite_value_is_named_and_its_statistics_stay_finite(recwarn):
+    """A float32 column holding one 1e20 (a "missing" sentinel): its squares overflowed float32,
+    the std came out inf (``Infinity`` in config.json) and the column 0 for every row, with a
+    numpy RuntimeWarning only. The sums are then taken in float64 (finite statistics, as the
+    stored path's), and a warning names the column, the value and its row."""
+    from spmlkit.data.protocol import LabelledSet, _standardized
+    from spmlkit.data.rows import streaming_stats
+
+    x = np.random.default_rng(0).standard_normal((50, 3)).astype(np.float32)
+    x[7, 1] = 1e20
+    s = LabelledSet(x, np.zeros((50, 2), np.uint8), ["a", "b"], where="t.csv")
+    with pytest.warns(UserWarning, match=r"t.csv: feature column 'f2' holds 1e\+20 \(train "
+                                         r"row 7\); standardised, its other rows are all but "
+                                         r"equal"):
+        (train, _, _), stats = _standardized(s, s, s, ["f1", "f2", "f3"])
+    assert np.isfinite(stats["std"]).all() and np.isfinite(stats["mean"]).all()
+    np.testing.assert_allclose(stats["std"], streaming_stats(x)[1], rtol=1e-5)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

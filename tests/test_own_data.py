@@ -276,6 +276,37 @@ def test_tables_are_standardised_by_default_in_train_and_predict(own, tmp_path, 
     assert np.allclose(probs, stored["probs_test"], atol=1e-5)
 
 
+def test_predict_reads_new_rows_as_written_or_says_what_is_wrong(own, tmp_path, capsys):
+    """Ids as written (``007`` stayed ``7``, ``101`` came out ``101.0`` next to an empty id);
+    an empty id, a column named twice (pandas renamed the second ``att0`` and the first was
+    used), and rows with one field more than the header (pandas made the first column the
+    index and read every feature one column to the left, exit 0) are refused by name."""
+    assert main(["train", *own["data"], "--loss", "an", "--epochs", "1", "--quiet", "--out",
+                 str(tmp_path / "r")]) == 0
+    (run,) = (tmp_path / "r").iterdir()
+    header = "id," + ",".join(f"att{j}" for j in range(103))
+    row = ",".join(["0.1"] * 103)
+    cases = {"ids": f"{header}\n007,{row}\n1e3,{row}\n",
+             "empty": f"{header}\n101,{row}\n,{row}\n",
+             "twice": header.replace("att1,", "att0,") + f"\n1,{row}\n",
+             "extra": f"{header}\n1,{row},5\n2,{row},5\n"}
+    for name, text in cases.items():
+        (tmp_path / f"{name}.csv").write_text(text)
+    out = tmp_path / "p.csv"
+    capsys.readouterr()
+    assert main(["predict", str(run), str(tmp_path / "ids.csv"), "--out", str(out)]) == 0
+    assert pd.read_csv(out, dtype=str)["item"].tolist() == ["007", "1e3"]
+    capsys.readouterr()
+    says = {"empty": "empty.csv: id column 'id' is empty at data row 2; every row needs an id",
+            "twice": "twice.csv: the header names column 'att0' twice",
+            "extra": "extra.csv: the data rows have more fields than the header's 104"}
+    for name, message in says.items():
+        assert main(["predict", str(run), str(tmp_path / f"{name}.csv")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("spml predict: error: ") and message in err, err
+        assert len(err.splitlines()) == 1
+
+
 def test_observed_labels_without_a_positive_are_refused(own, tmp_path):
     df = pd.read_csv(own["dir"] / "train.csv")
     classes = own["classes"]

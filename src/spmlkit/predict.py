@@ -177,12 +177,12 @@ def read_feature_table(path, columns, id_column: str | None = None) -> tuple[np.
         FileNotFoundError: no such file.
         ValueError: a missing feature column (named), non-numeric or empty cells.
     """
-    from .data.tabular import read_table, table_features
+    from .data.tabular import read_table, table_features, table_ids
 
-    df = read_table(path, "table of new rows")
+    df = read_table(path, "table of new rows", [id_column] if id_column else ())
     x = table_features(df, list(columns), str(path))
     if id_column and id_column in df.columns:
-        return x, [str(v) for v in df[id_column]]
+        return x, table_ids(df, id_column, str(path))
     return x, [f"{path}#{r}" for r in range(len(df))]
 
 

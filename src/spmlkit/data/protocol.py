@@ -291,7 +291,7 @@ def _as_observed(y) -> np.ndarray:
     return np.asarray(y, dtype=np.int8).copy() if is_partial(y) else full_to_observed(y)
 
 
-def _standardized(train: LabelledSet, val: LabelledSet, test: LabelledSet):
+def _standardized(train: LabelledSet, val: LabelledSet, test: LabelledSet, names=None):
     """The three sets standardised with the train rows' mean and std (0 std -> 1), and the
     statistics as ``meta["standardize"]`` records them. Stored features (a memory map,
     `Rows`) stay stored: the statistics come from one streaming pass
@@ -305,13 +305,35 @@ def _standardized(train: LabelledSet, val: LabelledSet, test: LabelledSet):
     # float16 rows sum in float32 (in float16 the std of 84,000 rows came out half the true
     # one); float32 / float64 rows as before
     acc = np.float32 if train.x.dtype == np.float16 else None
-    mean = train.x.mean(axis=0, dtype=acc)
-    std = train.x.std(axis=0, dtype=acc)
+    with np.errstate(over="ignore"):
+        mean = train.x.mean(axis=0, dtype=acc)
+        std = train.x.std(axis=0, dtype=acc)
+    if not (np.isfinite(mean).all() and np.isfinite(std).all()):
+        # a float32 square overflows past ~1.8e19 (a 1e20 "missing" sentinel): the std was inf
+        # and the column became 0 for every row; those sums in float64, and a word
+        _warn_huge(train, ~(np.isfinite(mean) & np.isfinite(std)), names)
+        mean = train.x.mean(axis=0, dtype=np.float64).astype(np.float32)
+        std = train.x.std(axis=0, dtype=np.float64).astype(np.float32)
     std[std == 0] = 1.0
     stats = {"mean": mean.tolist(), "std": std.tolist(), "dtype": str(mean.dtype)}
     sets = tuple(LabelledSet(((s.x - mean) / std).astype(np.float32), s.y, s.class_names, s.ids,
                              s.where) for s in (train, val, test))
     return sets, stats
+
+
+def _warn_huge(train: LabelledSet, columns: np.ndarray, names) -> None:
+    """Warn that the train rows' ``columns`` hold values past 1e19: standardised, every other
+    row of such a column is all but the same number."""
+    import warnings
+
+    j = int(np.flatnonzero(columns)[0])
+    i = int(np.argmax(np.abs(train.x[:, j])))
+    name = repr(str(names[j])) if names is not None and j < len(names) else str(j)
+    more = f" ({int(columns.sum()) - 1} more column(s))" if columns.sum() > 1 else ""
+    warnings.warn(f"{train.where or 'train rows'}: feature column {name}{more} holds "
+                  f"{float(train.x[i, j]):g} (train row {i}); standardised, its other rows are "
+                  f"all but equal, so the column tells them apart no more. A missing-value "
+                  f"code? Fill such cells with a real value, or drop the column", stacklevel=4)
 
 
 #: the tabular SPML protocol's train / val / test fractions (SMILE, CRISP on MULAN sets)
@@ -492,7 +514,8 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
         extra["val_variant"] = "observed"
     standardize = None
     if ds.standardize:
-        (train, val, test), standardize = _standardized(train, val, test)
+        (train, val, test), standardize = _standardized(train, val, test,
+                                                        ds.meta.get("feature_columns"))
     k = _mean_positives((val if given else train).y)
     train_observed = observed[train_idx]  # one copy of the train rows' observed labels
     counts = observed_counts(train_observed)

@@ -161,12 +161,14 @@ _DECOMPRESSORS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open, ".zip": 
                   ".zst": _zstd}
 
 
-def read_table(path, what: str = "table"):
-    """A CSV / TSV / Parquet file as a pandas ``DataFrame``.
+def read_table(path, what: str = "table", text_columns: Sequence[str] = ()):
+    """A CSV / TSV / Parquet file as a pandas ``DataFrame``; the CSV columns named in
+    ``text_columns`` (an id column) are read as text, as written (``007`` stays ``007``).
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: another extension, an unreadable or empty file (the message names it).
+        ValueError: another extension, an unreadable or empty file, a header that names a
+            column twice, data rows with more fields than the header (the message names it).
         ModuleNotFoundError: pandas (or pyarrow, for Parquet) is not installed.
     """
     pd = _pandas()
@@ -191,7 +193,16 @@ def read_table(path, what: str = "table"):
         else:
             sep = "\t" if suffix == ".tsv" else ","
             with _inflating(path) as fh:  # a compressed file: its inflation bounded
-                df = pd.read_csv(fh if fh is not None else path, sep=sep, encoding="utf-8-sig")
+                header = pd.read_csv(fh if fh is not None else path, sep=sep, header=None,
+                                     nrows=1, encoding="utf-8-sig", dtype=str)
+            with _inflating(path) as fh, warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", pd.errors.ParserWarning)
+                # index_col=False: more fields than the header is a ParserWarning, not the
+                # first column read as the index and every other one a place to the left
+                df = pd.read_csv(fh if fh is not None else path, sep=sep, encoding="utf-8-sig",
+                                 dtype={c: str for c in text_columns}, index_col=False)
+            longer = any(issubclass(w.category, pd.errors.ParserWarning) for w in caught)
+            names = [str(c).strip() for c in header.iloc[0].tolist()] if len(header) else []
     except _InflationError as err:
         raise ValueError(str(err)) from None
     except EOFError as err:  # a compressed file cut short
@@ -199,11 +210,40 @@ def read_table(path, what: str = "table"):
                          f"compressed stream does: {err}); copy it again") from None
     except (ValueError, OSError, UnicodeDecodeError) as err:  # pandas' parser errors too
         raise ValueError(f"{path}: not a readable {suffix} table ({err})") from None
+    if suffix not in (".parquet", ".pq"):
+        _check_header(path, names, df, longer)
     if df.empty:
         raise ValueError(f"{path}: the {what} has no row (expected a header line, then one row "
                          f"per example)")
     df.columns = [str(c).strip() for c in df.columns]
     return df
+
+
+def table_ids(df, id_column: str, where: str) -> list[str]:
+    """The ``id_column`` values as text (as written: `read_table` reads the column as text);
+    a ValueError naming the first row with an empty id."""
+    col = df[id_column]
+    empty = col.isna().to_numpy().nonzero()[0]
+    if len(empty):
+        more = f" ({len(empty) - 1} more)" if len(empty) > 1 else ""
+        raise ValueError(f"{where}: id column {id_column!r} is empty at data row "
+                         f"{int(empty[0]) + 1}{more}; every row needs an id")
+    return [str(v) for v in col]
+
+
+def _check_header(path: Path, names: list[str], df, longer: bool) -> None:
+    """Refuse a header naming a column twice (pandas renames the second ``f1`` to ``f1.1``)
+    and data rows with more fields than the header (``longer``: pandas' ParserWarning)."""
+    import collections
+
+    twice = [n for n, c in collections.Counter(names).items() if c > 1 and n != "nan"]
+    if twice:
+        raise ValueError(f"{path}: the header names column {twice[0]!r} twice; give each "
+                         f"column a name of its own")
+    if longer:
+        raise ValueError(f"{path}: the data rows have more fields than the header's "
+                         f"{len(df.columns)} (a trailing comma on each row, or a column without "
+                         f"a name in the header?); every row needs one field per header name")
 
 
 def _patterns(spec) -> list[str]:
@@ -425,7 +465,7 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
                       or val_path is not None, f"dataset {name!r}")
     observed = train_labels == "observed"
     path = Path(path)
-    df = read_table(path)
+    df = read_table(path, text_columns=[id_column] if id_column else ())
     where = str(path)
     if split_column is not None and (test_path is not None or val_path is not None):
         raise ValueError(f"{where}: give split_column (one file of every row) or test_path / "
@@ -473,7 +513,8 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
             raise ValueError(f"{where}: no row has {split_column}=train")
     for s, p in (("test", test_path), ("val", val_path)):
         if p is not None:
-            frames[s] = (read_table(p, f"{s} table"), str(p))
+            frames[s] = (read_table(p, f"{s} table", [id_column] if id_column else ()),
+                         str(p))
 
     def part(s: str, observed_labels: bool = False):
         frame, frame_where = frames[s]
@@ -482,7 +523,8 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
         if missing:
             raise ValueError(f"{frame_where}: label column(s) {_preview(missing)} missing")
         y, names = table_labels(frame, label_cols, frame_where, observed_labels, classes)
-        ids = frame[id_column].tolist() if id_column and id_column in frame.columns else None
+        ids = table_ids(frame, id_column, frame_where) \
+            if id_column and id_column in frame.columns else None
         return Part(x, y, frame_where, frame_where, ids), names
 
     train, classes = part("train", observed)
