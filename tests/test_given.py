@@ -194,6 +194,28 @@ def test_train_run_on_given_labels_records_the_summary(arrays_given, tmp_path):
         f"default k {s.k:.3f} from the val labels")
 
 
+@pytest.mark.filterwarnings("ignore:em_apl. warmup")
+def test_an_undefined_pseudo_label_precision_is_null_in_metrics_jsonl(arrays_given, tmp_path):
+    """EM-APL on given labels: the pseudo-labels' precision is undefined (no full training
+    labels). metrics.jsonl wrote it as a bare ``NaN``, which strict JSON readers refuse
+    (final.json had None); it is ``null`` now, and read back as None."""
+    folder, opts, _ = arrays_given
+    from spmlkit.engine import TrainConfig
+    from spmlkit.runs import read_metrics
+
+    s = load_splits("arrays", "given", **opts)
+    res = train_run("linear", s, "em_apl", {"warmup": 0},
+                    config=TrainConfig(epochs=2, lr=1e-2), out=tmp_path / "runs")
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    lines = (Path(res["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line, parse_constant=refuse) for line in lines]
+    assert [r["pl_precision"] for r in records] == [None, None]
+    assert [r["pl_precision"] for r in read_metrics(res["run_dir"])] == [None, None]
+
+
 def test_summary_of_a_sampled_regime():
     s = load_splits("yeast")
     text = describe_labels(s)["summary"]

@@ -445,3 +445,15 @@ def test_an_index_that_is_not_the_batchs_rows_is_refused(name):
             with pytest.raises(ValueError, match=re.escape(says)):
                 loss(torch.randn(2, c), obs[:2], index=index)
         assert torch.isfinite(loss(torch.randn(2, c), obs[:2], index=[38, 39]))
+
+
+def test_numpy_labels_are_refused_with_a_message_that_says_so():
+    """The numpy labels `make_observed` returns, handed to a loss as they are: an
+    AttributeError from deep inside (numpy 2's ``ndarray.device`` is the string 'cpu') became
+    a TypeError that names the argument and the conversion."""
+    obs = make_observed(np.array([[1, 0, 1], [0, 1, 0]], np.uint8), "1p", seed=0)
+    says = r"AssumeNegativeLoss: {} must be a torch.Tensor, got numpy.ndarray: convert with"
+    with pytest.raises(TypeError, match=says.format("observed labels")):
+        create_loss("an")(torch.zeros(2, 3, requires_grad=True), obs)
+    with pytest.raises(TypeError, match=says.format("logits")):
+        create_loss("an")(np.zeros((2, 3)), torch.as_tensor(obs))

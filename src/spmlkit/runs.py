@@ -391,6 +391,12 @@ def write_output(path, data, *, force: bool = False, protect=()) -> Path:
     return _atomic(Path(path), write, output=True, force=force, protect=protect)
 
 
+def _strict_json(record: dict) -> dict:
+    """``record`` with its NaN / infinite float values as None (``null`` in JSON)."""
+    return {k: None if isinstance(v, (float, np.floating)) and not np.isfinite(v) else v
+            for k, v in record.items()}
+
+
 def _jsonable(obj):
     if isinstance(obj, (np.integer, np.floating)):
         return obj.item()
@@ -488,8 +494,9 @@ class RunDir:
         self.save_array(OBSERVED_FILE, observed)
 
     def log(self, record: dict) -> None:
-        """One epoch's record, appended to ``metrics.jsonl``."""
-        self.append_jsonl(METRICS_FILE, record)
+        """One epoch's record, appended to ``metrics.jsonl``: a NaN or infinite number is
+        written as ``null`` (strict JSON, as final.json: an undefined pseudo-label precision)."""
+        self.append_jsonl(METRICS_FILE, _strict_json(record))
 
     def checkpointer(self, every_seconds: float = 0.0,
                      background: bool = True) -> "Checkpointer":
@@ -515,8 +522,8 @@ class RunDir:
         state = load_torch(path)
         history = state.get("history")
         if trim_metrics and isinstance(history, list):
-            write_text(self.path / METRICS_FILE,
-                       "".join(json.dumps(h, default=_jsonable) + "\n" for h in history))
+            write_text(self.path / METRICS_FILE, "".join(
+                json.dumps(_strict_json(h), default=_jsonable) + "\n" for h in history))
         return state
 
     def finish(self, result: dict, best: dict, predictions: dict,
@@ -727,7 +734,8 @@ def _parse_metrics(path: Path, growing: bool = False) -> list[dict]:
 
 
 def read_metrics(run_dir, growing: bool = False) -> list[dict]:
-    """The per-epoch records of ``metrics.jsonl`` (``NaN`` values read back as float NaN); a
+    """The per-epoch records of ``metrics.jsonl`` (an undefined number is None; files of
+    earlier versions may hold ``NaN``, read back as float NaN); a
     line that is not a JSON object, or whose epoch / loss / mAP is not a number, is named.
     ``growing``: the run may be training now (a half-written last line is left out,
     `json_lines`)."""

@@ -756,6 +756,11 @@ class SPMLLoss(nn.Module):
         gradients on) of a loss with `required_hooks` checks that they were called
         (class docstring).
         """
+        for what, value in (("logits", logits), ("observed labels", observed)):
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"{type(self).__name__}: {what} must be a torch.Tensor, got "
+                                f"{type(value).__module__}.{type(value).__name__}: convert "
+                                f"with torch.as_tensor(...) (on the logits' device)")
         if logits.ndim != 2 or observed.shape != logits.shape:
             raise ValueError(f"{type(self).__name__}: logits and observed labels must both be "
                              f"B x L; got {tuple(logits.shape)} and {tuple(observed.shape)}")
