@@ -128,20 +128,36 @@ def test_benchmark_seeds_has_help(capsys):
     assert "--seeds SEEDS seeds per method (0, 1, ... N-1)" in out
 
 
-def test_ctrl_c_names_the_run_folder_and_how_to_continue_it(tmp_path, capsys):
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_ctrl_c_names_the_run_folder_and_how_to_continue_it(tmp_path, capsys, monkeypatch,
+                                                           checkpointed):
     """``spml train`` makes a new folder each time, so re-running the command after Ctrl-C would
-    start over: the message names the interrupted folder and ``--resume``, which finishes it."""
+    start over: the message names the interrupted folder and ``--resume``, which finishes it.
+    Stopped before its first checkpoint (a linear run writes one after 10 s) it says that the
+    resume starts again (it claimed the folder kept the epochs of a checkpoint it did not
+    have)."""
     from _interrupt import ctrl_c_after_epoch
 
+    from spmlkit.methods import driver
+
+    if checkpointed:
+        monkeypatch.setattr(driver, "CHECKPOINT_SECONDS", 0.0)
     argv = ["train", "--epochs", "4", "--lr", "1e-2", "--out", str(tmp_path / "runs"),
             "--quiet"]
     with ctrl_c_after_epoch(2):
         assert main(argv) == 130
     (run,) = (tmp_path / "runs").iterdir()
     err = capsys.readouterr().err
-    assert f"interrupted; {run} keeps the epochs of its last checkpoint: continue it with " \
-           f"spml train --resume {run}" in err, err
+    assert (run / "checkpoint.pt").is_file() == checkpointed
+    if checkpointed:
+        assert f"interrupted; {run} keeps the epochs of its last checkpoint: continue it " \
+               f"with spml train --resume {run}" in err, err
+    else:
+        assert f"interrupted before the run's first checkpoint: {run} keeps no epoch to " \
+               f"continue from; spml train --resume {run} starts it again from epoch 1" in err
     assert not (run / "failed.json").exists() and not (run / "final.json").exists()
     assert main(["train", "--resume", str(run), "--quiet"]) == 0
+    said = f"{run} has no checkpoint (stopped before its first): training it again from epoch 1"
+    assert (said in capsys.readouterr().err) != checkpointed
     assert json.loads((run / "final.json").read_text())["epochs_run"] == 4
     assert [p.name for p in (tmp_path / "runs").iterdir()] == [run.name]

@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import os
 import sys
+from pathlib import Path
 
 from . import benchmark, extract, figures, listing, predict, study, train
 from .benchmark import cmd_benchmark
@@ -132,8 +133,15 @@ def main(argv=None) -> int:
         if int(os.environ.get("RANK", "0") or 0) > 0:  # torchrun: process 0 says what to do
             return 130
         if isinstance(err, RunInterrupted) and args.func is cmd_train:  # a new folder each run
-            print(f"interrupted; {err.run_dir} keeps the epochs of its last checkpoint: "
-                  f"continue it with spml train --resume {err.run_dir}", file=sys.stderr)
+            from ..runs import CHECKPOINT_FILE
+
+            if (Path(err.run_dir) / CHECKPOINT_FILE).is_file():
+                print(f"interrupted; {err.run_dir} keeps the epochs of its last checkpoint: "
+                      f"continue it with spml train --resume {err.run_dir}", file=sys.stderr)
+            else:  # a linear run checkpoints after 10 s: stopped before its first
+                print(f"interrupted before the run's first checkpoint: {err.run_dir} keeps no "
+                      f"epoch to continue from; spml train --resume {err.run_dir} starts it "
+                      f"again from epoch 1", file=sys.stderr)
         else:
             print("interrupted; finished work is kept (re-run the same command to resume)",
                   file=sys.stderr)

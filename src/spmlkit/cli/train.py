@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from .common import (
     LazyHelp, _losses_help, _methods_help, _regimes_help,
@@ -20,11 +21,16 @@ def cmd_train(args) -> int:
     from ..methods import default_lr, get_method, resolve_k, resume_run, train_run
 
     if args.resume:
-        from ..runs import read_run
+        from ..runs import CHECKPOINT_FILE, read_run
 
         _refuse_resume_flags(args)
-        method = get_method(read_run(args.resume).config.get("mode", "linear"))
+        done = read_run(args.resume)
+        method = get_method(done.config.get("mode", "linear"))
         ctx = _processes(method, args)  # under torchrun: the process group, as a new run's
+        if ctx.is_main and done.final is None and \
+                not (Path(args.resume) / CHECKPOINT_FILE).is_file():
+            print(f"{args.resume} has no checkpoint (stopped before its first): training it "
+                  f"again from epoch 1", file=sys.stderr)
         bar, show = _epoch_bar(args, None if ctx.is_main else 0, f"resume {args.resume}")
         try:
             with acceleration(_acceleration(args)):
