@@ -142,3 +142,32 @@ def test_a_fork_waits_for_the_write_in_flight(run, monkeypatch):
     child.join()
     save.wait()
     assert child.exitcode == 0
+
+
+@pytest.mark.parametrize("phase", ["linear", "finetune"])
+def test_a_resumed_linear_init_run_keeps_each_logged_epoch_once(tmp_path, phase):
+    """A linear_init checkpoint nests its train-loop state (``{"phase", "state": {history},
+    "linear_result"}``): the resume trimmed nothing, and the epochs logged after the
+    checkpoint appeared twice in metrics.jsonl. The lines are kept as logged, up to the
+    checkpoint's epochs: the linear phase's, then the phase's own."""
+    import json
+
+    from spmlkit.runs import METRICS_FILE
+
+    run = RunDir.create(tmp_path, "r")
+    logged = [{"epoch": e, "val_map": 10.0 + e, "phase": "linear"} for e in (1, 2, 3)] + \
+             [{"epoch": e, "val_map": 20.0 + e, "phase": "finetune"} for e in (1, 2)]
+    for record in logged:
+        run.log(record)
+    lin = [{"epoch": e, "val_map": 10.0 + e} for e in (1, 2, 3)]
+    if phase == "linear":  # checkpointed at linear epoch 2, killed after finetune epoch 2
+        state = {"format": "linear_init", "phase": "linear", "state": {"history": lin[:2]}}
+        keep = logged[:2]
+    else:  # checkpointed at finetune epoch 1
+        state = {"format": "linear_init", "phase": "finetune", "linear_result": {"history": lin},
+                 "state": {"history": [{"epoch": 1, "val_map": 21.0}]}}
+        keep = logged[:4]
+    run.save_torch(CHECKPOINT_FILE, state)
+    assert run.resume_state() == state
+    lines = (run.path / METRICS_FILE).read_text().splitlines()
+    assert [json.loads(line) for line in lines] == keep

@@ -391,6 +391,36 @@ def write_output(path, data, *, force: bool = False, protect=()) -> Path:
     return _atomic(Path(path), write, output=True, force=force, protect=protect)
 
 
+def _epochs_of(lines: list[str]) -> list:
+    """The ``epoch`` of each JSON line (None for one that is not a record)."""
+    out = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        out.append(record.get("epoch") if isinstance(record, dict) else None)
+    return out
+
+
+def checkpoint_history(state) -> list | None:
+    """The epoch records a resumable state holds, in the order they were logged: a train
+    loop's ``history``; for linear_init's ``{"phase", "state"}`` the linear phase's epochs
+    (from ``linear_result`` once fine-tuning started) and then the phase's own. None when
+    the state holds none."""
+    if not isinstance(state, dict):
+        return None
+    if "phase" in state and isinstance(state.get("state"), dict):
+        own = state["state"].get("history")
+        linear = (state.get("linear_result") or {}).get("history") or []
+        phase = state["phase"]
+        if not isinstance(own, list):
+            return None
+        return [{**h, "phase": "linear"} for h in linear] + [{**h, "phase": phase} for h in own]
+    history = state.get("history")
+    return history if isinstance(history, list) else None
+
+
 def _strict_json(record: dict) -> dict:
     """``record`` with its NaN / infinite float values as None (``null`` in JSON)."""
     return {k: None if isinstance(v, (float, np.floating)) and not np.isfinite(v) else v
@@ -520,10 +550,16 @@ class RunDir:
                 write_text(self.path / METRICS_FILE, "")
             return None
         state = load_torch(path)
-        history = state.get("history")
-        if trim_metrics and isinstance(history, list):
-            write_text(self.path / METRICS_FILE, "".join(
-                json.dumps(_strict_json(h), default=_jsonable) + "\n" for h in history))
+        history = checkpoint_history(state)
+        if trim_metrics and history is not None:
+            lines = (self.path / METRICS_FILE).read_text().splitlines(keepends=True) \
+                if (self.path / METRICS_FILE).is_file() else []
+            if _epochs_of(lines[:len(history)]) == [h.get("epoch") for h in history]:
+                kept = "".join(lines[:len(history)])  # as logged, up to the checkpoint's epochs
+            else:
+                kept = "".join(json.dumps(_strict_json(h), default=_jsonable) + "\n"
+                               for h in history)
+            write_text(self.path / METRICS_FILE, kept)
         return state
 
     def finish(self, result: dict, best: dict, predictions: dict,

@@ -26,7 +26,7 @@ from ..losses import create_loss
 from ..metrics import THRESHOLD_POLICY, map_score, pseudo_label_stats
 from ..metrics_partial import split_evaluate, split_map, split_metrics, split_thresholds
 from ..data.protocol import describe_labels
-from ..runs import RunDir, read_run, sync_files
+from ..runs import RunDir, checkpoint_history, read_run, sync_files
 from .contract import (RunContext, TrainingMethod, check_inputs, check_train_fields,
                        feature_record, get_method,
                        resolve_hparams, resolve_k)
@@ -337,7 +337,7 @@ def _train_run(method, splits, loss, hparams, loss_fn, config, k, options, datas
     elif out is not None and is_main:
         run = RunDir.create(out, run_name or default_run_name(method, splits, loss, config))
     pseudo: dict = {}  # epoch -> pl_count / pl_precision (the epochs before a resume too)
-    for record in (state or {}).get("history") or []:
+    for record in checkpoint_history(state) or []:
         pseudo[record["epoch"]] = {key: record[key] for key in ("pl_count", "pl_precision")
                                    if key in record}
 
