@@ -161,3 +161,18 @@ def test_ctrl_c_names_the_run_folder_and_how_to_continue_it(tmp_path, capsys, mo
     assert (said in capsys.readouterr().err) != checkpointed
     assert json.loads((run / "final.json").read_text())["epochs_run"] == 4
     assert [p.name for p in (tmp_path / "runs").iterdir()] == [run.name]
+
+
+def test_k_given_twice_is_refused_and_the_losses_own_k_is_recorded(tmp_path, capsys):
+    """``--k 2 --hp k=3`` trained with 3 and recorded k 2; ``--hp k=3`` alone recorded the train
+    mean (4.208) as the run's k. Both ways at once are refused; the loss's own k is the run's."""
+    assert main(["train", "--loss", "role", "--epochs", "1", "--k", "2", "--hp", "k=3",
+                 "--quiet", "--out", str(tmp_path)]) == 2
+    assert "k is given twice: the run's k 2.0 (--k / --k-estimate, k=) and the loss's " \
+           "hyperparameter k=3 (--hp k=); give one" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+    assert main(["train", "--loss", "role", "--epochs", "1", "--hp", "k=3", "--quiet", "--out",
+                 str(tmp_path)]) == 0
+    (run,) = tmp_path.iterdir()
+    config = json.loads((run / "config.json").read_text())
+    assert config["k"] == 3 and config["hparams"]["k"] == 3

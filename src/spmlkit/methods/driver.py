@@ -250,6 +250,12 @@ def _run_settings(method: TrainingMethod, splits, loss: str, hparams, config, k,
         check_train_fields(method, config)
     hparams = resolve_hparams(loss, splits.name, hparams)
     loss_fn = create_loss(loss, **hparams)
+    own_k = hparams.get("k")  # the loss's own k (EPR, ROLE, GPR) wins over the run's
+    if own_k is not None and k is not None and resume is None:
+        raise ValueError(f"k is given twice: the run's k {k!r} (--k / --k-estimate, k=) and the "
+                         f"loss's hyperparameter k={own_k!r} (--hp k=); give one")
+    if own_k is not None and not isinstance(own_k, bool) and isinstance(own_k, (int, float)):
+        k = own_k  # what the loss trains with, so config.json records it
     k = splits.k if k is None else resolve_k(k, splits, config.seed)
     if method.check_run is not None:
         method.check_run(splits, config, options, resume)
