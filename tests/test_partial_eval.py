@@ -165,3 +165,31 @@ def test_partial_label_thresholds_refuse_nan_scores():
             fn(probs, y)
     assert masked_select_thresholds(np.array([[0.9, 0.2], [0.3, 0.8]]), y)["per_class"] == \
         [0.9, 0.8]
+
+
+def test_k_from_partial_val_labels_says_what_it_assumes_and_refuses_an_estimate(tmp_path,
+                                                                              capsys):
+    """Presence-only val labels (known positives, no known negative for some classes): the
+    default k counts such a class as present wherever unknown, and the summary says so;
+    ``--k-estimate`` failed with "full labels in estimate_k must hold only 0 and 1"."""
+    ds = load_dataset("yeast")
+    z = make_observed(ds.pool.y, "1p", seed=3)
+    y_test = np.where(ds.test.y == 1, 1, 0).astype(np.float32)  # positives only: no -1
+    y_test[:, :3] = np.where(ds.test.y[:, :3] == 1, 1, -1)      # 3 classes fully known
+    for name, arr in (("x", ds.pool.x), ("z", z), ("xt", ds.test.x), ("yt", y_test)):
+        np.save(tmp_path / f"{name}.npy", arr)
+    data = ["--dataset", "arrays", "--data", f"features={tmp_path / 'x.npy'}",
+            "--data", f"labels={tmp_path / 'z.npy'}", "--data", "train_labels=observed",
+            "--data", f"test_features={tmp_path / 'xt.npy'}", "--data",
+            f"test_labels={tmp_path / 'yt.npy'}", "--data", "eval_labels=partial"]
+    assert main(["train", *data, "--loss", "epr", "--epochs", "1", "--k-estimate", "50",
+                 "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "--k-estimate 50: estimating k needs fully labelled rows, and the val labels are " \
+           "partial (unknown entries); give k directly (--k)" in err
+    assert main(["train", *data, "--loss", "an", "--epochs", "1", "--quiet", "--out",
+                 str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "from the val labels (partial: each class's positive rate among its known rows; 11 " \
+           "class(es) without a known negative count as present wherever unknown: give --k " \
+           "if unknown mostly means absent)" in out

@@ -517,6 +517,9 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
         (train, val, test), standardize = _standardized(train, val, test,
                                                         ds.meta.get("feature_columns"))
     k = _mean_positives((val if given else train).y)
+    if is_partial((val if given else train).y):  # classes with no known negative count fully
+        known_neg = (np.asarray((val if given else train).y) == -1).any(axis=0)
+        extra["k_classes_without_negative"] = int((~known_neg).sum())
     train_observed = observed[train_idx]  # one copy of the train rows' observed labels
     counts = observed_counts(train_observed)
     meta = {**{key: v for key, v in ds.meta.items() if key != "instances"},
@@ -592,6 +595,11 @@ def describe_labels(splits: Splits) -> dict:
                  f"{test_part} {masked['test'] or 'fully labelled'}"
     summary = (f"{head}; {scored}; default k {splits.k:.3f} from the "
                f"{meta.get('k_from', 'train')} labels")
+    if meta.get("k_classes_without_negative"):  # presence-only val labels inflate k
+        summary += (f" (partial: each class's positive rate among its known rows; "
+                    f"{meta['k_classes_without_negative']} class(es) without a known negative "
+                    f"count as present wherever unknown: give --k if unknown mostly means "
+                    f"absent)")
     return {"regime": splits.regime, "train_labels": "observed" if given else "full",
             "observed_from": source, **{k: counts[k] for k in (
                 "positives", "negatives", "unobserved", "rows_without_positive")},

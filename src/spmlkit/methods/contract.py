@@ -316,6 +316,13 @@ def resolve_k(k, splits, seed: int, report: bool = False, given: str | None = No
                                   "the fully labelled val rows; or give k directly: --k)"
         raise ValueError(f"{given or f'k {k!r}'}: estimating k from {m} fully labelled rows "
                          f"needs that many, and the {split} split has only {n} rows{why}")
+    from ..metrics_partial import is_partial
+
+    if is_partial(labelled.y):
+        raise ValueError(f"{given or f'k {k!r}'}: estimating k needs fully labelled rows, and "
+                         f"the {split} labels are partial (unknown entries); give k directly "
+                         f"(--k), or leave it to the default (each class's positive rate among "
+                         f"its known {split} rows)")
     if position is not None:
         iv = _k_interval(labelled.y, m)
         return iv.low + position * (iv.high - iv.low)
