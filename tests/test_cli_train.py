@@ -176,3 +176,48 @@ def test_k_given_twice_is_refused_and_the_losses_own_k_is_recorded(tmp_path, cap
     (run,) = tmp_path.iterdir()
     config = json.loads((run / "config.json").read_text())
     assert config["k"] == 3 and config["hparams"]["k"] == 3
+
+
+def test_a_resume_reads_the_data_it_started_with_from_any_folder(tmp_path, capsys,
+                                                                 monkeypatch):
+    """config.json recorded ``path=y.csv`` as given: ``--resume`` from another folder failed
+    with "table file y.csv does not exist". And a data file changed since the run started was
+    read as it is now, silently (test mAP 56.91 where the run gives 42.43): the paths are
+    recorded absolute, with the files' size and modification time, and a changed file refuses
+    the resume."""
+    import numpy as np
+
+    from _interrupt import ctrl_c_after_epoch
+
+    from spmlkit.data import load_dataset
+    from spmlkit.methods import driver
+
+    monkeypatch.setattr(driver, "CHECKPOINT_SECONDS", 0.0)
+    ds = load_dataset("yeast")
+    data = tmp_path / "data"
+    data.mkdir()
+    np.save(data / "x.npy", ds.pool.x)
+    np.save(data / "y.npy", ds.pool.y)
+    monkeypatch.chdir(data)
+    argv = ["train", "--dataset", "arrays", "--data", "features=x.npy", "--data",
+            "labels=y.npy", "--epochs", "4", "--lr", "1e-2", "--out", str(tmp_path / "runs"),
+            "--quiet"]
+    with ctrl_c_after_epoch(2):
+        assert main(argv) == 130
+    (run,) = (tmp_path / "runs").iterdir()
+    config = json.loads((run / "config.json").read_text())
+    assert config["dataset_options"]["features"] == str(data / "x.npy")
+    assert set(config["data_files"]) == {"features", "labels"}
+    monkeypatch.chdir(tmp_path)
+    y = np.load(data / "y.npy")
+    y[:50] = 1
+    np.save(data / "y.npy", y)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--quiet"]) == 2
+    assert f"cannot resume {run}: its data file {data / 'y.npy'} (option labels) changed " \
+           f"since the run started" in capsys.readouterr().err
+    np.save(data / "y.npy", ds.pool.y)  # the data restored (a new modification time)
+    config["data_files"]["labels"]["mtime_ns"] = (data / "y.npy").stat().st_mtime_ns
+    (run / "config.json").write_text(json.dumps(config))
+    assert main(["train", "--resume", str(run), "--quiet"]) == 0  # from another folder
+    assert json.loads((run / "final.json").read_text())["epochs_run"] == 4

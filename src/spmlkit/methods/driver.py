@@ -192,7 +192,7 @@ def _check_resume(path, stored: dict, fresh: dict) -> None:
     fresh = json.loads(json.dumps(fresh, default=str))
     keys = [k for k in fresh if k in RESUME_KEYS or k not in (
         "dataset_options", "train", "options", "class_names", "versions", "processes",
-        "labels", "acceleration")]
+        "labels", "acceleration", "data_files")]
     differ = [k for k in keys if stored.get(k) != fresh.get(k)]
     # a folder written before TrainConfig had ``metric`` / ``weight_decay`` selected on mAP,
     # without weight decay
@@ -208,9 +208,67 @@ def _check_resume(path, stored: dict, fresh: dict) -> None:
                          f"RUN_DIR reads them from config.json)")
 
 
+def absolute_paths(options: dict) -> dict:
+    """``options`` with each text value that names an existing file or folder, relative to
+    the current folder, made absolute (nested dicts too): a run folder's config.json then
+    names its data wherever the resume is started."""
+    def fix(value):
+        if isinstance(value, dict):
+            return {k: fix(v) for k, v in value.items()}
+        if isinstance(value, str) and value and not Path(value).is_absolute() and \
+                "\n" not in value and len(value) < 4096:
+            try:
+                if Path(value).exists():
+                    return str(Path(value).resolve())
+            except OSError:
+                pass
+        return value
+    return fix(dict(options or {}))
+
+
+def data_files(options: dict) -> dict:
+    """``{option: {"path", "size", "mtime_ns"}}`` of the options (nested ones as ``a.b``) that
+    name an existing file: what a resume checks is unchanged."""
+    out = {}
+
+    def walk(prefix, value):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}{k}.", v)
+        elif isinstance(value, str) and Path(value).is_absolute():
+            try:
+                st = Path(value).stat()
+            except OSError:
+                return
+            if Path(value).is_file():
+                out[prefix[:-1]] = {"path": value, "size": st.st_size,
+                                    "mtime_ns": st.st_mtime_ns}
+    walk("", options or {})
+    return out
+
+
+def _check_data_files(path, recorded: dict) -> None:
+    """A resume reads the data its run started with: a recorded data file that changed (size
+    or modification time) or went missing is a `ResumeError`."""
+    for option, was in (recorded or {}).items():
+        try:
+            st = Path(was["path"]).stat()
+        except OSError:
+            raise ResumeError(f"cannot resume {path}: its data file {was['path']} (option "
+                              f"{option}) is gone; restore it, or train a new run") from None
+        if (st.st_size, st.st_mtime_ns) != (was["size"], was["mtime_ns"]):
+            raise ResumeError(f"cannot resume {path}: its data file {was['path']} (option "
+                              f"{option}) changed since the run started (size {was['size']} -> "
+                              f"{st.st_size} bytes, modified since); the resumed epochs would "
+                              f"train on other data than the first ones: restore the file, or "
+                              f"train a new run")
+
+
 def _fresh_config(method: TrainingMethod, ctx: RunContext, dataset_options) -> dict:
     splits, config = ctx.splits, ctx.config
-    out = {"dataset": splits.name, "dataset_options": dataset_options or {},
+    dataset_options = absolute_paths(dataset_options)
+    out = {"dataset": splits.name, "dataset_options": dataset_options,
+           "data_files": data_files(dataset_options),
            "regime": splits.regime, "mode": method.name, "loss": ctx.loss_name,
            "hparams": ctx.hparams, "k": ctx.k, "train": asdict(config),
            "options": _plain_options(ctx.options), "sizes": {s: len(getattr(splits, s))
@@ -611,6 +669,7 @@ def resume_run(run_dir, *, on_epoch=None, device: str | None = None,
     train = dict(cfg["train"])
     if device is not None:
         train["device"] = device
+    _check_data_files(run.path, cfg.get("data_files"))
     if splits is None:
         splits = load_splits(cfg["dataset"], cfg["regime"],
                              **(cfg.get("dataset_options") or {}))
