@@ -221,3 +221,25 @@ def test_a_resume_reads_the_data_it_started_with_from_any_folder(tmp_path, capsy
     (run / "config.json").write_text(json.dumps(config))
     assert main(["train", "--resume", str(run), "--quiet"]) == 0  # from another folder
     assert json.loads((run / "final.json").read_text())["epochs_run"] == 4
+
+
+def test_config_records_the_losses_settings_the_threads_and_the_commit(tmp_path):
+    """config.json had ``hparams: {}`` for a loss trained with its defaults (which may change
+    between versions, and by dataset), no thread count (image runs' bits depend on it) and a
+    version number that covers many commits. It records all three."""
+    import subprocess
+
+    from spmlkit.losses import loss_hparams
+
+    assert main(["train", "--loss", "em_apl", "--epochs", "1", "--threads", "2", "--quiet",
+                 "--out", str(tmp_path)]) == 0
+    (run,) = tmp_path.iterdir()
+    config = json.loads((run / "config.json").read_text())
+    assert config["hparams"] == {}
+    assert config["loss_settings"] == {**loss_hparams("em_apl")} and \
+        config["loss_settings"]["warmup"] == 5
+    assert config["threads"] == 2
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent)
+    if head.returncode == 0:  # a checkout (not an installed wheel)
+        assert config["versions"]["spmlkit_commit"].startswith(head.stdout.strip())

@@ -12,6 +12,7 @@ settings; [`load_run_model`][spmlkit.methods.driver.load_run_model] rebuilds a f
 from __future__ import annotations
 
 import contextlib
+import functools
 import platform
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ import torch
 
 from ..accel import acceleration, current_acceleration
 from ..engine import TrainConfig
-from ..losses import create_loss
+from ..losses import create_loss, loss_hparams
 from ..metrics import THRESHOLD_POLICY, map_score, pseudo_label_stats
 from ..metrics_partial import split_evaluate, split_map, split_metrics, split_thresholds
 from ..data.protocol import describe_labels
@@ -98,8 +99,36 @@ def versions() -> dict:
         sklearn_version = version("scikit-learn")
     except PackageNotFoundError:
         sklearn_version = None
-    return {"spmlkit": __version__, "torch": torch.__version__, "numpy": np.__version__,
-            "scikit-learn": sklearn_version, "python": platform.python_version()}
+    out = {"spmlkit": __version__, "torch": torch.__version__, "numpy": np.__version__,
+           "scikit-learn": sklearn_version, "python": platform.python_version()}
+    commit = source_commit()
+    if commit is not None:
+        out["spmlkit_commit"] = commit
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def source_commit() -> str | None:
+    """The git commit of the spmlkit source a checkout runs (``+dirty`` with uncommitted
+    changes to tracked files): one version number covers many commits between releases.
+    None for an installed wheel, or without git."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[3]
+    if not (root / ".git").exists() or not (root / "src" / "spmlkit").is_dir():
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
+                                "--untracked-files=no", "--", "src"], capture_output=True,
+                               text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip()
+                                  else "")
 
 
 def pseudo_label_record(loss_module, y_train) -> dict:
@@ -192,7 +221,7 @@ def _check_resume(path, stored: dict, fresh: dict) -> None:
     fresh = json.loads(json.dumps(fresh, default=str))
     keys = [k for k in fresh if k in RESUME_KEYS or k not in (
         "dataset_options", "train", "options", "class_names", "versions", "processes",
-        "labels", "acceleration", "data_files")]
+        "labels", "acceleration", "data_files", "loss_settings", "threads")]
     differ = [k for k in keys if stored.get(k) != fresh.get(k)]
     # a folder written before TrainConfig had ``metric`` / ``weight_decay`` selected on mAP,
     # without weight decay
@@ -274,7 +303,12 @@ def _fresh_config(method: TrainingMethod, ctx: RunContext, dataset_options) -> d
            "options": _plain_options(ctx.options), "sizes": {s: len(getattr(splits, s))
                                               for s in ("train", "val", "test")},
            "class_names": list(splits.class_names), "labels": describe_labels(splits),
-           "features": feature_record(splits), "versions": versions()}
+           "features": feature_record(splits), "versions": versions(),
+           # what the loss trained with (its defaults too: "hparams" is what was given, and
+           # a default may change between versions), and torch's CPU threads (a run's bits
+           # depend on them in image modes)
+           "loss_settings": _plain_options({**loss_hparams(ctx.loss_name), **ctx.hparams}),
+           "threads": torch.get_num_threads()}
     if method.run_config is not None:
         out.update(method.run_config(ctx))
     accel = current_acceleration()
