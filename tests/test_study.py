@@ -1142,3 +1142,22 @@ def test_vary_columns_keep_the_datasets_of_a_study_apart(tmp_path, capsys):
         ["yeast (seed=7)", "yeast (subsample=0.5)"]
     ref = next(ln for ln in table.splitlines() if ln.startswith("| sklearn_lr (scikit"))
     assert "–" not in ref and "±" not in ref, ref  # one value per entry, not pooled
+
+
+def test_checkpoint_seconds_for_stacked_runs_only_is_refused(tmp_path, capsys):
+    """``--checkpoint-seconds`` where every run trains stacked (the linear default) did nothing,
+    silently: a killed stack trains again. Refused before anything is written; with
+    ``--no-vectorise`` the runs train alone and write their checkpoints."""
+    from spmlkit.cli import main
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\ndatasets: [yeast]\nmethods: [an]\nseeds: 2\nepochs: 1\n"
+                    "grid: {batch_size: [16], lr: [1.0e-2]}\n")
+    out = tmp_path / "study"
+    assert main(["study", "run", str(spec), "--out", str(out), "--checkpoint-seconds", "0",
+                 "--jobs", "1", "--quiet"]) == 2
+    assert "--checkpoint-seconds: every run this launch trains is stacked" in \
+        capsys.readouterr().err
+    assert not out.exists()
+    assert main(["study", "run", str(spec), "--out", str(out), "--checkpoint-seconds", "0",
+                 "--no-vectorise", "--jobs", "1", "--quiet"]) == 0

@@ -219,7 +219,8 @@ def register(sub) -> None:
                            "before recording it as failed (default 1)")
     runs.add_argument("--checkpoint-seconds", type=float, default=None, metavar="S",
                       help="write a run's resumable checkpoint after an epoch once S seconds "
-                           "passed since the last (default 10; 0: every epoch)")
+                           "passed since the last (default 10; 0: every epoch); runs trained "
+                           "stacked (see --no-vectorise) keep none")
     runs.add_argument("--no-vectorise", action="store_true",
                       help="train every grid point alone (default: the linear mode trains the "
                            "runs that differ only in seed, learning rate and weight decay "

@@ -318,6 +318,7 @@ class Launch:
                 _unless_refused(self.out, created):
             self.plan()
             self.place()
+            self.check_checkpoints()
             self.record()
             self.prepare()
             groups = self.execute(self.payloads())
@@ -404,6 +405,26 @@ class Launch:
             _prepare_features(self.spec, on_vectors, self.options.progress)
         if self.mlflow is not None and self.todo:
             self.mlflow.set_experiment(self.spec.name)
+
+    def check_checkpoints(self) -> None:
+        """``checkpoint_seconds`` applies to the runs trained alone: stacked runs (the linear
+        mode's vectorised groups) keep no checkpoint. Refused when every run of the launch is
+        stacked (it would do nothing); a warning names the stacked ones otherwise."""
+        import warnings
+
+        if self.options.checkpoint_seconds is None or not self.options.vectorise or \
+                not self.todo:
+            return
+        stacked = sum(len(u) for u in group_tasks(self.todo, self.jobs) if isinstance(u, list))
+        how = ("stacked runs (the linear mode trains runs that differ only in seed, lr and "
+               "weight decay as one model) keep no checkpoint: a stopped stack trains again; "
+               "--no-vectorise trains them one by one, with checkpoints")
+        if stacked == len(self.todo):
+            raise ValueError(f"--checkpoint-seconds: every run this launch trains is stacked, "
+                             f"and {how}; give --no-vectorise, or leave the option out")
+        if stacked:
+            warnings.warn(f"--checkpoint-seconds applies to the {len(self.todo) - stacked} "
+                          f"run(s) trained alone; {stacked} {how}", stacklevel=2)
 
     def payloads(self) -> list:
         """The worker tasks: stacked groups (`group_tasks`, unless ``vectorise`` is
