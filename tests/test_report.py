@@ -285,3 +285,16 @@ def test_report_shows_the_classic_metrics_of_a_real_study(tmp_path, capsys):
 def test_report_without_classic_metrics_has_no_such_table(report):
     _, _, text = report
     assert 'id="table-classic"' not in text and "best validation mAP is selected" in text
+
+
+def test_the_rerun_command_is_one_a_user_can_type():
+    """A launch by ``python -m spmlkit`` recorded argv[0] as the package's __main__.py (not
+    runnable as a file: "attempted relative import"); it reads ``spml``, and a launch that
+    recorded its folder is rerun from there (its paths are relative to it)."""
+    from spmlkit.experiments.report import _command
+
+    argv = ["/x/src/spmlkit/__main__.py", "study", "run", "s 1.yaml", "--out", "s1a"]
+    assert _command(argv) == "spml study run 's 1.yaml' --out s1a"
+    assert _command(argv, "/home/me/my study") == \
+        "cd '/home/me/my study' && spml study run 's 1.yaml' --out s1a"
+    assert _command(["/venv/bin/spml", "study", "x"]) == "spml study x"

@@ -358,13 +358,18 @@ def _data_uri(path: Path) -> str:
 
 
 # --- commands, versions, wall times ------------------------------------------------------------
-def _command(argv) -> str:
+def _command(argv, cwd=None) -> str:
+    """A launch's command line as a user types it: ``spml ...`` for the console script and
+    for ``python -m spmlkit`` (whose argv[0] is the package's ``__main__.py``, not runnable as
+    a file), after ``cd CWD &&`` when the launch recorded its folder (relative paths)."""
     if isinstance(argv, str):
         return argv
     argv = [str(a) for a in argv or []]
-    if argv and Path(argv[0]).name == "spml":
+    if argv and (Path(argv[0]).name == "spml" or Path(argv[0]).parts[-2:] == ("spmlkit",
+                                                                                "__main__.py")):
         argv[0] = "spml"
-    return shlex.join(argv)
+    command = shlex.join(argv)
+    return f"cd {shlex.quote(str(cwd))} && {command}" if cwd else command
 
 
 def _failures(launch) -> str:
@@ -394,7 +399,7 @@ def rerun_command(study: StudyFolder) -> str:
     ``spml study <folder>/study.yaml``."""
     for launch in reversed(study.read_launches()):
         if launch.get("argv"):
-            return _command(launch["argv"])
+            return _command(launch["argv"], launch.get("cwd"))
     return shlex.join(["spml", "study", str(study.path / "study.yaml")])
 
 

@@ -387,7 +387,8 @@ class Launch:
             where = LocalExecutor(self.jobs).describe()
         argv = self.options.argv
         self.launch_record = {"launch_id": uuid.uuid4().hex, "argv": list(argv) if argv else None,
-                        "started": _now(), "finished": None, "runs_total": len(self.tasks),
+                        "cwd": os.getcwd(), "started": _now(), "finished": None,
+                        "runs_total": len(self.tasks),
                         "runs_done_before": len(self.tasks) - len(self.todo), "runs_run": 0,
                         "failures": 0, "seconds": None, "jobs": self.jobs, "executor": where,
                         "versions": versions()}
