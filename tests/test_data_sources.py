@@ -478,3 +478,47 @@ def test_tabular_protocol_on_yeast_standardises_with_its_train_rows():
     assert (len(s.train), len(s.val), len(s.test)) == (1933, 242, 242)
     np.testing.assert_allclose(s.train.x.mean(0), 0, atol=1e-5)
     assert abs(float(s.test.x.mean())) > 1e-4  # test rows use the train rows' statistics
+
+
+def test_class_names_joined_by_commas_are_refused(tmp_path):
+    """A names cell listing a row's classes with commas ("cat, dog") made every combination a
+    class of its own (7 classes from 3), silently; a comma inside a name whose parts are no
+    classes ("Washington, D.C.") stays a name."""
+    from spmlkit.data.csv_images import read_image_csv
+    from spmlkit.data.tabular import table_labels
+
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"tags": ["cat", "cat, dog", "dog", "bird"]})
+    with pytest.raises(ValueError, match=r"t.csv, column 'tags': class name 'cat, dog' is class "
+                                         r"names joined by commas \('cat', 'dog'\); separate"):
+        table_labels(df, ["tags"], "t.csv")
+    y, classes = table_labels(pd.DataFrame({"tags": ["Washington, D.C.", "Paris"]}), ["tags"],
+                              "t.csv")
+    assert classes == ["Paris", "Washington, D.C."]
+    csv = tmp_path / "images.csv"
+    csv.write_text('a.jpg,cat\nb.jpg,"cat, dog"\nc.jpg,dog\n')
+    with pytest.raises(ValueError, match="class name 'cat, dog' is class names joined"):
+        read_image_csv(csv)
+
+
+def test_a_feature_column_with_a_bad_cell_is_named_not_dropped(tmp_path):
+    """One non-numeric cell ('abc', or a header line repeated mid-file) made pandas read the
+    column as text, and the column was dropped from the features with a warning naming no
+    row; now an error names the column, the row and the value. A text column stays out."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    rows = ["f1,f2,note,cat,dog"] + [f"{rng.normal():.3f},{rng.normal():.3f},n{i},{i % 2},"
+                                     f"{1 - i % 2}" for i in range(40)]
+    bad = list(rows)
+    bad[3] = "abc," + bad[3].split(",", 1)[1]
+    (tmp_path / "bad.csv").write_text("\n".join(bad) + "\n")
+    with pytest.raises(ValueError, match=r"bad.csv: column 'f1' holds numbers but for 1 "
+                                         r"cell\(s\), the first at data row 3: 'abc'"):
+        load_dataset("tabular", path=str(tmp_path / "bad.csv"), labels="cat,dog")
+    (tmp_path / "ok.csv").write_text("\n".join(rows) + "\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds = load_dataset("tabular", path=str(tmp_path / "ok.csv"), labels="cat,dog")
+    assert ds.meta["feature_columns"] == ["f1", "f2"]
+    assert any("non-numeric column(s) note are not used" in str(w.message) for w in caught)

@@ -346,6 +346,21 @@ def read_observed(labels, classes: Sequence[str] | None = None) -> tuple[np.ndar
 EVAL_LABELS = ("full", "partial")
 
 
+def refuse_joined_names(classes: Sequence[str], where: str) -> None:
+    """Refuse a class name that is other class names joined by commas (``"cat, dog"`` beside
+    ``cat``): a cell listing a row's classes with commas, which would make each combination a
+    class of its own. A name with a comma whose parts are no classes (``"Washington, D.C."``)
+    stays."""
+    known = set(classes)
+    for name in classes:
+        parts = [p.strip() for p in str(name).split(",")]
+        if len(parts) > 1 and any(p in known for p in parts):
+            raise ValueError(f"{where}: class name {name!r} is class names joined by commas "
+                             f"({', '.join(repr(p) for p in parts)}); separate the class names "
+                             f"of a cell with ';' or '|' (a comma would make every combination a "
+                             f"class of its own)")
+
+
 def check_eval_labels(eval_labels: str, eval_mask: str | None, given: bool, where: str) -> None:
     """Refuse an unknown ``eval_labels`` / ``eval_mask``, a mask without partial labels, and
     partial labels without a val or test set given (nothing they would apply to)."""

@@ -57,7 +57,7 @@ import numpy as np
 from ..labels import OFFICIAL_SEED, positives_to_observed, validate_full_labels, \
     validate_observed
 from .arrays import TEST_FRACTION, Part, _preview, check_eval_labels, check_features, \
-    features_dataset, partial_part, resolve_class_names
+    features_dataset, partial_part, refuse_joined_names, resolve_class_names
 from .protocol import Dataset, check_train_labels
 from .registry import register
 
@@ -365,6 +365,8 @@ def table_labels(df, columns: Sequence[str], where: str, observed: bool = False,
     if len(columns) == 1 and df[columns[0]].dtype.kind not in "fiub":
         names = [_split_names(v) for v in df[columns[0]]]
         found = sorted({n for row in names for n in row})
+        if classes is None:
+            refuse_joined_names(found, f"{where}, column {columns[0]!r}")
         classes = list(classes) if classes is not None else found
         column = {c: j for j, c in enumerate(classes)}
         y = np.zeros((len(names), len(classes)), dtype=np.uint8)
@@ -479,6 +481,16 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
     if features is None:
         feature_cols = [c for c in df.columns if c not in reserved and df[c].dtype.kind in "fiub"]
         skipped = [c for c in df.columns if c not in reserved and c not in feature_cols]
+        for c in skipped:  # numbers but for a few cells: a typo, a repeated header line
+            cells = df[c].dropna()
+            bad = [i for i, v in cells.items() if not _is_number(v)]
+            if len(cells) and len(bad) <= max(1, len(cells) // 10):
+                i = bad[0]
+                raise ValueError(f"{where}: column {c!r} holds numbers but for {len(bad)} "
+                                 f"cell(s), the first at data row {int(i) + 1}: "
+                                 f"{df[c].loc[i]!r:.60} (a typo, or a header line repeated in "
+                                 f"the file?); fix the cell, or choose the feature columns with "
+                                 f"features=")
         if skipped:
             warnings.warn(f"{where}: non-numeric column(s) {_preview(skipped)} are not used as "
                           f"features (choose the feature columns with features=)", stacklevel=2)
