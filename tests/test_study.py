@@ -1161,3 +1161,24 @@ def test_checkpoint_seconds_for_stacked_runs_only_is_refused(tmp_path, capsys):
     assert not out.exists()
     assert main(["study", "run", str(spec), "--out", str(out), "--checkpoint-seconds", "0",
                  "--no-vectorise", "--jobs", "1", "--quiet"]) == 0
+
+
+def test_a_data_path_that_names_nothing_is_refused_before_the_launch(tmp_path, capsys,
+                                                                     monkeypatch):
+    """A spec's relative ``path: train.csv`` launched from another folder: every run failed
+    alone with "table file train.csv does not exist" and was stored as failed. The launch is
+    refused first, naming the absolute path looked at and the folder it is relative to."""
+    from spmlkit.cli import main
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\ndatasets: [{name: tabular, options: {path: train.csv, "
+                    "labels: 'c*'}}]\nmethods: [an]\nseeds: 1\nepochs: 1\n")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    out = tmp_path / "study"
+    assert main(["study", "run", str(spec), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"dataset 'tabular': option path=train.csv names nothing at " \
+           f"{tmp_path / 'elsewhere' / 'train.csv'} (a relative path is taken from the folder " \
+           f"spml runs in" in err
+    assert not out.exists()

@@ -229,6 +229,25 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
     return res
 
 
+def check_data_paths(spec: StudySpec) -> None:
+    """Refuse a dataset entry whose file or folder option names nothing there, before anything
+    is written: each of its runs would fail alone, stored as failed (a relaunch then needs
+    --retry-failed). The message names the absolute path looked at: a relative path is taken
+    from the folder spml runs in, not the spec's."""
+    from ...data.options import source_parameters
+
+    for d in spec.datasets:
+        params = source_parameters(d.name)
+        for key, value in d.options.items():
+            p = params.get(key)
+            if p is None or "PathLike" not in str(p.annotation) or not isinstance(value, str):
+                continue
+            if not Path(value).exists():
+                raise ValueError(f"dataset {d.name!r}: option {key}={value} names nothing at "
+                                 f"{Path(value).resolve()} (a relative path is taken from the "
+                                 f"folder spml runs in, {Path.cwd()}, not the spec's folder)")
+
+
 @dataclass(frozen=True)
 class LaunchOptions:
     """How a study is launched: [`run_study`][spmlkit.experiments.study.launch.run_study]'s keywords
@@ -311,6 +330,7 @@ class Launch:
 
     def run(self) -> dict:
         check_study_folder(self.out)  # (before a cluster is reached: nothing to close)
+        check_data_paths(self.spec)
         self.cluster = self.options.connect()
         created = not self.out.exists()
         self.out = make_folder(self.out)
