@@ -522,3 +522,22 @@ def test_a_feature_column_with_a_bad_cell_is_named_not_dropped(tmp_path):
         ds = load_dataset("tabular", path=str(tmp_path / "ok.csv"), labels="cat,dog")
     assert ds.meta["feature_columns"] == ["f1", "f2"]
     assert any("non-numeric column(s) note are not used" in str(w.message) for w in caught)
+
+
+def test_test_rows_that_are_training_rows_are_warned_about(tmp_path):
+    """The same file as train and test, or ids in both files: accepted without a word, the
+    model scored on rows it trained on."""
+    rng = np.random.default_rng(0)
+    head = "id,f1,f2,cat,dog\n"
+    rows = [f"r{i},{rng.normal():.3f},{rng.normal():.3f},{i % 2},{1 - i % 2}\n"
+            for i in range(60)]
+    (tmp_path / "train.csv").write_text(head + "".join(rows[:40]))
+    (tmp_path / "test.csv").write_text(head + "".join(rows[35:]))
+    opts = dict(labels="cat,dog", id_column="id")
+    with pytest.warns(UserWarning, match=r"test.csv: 5 of its 25 ids are also training rows' "
+                                         r"ids in .*train.csv \(first: 'r35'\)"):
+        load_dataset("tabular", path=str(tmp_path / "train.csv"),
+                     test_path=str(tmp_path / "test.csv"), **opts)
+    with pytest.warns(UserWarning, match="the test file is the training file"):
+        load_dataset("tabular", path=str(tmp_path / "train.csv"),
+                     test_path=str(tmp_path / "train.csv"), **opts)

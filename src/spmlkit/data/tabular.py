@@ -219,6 +219,22 @@ def read_table(path, what: str = "table", text_columns: Sequence[str] = ()):
     return df
 
 
+def _warn_shared_rows(path, other_path, train, other, what: str, by_ids: bool) -> None:
+    """Warn when the test / val rows are training rows: the same file, or (``by_ids``: an id
+    column) ids in both."""
+    if other is None or other_path is None:
+        return
+    if Path(other_path).resolve() == Path(path).resolve():
+        warnings.warn(f"{other_path}: the {what} file is the training file: its scores are "
+                      f"on the rows the model trains on", stacklevel=3)
+    elif by_ids:
+        shared = set(train.ids) & set(other.ids)
+        if shared:
+            warnings.warn(f"{other_path}: {len(shared)} of its {len(other.ids)} ids are also "
+                          f"training rows' ids in {path} (first: {sorted(shared)[0]!r}); rows in "
+                          f"both are scored on what the model trained on", stacklevel=3)
+
+
 def table_ids(df, id_column: str, where: str) -> list[str]:
     """The ``id_column`` values as text (as written: `read_table` reads the column as text);
     a ValueError naming the first row with an empty id."""
@@ -543,6 +559,9 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
     partial = eval_labels == "partial"  # read as observed labels, then masked
     test = part("test", partial)[0] if "test" in frames else None
     val = part("val", partial)[0] if "val" in frames else None
+    for s, part_ in (("test", test), ("val", val)):
+        _warn_shared_rows(path, {"test": test_path, "val": val_path}[s], train, part_, s,
+                          id_column is not None)
     if partial:
         test, val = (None if p is None else partial_part(p, eval_mask) for p in (test, val))
     meta = {"source": "tabular", "path": where, "feature_columns": feature_cols,
