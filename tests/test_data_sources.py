@@ -541,3 +541,15 @@ def test_test_rows_that_are_training_rows_are_warned_about(tmp_path):
     with pytest.warns(UserWarning, match="the test file is the training file"):
         load_dataset("tabular", path=str(tmp_path / "train.csv"),
                      test_path=str(tmp_path / "train.csv"), **opts)
+
+
+def test_a_semicolon_table_and_a_folder_say_what_they_are(tmp_path):
+    """A ';'-separated .csv said "label column 'cat' matches no column; the columns are
+    id;f1;..."; a folder given as the table said it "does not exist"."""
+    (tmp_path / "semi.csv").write_text("id;f1;cat\na;1,5;1\nb;2,5;0\n")
+    with pytest.raises(ValueError, match=r"semi.csv: the header is one column, 'id;f1;cat': "
+                                         r"the file looks ';'-separated; a .csv file is read "
+                                         r"comma-separated"):
+        load_dataset("tabular", path=str(tmp_path / "semi.csv"), labels="cat")
+    with pytest.raises(ValueError, match=r"table file .* is a folder; give the path of a .csv"):
+        load_dataset("tabular", path=str(tmp_path), labels="cat")

@@ -4,6 +4,7 @@ known tag per training image and a fully labelled test CSV; what the runs select
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -195,8 +196,9 @@ def test_extract_names_a_corrupt_file_and_leaves_no_partial_store(tagged, capsys
             "tiny_cnn", "--cache-dir", str(root / "cache"), "--workers", "0", "--quiet"]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("spml extract: error: feature extraction did not start (nothing was "
-                          "written to the cache): ") and f"{bad}: not a readable image" in err
+    assert re.match(r"spml extract: error: feature extraction of these \d+ images did not "
+                    r"start \(nothing was written for them; stores finished before are kept\): ",
+                    err) and f"{bad}: not a readable image" in err
     masks = [np.load(m) for m in (root / "cache").rglob("done.npy")]
     assert all(m.all() for m in masks)            # complete stores only (the clean set's)
     with pytest.warns(UserWarning, match="1 with an unreadable image"):

@@ -494,8 +494,9 @@ def _check_decodable(items) -> None:
     try:
         check_images(items, decode=True)
     except (ValueError, FileNotFoundError) as err:
-        raise ValueError(f"feature extraction did not start (nothing was written to the "
-                         f"cache): {err}") from None
+        raise ValueError(f"feature extraction of these {len(items)} images did not start "
+                         f"(nothing was written for them; stores finished before are kept): "
+                         f"{err}") from None
 
 
 def _fill(plan, items, backbone, transform, batch_size, num_workers, pretrained, device, seed,

@@ -173,6 +173,9 @@ def read_table(path, what: str = "table", text_columns: Sequence[str] = ()):
     """
     pd = _pandas()
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{what} file {path} is a folder; give the path of a "
+                         f"{', '.join(TABLE_SUFFIXES)} file")
     if not path.is_file():
         raise FileNotFoundError(f"{what} file {path} does not exist")
     suffix = table_kind(path)
@@ -211,6 +214,15 @@ def read_table(path, what: str = "table", text_columns: Sequence[str] = ()):
     except (ValueError, OSError, UnicodeDecodeError) as err:  # pandas' parser errors too
         raise ValueError(f"{path}: not a readable {suffix} table ({err})") from None
     if suffix not in (".parquet", ".pq"):
+        if len(names) == 1:  # one column: maybe another separator
+            other = next((c for c in (";", "\t", ",", "|") if c != sep and c in names[0]),
+                         None)
+            if other is not None:
+                name = {"\t": "tab", ";": "';'", ",": "','", "|": "'|'"}[other]
+                raise ValueError(f"{path}: the header is one column, {names[0]!r:.80}: the "
+                                 f"file looks {name}-separated; a {suffix} file is read "
+                                 f"{'tab' if sep == chr(9) else 'comma'}-separated "
+                                 f"(save it as CSV with commas, or tab-separated as .tsv)")
         _check_header(path, names, df, longer)
     if df.empty:
         raise ValueError(f"{path}: the {what} has no row (expected a header line, then one row "
