@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
 from .contract import SPMLLoss, TrainInfo, expected_positive_penalty, \
-    expected_positive_penalty_grad, masks, soft_bce, take_rows
+    expected_positive_penalty_grad, soft_bce, take_rows
 from .registry import register
 
 COLE = "Cole et al. 2021"
@@ -281,12 +281,27 @@ class PairwiseRankingLoss(SPMLLoss):
 
     manual_gradient = True
 
+    @staticmethod
+    def _pairs(p, observed):
+        """The pairs of ``p`` (... x B x L): ``(rows, cols, hinge)`` for the positive entries
+        (``rows`` index the flattened leading dimensions, ``cols`` the label) and each one's
+        K x L hinges ``1 - p_i + p_j`` on the labels it pairs with (0 elsewhere). K is the
+        number of observed positives: about B, not B x L (the B x L x L of every (i, j) pair
+        took minutes an epoch with 1,000 classes, and memory that grew with L^2)."""
+        classes = p.shape[-1]
+        flat = p.reshape(-1, classes)
+        obs = observed.expand(p.shape).reshape(-1, classes)
+        rows, cols = (obs == POSITIVE).nonzero(as_tuple=True)
+        other = ((obs == UNOBSERVED) | (obs == NEGATIVE)).to(p.dtype)[rows]  # K x L
+        hinge = (1.0 - flat[rows, cols].unsqueeze(-1) + flat[rows]) * other
+        return rows, cols, hinge
+
     def entries(self, logits, observed, index):
         p = torch.sigmoid(logits)
-        pos, unobs, neg = masks(observed)
-        hinge = torch.relu(1.0 - p.unsqueeze(-1) + p.unsqueeze(-2))  # B x L(i) x L(j)
-        pairs = pos.unsqueeze(-1) * (unobs + neg).unsqueeze(-2)
-        return (hinge * pairs).sum(dim=-1), None
+        rows, cols, hinge = self._pairs(p, observed)
+        sums = torch.relu(hinge).sum(dim=-1)  # each positive's pairs, on its own entry
+        mat = torch.zeros(p.numel() // p.shape[-1], p.shape[-1], dtype=p.dtype, device=p.device)
+        return mat.index_put((rows, cols), sums).reshape(p.shape), None
 
     def stacked_step(self, logits, observed, index):
         """The hinges and their gradient by hand
@@ -296,10 +311,12 @@ class PairwiseRankingLoss(SPMLLoss):
         autograd's)."""
         runs, batch, classes = logits.shape
         p = torch.sigmoid(logits)
-        pos, unobs, neg = masks(observed)
-        hinge = (1.0 - p.unsqueeze(-1) + p.unsqueeze(-2)).mul_(
-            pos.unsqueeze(-1) * (unobs + neg).unsqueeze(-2))  # R x B x L(i) x L(j); 0 off pairs
+        rows, cols, hinge = self._pairs(p, observed)
         active = (hinge > 0).to(p.dtype)
-        values = hinge.clamp_(min=0.0).sum(dim=(1, 2, 3)) / (batch * classes)
-        grad_p = active.sum(dim=-2) - active.sum(dim=-1)
+        values = torch.zeros(runs, dtype=p.dtype, device=p.device).index_add_(
+            0, rows // batch, hinge.clamp_(min=0.0).sum(dim=-1)) / (batch * classes)
+        grad_p = torch.zeros(runs * batch, classes, dtype=p.dtype, device=p.device)
+        grad_p.index_add_(0, rows, active)             # +1 for each j of an active pair
+        grad_p.index_put_((rows, cols), -active.sum(dim=-1), accumulate=True)  # -1 for its i
+        grad_p = grad_p.reshape(runs, batch, classes)
         return values, grad_p.mul_(p * (1.0 - p)).div_(batch * classes)
