@@ -135,6 +135,10 @@ def asl_entries(logits: torch.Tensor, observed: torch.Tensor, gamma_pos: float =
     return -(pos * on_pos + (1 - pos) * on_neg)
 
 
+#: entries (rows x classes) APL's selection sorts at once (`EMAPLLoss.on_epoch_end`)
+SELECT_BLOCK = 1 << 22
+
+
 def lowest_per_class(probs: torch.Tensor, candidates: torch.Tensor,
                      counts: torch.Tensor) -> torch.Tensor:
     """APL's selection: per column ``c``, the ``counts[c]`` candidates with the lowest ``probs``.
@@ -316,7 +320,7 @@ class APLLoss(EntropyMaximizationLoss):
         if train_logits is None:
             raise ValueError("em_apl needs the eval-mode logits of the whole train split at "
                              "on_epoch_end(epoch, train_logits) (needs_train_predictions=True)")
-        logits = torch.as_tensor(train_logits).detach().to(self.pseudo_mask.device).float()
+        logits = torch.as_tensor(train_logits).detach().to(self.pseudo_mask.device)
         if logits.shape != self.unobserved.shape:
             raise ValueError(f"em_apl: train_logits have shape {tuple(logits.shape)}, the train "
                              f"split's labels {tuple(self.unobserved.shape)}; pass the logits of "
@@ -324,11 +328,19 @@ class APLLoss(EntropyMaximizationLoss):
         if torch.isnan(logits).any():
             raise ValueError(f"em_apl: train_logits hold {int(torch.isnan(logits).sum())} NaN "
                              f"value(s)")
-        probs = torch.sigmoid(logits)
+        probs = torch.sigmoid(logits.float())  # (whole: the same bits as before)
+        del logits
         counts = torch.tensor(self.per_epoch_counts(), device=probs.device)
-        new = lowest_per_class(probs, self.unobserved & ~self.pseudo_mask, counts)
-        self.pseudo_target = torch.where(new, probs, self.pseudo_target)
-        self.pseudo_mask = self.pseudo_mask | new
+        # by blocks of classes (each class is chosen on its own): the sort's temporaries stay
+        # within SELECT_BLOCK entries, not ~20 bytes for each of the N x L (GBs at 50k x 5k)
+        step = max(1, SELECT_BLOCK // max(1, probs.shape[0]))
+        for c0 in range(0, probs.shape[1], step):
+            block = slice(c0, c0 + step)
+            p = probs[:, block]
+            new = lowest_per_class(p, self.unobserved[:, block] & ~self.pseudo_mask[:, block],
+                                   counts[block])
+            self.pseudo_target[:, block] = torch.where(new, p, self.pseudo_target[:, block])
+            self.pseudo_mask[:, block] |= new
 
     def pseudo_labels(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mask, target)`` copies: which train entries are pseudo-negatives and their soft
