@@ -193,3 +193,15 @@ def test_k_from_partial_val_labels_says_what_it_assumes_and_refuses_an_estimate(
     assert "from the val labels (partial: each class's positive rate among its known rows; 11 " \
            "class(es) without a known negative count as present wherever unknown: give --k " \
            "if unknown mostly means absent)" in out
+
+
+def test_the_sklearn_reference_is_scored_masked_on_partial_labels(partial):
+    """The scikit-learn reference row was left out whenever the val / test labels were partial
+    ("full labels in metrics targets must hold only 0 and 1"); it is scored masked, as the
+    runs beside it."""
+    from spmlkit.experiments.reference import sklearn_reference
+
+    splits = load_splits("tabular", "given", **partial["options"])
+    res = sklearn_reference(splits, 0, grid=(0.1, 1.0))
+    assert res["test_map"] > 30 and res["train_recovery_map"] is None
+    assert np.isfinite(res["val_map"])

@@ -66,9 +66,8 @@ def sklearn_reference(splits, seed: int, labels: str = "observed", grid=C_GRID) 
     """
     from threadpoolctl import threadpool_limits
 
-    from ..metrics import map_score
-
     from ..data.rows import holds_vectors
+    from ..metrics_partial import split_map  # partial val / test labels scored masked
 
     if not holds_vectors(splits.train.x):
         raise ValueError("sklearn_lr trains on feature vectors; this data holds images (give "
@@ -80,7 +79,7 @@ def sklearn_reference(splits, seed: int, labels: str = "observed", grid=C_GRID) 
                          f"{MAX_ENTRIES:,} entries scikit-learn is given in memory")
     start = time.perf_counter()
     with threadpool_limits(1):  # BLAS threads on busy cores: 15x slower (66 s vs 4 s, yeast)
-        return _reference(splits, seed, labels, grid, start, map_score)
+        return _reference(splits, seed, labels, grid, start, split_map)
 
 
 def _reference(splits, seed, labels, grid, start, map_score) -> dict:
