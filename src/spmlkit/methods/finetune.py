@@ -179,16 +179,20 @@ def load_model(best: dict, config: dict):
                    "mean": tuple(best["mean"]), "std": tuple(best["std"])}
 
 
+#: Cole et al.'s fine-tuning epochs (METHODS.md section 3; the linear mode trains 25)
+FINETUNE_EPOCHS = 10
+
 FINETUNE = register_method(TrainingMethod(
     name="finetune", description="the backbone and a linear head trained end to end on an "
     "image source (one process, or many under torchrun)", paper="Cole et al. 2021",
     inputs="images", fit=fit, load_model=load_model, options=dict(OPTIONS),
-    run_config=run_config, processes=True, smoke_options=SMOKE,
+    run_config=run_config, processes=True, smoke_options=SMOKE, default_epochs=FINETUNE_EPOCHS,
     checkpoint_seconds=0.0, train_fields=("head_lr_mult", *IMAGE_TRAIN_FIELDS)))
 LINEAR_INIT = register_method(TrainingMethod(
     name="linear_init", description="a linear phase on the frozen backbone's cached features "
     "(linear_epochs), then fine-tuning from that head with the loss's state carried over",
     paper="Cole et al. 2021", inputs="images", fit=fit, load_model=load_model,
     options=dict(OPTIONS), run_config=run_config, processes=True, smoke_options=SMOKE,
+    default_epochs=FINETUNE_EPOCHS,
     checkpoint_seconds=0.0, train_fields=("head_lr_mult", *IMAGE_TRAIN_FIELDS),
     count_epochs=lambda config, o: config.epochs + int(o["linear_epochs"])))
