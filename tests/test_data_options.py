@@ -27,6 +27,9 @@ def test_every_option_of_every_source_is_described(name):
     params = source_parameters(name)
     for key, p in params.items():
         row = rows[key]
+        if key == "seed":  # --data seed=N is load_splits' (the observed labels' draw)
+            assert row["group"] == "protocol" and "observed-label draw" in row["help"]
+            continue
         assert row["group"] == "source"
         assert row["help"], f"{name}: option {key!r} has no entry in the docstring's Args"
         assert row["required"] == (p.default is p.empty)

@@ -144,7 +144,8 @@ def test_unreadable_image_is_named_before_a_store_exists(items, tmp_path):
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"not a jpeg at all")
     bad_items[5] = str(broken)
-    with pytest.raises(ValueError, match=r"did not start \(nothing was written to the cache\): "
+    with pytest.raises(ValueError, match=r"did not start \(nothing was written for them; "
+                                         r"stores finished before are kept\): "
                                          r".*broken\.jpg: not a readable image"):
         F.extract_features(bad_items, "tiny_cnn", cache_dir=tmp_path / "c", batch_size=2,
                            num_workers=0, progress=False)
