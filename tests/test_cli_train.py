@@ -243,3 +243,26 @@ def test_config_records_the_losses_settings_the_threads_and_the_commit(tmp_path)
                           cwd=Path(__file__).parent)
     if head.returncode == 0:  # a checkout (not an installed wheel)
         assert config["versions"]["spmlkit_commit"].startswith(head.stdout.strip())
+
+
+def test_a_class_without_a_test_positive_is_named_as_left_out_of_the_mean(tmp_path, capsys):
+    """A class with no positive in the test set was left out of the test mAP's mean without a
+    word (METHODS.md: report the classes left out); the run names it, final.json too."""
+    import numpy as np
+
+    from spmlkit.data import load_dataset
+
+    ds = load_dataset("yeast")
+    yt = ds.test.y.copy()
+    yt[:, 13] = 0
+    for name, arr in (("x", ds.pool.x), ("y", ds.pool.y), ("xt", ds.test.x), ("yt", yt)):
+        np.save(tmp_path / f"{name}.npy", arr)
+    data = [f"{k}={tmp_path / v}.npy" for k, v in (("features", "x"), ("labels", "y"),
+                                                    ("test_features", "xt"),
+                                                    ("test_labels", "yt"))]
+    assert main(["train", "--dataset", "arrays", *[a for d in data for a in ("--data", d)],
+                 "--epochs", "1", "--quiet", "--out", str(tmp_path / "r")]) == 0
+    assert "test mAP: the mean over the classes with a positive in the test set; 1 class(es) " \
+           "have none and are left out: class13" in capsys.readouterr().err
+    (run,) = (tmp_path / "r").iterdir()
+    assert json.loads((run / "final.json").read_text())["test_map_left_out"] == ["class13"]

@@ -340,6 +340,11 @@ def _print_result(args, res: dict) -> int:
     print(f"{res['loss']} {res.get('mode', 'linear')} ({where}): {best}, val mAP "
           f"{res['val_map']:.2f}, test mAP {res['test_map']:.2f}, train recovery mAP "
           f"{recovery}  [{res['seconds']:.1f} s]")
+    left = res.get("test_map_left_out")
+    if left:
+        print(f"test mAP: the mean over the classes with a positive in the test set; "
+              f"{len(left)} class(es) have none and are left out: {', '.join(left[:8])}"
+              f"{', ...' if len(left) > 8 else ''}", file=sys.stderr)
     test = res.get("test_metrics")
     if test:
         from ..metrics import METRICS

@@ -524,6 +524,10 @@ def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
                                                 convention=conv, threshold=threshold),
                   "threshold": {"value": threshold, "policy": THRESHOLD_POLICY},
                   **fitted.result, "warnings": training_warnings(fit)}
+        if conv == "present" and test.get("classes_without_positives"):
+            # left out of the test mAP's mean (no positive to rank): named where it is read
+            result["test_map_left_out"] = [str(splits.class_names[j])
+                                           for j in test["classes_without_positives"]]
         dropped = skipped_images(splits)
         if dropped is not None:
             result["skipped_images"] = dropped["skipped"]
