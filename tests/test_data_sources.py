@@ -553,3 +553,16 @@ def test_a_semicolon_table_and_a_folder_say_what_they_are(tmp_path):
         load_dataset("tabular", path=str(tmp_path / "semi.csv"), labels="cat")
     with pytest.raises(ValueError, match=r"table file .* is a folder; give the path of a .csv"):
         load_dataset("tabular", path=str(tmp_path), labels="cat")
+
+
+def test_an_image_csv_header_of_other_names_is_read_as_a_header(tmp_path):
+    """``image_file,tags`` (no name of the known header list) was read as an image called
+    image_file with a class 'tags': a phantom class, learnt as absent. A first row without an
+    image suffix above rows that have one is the header."""
+    from spmlkit.data.csv_images import read_image_csv
+
+    csv = tmp_path / "images.csv"
+    csv.write_text("image_file,tags\na.jpg,cat\nb.JPG,dog;cat\n")
+    items, y, classes = read_image_csv(csv)[:3]
+    assert classes == ["cat", "dog"] and [str(i).rsplit("/", 1)[-1] for i in items] == \
+        ["a.jpg", "b.JPG"]

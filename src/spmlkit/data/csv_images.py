@@ -32,6 +32,20 @@ def _split_names(cell: str) -> list[str]:
     return [n.strip() for n in cell.split(CSV_NAME_SEPARATORS[0]) if n.strip()]
 
 
+def _is_header(rows: list) -> bool:
+    """Whether the first row is a header: its first cell one of `CSV_HEADERS`, or a name
+    without an image file's suffix above rows whose first cells have one (``image_file,tags``)."""
+    from .image_files import IMAGE_SUFFIXES
+
+    first = rows[0][0].strip()
+    if first.lower() in CSV_HEADERS:
+        return True
+    def image(cell: str) -> bool:
+        return Path(cell.strip()).suffix.lower() in IMAGE_SUFFIXES
+    rest = [r[0] for r in rows[1:6] if r and r[0].strip()]
+    return bool(rest) and not image(first) and all(image(c) for c in rest)
+
+
 def read_image_csv(path, classes: Sequence[str] | None = None, delimiter: str | None = None,
                    unknown_hint: str = "Fix the name or declare every class with class_names=",
                    negatives: bool = False):
@@ -78,7 +92,7 @@ def read_image_csv(path, classes: Sequence[str] | None = None, delimiter: str | 
         raise ValueError(f"{path}: not a readable CSV file ({err})") from None
     entries: dict[str, list] = {}
     first_line: dict[str, int] = {}
-    start = 1 if rows and rows[0] and rows[0][0].strip().lower() in CSV_HEADERS else 0
+    start = 1 if rows and rows[0] and _is_header(rows) else 0
     for lineno, row in enumerate(rows[start:], start=start + 1):
         if not row or not any(c.strip() for c in row):
             continue
