@@ -337,3 +337,26 @@ def test_train_command_saves_train_probs(tmp_path, capsys):
     with_probs, without = sorted((tmp_path / "runs").iterdir())
     assert np.load(with_probs / "train_probs.npy").shape[0] == 2
     assert (without / "predictions.npz").exists() and not (without / "train_probs.npy").exists()
+
+
+def test_analyses_of_unobserved_positives_refuse_runs_on_observed_labels(tmp_path):
+    """On a run trained on observed labels only (regime given) the Wasserstein table printed
+    NaN rows and the histograms empty ones, and wrote their figures: the train rows' full
+    labels are unknown there. Both say so."""
+    from spmlkit.data import load_splits
+
+    rng = np.random.default_rng(0)
+    x, xt = rng.normal(size=(60, 4)).astype(np.float32), rng.normal(size=(40, 4))
+    z = np.zeros((60, 3), np.int8)
+    z[np.arange(60), np.arange(60) % 3] = 1
+    yt = (rng.random((40, 3)) < 0.5).astype(np.uint8)
+    for name, arr in (("x", x), ("z", z), ("xt", xt.astype(np.float32)), ("yt", yt)):
+        np.save(tmp_path / f"{name}.npy", arr)
+    s = load_splits("arrays", "given", features=str(tmp_path / "x.npy"),
+                    labels=str(tmp_path / "z.npy"), test_features=str(tmp_path / "xt.npy"),
+                    test_labels=str(tmp_path / "yt.npy"), train_labels="observed")
+    res = train_run("linear", s, "an", config=TrainConfig(epochs=1), out=tmp_path / "r",
+                    save_train_probs=True)
+    for fn in (an.run_wasserstein, an.unobserved_positive_histograms):
+        with pytest.raises(ValueError, match="this run trained on observed labels only"):
+            fn(res["run_dir"])

@@ -257,9 +257,22 @@ class WassersteinResult:
         return float(np.nanmean(d)) if np.isfinite(d).any() else float("nan")
 
 
+def _needs_full_train_labels(run_dir, what: str) -> None:
+    """Refuse ``what`` (an analysis of the unobserved positives) on a run whose training labels
+    were only the observed ones: which unobserved entries are positives is unknown there."""
+    labels = (read_config(run_dir).get("labels") or {}) \
+        if (Path(run_dir) / "config.json").is_file() else {}
+    if labels.get("train_labels") == "observed":
+        raise ValueError(f"{what} of {run_dir}: it compares the unobserved positives with the "
+                         f"unobserved negatives of the train rows, and this run trained on "
+                         f"observed labels only (regime given): its train rows' full labels "
+                         f"are unknown")
+
+
 def run_wasserstein(run_dir) -> WassersteinResult:
     """`wasserstein_per_class` on a run's best-epoch train probabilities
-    (``predictions.npz``)."""
+    (``predictions.npz``); a ValueError for a run on observed training labels only."""
+    _needs_full_train_labels(run_dir, "the Wasserstein distance")
     pred = read_predictions(run_dir)
     z, y = pred["observed"], pred["y_train"]
     unobs = z == UNOBSERVED
@@ -314,6 +327,7 @@ def unobserved_positive_histograms(run_dir, epochs=None, bins: int = 20) -> Hist
     """
     if int(bins) != bins or not 1 <= bins <= 100_000:
         raise ValueError(f"bins must be a whole number in [1, 100000], got {bins}")
+    _needs_full_train_labels(run_dir, "the histograms of unobserved positives")
     probs = load_array(run_file(run_dir, TRAIN_PROBS_FILE), mmap_mode="r")
     pred = read_predictions(run_dir)
     z, y = pred["observed"], pred["y_train"]
