@@ -7,6 +7,8 @@ The Cole fixtures are written in exactly the official forms: ``formatted_*_label
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -566,3 +568,17 @@ def test_an_image_csv_header_of_other_names_is_read_as_a_header(tmp_path):
     items, y, classes = read_image_csv(csv)[:3]
     assert classes == ["cat", "dog"] and [str(i).rsplit("/", 1)[-1] for i in items] == \
         ["a.jpg", "b.JPG"]
+
+
+def test_an_infinite_or_too_large_feature_cell_is_named(tmp_path, recwarn):
+    """1e39 (past float32) and inf said "1 row(s) hold NaN or inf" with a numpy overflow
+    warning, and no column; the column, the value and the row are named."""
+    for value in ("1e39", "inf"):
+        (tmp_path / "t.csv").write_text("f1,f2,cat,dog\n" + "".join(
+            f"{i / 7:.3f},{value if i == 4 else f'{i / 3:.3f}'},{i % 2},{1 - i % 2}\n"
+            for i in range(30)))
+        shown = re.escape(f"{float(value):g}")
+        with pytest.raises(ValueError, match=rf"t.csv: feature column 'f2' holds {shown} at "
+                                             rf"row 4 \(1 such cell\(s\)\)"):
+            load_dataset("tabular", path=str(tmp_path / "t.csv"), labels="cat,dog")
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

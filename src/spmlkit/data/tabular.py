@@ -354,7 +354,14 @@ def table_features(df, columns: Sequence[str], where: str) -> np.ndarray:
     # copy, which is never made: one column's float64 at a time)
     x = np.empty((len(df), len(columns)), dtype=np.float32)
     for j, c in enumerate(columns):
-        x[:, j] = df[c].to_numpy(dtype=np.float64)
+        values = df[c].to_numpy(dtype=np.float64)
+        with np.errstate(over="ignore"):
+            x[:, j] = values
+        bad = np.flatnonzero(~np.isfinite(x[:, j]))
+        if bad.size:  # inf in the file, or a value past float32's 3.4e38
+            raise ValueError(f"{where}: feature column {c!r} holds {float(values[bad[0]]):g} "
+                             f"at row {int(bad[0])} ({bad.size} such cell(s)): features must be "
+                             f"finite float32 numbers (at most 3.4e38)")
     return check_features(x, where)
 
 
