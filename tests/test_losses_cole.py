@@ -541,3 +541,22 @@ def test_pr_pairs_each_positive_without_a_pair_tensor_per_label_pair():
     x = logits[0].clone().requires_grad_()
     create_loss("pr")(x, observed).backward()
     assert torch.allclose(x.grad, want_grad[0], rtol=0, atol=1e-15)
+
+
+def test_role_warns_of_its_dense_estimator_at_scale(monkeypatch):
+    """ROLE's every step moves the whole N x L estimator (dense Adam, as the official code):
+    minutes an epoch at 10k x 1k where AN takes a second; past ``DENSE_WARN`` entries it says
+    so once, at the start of the run, and not below."""
+    from spmlkit.losses.cole import ROLELoss
+
+    monkeypatch.setattr(ROLELoss, "DENSE_WARN", 100)
+    observed = torch.zeros(20, 5, dtype=torch.int8)
+    observed[:, 0] = 1
+    with pytest.warns(UserWarning, match=r"ROLE: its label estimator holds 20 x 5 entries, and "
+                                         r"every step's Adam update moves all of them"):
+        create_loss("role").on_train_start(observed, TrainInfo(20, 5, seed=0))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        create_loss("role").on_train_start(observed[:10], TrainInfo(10, 5, seed=0))
