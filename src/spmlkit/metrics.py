@@ -372,16 +372,22 @@ def one_error(scores, y, no_positive: str = "sklearn") -> float:
 
 
 # ---- top-k ranking metrics (LibMultiLabel's) and AP averaged over entries ----------------------
-def top_k_hits(s: np.ndarray, pos: np.ndarray, k: int) -> np.ndarray:
+def top_k_hits(s: np.ndarray, pos: np.ndarray, k: int, known=None) -> np.ndarray:
     """N x k: whether each row's r-th top-scored label (ties: the lower column first) is a
     positive, for validated scores ``s`` and bool positives ``pos``, in blocks of rows. Labels
-    not to be ranked (unknown ones) are passed as ``-inf`` scores that are not positive."""
+    not to be ranked (unknown ones) are passed as ``-inf`` scores that are not positive, or
+    (``known``, N x L bool) left out block by block (no N x L masked copy)."""
     if not 1 <= k <= s.shape[1]:
         raise ValueError(f"k must be in 1..{s.shape[1]} (the number of labels), got {k}")
     step = max(1, BLOCK_ENTRIES // s.shape[1])
-    return np.concatenate([np.take_along_axis(
-        pos[i:i + step], np.argsort(-s[i:i + step], axis=1, kind="stable")[:, :k], axis=1)
-        for i in range(0, len(s), step)] or [np.zeros((0, k), dtype=bool)])
+
+    def block(i):
+        b = s[i:i + step] if known is None else np.where(known[i:i + step], s[i:i + step],
+                                                           -np.inf)
+        return np.take_along_axis(pos[i:i + step],
+                                  np.argsort(-b, axis=1, kind="stable")[:, :k], axis=1)
+    return np.concatenate([block(i) for i in range(0, len(s), step)]
+                          or [np.zeros((0, k), dtype=bool)])
 
 
 def top_k_rows(hits: np.ndarray, n_pos: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -428,12 +434,12 @@ def _top_k(scores, y, k: int, no_positive: str) -> dict:
     return top_k_means(s, y > 0, (k,), no_positive)
 
 
-def top_k_means(s: np.ndarray, pos: np.ndarray, ks, no_positive: str) -> dict:
+def top_k_means(s: np.ndarray, pos: np.ndarray, ks, no_positive: str, known=None) -> dict:
     """``ndcg@k`` and ``rp@k`` (row means, rows without a positive as ``no_positive`` says) for
     each ``k`` of ``ks`` (each at most L), from one sort of each row (`top_k_hits`: unknown
-    labels passed as ``-inf`` scores)."""
+    labels passed as ``-inf`` scores, or left out by ``known``)."""
     n_pos = pos.sum(axis=1)
-    hits = top_k_hits(s, pos, max(ks))
+    hits = top_k_hits(s, pos, max(ks), known)
     out = {}
     for k in ks:
         ndcg, rp = top_k_rows(hits, n_pos, k)
@@ -479,13 +485,13 @@ def weighted_ap(ap: np.ndarray, positives: np.ndarray) -> float:
 TOP_K = (3, 5)
 
 
-def _top_k_metrics(p: np.ndarray, y: np.ndarray, no_positive: str) -> dict:
+def _top_k_metrics(p: np.ndarray, y: np.ndarray, no_positive: str, known=None) -> dict:
     """The top-k records (``ndcg@k``, ``rp@k`` for k in `TOP_K`) from one sort of each row;
-    ``k`` above L ranks all L labels."""
+    ``k`` above L ranks all L labels (``known``: the labels each row ranks, `top_k_hits`)."""
     if p.size == 0:
         return {f"{name}@{k}": float("nan") for k in TOP_K for name in ("ndcg", "rp")}
     width = y.shape[1]
-    got = top_k_means(p, y > 0, sorted({min(k, width) for k in TOP_K}), no_positive)
+    got = top_k_means(p, y > 0, sorted({min(k, width) for k in TOP_K}), no_positive, known)
     return {f"{name}@{k}": got[f"{name}@{min(k, width)}"] for k in TOP_K for name in ("ndcg", "rp")}
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import metrics as full
-from .metrics import METRICS, _best_f1, _count_at_least, _f1_sweep, _row_mean, \
+from .metrics import BLOCK_ENTRIES, METRICS, _best_f1, _count_at_least, _f1_sweep, _row_mean, \
     _top_k_metrics, average_precision, classic_metrics, f1_micro_macro, map_from_ap, \
     per_class_ap, top_k_means
 
@@ -195,8 +195,8 @@ def _top_k(scores, y, k: int, no_positive: str) -> tuple[float, float]:
     return got[f"ndcg@{k}"], got[f"rp@{k}"]
 
 
-def _masked_ranking(s, pos, known) -> dict:
-    """LRAP, ranking loss, one-error and coverage ranking each row's known labels only."""
+def _masked_ranking_rows(s, pos, known):
+    """Per row: LRAP, ranking loss, coverage and one-error ranking its known labels only."""
     masked = np.where(known, s, -np.inf)
     rank_all = _count_at_least(masked)
     rank_pos = _count_at_least(np.where(pos, s, -np.inf))
@@ -208,6 +208,19 @@ def _masked_ranking(s, pos, known) -> dict:
     cover = np.where(pos, rank_all, 0).max(axis=1).astype(np.float64)
     top = np.argmax(masked, axis=1)
     one = (~pos[np.arange(len(s)), top]).astype(np.float64)
+    return lrap, wrong, cover, one
+
+
+def _masked_ranking(s, pos, known) -> dict:
+    """LRAP, ranking loss, one-error and coverage ranking each row's known labels only, from
+    blocks of rows (`BLOCK_ENTRIES` entries: the ranks' int64 copies of a 20k x 10k split
+    took GBs)."""
+    step = max(1, BLOCK_ENTRIES // max(1, s.shape[1]))
+    parts = [_masked_ranking_rows(s[i:i + step], pos[i:i + step], known[i:i + step])
+             for i in range(0, len(s), step)] or [(np.zeros(0),) * 4]
+    lrap, wrong, cover, one = (np.concatenate(v) for v in zip(*parts))
+    n_pos = pos.sum(axis=1)
+    n_neg = (known & ~pos).sum(axis=1)
     has = n_pos > 0
     coverage = _row_mean(cover, has, 0.0, "exclude")
     return {"lrap": _row_mean(lrap, has, 1.0, "exclude"),
@@ -240,7 +253,7 @@ def masked_metrics(probs, y, *, convention: str = "present", threshold: float = 
         out = {"map": map_from_ap(ap, convention), **_masked_ranking(s, pos, known),
                "micro_ap": average_precision(s[known], pos[known]) * 100.0,
                "weighted_ap": full.weighted_ap(ap, pos.sum(axis=0)),
-               **_top_k_metrics(np.where(known, s, -np.inf), pos, "exclude")}
+               **_top_k_metrics(s, pos, "exclude", known)}
         pred = s >= threshold
         out["hamming_loss"] = float((pred != pos)[known].mean()) if known.any() else float("nan")
         # F1 over the known entries: unknown ones count neither as positives nor as predictions
