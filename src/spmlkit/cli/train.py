@@ -18,6 +18,7 @@ def cmd_train(args) -> int:
     from ..engine import TrainConfig
     from ..accel import acceleration
     from ..engine.loop import batch_progress
+    from ..losses import check_loss_hparams
     from ..methods import default_lr, get_method, resolve_k, resume_run, train_run
 
     if args.resume:
@@ -59,10 +60,11 @@ def cmd_train(args) -> int:
         if args.quiet and "backbone" in options else {}  # for this load, not the run's config
     if args.regime is None:  # your own observed training labels train as they are
         args.regime = "given" if options.get("train_labels") == "observed" else "1p"
+    hparams = _pairs(args.hp, "--hp")
+    check_loss_hparams(args.loss, hparams)  # before the data loads (seconds, GBs)
     splits = load_splits(args.dataset, args.regime, **{**options, **quiet})
     if ctx.is_main:
         _describe_features(splits.meta, bool(splits.meta.get("standardize")))
-    hparams = _pairs(args.hp, "--hp")
     if args.reg:
         hparams["reg"] = args.reg
     k = args.k

@@ -35,6 +35,17 @@ def create_loss(name: str, reg=None, **hparams) -> SPMLLoss:
     A value whose default is a number must be a number, one whose default is a bool a bool
     (``lam="abc"`` names ``lam``, instead of ``float()``'s "could not convert string").
     """
+    check_loss_hparams(name, hparams)
+    entry = LOSSES.get(name)
+    loss = entry.factory(**{**entry.defaults, **hparams})
+    specs = parse_regularizers(reg)
+    return Regularized(loss, specs) if specs else loss
+
+
+def check_loss_hparams(name: str, hparams: dict) -> None:
+    """Refuse a hyperparameter the loss ``name`` does not take, or a value of the wrong kind
+    (a ValueError naming it): what `create_loss` checks first, for callers that check before
+    they load data."""
     entry = LOSSES.get(name)
     known = loss_hparams(name)
     unknown = sorted(set(hparams) - set(known))
@@ -48,9 +59,6 @@ def create_loss(name: str, reg=None, **hparams) -> SPMLLoss:
                 isinstance(default, bool) and not isinstance(value, (bool, np.bool_)):
             raise ValueError(f"loss {entry.name!r}: hyperparameter {key}={value!r} must be "
                              f"{'a number' if number else 'true or false'} (default {default})")
-    loss = entry.factory(**{**entry.defaults, **hparams})
-    specs = parse_regularizers(reg)
-    return Regularized(loss, specs) if specs else loss
 
 
 def loss_hparams(name: str) -> dict:
@@ -74,6 +82,6 @@ def list_losses() -> list[tuple[str, str]]:
 
 
 __all__ = ["HOOKS", "LOSSES", "REGULARIZERS", "Regularized", "SPMLLoss", "TrainInfo",
-           "carry_state", "check_observed", "hooks_driven",
+           "carry_state", "check_loss_hparams", "check_observed", "hooks_driven",
            "create_loss", "list_losses", "loss_hparams", "observed_validated",
            "log_p", "log_1mp", "soft_bce"]
