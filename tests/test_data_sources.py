@@ -582,3 +582,17 @@ def test_an_infinite_or_too_large_feature_cell_is_named(tmp_path, recwarn):
                                              rf"row 4 \(1 such cell\(s\)\)"):
             load_dataset("tabular", path=str(tmp_path / "t.csv"), labels="cat,dog")
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_a_split_column_names_the_row_of_an_empty_or_unknown_cell(tmp_path):
+    """An empty split cell said "split column 'split' holds [nan]", with no row."""
+    rows = [f"{i / 7:.3f},{i % 2},{1 - i % 2},{'train' if i < 20 else 'test'}" for i in range(30)]
+    for cell, says in (("", r"split column 'split' is empty at data row 6 \(1 empty cell"),
+                       ("holdout", r"split column 'split' holds \['holdout'\] \(first at data "
+                                   r"row 6\)")):
+        text = list(rows)
+        text[5] = text[5].rsplit(",", 1)[0] + "," + cell
+        (tmp_path / "t.csv").write_text("f1,cat,dog,split\n" + "\n".join(text) + "\n")
+        with pytest.raises(ValueError, match=says):
+            load_dataset("tabular", path=str(tmp_path / "t.csv"), labels="cat,dog",
+                         split_column="split")

@@ -548,11 +548,17 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
     classes = resolve_class_names(class_names)
     frames = {"train": (df, where)}
     if split_column is not None:
+        empty = np.flatnonzero(df[split_column].isna().to_numpy())
+        if empty.size:
+            raise ValueError(f"{where}: split column {split_column!r} is empty at data row "
+                             f"{int(empty[0]) + 1} ({empty.size} empty cell(s)); expected train, "
+                             f"val or test per row")
         kind = df[split_column].astype(str).str.strip().str.lower()
         unknown = sorted(set(kind) - set(SPLIT_VALUES))
         if unknown:
-            raise ValueError(f"{where}: split column {split_column!r} holds {unknown[:5]}; "
-                             f"expected train, val or test per row")
+            first = int(np.flatnonzero(kind.isin(unknown).to_numpy())[0])
+            raise ValueError(f"{where}: split column {split_column!r} holds {unknown[:5]} (first "
+                             f"at data row {first + 1}); expected train, val or test per row")
         kind = kind.map(SPLIT_VALUES)
         frames = {s: (df[kind == s].reset_index(drop=True), f"{where} ({split_column}={s})")
                   for s in ("train", "val", "test") if (kind == s).any()}
