@@ -247,7 +247,7 @@ def test_config_records_the_losses_settings_the_threads_and_the_commit(tmp_path)
 
 def test_a_class_without_a_test_positive_is_named_as_left_out_of_the_mean(tmp_path, capsys):
     """A class with no positive in the test set was left out of the test mAP's mean without a
-    word (METHODS.md: report the classes left out); the run names it, final.json too."""
+    word (the protocol reports the classes left out); the run names it, final.json too."""
     import numpy as np
 
     from spmlkit.data import load_dataset

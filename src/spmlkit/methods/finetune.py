@@ -179,7 +179,7 @@ def load_model(best: dict, config: dict):
                    "mean": tuple(best["mean"]), "std": tuple(best["std"])}
 
 
-#: Cole et al.'s fine-tuning epochs (METHODS.md section 3; the linear mode trains 25)
+#: Cole et al.'s fine-tuning epochs (docs/spec.md, training modes; the linear mode trains 25)
 FINETUNE_EPOCHS = 10
 
 FINETUNE = register_method(TrainingMethod(
