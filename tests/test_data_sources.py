@@ -596,3 +596,17 @@ def test_a_split_column_names_the_row_of_an_empty_or_unknown_cell(tmp_path):
         with pytest.raises(ValueError, match=says):
             load_dataset("tabular", path=str(tmp_path / "t.csv"), labels="cat,dog",
                          split_column="split")
+
+
+def test_class_names_listed_on_the_command_line(tmp_path):
+    """``--data class_names=cat,dog,bird`` failed with "class-names file cat,dog,bird does not
+    exist"; text that names no file and holds commas (or semicolons) is the list itself."""
+    from spmlkit.data.arrays import resolve_class_names
+
+    assert resolve_class_names("cat, dog;bird") == ["cat", "dog", "bird"]
+    with pytest.raises(ValueError, match="holds an empty name"):
+        resolve_class_names("cat,,dog")
+    with pytest.raises(ValueError, match="more than once"):
+        resolve_class_names("cat,dog,cat")
+    (tmp_path / "a,b.txt").write_text("x\ny\n")  # a file whose name has a comma stays a file
+    assert resolve_class_names(str(tmp_path / "a,b.txt")) == ["x", "y"]

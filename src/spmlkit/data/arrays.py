@@ -195,10 +195,17 @@ def read_class_names(path) -> list[str]:
 
 
 def resolve_class_names(class_names) -> list[str] | None:
-    """``class_names`` as a list: ``None``, a sequence of names, or a path to a names file."""
+    """``class_names`` as a list: ``None``, a sequence of names, a path to a names file, or
+    text naming no file that lists the names separated by commas or semicolons
+    (``--data class_names=cat,dog,bird``)."""
     if class_names is None:
         return None
-    if isinstance(class_names, (str, os.PathLike)):
+    if isinstance(class_names, str) and not Path(class_names).exists() and \
+            ("," in class_names or ";" in class_names):
+        class_names = [n.strip() for n in class_names.replace(";", ",").split(",")]
+        if not all(class_names):
+            raise ValueError(f"class_names {','.join(class_names)!r} holds an empty name")
+    elif isinstance(class_names, (str, os.PathLike)):
         return read_class_names(class_names)
     names = [str(c) for c in class_names]
     dup = sorted({c for c in names if names.count(c) > 1})
@@ -530,8 +537,9 @@ def load_arrays(features: str | os.PathLike | np.ndarray, labels: str | os.PathL
             neither). Without them the test set is carved out of the rows with ``cole_split(N,
             test_fraction, seed)`` (not with observed training labels: then they are required).
         test_fraction: share of the rows that becomes the test set (default 0.3, as for yeast).
-        class_names: the classes, in column order: a list, or a text file with one name per
-            line. Default: the sorted names of a names file, else ``class{j}``.
+        class_names: the classes, in column order: a list, a text file with one name per
+            line, or the names separated by commas (``cat,dog,bird``). Default: the sorted
+            names of a names file, else ``class{j}``.
         standardize: standardise features with the train rows' mean and std (in ``make_splits``).
         name: the dataset's name.
         seed: seed of the carve-out (default 1200).

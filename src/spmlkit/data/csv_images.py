@@ -160,7 +160,8 @@ def load_csv_images(path: str | os.PathLike, test_path: str | os.PathLike | None
             as for yeast), and the rest is the pool.
         image_root, test_image_root: the folders relative paths are resolved against (default:
             each CSV's own folder); absolute paths are used as they are.
-        class_names: the classes in column order (list or text file, one per line). Default: the
+        class_names: the classes in column order (list, text file with one per line, or the
+            names separated by commas). Default: the
             sorted names of the training CSV; the test CSV may only use those.
         test_fraction, seed: the carve-out.
         name: the dataset's name.

@@ -466,7 +466,8 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
         train_labels: ``"full"`` (0 / 1 training labels; a regime draws the observed ones) or
             ``"observed"`` (your partial 1 / 0 / -1 training labels, regime ``given``; needs a
             test set: ``test_path`` or ``split_column``).
-        class_names: the classes of a names column, in column order (list or file).
+        class_names: the classes of a names column, in column order (a list, a file, or the names
+            separated by commas: ``cat,dog,bird``).
         test_fraction, seed: the carve-out when no test set is given.
         standardize: standardise the features (z-score) with the train rows' mean and std
             (default True: table columns come in any units; ``standardize=false`` keeps them as
