@@ -610,3 +610,15 @@ def test_class_names_listed_on_the_command_line(tmp_path):
         resolve_class_names("cat,dog,cat")
     (tmp_path / "a,b.txt").write_text("x\ny\n")  # a file whose name has a comma stays a file
     assert resolve_class_names(str(tmp_path / "a,b.txt")) == ["x", "y"]
+
+
+def test_class_names_that_differ_only_in_case_are_warned_about(tmp_path):
+    """``Cat`` and ``cat`` in an image CSV became two classes without a word."""
+    from spmlkit.data.csv_images import read_image_csv
+
+    csv = tmp_path / "images.csv"
+    csv.write_text("a.jpg,cat\nb.jpg,Cat\nc.jpg,dog\n")
+    with pytest.warns(UserWarning, match=r"class names 'Cat', 'cat' differ only in case and "
+                                         r"are 2 classes"):
+        classes = read_image_csv(csv)[2]
+    assert classes == ["Cat", "cat", "dog"]

@@ -353,11 +353,23 @@ def read_observed(labels, classes: Sequence[str] | None = None) -> tuple[np.ndar
 EVAL_LABELS = ("full", "partial")
 
 
-def refuse_joined_names(classes: Sequence[str], where: str) -> None:
-    """Refuse a class name that is other class names joined by commas (``"cat, dog"`` beside
-    ``cat``): a cell listing a row's classes with commas, which would make each combination a
-    class of its own. A name with a comma whose parts are no classes (``"Washington, D.C."``)
-    stays."""
+def check_found_names(classes: Sequence[str], where: str) -> None:
+    """Check the class names a file's cells hold: refuse a name that is other class names joined
+    by commas (``"cat, dog"`` beside ``cat``: a cell listing a row's classes with commas, which
+    would make each combination a class of its own; a name with a comma whose parts are no
+    classes, ``"Washington, D.C."``, stays), and warn of names that differ only in case
+    (``Cat`` and ``cat``: two classes)."""
+    import warnings
+
+    folded: dict[str, list] = {}
+    for name in classes:
+        folded.setdefault(str(name).casefold(), []).append(str(name))
+    twins = [names for names in folded.values() if len(names) > 1]
+    if twins:
+        warnings.warn(f"{where}: class names {', '.join(map(repr, twins[0]))} differ only in "
+                      f"case and are {len(twins[0])} classes"
+                      f"{f' ({len(twins) - 1} more such group(s))' if len(twins) > 1 else ''}; "
+                      f"write them alike if they are one", stacklevel=3)
     known = set(classes)
     for name in classes:
         parts = [p.strip() for p in str(name).split(",")]

@@ -14,7 +14,7 @@ import numpy as np
 from ..labels import OFFICIAL_SEED, positives_to_observed
 from .protocol import Dataset, check_train_labels
 from ..metrics_partial import partial_labels
-from .arrays import check_eval_labels, refuse_joined_names, resolve_class_names
+from .arrays import check_eval_labels, check_found_names, resolve_class_names
 from .image_common import TAGS, TEST_FRACTION, carve, image_dataset, join_paths
 from .registry import register
 
@@ -111,7 +111,7 @@ def read_image_csv(path, classes: Sequence[str] | None = None, delimiter: str | 
 
     if classes is None:
         classes = sorted({bare(n) for names in entries.values() for _, n in names})
-        refuse_joined_names(classes, str(path))
+        check_found_names(classes, str(path))
     classes = list(classes)
     column = {c: j for j, c in enumerate(classes)}
     images = list(entries)

@@ -57,7 +57,7 @@ import numpy as np
 from ..labels import OFFICIAL_SEED, positives_to_observed, validate_full_labels, \
     validate_observed
 from .arrays import TEST_FRACTION, Part, _preview, check_eval_labels, check_features, \
-    features_dataset, partial_part, refuse_joined_names, resolve_class_names
+    features_dataset, partial_part, check_found_names, resolve_class_names
 from .protocol import Dataset, check_train_labels
 from .registry import register
 
@@ -401,7 +401,7 @@ def table_labels(df, columns: Sequence[str], where: str, observed: bool = False,
         names = [_split_names(v) for v in df[columns[0]]]
         found = sorted({n for row in names for n in row})
         if classes is None:
-            refuse_joined_names(found, f"{where}, column {columns[0]!r}")
+            check_found_names(found, f"{where}, column {columns[0]!r}")
         classes = list(classes) if classes is not None else found
         column = {c: j for j, c in enumerate(classes)}
         y = np.zeros((len(names), len(classes)), dtype=np.uint8)
