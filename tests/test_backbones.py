@@ -288,6 +288,10 @@ def test_own_weights_that_do_not_fit_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"expected a state dict .* its keys are \['epoch', "
                                          r"'notes'\]"):
         create_backbone("tiny_cnn", weights=tmp_path / "empty.pth")
+    (tmp_path / "table.csv").write_text("a,b\n1,2\n")  # not a torch file: not "train again"
+    with pytest.raises(ValueError, match=r"table.csv: not a readable checkpoint \(.*\); "
+                                         r"--weights takes a torch.save file of the backbone"):
+        create_backbone("tiny_cnn", weights=tmp_path / "table.csv")
 
 
 def test_own_weights_file_that_would_run_code_is_refused(tmp_path):

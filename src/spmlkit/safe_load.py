@@ -14,10 +14,11 @@ import numpy as np
 __all__ = ["check_array_file", "load_array", "load_arrays", "load_torch"]
 
 
-def load_torch(path, map_location="cpu") -> dict:
+def load_torch(path, map_location="cpu", remedy: str = "train the run again") -> dict:
     """A ``torch.save`` file of a run folder, loaded with ``weights_only=True``: tensors,
     numbers, strings and containers only, never pickled code, so a run folder received from
-    someone else cannot run anything. A file that needs more is refused with a clear error."""
+    someone else cannot run anything. A file that needs more is refused with a clear error;
+    one that is no torch file says ``remedy`` (what to do about it)."""
     import pickle
 
     import torch
@@ -31,16 +32,17 @@ def load_torch(path, map_location="cpu") -> dict:
         text = str(err)
         found = re.search(r"\bGLOBAL (\S+)", text)
         if found is None:  # not a torch file at all
-            raise ValueError(f"{path}: not a readable checkpoint (UnpicklingError); train the "
-                             f"run again") from None
+            raise ValueError(f"{path}: not a readable checkpoint (UnpicklingError); "
+                             f"{remedy}") from None
         raise ValueError(f"{path}: refused: it refers to {found.group(1)}, which loading "
                          f"would import and could run code; a spmlkit checkpoint holds only "
                          f"tensors, numbers and strings (load a file you trust with torch.load "
                          f"yourself)") from None
-    except (RuntimeError, EOFError, OSError) as err:
+    except (RuntimeError, EOFError, OSError, IndexError, KeyError, ValueError) as err:
+        # (garbage read as a pickle fails in many ways: "pop from empty list", ...)
         first = str(err).splitlines()[0] if str(err) else ""
         raise ValueError(f"{path}: not a readable checkpoint ({type(err).__name__}: "
-                         f"{first[:200]}); train the run again") from None
+                         f"{first[:200]}); {remedy}") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: expected a dict of tensors and values, got "
                          f"{type(obj).__name__}")

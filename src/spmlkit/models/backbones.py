@@ -391,7 +391,8 @@ def read_state_dict(path) -> dict:
     """
     from ..runs import load_torch
 
-    obj = load_torch(path)
+    obj = load_torch(path, remedy="--weights takes a torch.save file of the backbone's "
+                                  "weights (a state dict, .pt / .pth)")
     while not any(torch.is_tensor(v) for v in obj.values()):
         inner = next((obj[k] for k in CONTAINER_KEYS if isinstance(obj.get(k), dict)), None)
         if inner is None:
