@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import platform
 import time
 from pathlib import Path
@@ -237,22 +238,31 @@ def _check_resume(path, stored: dict, fresh: dict) -> None:
                          f"RUN_DIR reads them from config.json)")
 
 
-def absolute_paths(options: dict) -> dict:
-    """``options`` with each text value that names an existing file or folder, relative to
-    the current folder, made absolute (nested dicts too): a run folder's config.json then
-    names its data wherever the resume is started."""
+#: keys of a dataset's nested option dicts that name files or folders (the feature cache's)
+NESTED_PATHS = ("cache_dir", "weights")
+
+
+def absolute_paths(dataset: str, options: dict) -> dict:
+    """``options`` of the source ``dataset`` with each path option (a parameter of the source
+    that takes a path; `NESTED_PATHS` in a nested dict) that names an existing file or folder
+    relative to the current folder made absolute: a run folder's config.json then names its
+    data wherever the resume is started."""
+    from ..data.options import source_parameters
+
+    try:
+        params = source_parameters(dataset)
+    except ValueError:  # not a registered source: nothing is known to be a path
+        params = {}
+    paths = {k for k, p in params.items() if "PathLike" in str(p.annotation)}
+
     def fix(value):
-        if isinstance(value, dict):
-            return {k: fix(v) for k, v in value.items()}
-        if isinstance(value, str) and value and not Path(value).is_absolute() and \
-                "\n" not in value and len(value) < 4096:
-            try:
-                if Path(value).exists():
-                    return str(Path(value).resolve())
-            except OSError:
-                pass
+        if isinstance(value, (str, os.PathLike)) and str(value) and \
+                not Path(value).is_absolute() and Path(value).exists():
+            return str(Path(value).resolve())
         return value
-    return fix(dict(options or {}))
+    return {k: {kk: fix(vv) if kk in NESTED_PATHS else vv for kk, vv in v.items()}
+            if isinstance(v, dict) else fix(v) if k in paths else v
+            for k, v in dict(options or {}).items()}
 
 
 def data_files(options: dict) -> dict:
@@ -295,7 +305,7 @@ def _check_data_files(path, recorded: dict) -> None:
 
 def _fresh_config(method: TrainingMethod, ctx: RunContext, dataset_options) -> dict:
     splits, config = ctx.splits, ctx.config
-    dataset_options = absolute_paths(dataset_options)
+    dataset_options = absolute_paths(splits.name, dataset_options)
     out = {"dataset": splits.name, "dataset_options": dataset_options,
            "data_files": data_files(dataset_options),
            "regime": splits.regime, "mode": method.name, "loss": ctx.loss_name,
