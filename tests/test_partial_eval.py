@@ -171,7 +171,9 @@ def test_k_from_partial_val_labels_says_what_it_assumes_and_refuses_an_estimate(
                                                                               capsys):
     """Presence-only val labels (known positives, no known negative for some classes): the
     default k counts such a class as present wherever unknown, and the summary says so;
-    ``--k-estimate`` failed with "full labels in estimate_k must hold only 0 and 1"."""
+    ``--k-estimate`` failed with "full labels in estimate_k must hold only 0 and 1". With
+    fewer known negatives than positives the val-chosen threshold is said to be unreliable
+    (0.001 there: every species predicted)."""
     ds = load_dataset("yeast")
     z = make_observed(ds.pool.y, "1p", seed=3)
     y_test = np.where(ds.test.y == 1, 1, 0).astype(np.float32)  # positives only: no -1
@@ -189,7 +191,8 @@ def test_k_from_partial_val_labels_says_what_it_assumes_and_refuses_an_estimate(
            "partial (unknown entries); give k directly (--k)" in err
     assert main(["train", *data, "--loss", "an", "--epochs", "1", "--quiet", "--out",
                  str(tmp_path / "r")]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "known negative(s) for" in err and "the threshold chosen on them" in err
     assert "from the val labels (partial: each class's positive rate among its known rows; 11 " \
            "class(es) without a known negative count as present wherever unknown: give --k " \
            "if unknown mostly means absent)" in out

@@ -502,6 +502,25 @@ def _epoch_logger(splits, run, pseudo: dict, on_epoch=None, is_main: bool = True
     return log_epoch
 
 
+def _few_known_negatives(y_val, threshold: float) -> str | None:
+    """A warning when partial val labels hold fewer known negatives than known positives: the
+    threshold that maximises their micro-F1 (what spml predict applies by default) then tends
+    to call most labels present (presence-only data: 0.001, every species predicted)."""
+    from ..metrics_partial import is_partial
+
+    if not is_partial(y_val):
+        return None
+    y = np.asarray(y_val)
+    pos, neg = int((y == 1).sum()), int((y == -1).sum())
+    if neg >= pos:
+        return None
+    return (f"the val labels hold {neg} known negative(s) for {pos} known positive(s): the "
+            f"threshold chosen on them ({threshold:.4g}, max val micro-F1, what spml predict "
+            f"applies by default) is fitted to few absences and may call most labels present; "
+            f"spml predict --threshold-rule rcut (the top k labels a row) or --threshold T "
+            f"chooses otherwise")
+
+
 def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
                   extra: dict | None = None, durable: bool = True) -> dict:
     """Score a fitted run and finish its folder (the end of
@@ -534,6 +553,9 @@ def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
                                                 convention=conv, threshold=threshold),
                   "threshold": {"value": threshold, "policy": THRESHOLD_POLICY},
                   **fitted.result, "warnings": training_warnings(fit)}
+        sparse = _few_known_negatives(splits.val.y, threshold)
+        if sparse is not None:
+            result["warnings"] = [*result["warnings"], sparse]
         if conv == "present" and test.get("classes_without_positives"):
             # left out of the test mAP's mean (no positive to rank): named where it is read
             result["test_map_left_out"] = [str(splits.class_names[j])
