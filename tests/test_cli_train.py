@@ -277,3 +277,49 @@ def test_a_misspelt_hyperparameter_is_refused_before_the_data_loads(tmp_path, ca
                  "--data", "labels=c*", "--loss", "an", "--hp", "warmup=2", "--quiet",
                  "--out", str(tmp_path)]) == 2
     assert "loss 'an' has no hyperparameter(s) ['warmup']" in capsys.readouterr().err
+
+
+def test_a_boolean_k_hyperparameter_is_refused(tmp_path, capsys):
+    """``--hp k=true`` (read as the boolean True) trained EPR with k = 1 while config.json
+    recorded the train mean; a k that is not a number is refused, saying that the true mean
+    is the default."""
+    from spmlkit.losses import create_loss
+
+    assert main(["train", "--loss", "epr", "--hp", "k=true", "--epochs", "1", "--quiet",
+                 "--out", str(tmp_path)]) == 2
+    assert "hyperparameter k=True must be a number of expected positives per example (the " \
+           "train split's true mean, k*, is the default: leave k out)" in capsys.readouterr().err
+    for name in ("epr", "role", "gpr"):
+        with pytest.raises(ValueError, match="must be a number"):
+            create_loss(name, k=True)
+
+
+def test_a_renamed_dataset_and_a_class_names_file_are_recorded_for_the_resume(tmp_path,
+                                                                           monkeypatch):
+    """``--data name=mine`` recorded the display name as the dataset: its paths stayed relative,
+    no data file was checked, and the resume failed with "unknown dataset 'mine'". A
+    ``class_names`` file stayed relative too (a resume from another folder read another
+    names.txt, or none). The registered source is recorded (``source``), and both kinds of
+    path are absolute and checked."""
+    import numpy as np
+
+    from spmlkit.data import load_dataset
+
+    ds = load_dataset("yeast")
+    data = tmp_path / "data"
+    data.mkdir()
+    np.save(data / "x.npy", ds.pool.x)
+    np.save(data / "y.npy", ds.pool.y)
+    (data / "names.txt").write_text("\n".join(f"c{j}" for j in range(14)) + "\n")
+    monkeypatch.chdir(data)
+    assert main(["train", "--dataset", "arrays", "--data", "features=x.npy", "--data",
+                 "labels=y.npy", "--data", "class_names=names.txt", "--data", "name=mine",
+                 "--epochs", "2", "--quiet", "--out", str(tmp_path / "runs")]) == 0
+    (run,) = (tmp_path / "runs").iterdir()
+    config = json.loads((run / "config.json").read_text())
+    assert config["dataset"] == "mine" and config["source"] == "arrays"
+    assert config["dataset_options"]["class_names"] == str(data / "names.txt")
+    assert set(config["data_files"]) == {"features", "labels", "class_names"}
+    (run / "final.json").unlink()  # as if stopped: the resume loads the data again
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--resume", str(run), "--quiet"]) == 0

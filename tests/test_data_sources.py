@@ -519,6 +519,15 @@ def test_a_feature_column_with_a_bad_cell_is_named_not_dropped(tmp_path):
                                          r"cell\(s\), the first at data row 3: 'abc'"):
         load_dataset("tabular", path=str(tmp_path / "bad.csv"), labels="cat,dog")
     (tmp_path / "ok.csv").write_text("\n".join(rows) + "\n")
+    # a mostly empty text column with one note is a text column: left out, as before
+    noted = list(rows)
+    noted[0] += ",remark"
+    noted[1:] = [r + ("," + ("checked by hand" if i == 3 else "")) for i, r in
+                 enumerate(rows[1:])]
+    (tmp_path / "noted.csv").write_text("\n".join(noted) + "\n")
+    with pytest.warns(UserWarning, match="non-numeric column"):
+        assert load_dataset("tabular", path=str(tmp_path / "noted.csv"),
+                            labels="cat,dog").meta["feature_columns"] == ["f1", "f2"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ds = load_dataset("tabular", path=str(tmp_path / "ok.csv"), labels="cat,dog")
@@ -579,7 +588,7 @@ def test_an_infinite_or_too_large_feature_cell_is_named(tmp_path, recwarn):
             for i in range(30)))
         shown = re.escape(f"{float(value):g}")
         with pytest.raises(ValueError, match=rf"t.csv: feature column 'f2' holds {shown} at "
-                                             rf"row 4 \(1 such cell\(s\)\)"):
+                                             rf"data row 5 \(1 such cell\(s\)\)"):
             load_dataset("tabular", path=str(tmp_path / "t.csv"), labels="cat,dog")
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
 

@@ -1182,3 +1182,19 @@ def test_a_data_path_that_names_nothing_is_refused_before_the_launch(tmp_path, c
            f"{tmp_path / 'elsewhere' / 'train.csv'} (a relative path is taken from the folder " \
            f"spml runs in" in err
     assert not out.exists()
+
+
+def test_the_data_path_check_leaves_cache_folders_and_expands_home(tmp_path):
+    """The launch's path check refused a cache folder a source makes where it is missing
+    (fmnist_mosaic's cache_dir), and ``~`` (checked as a folder named '~')."""
+    from spmlkit.experiments.study import load_study
+    from spmlkit.experiments.study.launch import check_data_paths
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\ndatasets: [{name: fmnist_mosaic, options: {cache_dir: "
+                    f"'{tmp_path / 'new-cache'}', backbone: tiny_cnn}}}}]\nmethods: [an]\n"
+                    "seeds: 1\nepochs: 1\n")
+    check_data_paths(load_study(str(spec)))
+    spec.write_text("name: s\ndatasets: [{name: tabular, options: {path: '~', labels: 'c*'}}]\n"
+                    "methods: [an]\nseeds: 1\nepochs: 1\n")
+    check_data_paths(load_study(str(spec)))  # ~ exists (a folder: the source says so later)

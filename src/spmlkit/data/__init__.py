@@ -76,8 +76,10 @@ def load_splits(name: str, /, regime: str = "1p", seed: int | None = None, *,
         raise ValueError(f"dataset {name!r}: the observed-label seed must be a whole number >= 0, "
                          f"got {seed!r}")
     protocol = {key: options.pop(key) for key in PROTOCOL_OPTIONS if key in options}
-    return make_splits(load_dataset(name, feature_loader=feature_loader, **options), regime,
-                       OFFICIAL_SEED if seed is None else seed, **protocol)
+    splits = make_splits(load_dataset(name, feature_loader=feature_loader, **options), regime,
+                         OFFICIAL_SEED if seed is None else seed, **protocol)
+    splits.meta["source_name"] = DATASETS.get(name).name  # (splits.name may be a name= option)
+    return splits
 
 
 def list_datasets() -> list[tuple[str, str]]:

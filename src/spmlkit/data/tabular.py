@@ -270,8 +270,8 @@ def _check_header(path: Path, names: list[str], df, longer: bool) -> None:
                          f"column a name of its own")
     if longer:
         raise ValueError(f"{path}: the data rows have more fields than the header's "
-                         f"{len(df.columns)} (a trailing comma on each row, or a column without "
-                         f"a name in the header?); every row needs one field per header name")
+                         f"{len(df.columns)} (a column without a name in the header?); every "
+                         f"row needs one field per header name")
 
 
 def _patterns(spec) -> list[str]:
@@ -360,8 +360,8 @@ def table_features(df, columns: Sequence[str], where: str) -> np.ndarray:
         bad = np.flatnonzero(~np.isfinite(x[:, j]))
         if bad.size:  # inf in the file, or a value past float32's 3.4e38
             raise ValueError(f"{where}: feature column {c!r} holds {float(values[bad[0]]):g} "
-                             f"at row {int(bad[0])} ({bad.size} such cell(s)): features must be "
-                             f"finite float32 numbers (at most 3.4e38)")
+                             f"at data row {int(bad[0]) + 1} ({bad.size} such cell(s)): features "
+                             f"must be finite float32 numbers (at most 3.4e38)")
     return check_features(x, where)
 
 
@@ -520,7 +520,7 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
         for c in skipped:  # numbers but for a few cells: a typo, a repeated header line
             cells = df[c].dropna()
             bad = [i for i, v in cells.items() if not _is_number(v)]
-            if len(cells) and len(bad) <= max(1, len(cells) // 10):
+            if len(bad) < len(cells) and len(bad) <= max(1, len(cells) // 10):
                 i = bad[0]
                 raise ValueError(f"{where}: column {c!r} holds numbers but for {len(bad)} "
                                  f"cell(s), the first at data row {int(i) + 1}: "

@@ -7,6 +7,7 @@ observed-positive, unobserved and observed-negative entries.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -124,6 +125,11 @@ class _NeedsK(SPMLLoss):
 
     def __init__(self, k: float | None = None, lam: float = 1.0, **kw):
         super().__init__(**kw)
+        if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Real)):
+            hint = " (the train split's true mean, k*, is the default: leave k out)" \
+                if k is True else ""
+            raise ValueError(f"k (expected positives per example) must be a number, got "
+                             f"{k!r}{hint}")
         if k is not None and k <= 0:
             raise ValueError(f"k (expected positives per example) must be > 0, got {k}")
         if float(lam) < 0:

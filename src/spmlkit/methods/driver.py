@@ -222,7 +222,7 @@ def _check_resume(path, stored: dict, fresh: dict) -> None:
     fresh = json.loads(json.dumps(fresh, default=str))
     keys = [k for k in fresh if k in RESUME_KEYS or k not in (
         "dataset_options", "train", "options", "class_names", "versions", "processes",
-        "labels", "acceleration", "data_files", "loss_settings", "threads")]
+        "labels", "acceleration", "data_files", "loss_settings", "threads", "source")]
     differ = [k for k in keys if stored.get(k) != fresh.get(k)]
     # a folder written before TrainConfig had ``metric`` / ``weight_decay`` selected on mAP,
     # without weight decay
@@ -253,7 +253,7 @@ def absolute_paths(dataset: str, options: dict) -> dict:
         params = source_parameters(dataset)
     except ValueError:  # not a registered source: nothing is known to be a path
         params = {}
-    paths = {k for k, p in params.items() if "PathLike" in str(p.annotation)}
+    paths = {k for k, p in params.items() if "PathLike" in str(p.annotation)} | {"class_names"}
 
     def fix(value):
         if isinstance(value, (str, os.PathLike)) and str(value) and \
@@ -305,8 +305,10 @@ def _check_data_files(path, recorded: dict) -> None:
 
 def _fresh_config(method: TrainingMethod, ctx: RunContext, dataset_options) -> dict:
     splits, config = ctx.splits, ctx.config
-    dataset_options = absolute_paths(splits.name, dataset_options)
+    source = (splits.meta or {}).get("source_name", splits.name)  # the registered name
+    dataset_options = absolute_paths(source, dataset_options)
     out = {"dataset": splits.name, "dataset_options": dataset_options,
+           **({"source": source} if source != splits.name else {}),
            "data_files": data_files(dataset_options),
            "regime": splits.regime, "mode": method.name, "loss": ctx.loss_name,
            "hparams": ctx.hparams, "k": ctx.k, "train": asdict(config),
@@ -741,7 +743,7 @@ def resume_run(run_dir, *, on_epoch=None, device: str | None = None,
         train["device"] = device
     _check_data_files(run.path, cfg.get("data_files"))
     if splits is None:
-        splits = load_splits(cfg["dataset"], cfg["regime"],
+        splits = load_splits(cfg.get("source", cfg["dataset"]), cfg["regime"],
                              **(cfg.get("dataset_options") or {}))
     with acceleration(_run_decoder(run.path, cfg, train.get("device"))):
         return train_run(method, splits, cfg["loss"], cfg["hparams"], TrainConfig(**train),

@@ -88,7 +88,8 @@ def _image_split(run, config, split: str):
     feature cache), checked against ``predictions.npz``."""
     from ...features import load_splits
 
-    splits = load_splits(config["dataset"], config.get("regime", "1p"), **source_options(config))
+    splits = load_splits(config.get("source", config["dataset"]), config.get("regime", "1p"),
+                         **source_options(config))
     s = getattr(splits, split)
     x = s.x
     if isinstance(x, np.ndarray) and x.dtype.kind == "f":

@@ -217,7 +217,7 @@ def landscape_from_run(run, *, steps: int = 21, span: float = 1.0, seed: int = 0
     found = read_run(run)
     ckpt, config = found.best(), found.config
     mode = ckpt.get("mode", config.get("mode", "linear"))
-    splits = load_splits(config["dataset"], config.get("regime", "1p"),
+    splits = load_splits(config.get("source", config["dataset"]), config.get("regime", "1p"),
                          **(config.get("dataset_options") or {} if mode == "linear"
                             else source_options(config)))
     z_all = _observed(run, len(splits.train))

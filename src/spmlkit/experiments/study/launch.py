@@ -240,12 +240,14 @@ def check_data_paths(spec: StudySpec) -> None:
         params = source_parameters(d.name)
         for key, value in d.options.items():
             p = params.get(key)
-            if p is None or "PathLike" not in str(p.annotation) or not isinstance(value, str):
+            if p is None or "PathLike" not in str(p.annotation) or not isinstance(value, str) \
+                    or "cache" in key:  # (a cache folder is made where it is missing)
                 continue
-            if not Path(value).exists():
+            path = Path(value).expanduser()
+            if not path.exists():
                 raise ValueError(f"dataset {d.name!r}: option {key}={value} names nothing at "
-                                 f"{Path(value).resolve()} (a relative path is taken from the "
-                                 f"folder spml runs in, {Path.cwd()}, not the spec's folder)")
+                                 f"{path.resolve()} (a relative path is taken from the folder "
+                                 f"spml runs in, {Path.cwd()}, not the spec's folder)")
 
 
 @dataclass(frozen=True)
