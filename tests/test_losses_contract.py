@@ -457,3 +457,31 @@ def test_numpy_labels_are_refused_with_a_message_that_says_so():
         create_loss("an")(torch.zeros(2, 3, requires_grad=True), obs)
     with pytest.raises(TypeError, match=says.format("logits")):
         create_loss("an")(np.zeros((2, 3)), torch.as_tensor(obs))
+
+
+def test_a_loss_or_source_that_takes_a_reserved_name_is_refused_at_registration():
+    """A loss with a hyperparameter named ``reg`` crashed every entry point ("'int' object is
+    not iterable": create_loss takes ``reg`` as its regularisers); a source taking a protocol
+    option (``subsample``) never received it. Both are refused where they are registered, and
+    a name registered twice names both places."""
+    from spmlkit.data import DATASETS
+    from spmlkit.losses.contract import SPMLLoss
+
+    class Mine(SPMLLoss):
+        def __init__(self, reg: float = 1.0, **kw):
+            super().__init__(**kw)
+
+    with pytest.raises(ValueError, match=r"loss 'mine_reg' .* takes a parameter named 'reg', "
+                                         r"which is create_loss's own"):
+        LOSSES.register("mine_reg", "test")(Mine)
+    assert "mine_reg" not in LOSSES
+
+    def source(path: str, subsample: float = 1.0):
+        raise AssertionError("never called")
+
+    with pytest.raises(ValueError, match="takes a parameter named 'subsample', which is a "
+                                         "protocol option"):
+        DATASETS.register("mine_sub", "test")(source)
+    with pytest.raises(ValueError, match=r"loss 'an' is registered twice: by "
+                                         r"spmlkit.losses.cole.AssumeNegativeLoss and by"):
+        LOSSES.register("an", "test")(type("Other", (SPMLLoss,), {}))

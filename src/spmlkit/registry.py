@@ -30,11 +30,21 @@ class Entry:
         return out
 
 
-class Registry:
-    """Name -> `Entry`. ``register`` is used as a decorator on a class or function."""
+def _where(obj) -> str:
+    """``module.name`` of a registered class or function."""
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', obj)}"
 
-    def __init__(self, kind: str):
+
+class Registry:
+    """Name -> `Entry`. ``register`` is used as a decorator on a class or function.
+
+    ``reserved``: parameter names a registered factory may not take (name -> what takes that
+    name instead), refused at registration: the caller's own keyword of that name would never
+    reach the factory."""
+
+    def __init__(self, kind: str, reserved: dict[str, str] | None = None):
         self.kind = kind
+        self.reserved = dict(reserved or {})
         self._entries: dict[str, Entry] = {}
         self._aliases: dict[str, str] = {}
 
@@ -43,7 +53,22 @@ class Registry:
         def deco(obj):
             for key in (name, *aliases):
                 if key in self._entries or key in self._aliases:
-                    raise ValueError(f"{self.kind} {key!r} is registered twice")
+                    first = self._entries[self._aliases.get(key, key)].factory
+                    raise ValueError(f"{self.kind} {key!r} is registered twice: by "
+                                     f"{_where(first)} and by {_where(obj)}; give one of them "
+                                     f"another name")
+            if self.reserved:
+                import inspect
+
+                try:
+                    params = inspect.signature(obj).parameters
+                except (TypeError, ValueError):
+                    params = {}
+                clash = [p for p in params if p in self.reserved]
+                if clash:
+                    raise ValueError(f"{self.kind} {name!r} ({_where(obj)}) takes a parameter "
+                                     f"named {clash[0]!r}, which is {self.reserved[clash[0]]}: "
+                                     f"its value would never reach it; name it otherwise")
             self._entries[name] = Entry(name, obj, description, paper, dict(defaults or {}),
                                         dict(dataset_defaults or {}), tuple(tags), tuple(aliases))
             self._aliases.update({a: name for a in aliases})

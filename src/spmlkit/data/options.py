@@ -38,6 +38,9 @@ from .registry import DATASETS
 #: ``load_splits`` options that belong to the protocol (`make_splits`),
 #: not to the source
 PROTOCOL_OPTIONS = ("subsample", "subsample_seed", "class_order", "protocol", "val_variant")
+# a source of its own may not take them: load_splits keeps them for make_splits
+DATASETS.reserved.update({key: "a protocol option load_splits takes for every source"
+                          for key in PROTOCOL_OPTIONS})
 #: options every image source takes besides its own: its items become a backbone's cached
 #: features (`spmlkit.features.load_feature_dataset`)
 FEATURE_KEYS = ("backbone", "features")
