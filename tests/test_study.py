@@ -715,6 +715,10 @@ def test_metrics_table_marks_each_column_in_its_direction():
                           "| epr | 0.6000 ± 0.0000 | **0.1100 ± 0.0141** |"]
     with pytest.raises(ValueError, match="no selected run has test values of coverage"):
         metrics_table(rows, ["coverage"])
+    # one of several missing: its column was left out without a word
+    with pytest.raises(ValueError, match=r"no selected run has test values of coverage .*leave "
+                                         r"it out of --metric"):
+        metrics_table(rows, ["lrap", "coverage"])
 
 
 def test_tabular_protocol_gives_each_seed_its_own_trial():

@@ -175,6 +175,12 @@ def metrics_table(selected_rows, metrics, fmt: str = "markdown", split: str = "t
     if not flat:
         raise ValueError(f"no selected run has {split} values of {', '.join(metrics)} (runs "
                          f"from before these metrics were recorded: train them again)")
+    shown = {f["metric"].rsplit(": ", 1)[-1] for f in flat}
+    missing = [m for m in metrics if m not in shown]
+    if missing:  # a column left out without a word looked like a table of the others only
+        raise ValueError(f"no selected run has {split} values of {', '.join(missing)} (runs "
+                         f"from before these metrics were recorded: train them again, or leave "
+                         f"{'it' if len(missing) == 1 else 'them'} out of --metric)")
     return study_table(flat, fmt, "value", columns="metric", group=group, title=title,
                        order=order, decimals=decimals, higher_is_better=higher, labels=labels)
 
