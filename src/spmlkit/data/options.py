@@ -192,6 +192,16 @@ def source_parameters(name: str) -> dict[str, inspect.Parameter]:
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
+def path_options(name: str) -> set[str]:
+    """The options of the registered source ``name`` that take a file or folder (annotated
+    ``os.PathLike``); empty for a name no source is registered under."""
+    try:
+        params = source_parameters(name)
+    except ValueError:
+        return set()
+    return {n for n, p in params.items() if "PathLike" in str(p.annotation)}
+
+
 def _accepts(annotation: str, value) -> bool | None:
     """Whether ``value`` fits an annotation written as text (``"int"``, ``"str | None"``);
     ``None`` when the annotation names a type this check does not know."""

@@ -52,13 +52,6 @@ def check_loss_hparams(name: str, hparams: dict) -> None:
     if unknown:
         raise ValueError(f"loss {entry.name!r} has no hyperparameter(s) {unknown}; it takes "
                          f"{sorted(known)}")
-    k = hparams.get("k")
-    if "k" in known and k is not None and (isinstance(k, (bool, np.bool_)) or
-                                           not isinstance(k, numbers.Real)):
-        hint = " (the train split's true mean, k*, is the default: leave k out)" \
-            if k is True else ""
-        raise ValueError(f"loss {entry.name!r}: hyperparameter k={k!r} must be a number of "
-                         f"expected positives per example{hint}")
     for key, value in hparams.items():
         default = known[key]
         number = isinstance(default, numbers.Real) and not isinstance(default, bool)

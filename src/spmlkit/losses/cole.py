@@ -7,13 +7,12 @@ observed-positive, unobserved and observed-negative entries.
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 import torch.nn.functional as F
 
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
-from .contract import SPMLLoss, TrainInfo, expected_positive_penalty, \
+from .contract import SPMLLoss, TrainInfo, check_k, expected_positive_penalty, \
     expected_positive_penalty_grad, soft_bce, take_rows
 from .registry import register
 
@@ -125,13 +124,7 @@ class _NeedsK(SPMLLoss):
 
     def __init__(self, k: float | None = None, lam: float = 1.0, **kw):
         super().__init__(**kw)
-        if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Real)):
-            hint = " (the train split's true mean, k*, is the default: leave k out)" \
-                if k is True else ""
-            raise ValueError(f"k (expected positives per example) must be a number, got "
-                             f"{k!r}{hint}")
-        if k is not None and k <= 0:
-            raise ValueError(f"k (expected positives per example) must be > 0, got {k}")
+        check_k(k, type(self).__name__)
         if float(lam) < 0:
             raise ValueError(f"lam (the weight of the expected-positive penalty) must be >= 0, "
                              f"got {lam}")

@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -213,6 +214,20 @@ def _recorded(hook: str, fn):
 
     recorded._spml_recorded = True
     return recorded
+
+
+def check_k(k, where: str) -> None:
+    """Refuse a loss's ``k`` (expected positives per example) that is given and is not a
+    number > 0 (``True`` from ``--hp k=true``: the train mean is the default already)."""
+    if k is None:
+        return
+    if isinstance(k, bool) or not isinstance(k, numbers.Real):
+        hint = " (the train split's true mean, k*, is the default: leave k out)" \
+            if k is True else ""
+        raise ValueError(f"{where}: hyperparameter k={k!r} must be a number of expected "
+                         f"positives per example{hint}")
+    if not k > 0:
+        raise ValueError(f"{where}: k (expected positives per example) must be > 0, got {k}")
 
 
 def as_compute(x: torch.Tensor) -> torch.Tensor:

@@ -70,8 +70,8 @@ import numpy as np
 import torch
 
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
-from .contract import SPMLLoss, TrainInfo, as_compute, expected_positive_penalty, log_1mp, \
-    log_p, masks, take_rows
+from .contract import SPMLLoss, TrainInfo, as_compute, check_k, expected_positive_penalty, \
+    log_1mp, log_p, masks, take_rows
 from .registry import register
 from .zhou import _OFFICIAL_ALPHA, binary_entropy
 
@@ -554,8 +554,7 @@ class GPRLoss(ScorerPseudoLabelLoss):
                              f"{sigma_max}")
         if epr < 0:
             raise ValueError(f"gpr: epr (the official reg) must be >= 0, got {epr}")
-        if k is not None and not k > 0:
-            raise ValueError(f"gpr: k (expected positives per example) must be > 0, got {k}")
+        check_k(k, "gpr")
         self.top_k, self.rho = int(top_k), float(rho)
         self.lam_1, self.lam_2, self.q2, self.q3 = float(lam_1), float(lam_2), float(q2), float(q3)
         self.w0, self.w_max, self.b0, self.b_max = float(w0), float(w_max), float(b0), float(b_max)

@@ -247,13 +247,9 @@ def absolute_paths(dataset: str, options: dict) -> dict:
     that takes a path; `NESTED_PATHS` in a nested dict) that names an existing file or folder
     relative to the current folder made absolute: a run folder's config.json then names its
     data wherever the resume is started."""
-    from ..data.options import source_parameters
+    from ..data.options import path_options
 
-    try:
-        params = source_parameters(dataset)
-    except ValueError:  # not a registered source: nothing is known to be a path
-        params = {}
-    paths = {k for k, p in params.items() if "PathLike" in str(p.annotation)} | {"class_names"}
+    paths = path_options(dataset) | {"class_names"}  # (class names: a list, or a file)
 
     def fix(value):
         if isinstance(value, (str, os.PathLike)) and str(value) and \

@@ -234,15 +234,13 @@ def check_data_paths(spec: StudySpec) -> None:
     is written: each of its runs would fail alone, stored as failed (a relaunch then needs
     --retry-failed). The message names the absolute path looked at: a relative path is taken
     from the folder spml runs in, not the spec's."""
-    from ...data.options import source_parameters
+    from ...data.options import path_options
 
     for d in spec.datasets:
-        params = source_parameters(d.name)
+        paths = path_options(d.name)
         for key, value in d.options.items():
-            p = params.get(key)
-            if p is None or "PathLike" not in str(p.annotation) or not isinstance(value, str) \
-                    or "cache" in key:  # (a cache folder is made where it is missing)
-                continue
+            if key not in paths or not isinstance(value, str) or "cache" in key:
+                continue  # (a cache folder is made where it is missing)
             path = Path(value).expanduser()
             if not path.exists():
                 raise ValueError(f"dataset {d.name!r}: option {key}={value} names nothing at "
