@@ -214,16 +214,7 @@ def read_table(path, what: str = "table", text_columns: Sequence[str] = ()):
     except (ValueError, OSError, UnicodeDecodeError) as err:  # pandas' parser errors too
         raise ValueError(f"{path}: not a readable {suffix} table ({err})") from None
     if suffix not in (".parquet", ".pq"):
-        if len(names) == 1:  # one column: maybe another separator
-            other = next((c for c in (";", "\t", ",", "|") if c != sep and c in names[0]),
-                         None)
-            if other is not None:
-                name = {"\t": "tab", ";": "';'", ",": "','", "|": "'|'"}[other]
-                raise ValueError(f"{path}: the header is one column, {names[0]!r:.80}: the "
-                                 f"file looks {name}-separated; a {suffix} file is read "
-                                 f"{'tab' if sep == chr(9) else 'comma'}-separated "
-                                 f"(save it as CSV with commas, or tab-separated as .tsv)")
-        _check_header(path, names, df, longer)
+        _check_header(path, names, df, longer, sep)
     if df.empty:
         raise ValueError(f"{path}: the {what} has no row (expected a header line, then one row "
                          f"per example)")
@@ -259,11 +250,20 @@ def table_ids(df, id_column: str, where: str) -> list[str]:
     return [str(v) for v in col]
 
 
-def _check_header(path: Path, names: list[str], df, longer: bool) -> None:
-    """Refuse a header naming a column twice (pandas renames the second ``f1`` to ``f1.1``)
-    and data rows with more fields than the header (``longer``: pandas' ParserWarning)."""
+def _check_header(path: Path, names: list[str], df, longer: bool, sep: str) -> None:
+    """Refuse a header of one column holding another separator than ``sep`` (a ';'-separated
+    .csv), a header naming a column twice (pandas renames the second ``f1`` to ``f1.1``) and
+    data rows with more fields than the header (``longer``: pandas' ParserWarning)."""
     import collections
 
+    other = next((c for c in (";", "\t", ",", "|") if c != sep and c in names[0]), None) \
+        if len(names) == 1 else None
+    if other is not None:
+        name = {"\t": "tab", ";": "';'", ",": "','", "|": "'|'"}[other]
+        raise ValueError(f"{path}: the header is one column, {names[0]!r:.80}: the file looks "
+                         f"{name}-separated; a {table_kind(path)} file is read "
+                         f"{'tab' if sep == chr(9) else 'comma'}-separated (save it as CSV "
+                         f"with commas, or tab-separated as .tsv)")
     twice = [n for n, c in collections.Counter(names).items() if c > 1 and n != "nan"]
     if twice:
         raise ValueError(f"{path}: the header names column {twice[0]!r} twice; give each "
