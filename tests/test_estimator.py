@@ -246,6 +246,52 @@ def test_score_is_map_against_full_labels_and_refuses_observed_ones():
         map_score(named.predict_proba(x), y[:, [1, 2, 0]]))
 
 
+def _masked_map_by_hand(proba, partial):
+    """mAP x100 over each class's known rows (sklearn's AP), classes with a known positive."""
+    from sklearn.metrics import average_precision_score
+
+    aps = [average_precision_score(partial[known, j] == 1, proba[known, j])
+           for j in range(partial.shape[1])
+           for known in [partial[:, j] != 0] if (partial[known, j] == 1).any()]
+    return 100 * float(np.mean(aps))
+
+
+def test_partial_evaluation_labels_are_scored_over_their_known_entries():
+    from spmlkit.metrics_partial import partial_labels
+
+    x, y = _toy(n=160)
+    index, z = _single_positive(y)
+    rng = np.random.default_rng(3)
+    partial = np.where(y == 1, 1, -1).astype(np.float64)
+    partial[rng.random(y.shape) < 0.4] = np.nan         # 40 % unknown, as an empty cell
+    clf = SPMLClassifier(**FAST).fit(x[:100], z[:100])
+    proba = clf.predict_proba(x[100:])
+    wrapped = partial_labels(partial[100:])
+    by_hand = _masked_map_by_hand(proba, np.asarray(wrapped))
+    assert clf.score(x[100:], wrapped) == pytest.approx(by_hand, abs=1e-9)
+    assert validation_scorer(x[100:], wrapped)(clf, None, None) == pytest.approx(by_hand)
+    # unknowns read as negatives would give another number: the mask is what is scored
+    as_negative = np.where(np.isnan(partial[100:]), 0, partial[100:] == 1).astype(np.uint8)
+    assert abs(clf.score(x[100:], as_negative) - by_hand) > 0.01
+    # columns named in another order keep the mask and follow classes_
+    names = np.array(["c", "a", "b"])
+    by_name = SPMLClassifier(**FAST).fit(x[:100], names[index[:100]])
+    named = validation_scorer(x[100:], wrapped, classes=["c", "a", "b"])
+    assert named(by_name, None, None) == pytest.approx(_masked_map_by_hand(
+        by_name.predict_proba(x[100:]), np.asarray(wrapped)[:, [1, 2, 0]]))
+    # a threshold metric goes through predict, scored on the known entries
+    clf.set_params(threshold=1.0)
+    assert validation_scorer(x[100:], wrapped, "micro_f1")(clf, None, None) == 0.0
+    # unwrapped -1 / NaN is still refused, and says how to mean partial labels
+    with pytest.raises(ValueError, match="partial_labels"):
+        clf.score(x[100:], partial[100:])
+    # partial val labels select the epoch on their masked mAP
+    sel = SPMLClassifier(epochs=4, batch_size=16, lr=1e-2).fit(
+        x[:100], z[:100], X_val=x[100:], Y_val=wrapped)
+    best = sel.fit_.history[sel.fit_.best_epoch - 1]["val_map"]
+    assert sel.score(x[100:], wrapped) == pytest.approx(best, abs=1e-6)
+
+
 def test_validation_scorer_scores_on_the_validation_rows_whatever_the_fold():
     x, y = _toy(n=120)
     index, z = _single_positive(y)

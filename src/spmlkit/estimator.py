@@ -9,7 +9,8 @@ with its reason, by `expected_failed_checks`.
 The SPML catch: what ``fit`` receives are observed labels, so a cross-validation fold's ``y``
 is partial too, and any score computed on it (``score``, ``scoring="average_precision"``)
 counts the unobserved positives as negatives. `validation_scorer` scores every fit on
-one fully labelled validation set instead (through the whole Pipeline).
+one validation set instead (through the whole Pipeline): fully labelled, or partially labelled
+with its known negatives written as -1 and wrapped by `spmlkit.metrics_partial.partial_labels`.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from .engine import TrainConfig, fit_linear, predict_logits, torch_threads
 from .labels import POSITIVE, validate_full_labels, validate_observed
 from .losses import create_loss
-from .metrics import METRICS, check_metric, higher_is_better, map_score, metric_score
+from .metrics import METRICS, check_metric, higher_is_better
+from .metrics_partial import is_partial, split_map, split_metric
 
 
 class SPMLClassifier(ClassifierMixin, BaseEstimator):
@@ -45,8 +47,9 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
     ``predict_proba`` independent per-class probabilities (rows need not sum to 1).
 
     With ``X_val`` / ``Y_val`` (full 0/1 labels, columns in ``classes_`` order, or 1-D class
-    labels) the best epoch by val mAP is kept; otherwise the last epoch. They reach this
-    estimator as given: in a Pipeline, earlier steps do not transform them (use
+    labels, or partial ones wrapped by `spmlkit.metrics_partial.partial_labels`, scored over
+    their known entries) the best epoch by val mAP is kept; otherwise the last epoch. They
+    reach this estimator as given: in a Pipeline, earlier steps do not transform them (use
     ``standardize=True`` here rather than a scaler step when you pass them).
 
     Args:
@@ -159,7 +162,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
                                  "their full labels) or neither")
             xv = self._features(_dense(validate_data(self, X_val, reset=False, accept_sparse=True,
                                                      dtype=(np.float64, np.float32))))
-            yv = self._full_labels(Y_val, "Y_val")
+            yv = self._eval_labels(Y_val, "Y_val")
             if len(yv) != len(xv):
                 raise ValueError(f"fit: X_val has {len(xv)} rows, Y_val {len(yv)}")
         k = self.k if self.k is not None else float((z == POSITIVE).sum(axis=1).mean())
@@ -211,41 +214,47 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
 
     def score(self, X, y) -> float:
         """Mean average precision (x100, over the classes with a positive in ``y``; as
-        ``spml``'s tables) of ``predict_proba(X)`` against ``y`` taken as the **full** labels:
-        a 0/1 N x L matrix, or 1-D class labels (one true class per row).
+        ``spml``'s tables) of ``predict_proba(X)`` against ``y``: full labels (a 0/1 N x L
+        matrix, or 1-D class labels, one true class per row), or partial ones wrapped by
+        `spmlkit.metrics_partial.partial_labels` (1 / -1 known, 0 or NaN unknown), scored
+        over their known entries as ``spml`` scores a partial test set.
 
         In an SPML cross-validation the fold's ``y`` are the observed labels, not the full
         ones: use `validation_scorer` there.
 
         Raises:
-            ValueError: ``y`` holds -1 or NaN (the observed encoding, not full labels), or
-                does not fit ``classes_``.
+            ValueError: ``y`` holds -1 or NaN without being wrapped as partial labels (it
+                could be the observed encoding of ``fit``), or does not fit ``classes_``.
         """
-        return map_score(self.predict_proba(X), self._full_labels(y, "score's y"))
+        return split_map(self.predict_proba(X), self._eval_labels(y, "score's y"))
 
-    def _full_labels(self, y, where: str) -> np.ndarray:
-        """Full labels N x L (uint8) in ``classes_`` order from a 0/1 matrix or 1-D labels."""
+    def _eval_labels(self, y, where: str) -> np.ndarray:
+        """Evaluation labels N x L in ``classes_`` order: full (uint8) from a 0/1 matrix or
+        1-D labels, or `PartialLabels` kept partial."""
         check_is_fitted(self)
-        return full_labels(y, self.classes_, where)
+        return eval_labels(y, self.classes_, where)
 
 
-def full_labels(y, classes, where: str = "labels", columns=None) -> np.ndarray:
-    """Full 0/1 labels (N x L, uint8) whose columns are ``classes``, from a 0/1 matrix or 1-D
-    class labels (each row's one true class).
+def eval_labels(y, classes, where: str = "labels", columns=None) -> np.ndarray:
+    """Evaluation labels whose columns are ``classes``: full 0/1 labels (N x L, uint8) from a
+    0/1 matrix or 1-D class labels (each row's one true class), or
+    `spmlkit.metrics_partial.PartialLabels` (1 / -1 known, 0 unknown) kept partial, with its
+    mask.
 
     A matrix's columns are ``columns`` (default: a DataFrame's column names), put in
     ``classes`` order; without names they must already be in ``classes`` order.
 
     Raises:
-        ValueError: -1 or NaN (the observed encoding), other values, columns that do not fit
-            ``classes`` (a class the estimator never saw, or one it has that ``y`` lacks), 1-D
-            labels outside ``classes`` (each named).
+        ValueError: -1 or NaN in labels not wrapped as partial (the observed encoding), other
+            values, columns that do not fit ``classes`` (a class the estimator never saw, or
+            one it has that ``y`` lacks), 1-D labels outside ``classes`` (each named).
     """
     if columns is None and getattr(y, "columns", None) is not None:
         columns = list(y.columns)
     if sp.issparse(y):
         y = y.toarray()
-    arr = np.asarray(y)
+    partial = is_partial(y)
+    arr = y if partial else np.asarray(y)
     classes = np.asarray(classes)
     if arr.ndim == 1:
         pos = {c: j for j, c in enumerate(classes.tolist())}
@@ -256,12 +265,14 @@ def full_labels(y, classes, where: str = "labels", columns=None) -> np.ndarray:
         out = np.zeros((len(arr), len(classes)), dtype=np.uint8)
         out[np.arange(len(arr)), [pos[v] for v in arr.tolist()]] = 1
         return out
-    if arr.ndim == 2 and np.issubdtype(arr.dtype, np.number) and \
+    if not partial and arr.ndim == 2 and np.issubdtype(arr.dtype, np.number) and \
             ((arr == -1).any() or np.isnan(arr.astype(np.float64)).any()):
-        raise ValueError(f"{where} must be full labels (1 positive, 0 negative); it holds -1 or "
-                         f"NaN, the observed encoding: partial labels cannot score a model "
-                         f"(score on fully labelled rows: spmlkit.estimator.validation_scorer)")
-    out = validate_full_labels(arr, where)
+        raise ValueError(f"{where} must be full labels (1 positive, 0 negative) or partial "
+                         f"ones wrapped by spmlkit.metrics_partial.partial_labels(y) (1 / -1 "
+                         f"known, 0 or NaN unknown); it holds -1 or NaN unwrapped, which is "
+                         f"also fit's observed encoding (a fold's observed labels cannot score "
+                         f"a model: spmlkit.estimator.validation_scorer)")
+    out = arr if partial else validate_full_labels(arr, where)
     if columns is not None:
         names = list(columns)
         if len(names) != out.shape[1] or len(set(names)) != len(names):
@@ -369,15 +380,15 @@ class ValidationScorer:
         classes = getattr(estimator, "classes_", None)
         if classes is None:
             raise ValueError("validation_scorer: the estimator has no classes_ (is it fitted?)")
-        y_full = full_labels(self.Y_val, classes, "validation_scorer's Y_val", self.classes)
+        y_val = eval_labels(self.Y_val, classes, "validation_scorer's Y_val", self.classes)
         if METRICS[self.metric].needs_threshold:  # the estimator's own cut (its threshold)
             scores = np.asarray(estimator.predict(self.X_val), dtype=np.float64)
         else:
             scores = np.asarray(estimator.predict_proba(self.X_val), dtype=np.float64)
-        if scores.shape != y_full.shape:
+        if scores.shape != y_val.shape:
             raise ValueError(f"validation_scorer: the estimator predicts {scores.shape} for "
-                             f"X_val but Y_val is {y_full.shape}")
-        value = metric_score(self.metric, scores, y_full)
+                             f"X_val but Y_val is {y_val.shape}")
+        value = split_metric(self.metric, scores, y_val)
         return float(value if higher_is_better(self.metric) else -value)
 
     def __repr__(self) -> str:
@@ -390,7 +401,9 @@ def validation_scorer(X_val, Y_val, metric: str = "map", classes=None) -> Valida
 
     ``X_val``: raw features (what the Pipeline or estimator takes; its ``predict_proba``
     transforms them). ``Y_val``: full 0/1 labels, N_val x L, or 1-D class labels (one true
-    class per row). ``classes``: the names of ``Y_val``'s columns (default: a DataFrame's
+    class per row), or partial labels wrapped by `spmlkit.metrics_partial.partial_labels`
+    (1 / -1 known, 0 or NaN unknown: each metric over the known entries, as ``spml`` scores a
+    partial split). ``classes``: the names of ``Y_val``'s columns (default: a DataFrame's
     column names), matched to the fitted ``classes_`` (a 1-D ``y`` gives them sorted, as
     ``np.unique``); without names the columns must be in ``classes_`` order. ``metric``: one
     of `spmlkit.metrics.METRICS` (mAP x100 by default); lower-is-better metrics come
@@ -450,4 +463,4 @@ def expected_failed_checks(estimator) -> dict[str, str]:
 
 
 __all__ = ["SPMLClassifier", "ValidationScorer", "validation_scorer", "expected_failed_checks",
-           "full_labels", "EXPECTED_FAILED_CHECKS"]
+           "eval_labels", "EXPECTED_FAILED_CHECKS"]
