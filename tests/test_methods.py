@@ -89,6 +89,36 @@ def test_every_method_reports_test_f1_and_hamming_at_the_val_chosen_threshold(na
                       .read_text())["global"] == on_val  # what spml predict applies
 
 
+def test_em_records_its_papers_f1_threshold_beside_the_val_chosen_one(data, tmp_path, capsys):
+    """Zhou et al. report EM's F1 with predictions cut at 0.75: an EM (and EM-APL, even
+    behind a regulariser) run records the test F1s and Hamming loss there too; AN, whose
+    paper names no cut, does not."""
+    from spmlkit.metrics import f1_micro_macro, hamming_loss
+    from spmlkit.runs import read_predictions
+
+    for loss, hp in (("em", {}), ("em_apl", {"warmup": 1}), ("em", {"reg": "highrank:1e-3"})):
+        res = train_run("linear", data["features"], loss, hp, TrainConfig(**CONFIG),
+                        out=tmp_path / f"{loss}{len(hp)}", checkpoint_seconds=0,
+                        dataset_options=data["options"]["features"])
+        p = read_predictions(res["run_dir"])
+        at = res["test_metrics_at_paper_threshold"]
+        micro, macro = f1_micro_macro(p["probs_test"], p["y_test"], 0.75)
+        assert (at["threshold"], at["micro_f1"], at["hamming_loss"]) == \
+            (0.75, micro, hamming_loss(p["probs_test"], p["y_test"], 0.75)), loss
+        assert at["macro_f1"] == pytest.approx(macro, nan_ok=True)
+        assert res["test_metrics"]["threshold"] != 0.75          # the val-chosen one is kept
+        assert read_run(res["run_dir"]).final["test_metrics_at_paper_threshold"] == at
+    res = train_run("linear", data["features"], "an", {}, TrainConfig(**CONFIG),
+                    out=tmp_path / "an", checkpoint_seconds=0,
+                    dataset_options=data["options"]["features"])
+    assert "test_metrics_at_paper_threshold" not in res
+    assert main(["train", "--dataset", "yeast", "--data", "subsample=0.2", "--loss", "em",
+                 "--epochs", "2", "--out", str(tmp_path / "cli"), "--quiet"]) == 0
+    line = [t for t in capsys.readouterr().out.splitlines() if "paper's threshold" in t]
+    assert line and line[0].startswith("test at the paper's threshold 0.75: ") and \
+        "micro_f1" in line[0], line
+
+
 @pytest.mark.parametrize("metric", ["micro_f1", "hamming_loss"])
 @pytest.mark.parametrize("name", METHODS)
 def test_every_method_selects_a_thresholded_metric_at_the_val_chosen_threshold(name, metric,

@@ -360,6 +360,13 @@ def _print_result(args, res: dict) -> int:
         print("test: " + ", ".join(f"{name} {test[name]:.{METRICS[name].decimals}f}"
                                    for name in METRICS if name != "map"
                                    and test.get(name) is not None) + at)
+    paper = res.get("test_metrics_at_paper_threshold")
+    if paper:
+        from ..metrics import METRICS
+
+        print(f"test at the paper's threshold {paper['threshold']:g}: " + ", ".join(
+            f"{name} {value:.{METRICS[name].decimals}f}" for name, value in paper.items()
+            if name != "threshold" and value is not None))
     if res.get("skipped_images"):
         where = f" (listed in {res['run_dir']}/skipped_images.json)" if res.get("run_dir") \
             else ""

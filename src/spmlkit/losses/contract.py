@@ -509,6 +509,10 @@ class SPMLLoss(nn.Module):
     needs_index = False
     needs_train_predictions = False
     lr_multiplier = 1.0
+    #: the probability its paper cuts predictions at for F1 (EM: 0.75, Zhou et al.'s
+    #: analyses); a run then records the test F1s and Hamming loss there too, beside those at
+    #: the threshold chosen on val (None: the paper names none)
+    paper_threshold: float | None = None
     #: ``entries`` works on R stacked runs (module docstring); False: trained one run at a time
     stackable = False
     #: parameters/buffers sized by the train split, resized to a loaded state dict's shapes

@@ -170,6 +170,10 @@ class Regularized(SPMLLoss):
         return self.base.lr_multiplier
 
     @property
+    def paper_threshold(self):
+        return self.base.paper_threshold
+
+    @property
     def stackable(self):
         return self.base.stackable
 

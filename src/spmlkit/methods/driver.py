@@ -25,7 +25,7 @@ import torch
 from ..accel import acceleration, current_acceleration
 from ..engine import TrainConfig
 from ..losses import create_loss, loss_hparams
-from ..metrics import THRESHOLD_POLICY, map_score, pseudo_label_stats
+from ..metrics import METRICS, THRESHOLD_POLICY, map_score, pseudo_label_stats
 from ..metrics_partial import split_evaluate, split_map, split_metrics, split_thresholds
 from ..data.protocol import describe_labels
 from ..runs import RunDir, checkpoint_history, read_run, sync_files
@@ -400,7 +400,9 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
         of the selected epoch's predictions,
         [`spmlkit.metrics.classic_metrics`][spmlkit.metrics.classic_metrics]; F1s and Hamming loss
         at ``threshold["value"]``, the global threshold chosen on val that ``spml predict`` applies
-        by default: `spmlkit.metrics.THRESHOLD_POLICY`), ``seconds``,
+        by default: `spmlkit.metrics.THRESHOLD_POLICY`), ``test_metrics_at_paper_threshold``
+        for a loss whose paper names its own cut (``paper_threshold``: EM's 0.75; the
+        threshold and the test metrics that depend on it), ``seconds``,
         ``loss``, ``mode``, ``regime``, ``seed``, ``batch_size``, ``lr``; ``pl_count`` /
         ``pl_precision`` at the selected epoch for a loss that pseudo-labels
         (``pl_precision`` None for regime ``given``);
@@ -551,6 +553,12 @@ def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
                                                 convention=conv, threshold=threshold),
                   "threshold": {"value": threshold, "policy": THRESHOLD_POLICY},
                   **fitted.result, "warnings": training_warnings(fit)}
+        paper = getattr(loss_fn, "paper_threshold", None)
+        if paper is not None:  # EM's F1 as its paper reports it (its own cut)
+            at = split_metrics(probs["test"], splits.test.y, convention=conv, threshold=paper)
+            result["test_metrics_at_paper_threshold"] = {
+                "threshold": paper, **{name: at[name] for name in METRICS
+                                       if METRICS[name].needs_threshold and name in at}}
         sparse = _few_known_negatives(splits.val.y, threshold)
         if sparse is not None:
             result["warnings"] = [*result["warnings"], sparse]
