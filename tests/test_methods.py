@@ -254,6 +254,29 @@ def test_unknown_method_option_is_named(data):
         train_run("linear", data["features"], "an", backbon="x")
 
 
+def test_a_method_option_of_the_wrong_kind_is_refused_before_a_run_folder(data, tmp_path):
+    """A word for a number, a number for a flag: refused by name (the kind read off the
+    option's default), for a registered extension's method too, before anything is written."""
+    cases = [("linear", {"hidden": "wide"}, "option hidden='wide': expected an integer"),
+             ("linear", {"save_train_probs": 1}, "save_train_probs=1: expected true or false"),
+             ("linear", {"head": 2}, "option head=2: expected a word"),
+             ("smile", {"gamma": "small"}, "option gamma='small': expected a number")]
+    for name, options, message in cases:
+        with pytest.raises(ValueError, match=message):
+            train_run(name, data["features"], "an", {}, TrainConfig(**CONFIG),
+                      out=tmp_path, **options)
+    assert not list(tmp_path.iterdir())
+    # an integer is a number; a float is not an integer (4.0 counts nothing)
+    from spmlkit.methods import get_method
+
+    assert get_method("smile").check_options({"gamma": 1, "neighbours": 4})["gamma"] == 1
+    with pytest.raises(ValueError, match="neighbours=4.0: expected an integer"):
+        get_method("smile").check_options({"neighbours": 4.0})
+    assert main(["train", "--mode", "linear_init", "--option", "linear_epochs=abc",
+                 "--out", str(tmp_path)]) == 2
+    assert not list(tmp_path.iterdir())
+
+
 def test_predict_standardises_raw_yeast_features_like_training(tmp_path):
     """The bug: spml predict read a yeast run's new features raw although training standardised
     them (7.21 labels a row instead of 5.96 on the same rows)."""

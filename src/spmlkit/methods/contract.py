@@ -137,10 +137,34 @@ class TrainingMethod:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"{where}: method {self.name!r} has no option(s) {unknown}{hint}; "
                              f"it takes {sorted(self.options) or 'none'}")
+        for key, value in options.items():
+            _check_option_type(self.name, key, value, self.options[key], where)
         full = {**self.options, **options}
         if self.check_values is not None:
             self.check_values(full)
         return full
+
+
+def _check_option_type(method: str, key: str, value, default, where: str) -> None:
+    """Refuse an option value whose kind differs from its default's (a word for a number, a
+    number for a flag): the method's code would fail on it later, after a run folder was
+    made, with a message that names no option. A default of None, a list or a mapping says
+    nothing of the kind, and is not checked."""
+    if default is None or value is None or isinstance(default, (list, tuple, dict)):
+        return
+    if isinstance(default, bool):
+        ok, kind = isinstance(value, bool), "true or false"
+    elif isinstance(default, int):
+        ok, kind = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif isinstance(default, float):
+        ok, kind = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+    elif isinstance(default, str):
+        ok, kind = isinstance(value, str), "a word"
+    else:
+        return
+    if not ok:
+        raise ValueError(f"{where}: method {method!r} option {key}={value!r}: expected {kind} "
+                         f"(its default is {default!r})")
 
 
 METHODS = Registry("training method")
