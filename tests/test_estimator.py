@@ -425,3 +425,29 @@ def test_pandas_nullable_labels_with_pd_na_are_unobserved():
     b = SPMLClassifier(epochs=1).fit(x, nullable.astype("float64"))
     assert list(a.classes_) == ["a", "b", "c"]
     np.testing.assert_array_equal(a.predict_proba(x), b.predict_proba(x))
+
+
+def test_label_frames_and_masked_arrays_and_the_ambiguous_zero():
+    """fit reads a masked array's masked entries as unobserved; a matrix with 0s and NaN
+    but no -1 is refused (its 0s would silently train as unknowns); a text or category
+    column is a ValueError naming it; score takes nullable Int64 full labels."""
+    pd = pytest.importorskip("pandas")
+    x, y = _toy()
+    index, z = _single_positive(y)
+    nan_coded = np.where(z == 1, 1.0, np.nan)
+    base = SPMLClassifier(**FAST).fit(x, nan_coded).predict_proba(x)
+    masked = np.ma.masked_array(np.ones_like(nan_coded), mask=np.isnan(nan_coded))
+    assert np.array_equal(SPMLClassifier(**FAST).fit(x, masked).predict_proba(x), base)
+    ambiguous = nan_coded.copy()
+    ambiguous[:10, 0] = np.where(ambiguous[:10, 0] == 1, 1, 0)
+    with pytest.raises(ValueError, match="0s and empty \\(NaN\\) cells but no -1"):
+        SPMLClassifier(**FAST).fit(x, ambiguous)
+    with_negatives = ambiguous.copy()
+    with_negatives[0, 1] = -1                                     # -1 present: 0 is unobserved
+    SPMLClassifier(**FAST).fit(x, with_negatives)
+    frame = pd.DataFrame(z, columns=["a", "b", "c"])
+    with pytest.raises(ValueError, match="column 'b' holds category"):
+        SPMLClassifier(**FAST).fit(x, frame.astype({"b": "category"}))
+    clf = SPMLClassifier(**FAST).fit(x, frame)
+    assert clf.score(x, pd.DataFrame(y, columns=["a", "b", "c"]).astype("Int64")) == \
+        pytest.approx(map_score(clf.predict_proba(x), y))

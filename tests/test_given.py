@@ -485,3 +485,27 @@ def test_a_class_without_an_observed_positive_is_named(arrays_given):
     assert f"; 1 class(es) without an observed positive, learnt as absent: {name})" in \
         labels["summary"]
     assert describe_labels(load_splits("yeast"))["classes_without_positive"] == []
+
+
+def test_observed_cells_empty_beside_zeros_without_minus_one_are_refused(tmp_path):
+    """A presence / absence table with gaps (1, 0, empty, no -1) read as observed labels:
+    its 0s would silently count as unknown; refused, in a table and in an array. Partial
+    test labels given without eval_labels=partial are refused with that hint."""
+    train, test, (x, y, z, xt, yt) = _frames()
+    cols = ["label_a", "label_b", "label_c"]
+    zeros = train.copy()
+    zeros[cols] = zeros[cols].replace(-1, 0)                     # negatives written as 0
+    assert zeros[cols].isna().any().any() and (zeros[cols] == 0).any().any()
+    zeros.to_csv(tmp_path / "train.csv", index=False)
+    test.to_csv(tmp_path / "test.csv", index=False)
+    with pytest.raises(ValueError, match="train.csv.*0s and empty \\(NaN\\) cells but no -1"):
+        load_splits("tabular", "given", path=str(tmp_path / "train.csv"),
+                    test_path=str(tmp_path / "test.csv"), labels="label_*",
+                    train_labels="observed")
+    gaps = np.where(z == 0, np.nan, np.where(z == -1, 0.0, z))    # the same as an array
+    with pytest.raises(ValueError, match="labels array.*no -1"):
+        load_splits("arrays", "given", features=x, labels=gaps, test_features=xt,
+                    test_labels=yt, train_labels="observed")
+    partial = np.where(yt == 1, 1, -1)
+    with pytest.raises(ValueError, match="test labels array.*give eval_labels=partial"):
+        load_splits("arrays", features=x, labels=y, test_features=xt, test_labels=partial)

@@ -197,3 +197,31 @@ def test_masked_metrics_go_by_blocks_of_rows_with_the_same_numbers(monkeypatch):
     assert blocks.keys() == whole.keys()
     for key, value in whole.items():
         assert blocks[key] == value or (np.isnan(value) and np.isnan(blocks[key])), key
+
+
+def test_partial_labels_are_read_from_frames_masked_arrays_and_plain_arrays():
+    """A DataFrame (nullable columns with pd.NA too) and a masked array are read like the
+    ndarray; the metrics that take full or partial labels read a plain -1 / 0 / 1 array as
+    partial (it used to be refused as full labels, and a DataFrame's .mask method was taken
+    for the mask)."""
+    pd = pytest.importorskip("pandas")
+    scores, y = _random_partial(5)
+    wrapped = partial_labels(y)
+    expected = masked_metrics(scores, wrapped)
+    frame = pd.DataFrame(y, columns=[f"c{j}" for j in range(y.shape[1])])
+    assert masked_metrics(scores, frame) == expected
+    nullable = frame.astype("Int64").mask(frame == 0)          # unknown as pd.NA
+    assert masked_metrics(scores, nullable) == expected
+    hidden = np.ma.masked_array(np.where(y == 0, 1, y), mask=(y == 0))  # masked: unknown
+    assert masked_metrics(scores, hidden) == expected
+    assert np.array_equal(partial_labels(hidden), wrapped)
+    for fn in (micro_average_precision, weighted_average_precision):
+        assert fn(scores, y) == fn(scores, wrapped) == expected[fn.__name__.replace(
+            "_average_precision", "_ap")]
+    for fn in (ndcg_at_k, rprecision_at_k):
+        assert fn(scores, y, 3) == fn(scores, wrapped, 3)
+    full = (y == 1).astype(np.uint8)                             # 0 / 1: full labels, as before
+    assert micro_average_precision(scores, full) == average_precision_score(
+        full.ravel(), scores.ravel()) * 100
+    with pytest.raises(ValueError, match="column 'c0' holds category"):
+        partial_labels(frame.astype("category"))

@@ -23,7 +23,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from .engine import TrainConfig, fit_linear, predict_logits, torch_threads
-from .labels import POSITIVE, validate_full_labels, validate_observed
+from .labels import POSITIVE, label_values, observed_from_cells, validate_full_labels
 from .losses import create_loss
 from .metrics import METRICS, check_metric, higher_is_better
 from .metrics_partial import is_partial, split_map, split_metric
@@ -251,10 +251,8 @@ def eval_labels(y, classes, where: str = "labels", columns=None) -> np.ndarray:
     """
     if columns is None and getattr(y, "columns", None) is not None:
         columns = list(y.columns)
-    if sp.issparse(y):
-        y = y.toarray()
     partial = is_partial(y)
-    arr = y if partial else np.asarray(y)
+    arr = y if partial else np.asarray(label_values(y, where))
     classes = np.asarray(classes)
     if arr.ndim == 1:
         pos = {c: j for j, c in enumerate(classes.tolist())}
@@ -321,13 +319,8 @@ def _observed_from_y(y, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
     """``(z, classes)``: the observed matrix (int8, 1 / 0 / -1) and the classes, from a 1-D
     ``y`` of single positives or a 2-D observed matrix (NaN = unobserved)."""
     columns = getattr(y, "columns", None)
-    if sp.issparse(y):
-        y = y.toarray()
-    if columns is not None and hasattr(y, "to_numpy") and all(
-            np.dtype(getattr(t, "numpy_dtype", t)).kind in "biuf" for t in y.dtypes):
-        # numeric columns, pandas' nullable ones (Int64, boolean, Float64) too: pd.NA -> NaN
-        y = y.to_numpy(dtype=np.float64, na_value=np.nan)
-    arr = np.asarray(y)
+    # pandas' nullable columns (Int64, boolean, Float64): pd.NA -> NaN; masked entries -> NaN
+    arr = np.asarray(label_values(y, "y"))
     if arr.ndim not in (1, 2):
         raise ValueError(f"y must be 1-D (each row's observed positive) or 2-D (the observed "
                          f"label matrix), got shape {arr.shape}")
@@ -349,9 +342,7 @@ def _observed_from_y(y, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
         z[np.arange(n_rows), index.ravel()] = POSITIVE
         return z, classes
     where = "y (the observed label matrix: 1 positive, 0 or NaN unobserved, -1 negative)"
-    if np.issubdtype(arr.dtype, np.number):
-        arr = np.where(np.isnan(arr.astype(np.float64)), 0.0, arr)
-    z = validate_observed(arr, where)
+    z = observed_from_cells(arr, where)   # NaN: unobserved, as 0
     if not (z == POSITIVE).any():
         raise ValueError(f"{where} holds no observed positive: there is nothing to learn "
                          f"from")

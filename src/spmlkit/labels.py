@@ -77,6 +77,46 @@ def _check_numeric(arr: np.ndarray, what: str, where: str | None) -> None:
                      f"the values to numbers first)")
 
 
+def label_values(y, where: str | None = None):
+    """The values of a label matrix or vector as an ndarray, whatever holds them: a pandas
+    DataFrame (its nullable ``Int64`` / ``boolean`` / ``Float64`` columns with ``pd.NA``
+    read as NaN, an empty cell), a pandas Series, a numpy masked array (its masked entries
+    as NaN), a scipy sparse matrix (densified), a list. An ndarray (a `PartialLabels` too) is
+    returned as it is.
+
+    Raises:
+        ValueError: a DataFrame column that does not hold numbers (text, categories), named
+            with its dtype.
+
+    >>> import numpy.ma as ma
+    >>> label_values(ma.masked_array([[1, -1]], mask=[[False, True]])).tolist()
+    [[1.0, nan]]
+    """
+    if isinstance(y, np.ma.MaskedArray):
+        return np.ma.filled(y.astype(np.float64), np.nan)
+    if isinstance(y, np.ndarray):
+        return y
+    if hasattr(y, "toarray") and callable(y.toarray):  # scipy sparse
+        return y.toarray()
+    dtypes = getattr(y, "dtypes", None)
+    if hasattr(dtypes, "items") and hasattr(y, "to_numpy"):  # a DataFrame (not a Series)
+        nullable = False
+        for name, dtype in dtypes.items():
+            numpy_dtype = getattr(dtype, "numpy_dtype", None)   # pandas' nullable dtypes
+            nullable |= numpy_dtype is not None
+            base = dtype if numpy_dtype is None else numpy_dtype
+            kind = base.kind if isinstance(base, np.dtype) else "O"
+            if kind not in "biuf":
+                raise ValueError(f"labels{_where(where)}: column {name!r} holds {dtype}, not "
+                                 f"numbers; labels are 1 / 0 / -1 or an empty cell (convert "
+                                 f"it first, e.g. .astype(int))")
+        kinds = {d.kind for d in dtypes if isinstance(d, np.dtype)}
+        if nullable or len(kinds) > 1:  # pd.NA -> NaN; a bool column beside numbers
+            return y.to_numpy(dtype=np.float64, na_value=np.nan)
+        return y.to_numpy()
+    return np.asarray(y)
+
+
 def validate_full_labels(y, where: str | None = None, *, copy: bool = True) -> np.ndarray:
     """Check a full label matrix and return it as ``uint8`` (N x L, values in {0, 1}); with
     ``copy=False`` a ``uint8`` array is returned as it is (not copied).
@@ -142,6 +182,33 @@ def validate_observed(z, where: str | None = None, require_positive: bool = Fals
                              f"observed positive (first rows: {empty[:5].tolist()}); drop them or "
                              f"use a regime that observes negatives")
     return out
+
+
+def observed_from_cells(values, where: str | None = None) -> np.ndarray:
+    """Observed labels (int8, 1 / 0 / -1) from a matrix whose empty cells are NaN: an empty
+    cell is unobserved, as a 0 is (`validate_observed` checks the rest).
+
+    Raises:
+        ValueError: empty cells beside 0s and no -1 at all. Both would mean unobserved, and
+            such a table nearly always writes its known negatives as 0 (presence / absence
+            with gaps): they would silently train as unknowns.
+
+    >>> observed_from_cells([[1.0, float("nan"), -1.0]]).tolist()
+    [[1, 0, -1]]
+    """
+    arr = np.asarray(values)
+    if arr.dtype.kind == "f":
+        empty = np.isnan(arr)
+        if empty.any():
+            if (arr == UNOBSERVED).any() and not (arr == NEGATIVE).any():
+                raise ValueError(f"observed labels{_where(where)} hold 0s and empty (NaN) cells "
+                                 f"but no -1: both mean unobserved in spmlkit's encoding, so "
+                                 f"the 0s would count as unknown, not as negatives; write known "
+                                 f"negatives "
+                                 f"as -1 (if the 0s are unknown too, write every unknown one "
+                                 f"way: all 0 or all empty)")
+            arr = np.where(empty, 0.0, arr)
+    return validate_observed(arr, where)
 
 
 def positives_to_observed(y) -> np.ndarray:

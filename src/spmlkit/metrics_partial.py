@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import metrics as full
+from .labels import label_values
 from .metrics import BLOCK_ENTRIES, METRICS, _best_f1, _count_at_least, _f1_sweep, _row_mean, \
     _top_k_metrics, average_precision, classic_metrics, f1_micro_macro, map_from_ap, \
     per_class_ap, top_k_means
@@ -75,7 +76,7 @@ def partial_labels(values, mask: str = "entry", where: str | None = None) -> Par
     if mask not in MASKS:
         raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
     at = f" ({where})" if where else ""
-    arr = np.asarray(values)
+    arr = np.asarray(label_values(values, where))  # a DataFrame's pd.NA, a masked entry: NaN
     if arr.ndim != 2:
         raise ValueError(f"partial labels{at} must be a 2-D matrix (rows x classes), got shape "
                          f"{arr.shape}")
@@ -105,6 +106,19 @@ def is_partial(y) -> bool:
     return isinstance(y, PartialLabels)
 
 
+def _partial_or_full(y):
+    """``y`` as `PartialLabels` when it is partial (already, or a label matrix holding -1 or
+    NaN: the partial encoding), else as it is (full labels): what the functions of this
+    module that take either dispatch on."""
+    if is_partial(y):
+        return y
+    arr = np.asarray(label_values(y))
+    if arr.ndim == 2 and arr.dtype.kind in "iuf" and ((arr == -1).any() or np.isnan(
+            arr.astype(np.float64)).any()):
+        return partial_labels(arr)
+    return arr
+
+
 def known_entries(y) -> tuple[np.ndarray, np.ndarray]:
     """``(positive, known)``: two N x L bool matrices of partial labels ``y`` (any form
     `partial_labels` reads)."""
@@ -124,7 +138,7 @@ def _checked(scores, y) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _mask_of(y, mask):
-    mask = mask if mask is not None else getattr(y, "mask", "entry")
+    mask = mask if mask is not None else (y.mask if is_partial(y) else "entry")
     if mask not in MASKS:
         raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
     return mask
@@ -155,6 +169,7 @@ def masked_map(scores, y, convention: str = "present", mask: str | None = None) 
 def micro_average_precision(scores, y) -> float:
     """`spmlkit.metrics.micro_average_precision`, or of partial labels: one AP over every known
     entry."""
+    y = _partial_or_full(y)
     if not is_partial(y):
         return full.micro_average_precision(scores, y)
     s, pos, known = _checked(scores, y)
@@ -164,6 +179,7 @@ def micro_average_precision(scores, y) -> float:
 def weighted_average_precision(scores, y) -> float:
     """`spmlkit.metrics.weighted_average_precision`, or of partial labels: each class's AP over
     its known rows, weighted by its known positives."""
+    y = _partial_or_full(y)
     if not is_partial(y):
         return full.weighted_average_precision(scores, y)
     _, pos, _ = _checked(scores, y)
@@ -187,6 +203,7 @@ def rprecision_at_k(scores, y, k: int, no_positive: str = "sklearn") -> float:
 
 
 def _top_k(scores, y, k: int, no_positive: str) -> tuple[float, float]:
+    y = _partial_or_full(y)
     if not is_partial(y):
         got = full._top_k(scores, y, k, no_positive)
     else:

@@ -46,8 +46,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..labels import OFFICIAL_SEED, POSITIVE, positives_to_observed, validate_full_labels, \
-    validate_observed
+from ..labels import OFFICIAL_SEED, POSITIVE, observed_from_cells, positives_to_observed, \
+    validate_full_labels, validate_observed
 from .protocol import Dataset, LabelledSet, check_train_labels, cole_split
 from ..runs import check_array_file
 from .registry import register
@@ -276,8 +276,10 @@ def read_label_names(path, classes: Sequence[str] | None = None) -> tuple[np.nda
     return y, classes
 
 
-def read_labels(labels, classes: Sequence[str] | None = None) -> tuple[np.ndarray, list[str]]:
-    """Full labels from a 0/1 ``.npy`` / ``.npz`` matrix or a ``.csv`` / ``.txt`` names file.
+def read_labels(labels, classes: Sequence[str] | None = None,
+                what: str = "labels") -> tuple[np.ndarray, list[str]]:
+    """Full labels from a 0/1 ``.npy`` / ``.npz`` matrix or a ``.csv`` / ``.txt`` names file
+    (``what``: which labels, in a message about an array).
 
     Returns ``(y, classes)``; for a matrix without ``classes`` the names are ``class{j}``.
 
@@ -287,7 +289,7 @@ def read_labels(labels, classes: Sequence[str] | None = None) -> tuple[np.ndarra
             the first row), or a column count that differs from ``len(classes)``.
     """
     if isinstance(labels, np.ndarray):
-        path, y = "labels array", labels
+        path, y = f"{what} array", labels
     else:
         path = Path(labels)
         if path.suffix.lower() in TEXT_SUFFIXES:
@@ -511,14 +513,24 @@ def _part(features, labels, what: str, classes, observed: bool = False) -> tuple
     `spmlkit.data.rows`)."""
     x, x_where = read_features(features, mmap_mode="r")
     if observed and isinstance(labels, np.ndarray) and labels.dtype.kind == "f":
-        labels = np.where(np.isnan(labels), 0.0, labels)  # NaN: unknown, as an empty cell
+        # NaN: unknown, as an empty cell
+        labels = observed_from_cells(labels, f"{what} array")
     elif observed and not isinstance(labels, np.ndarray) and \
             Path(labels).suffix.lower() in MATRIX_SUFFIXES:
         matrix = load_matrix(labels, LABEL_KEYS, "observed labels")
         if matrix.dtype.kind == "f" and np.isnan(matrix).any():
-            y, classes = read_observed(np.where(np.isnan(matrix), 0.0, matrix), classes)
+            y, classes = read_observed(observed_from_cells(matrix, str(labels)), classes)
             return Part(x, y, x_where, str(labels)), classes
-    y, classes = (read_observed if observed else read_labels)(labels, classes)
+    if observed:
+        y, classes = read_observed(labels, classes)
+    else:
+        try:
+            y, classes = read_labels(labels, classes, what)
+        except ValueError as err:
+            if what == "labels" or "must hold only 0 and 1" not in str(err):
+                raise
+            raise ValueError(f"{err}; for partial {what} (1 / -1 known, 0 or NaN unknown) give "
+                             f"eval_labels=partial") from None
     y_where = f"{what} array" if isinstance(labels, np.ndarray) else str(labels)
     return Part(x, y, x_where, y_where), classes
 

@@ -54,8 +54,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..labels import OFFICIAL_SEED, positives_to_observed, validate_full_labels, \
-    validate_observed
+from ..labels import OFFICIAL_SEED, observed_from_cells, positives_to_observed, \
+    validate_full_labels
 from .arrays import TEST_FRACTION, Part, _preview, check_eval_labels, check_features, \
     features_dataset, partial_part, check_found_names, resolve_class_names
 from .protocol import Dataset, check_train_labels
@@ -424,8 +424,7 @@ def table_labels(df, columns: Sequence[str], where: str, observed: bool = False,
     values = df[columns].to_numpy(dtype=np.float64)
     empty = np.isnan(values)
     if observed:
-        y = validate_observed(np.where(empty, 0.0, values), f"{where} (columns "
-                              f"{_preview(columns)})")
+        y = observed_from_cells(values, f"{where} (columns {_preview(columns)})")
     else:
         if empty.any():
             r, j = np.argwhere(empty)[0]
