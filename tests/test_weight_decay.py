@@ -253,3 +253,27 @@ def test_a_launch_without_references_drops_an_earlier_launchs_rows(tmp_path, cap
     capsys.readouterr()
     assert main(["study", "table", str(out)]) == 0
     assert "sklearn_lr" not in capsys.readouterr().out
+
+
+def test_a_studys_sklearn_rows_follow_its_vary_axes_over_the_data(tmp_path, capsys):
+    """A study varying the data (data.subsample) has one scikit-learn fit per value, each in
+    its own column; one fit on the entry's options stood under every column (a fit on every
+    training row beside methods that saw 20 % of them)."""
+    from spmlkit.data import load_splits
+    from spmlkit.experiments.reference import sklearn_reference
+    from spmlkit.experiments.study import run_study
+
+    spec = {"name": "sub", "datasets": ["yeast"], "methods": ["an"], "seeds": [0],
+            "epochs": 1, "grid": {"batch_size": [16], "lr": [1e-2]},
+            "vary": {"data.subsample": [0.2, 1.0]}, "sklearn_reference": True}
+    out = tmp_path / "study"
+    run_study(spec, out=out, jobs=1, progress=False)
+    refs = json.loads((out / "sklearn-reference.json").read_text())
+    assert [r["variant"] for r in refs] == [{"data.subsample": 0.2}, {"data.subsample": 1.0}]
+    alone = sklearn_reference(load_splits("yeast", subsample=0.2), 0)
+    assert refs[0]["test_map"] == alone["test_map"] != refs[1]["test_map"]
+    assert main(["study", "table", str(out), "--columns", "data.subsample"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines()
+                if ln.startswith("| sklearn_lr"))
+    cells = [c.strip().strip("*") for c in line.strip("|").split("|")[1:]]
+    assert cells == [f"{refs[0]['test_map']:.2f}", f"{refs[1]['test_map']:.2f}"], line

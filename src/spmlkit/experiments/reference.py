@@ -10,6 +10,7 @@ them (``sklearn_lr@full``, beside the full-label BCE reference row).
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
 import warnings
@@ -137,11 +138,25 @@ def reference_records(dataset: str, options: dict, regimes, seeds) -> list:
 
 
 def study_references(spec) -> list:
-    """The scikit-learn rows of a study (``sklearn_reference: true``): per dataset, the regimes
-    of its methods (`reference_records`)."""
-    regimes = list(dict.fromkeys(m.regime for m in spec.methods))
-    return [{**r, "dataset": spec.dataset_label(ds)} for ds in spec.datasets
-            for r in reference_records(ds.name, ds.options, regimes, spec.seeds)]
+    """The scikit-learn rows of a study (``sklearn_reference: true``): per dataset entry and
+    per value of the spec's ``vary`` axes over the data (``data.<option>``, ``regime``), the
+    regimes of its methods, or the axis's (`reference_records`). Each record carries that
+    assignment as its ``variant``, so that a table with such an axis as its columns shows each
+    fit in its own column (one fit on the entry's options stood in every one)."""
+    import itertools
+
+    axes = {k: v for k, v in spec.vary.items() if k.startswith("data.")}
+    regimes = list(spec.vary.get("regime") or dict.fromkeys(m.regime for m in spec.methods))
+    out = []
+    for ds in spec.datasets:
+        for values in itertools.product(*axes.values()):
+            assigned = dict(zip(axes, values))
+            options = {**ds.options, **{k[5:]: v for k, v in assigned.items()}}
+            for r in reference_records(ds.name, options, regimes, spec.seeds):
+                variant = {**assigned, **({"regime": r["regime"]} if "regime" in spec.vary
+                                          else {})}
+                out.append({**r, "dataset": spec.dataset_label(ds), "variant": variant})
+    return out
 
 
 def table_rows(records) -> list:
@@ -149,7 +164,8 @@ def table_rows(records) -> list:
     return [{"method": f"{r['loss']} (scikit-learn reference)", "dataset": r["dataset"],
              "regime": r["regime"], "seed": r["seed"], "test_map": r["test_map"],
              "val_map": r["val_map"], "train_recovery_map": r["train_recovery_map"],
-             "status": "done", "variant": "{}"} for r in records]
+             "status": "done", "variant": json.dumps(r.get("variant") or {}, sort_keys=True)}
+            for r in records]
 
 
 #: the columns the scikit-learn rows have (`table_rows`)
@@ -163,7 +179,6 @@ def study_rows(folder, metric: str = "test_map") -> list:
     ``metric`` column they do not have. What ``spml study table``, ``spml report`` and ``spml
     study export --selected`` add to the methods' rows, so the alternative is in the same
     table."""
-    import json
     from pathlib import Path
 
     path = Path(folder) / SKLEARN_FILE
