@@ -40,8 +40,8 @@ def test_best_epoch_last_warns_on_stderr_and_in_final_json(tmp_path, capsys):
     assert main(["train", "--dataset", "yeast", "--epochs", "3", "--quiet", "--lr", "1e-5",
                  "--out", str(tmp_path)]) == 0
     captured = capsys.readouterr()
-    warning = ("best epoch is the last (3); the model may be under-trained: try more --epochs "
-               "or a larger --lr")
+    warning = ("best epoch is the last (3); the model may be under-trained: train again with "
+               "more --epochs or a larger --lr")
     assert f"warning: {warning}" in captured.err and "best epoch 3" in captured.out
     assert _final(tmp_path)["warnings"] == [warning]
 
@@ -73,8 +73,8 @@ def test_python_api_result_carries_the_warnings():
 
     res = train_run("linear", load_splits("yeast"), "an", config=TrainConfig(epochs=2, lr=1e-5))
     assert res["best_epoch"] == 2 and res["warnings"] == [
-        "best epoch is the last (2); the model may be under-trained: try more --epochs or a "
-        "larger --lr"]
+        "best epoch is the last (2); the model may be under-trained: train again with more "
+        "--epochs or a larger --lr"]
 
 
 def test_config_file_gives_options_and_flags_override_them(tmp_path, capsys):

@@ -246,7 +246,8 @@ def _add_common(p: argparse.ArgumentParser, data=None, training=None) -> None:
     data.add_argument("--dataset", default=None,
                       help=LazyHelp(_datasets_help))
     data.add_argument("--data", action="append", metavar="KEY=VALUE",
-                      help="dataset option, e.g. --data root=/data/pascal (repeatable)")
+                      help="dataset option, e.g. --data root=/data/pascal (repeatable; a "
+                           "source's options: spml list datasets NAME --details)")
     training.add_argument("--epochs", type=_whole(1), default=None,
                           help="default 25 (spml train: the method's, e.g. 40 for --mode lac)")
     training.add_argument("--early-stop", default="none",

@@ -392,9 +392,10 @@ def _add_finetune(method, training, finetune) -> None:
                              "flat, as every method's: --mode lac --option dim=64)")
     training.add_argument("--resume", default=None, metavar="RUN_DIR",
                           help="continue an interrupted run (any --mode) from its checkpoint, with "
-                               "the settings in its config.json (--device, --cache-dir and --quiet "
-                               "may change; the options that would change the run are "
-                               "refused)")
+                               "the settings in its config.json (--device, --cache-dir, --quiet, "
+                               "--verbose, --threads and the speed-up flags may change; the "
+                               "options that would change the run, --epochs too, are refused: "
+                               "train a new run for more epochs)")
     finetune.add_argument("--head-lr-mult", type=_positive, default=1.0,
                           help="fine-tuning: the head's learning rate is lr times this (Kim et "
                                "al.: 10)")
@@ -467,7 +468,9 @@ def register(sub) -> None:
                                "same for every run, as in the papers (--data seed=N draws "
                                "others)")
     method.add_argument("--k", type=_positive, default=None,
-                        help="expected positives per example (default: the train split's mean)")
+                        help="expected positives per example (default: the mean per row of the "
+                             "train split's full labels; of the val labels when the training "
+                             "labels are your own observed ones, --regime given)")
     method.add_argument("--k-estimate", type=_whole(1), default=None, metavar="M",
                         help="estimate k from M fully labelled train rows (Cole et al. App. B; val "
                              "rows with --regime given)")

@@ -48,8 +48,8 @@ def training_warnings(fit) -> list[str]:
     the model is probably under-trained)."""
     n = len(fit.history)
     if n >= 2 and int(fit.best_epoch) == n:
-        return [f"best epoch is the last ({n}); the model may be under-trained: try more "
-                f"--epochs or a larger --lr"]
+        return [f"best epoch is the last ({n}); the model may be under-trained: train again "
+                f"with more --epochs or a larger --lr"]
     return []
 
 

@@ -363,8 +363,8 @@ LINEAR = register_method(TrainingMethod(
     train_fields=("weight_decay",),
     default_lr=1e-3,
     default_lr_source="what Cole et al.'s grid (lr 1e-2 ... 1e-5, batch 8 / 16) "
-    "selected for every method of the yeast benchmark (README); 1e-4 under-trains a linear "
-    "head in 25 epochs",
+    "selected in all but one of the yeast benchmark's selections (docs/results.md, the default "
+    "benchmark on yeast); 1e-4 under-trains a linear head in 25 epochs",
     run_config=lambda ctx: {"save_train_probs": bool(ctx.options["save_train_probs"]),
                             **({"head": ctx.options["head"], "hidden": ctx.options["hidden"]}
                                if ctx.options["head"] != "linear" else {})}))
