@@ -147,9 +147,10 @@ class TrainingMethod:
 
 def _check_option_type(method: str, key: str, value, default, where: str) -> None:
     """Refuse an option value whose kind differs from its default's (a word for a number, a
-    number for a flag): the method's code would fail on it later, after a run folder was
-    made, with a message that names no option. A default of None, a list or a mapping says
-    nothing of the kind, and is not checked."""
+    number for a flag or for a word): the method's code would fail on it later, after a run
+    folder was made, with a message that names no option. A default of None, a list or a
+    mapping says nothing of the kind, and is not checked; where the default is a word, an
+    object (a backbone module given from Python) passes."""
     if default is None or value is None or isinstance(default, (list, tuple, dict)):
         return
     if isinstance(default, bool):
@@ -158,8 +159,8 @@ def _check_option_type(method: str, key: str, value, default, where: str) -> Non
         ok, kind = isinstance(value, int) and not isinstance(value, bool), "an integer"
     elif isinstance(default, float):
         ok, kind = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
-    elif isinstance(default, str):
-        ok, kind = isinstance(value, str), "a word"
+    elif isinstance(default, str):  # a word, or an object the method takes (a backbone)
+        ok, kind = not isinstance(value, (bool, int, float)), "a word"
     else:
         return
     if not ok:
