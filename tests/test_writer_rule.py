@@ -9,8 +9,10 @@ through a link or into a device or FIFO someone planted: the command stops and n
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import sqlite3
 import stat
 
 import numpy as np
@@ -160,14 +162,28 @@ def test_a_figure_is_never_written_through_a_planted_figures_link(world, tmp_pat
     assert main(["figure", "curves", str(run)]) == 0 and (run / "figures" / "curves.png").is_file()
 
 
-def test_export_never_replaces_the_studys_store(world, tmp_path, capsys):
+@pytest.mark.parametrize("name", ["results.sqlite", "results.sqlite-wal", "results.sqlite-shm",
+                                  "sklearn-reference.json"])
+def test_export_never_replaces_the_studys_store(world, tmp_path, capsys, name):
     study = shutil.copytree(world["study"], tmp_path / "study")
-    before = (study / "results.sqlite").read_bytes()
+    if not (study / name).exists():  # a side file of the store, as SQLite leaves it
+        (study / name).write_bytes(b"\0" * 32)
+    before = (study / name).read_bytes()
     assert main(["study", "export", str(study), "--format", "csv", "--output",
-                 str(study / "results.sqlite"), "--force"]) == 2
+                 str(study / name), "--force"]) == 2
     assert "is a file of spmlkit's own folder" in capsys.readouterr().err
-    assert (study / "results.sqlite").read_bytes() == before
+    assert (study / name).read_bytes() == before
     assert main(["study", "status", str(study)]) == 0
+
+
+def test_force_keeps_a_replaced_files_permissions(world, tmp_path):
+    """--force replaced a private (0600) file with a world-readable one."""
+    out = tmp_path / "private.csv"
+    out.write_text("mine\n")
+    os.chmod(out, 0o600)
+    assert main(["predict", str(world["run"]), str(world["new"]), "--out", str(out),
+                 "--force"]) == 0
+    assert stat.S_IMODE(os.lstat(out).st_mode) == 0o600 and out.read_text() != "mine\n"
 
 
 # ---- spmlkit's own folders, handed over with something planted ---------------------------------
@@ -196,6 +212,61 @@ def test_a_study_whose_runs_folder_is_a_link(world, tmp_path, capsys):
                  "--set", "epochs=1", "methods=[an,epr]"]) == 2
     assert f"{study / 'runs'}: is a symbolic link" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path / "elsewhere")) == before
+
+
+def test_a_study_run_folder_that_is_a_link_is_never_resumed_through(world, tmp_path, capsys):
+    """A link planted at a study's runs/<run_id>: the run resumed through it, writing into
+    the folder it leads to. It fails, naming the link; the folder there is untouched."""
+    study = shutil.copytree(world["study"], tmp_path / "study")
+    (run,) = [p for p in (study / "runs").iterdir() if p.is_dir()]
+    (run / "final.json").unlink()
+    with sqlite3.connect(study / "results.sqlite") as db:  # as if the launch had died
+        db.execute("DELETE FROM runs")
+    shutil.move(run, tmp_path / "victim")
+    os.symlink(tmp_path / "victim", run)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "victim").iterdir()}
+    assert main(["study", "run", str(study), "--out", str(study), "--jobs", "1", "--quiet",
+                 "--no-vectorise"]) == 1
+    assert f"{run}: is a symbolic link" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "victim").iterdir()} == before
+
+
+def test_a_users_study_yaml_is_never_taken_for_a_study_folder(tmp_path, capsys):
+    """`spml study run study.yaml --out .`: the folder of the user's spec was taken for a
+    study folder (its study.yaml), and the spec replaced by the resolved one."""
+    spec = tmp_path / "study.yaml"
+    text = ("# my spec: keep epochs at 25!\nname: mine\ndatasets: [yeast]\nmethods: [an]\n"
+            "seeds: 1\nepochs: 25\ngrid: {batch_size: [16], lr: [1.0e-2]}\n")
+    spec.write_text(text)
+    assert main(["study", "run", str(spec), "--out", str(tmp_path), "--set", "epochs=1",
+                 "--jobs", "1", "--quiet"]) == 2
+    assert "holds files (study.yaml) and is not a study folder" in capsys.readouterr().err
+    assert spec.read_text() == text and sorted(os.listdir(tmp_path)) == ["study.yaml"]
+
+
+def test_a_new_run_holds_its_folder_against_a_resume(tmp_path, capsys):
+    """A fresh `spml train` did not lock its run folder: a `--resume` of it at the same time
+    trained in it too, interleaving the epochs of metrics.jsonl."""
+    seen = {}
+
+    def resume_meanwhile(record, model, loss):
+        if record["epoch"] == 1:
+            (folder,) = (tmp_path / "runs").iterdir()
+            seen["code"] = main(["train", "--resume", str(folder), "--quiet"])
+            seen["err"] = capsys.readouterr().err
+
+    from spmlkit.data import load_splits
+    from spmlkit.engine import TrainConfig
+    from spmlkit.methods import train_run
+
+    res = train_run("linear", load_splits("yeast", subsample=0.2), "an", {},
+                    TrainConfig(epochs=3, lr=1e-2), out=tmp_path / "runs",
+                    on_epoch=resume_meanwhile)
+    assert seen["code"] == 2 and "is being trained by another process" in seen["err"]
+    lines = (tmp_path / "runs" / os.path.basename(res["run_dir"]) / "metrics.jsonl") \
+        .read_text().splitlines()
+    assert [json.loads(ln)["epoch"] for ln in lines] == [1, 2, 3]
+    assert not (tmp_path / "runs" / os.path.basename(res["run_dir"]) / ".lock").exists()
 
 
 @pytest.mark.parametrize("name", ["metrics.jsonl", "config.json", ".lock"])
@@ -271,11 +342,29 @@ def test_a_feature_cache_with_something_planted(cache, tmp_path, capsys, name, k
     assert state(watched) == before and no_temporary_files(store)
 
 
+def test_recompute_never_removes_files_through_a_link_at_the_store(cache, tmp_path, capsys):
+    """`spml extract --recompute` removed the store's files before it checked the store's
+    folder for a link: a link planted there cost the folder it leads to its files."""
+    folder, argv = cache
+    mine = shutil.copytree(folder, tmp_path / "f" / "cache")
+    argv = [a if a != str(folder) else str(mine) for a in argv]
+    (store,) = [p for p in mine.iterdir() if "__n6__" in p.name]
+    shutil.rmtree(store)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    for name in ("features.npy", "meta.json", "done.npy", "other.txt"):
+        (victim / name).write_text("mine\n")
+    os.symlink(victim, store)
+    assert main([*argv, "--recompute"]) == 2
+    assert f"{store}: is a symbolic link" in capsys.readouterr().err
+    assert sorted(os.listdir(victim)) == ["done.npy", "features.npy", "meta.json", "other.txt"]
+
+
 @pytest.mark.parametrize("kind", ["fifo", "link"])
 def test_a_benchmark_folder_with_something_planted(tmp_path, capsys, kind):
     out = tmp_path / "f" / "bench"
     out.mkdir(parents=True)
-    (out / "study.yaml").write_text("")  # a study folder (its spec is written again)
+    (out / "launches.jsonl").write_text("")  # a study folder (its table is written again)
     watched, before = plant(out / "table.md", kind)
     assert main(["benchmark", "--losses", "an", "--seeds", "1", "--epochs", "1", "--batch-sizes",
                  "16", "--lrs", "1e-2", "--no-references", "--out", str(out), "--quiet"]) == 2

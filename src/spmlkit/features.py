@@ -398,7 +398,8 @@ def extract_features(items, backbone="efficientnet_lite0", transform: str = "eva
         backbone = create_backbone(backbone, weights=weights)
     plan = plan_store(items, backbone, transform, size, dtype=dtype, cache_dir=cache_dir,
                       pretrained=pretrained, seed=seed, maps=maps)
-    if recompute and plan.folder.exists():
+    own_folder(plan.folder, create=False)  # a link planted at the store's name: refused
+    if recompute and plan.folder.exists():  # before anything there is read or removed
         for name in (META_FILE, DONE_FILE, FEATURES_FILE):
             with contextlib.suppress(FileNotFoundError):
                 (plan.folder / name).unlink()

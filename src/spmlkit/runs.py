@@ -86,8 +86,11 @@ def make_folder(path) -> Path:
 #: replaces one of them, even with ``force`` (the folder would be broken)
 OWN_FILES = frozenset({CONFIG_FILE, OBSERVED_FILE, METRICS_FILE, CHECKPOINT_FILE, BEST_FILE,
                        THRESHOLDS_FILE, FINAL_FILE, FAILED_FILE, PREDICTIONS_FILE,
-                       TRAIN_PROBS_FILE, "skipped.json", "results.sqlite", "study.yaml",
-                       "launches.jsonl", ".lock", "meta.json", "features.npy", "done.npy"})
+                       TRAIN_PROBS_FILE, "skipped_images.json", "enhanced_labels.npy",
+                       "results.sqlite", "results.sqlite-wal", "results.sqlite-shm",
+                       "results.sqlite-journal", "study.yaml", "launches.jsonl",
+                       "sklearn-reference.json", ".lock", "meta.json", "features.npy",
+                       "done.npy", "files.npy"})
 #: a file that marks a folder as spmlkit's own: a run's, a study's, a feature store's
 _OWN_MARKERS = (CONFIG_FILE, "results.sqlite", "meta.json")
 
@@ -189,7 +192,10 @@ def _atomic(path: Path, write, durable: bool = True, output: bool = False,
             if err.errno is None:  # numpy's short write ("N requested and M written")
                 raise _short_write(err, path) from None
             raise type(err)(err.errno, err.strerror, str(path)) from None
-        os.chmod(tmp, _FILE_MODE)
+        # a replaced file keeps its permissions (a private 0600 file stays private)
+        old = _lstat(path)
+        os.chmod(tmp, stat.S_IMODE(old.st_mode) if old is not None and stat.S_ISREG(old.st_mode)
+                 else _FILE_MODE)
         if output and not force:
             _publish_new(tmp, path)
         else:

@@ -427,12 +427,13 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
             held.enter_context(RunDir(resume).locked())
         return _train_run(method, splits, loss, hparams, loss_fn, config, k, options,
                           dataset_options, out, run_name, on_epoch, resume, checkpoint_seconds,
-                          is_main)
+                          is_main, held)
 
 
 def _train_run(method, splits, loss, hparams, loss_fn, config, k, options, dataset_options, out,
-               run_name, on_epoch, resume, checkpoint_seconds, is_main) -> dict:
-    """`train_run` once its settings are resolved (and a resumed folder locked)."""
+               run_name, on_epoch, resume, checkpoint_seconds, is_main, held) -> dict:
+    """`train_run` once its settings are resolved (and a resumed folder locked; a new one is
+    locked in ``held`` as soon as it is made, so that a resume of it waits its turn)."""
     run, state = None, None
     if resume is not None:
         run = RunDir(resume)
@@ -444,6 +445,7 @@ def _train_run(method, splits, loss, hparams, loss_fn, config, k, options, datas
                 raise ResumeError(f"cannot resume {run.path}: {err}") from err
     elif out is not None and is_main:
         run = RunDir.create(out, run_name or default_run_name(method, splits, loss, config))
+        held.enter_context(run.locked())
     pseudo: dict = {}  # epoch -> pl_count / pl_precision (the epochs before a resume too)
     for record in checkpoint_history(state) or []:
         pseudo[record["epoch"]] = {key: record[key] for key in ("pl_count", "pl_precision")

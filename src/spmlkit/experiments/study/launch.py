@@ -358,9 +358,11 @@ class Launch:
     def plan(self) -> None:
         """Write the spec, open the store, and find the runs to do (not done; not failed
         either, unless ``retry_failed``), the longest first."""
+        # the store first: it marks the folder as a study's (layout.STUDY_MARKERS), so a
+        # launch stopped in between leaves a folder the next launch takes up
+        self.store = StudyStore(self.out / RESULTS_FILE)
         write_text(self.out / SPEC_FILE, self.spec.to_yaml())
         own_folder(self.runs_root)  # a file or a link there: refused here, not by every run
-        self.store = StudyStore(self.out / RESULTS_FILE)
         self.tasks = expand(self.spec)
         for where in _cache_dirs_outside(self.tasks, self.out):
             print(f"note: the spec's cache_dir: feature stores are read and written in {where} "

@@ -14,8 +14,9 @@ RESULTS_FILE = "results.sqlite"
 LAUNCHES_FILE = "launches.jsonl"
 RUNS_DIR = "runs"
 
-#: what marks a folder as a study folder (a benchmark's from an older spmlkit: ``grid.jsonl``)
-STUDY_MARKERS = (RESULTS_FILE, SPEC_FILE, LAUNCHES_FILE, "grid.jsonl")
+#: what marks a folder as a study folder (a benchmark's from an older spmlkit: ``grid.jsonl``);
+#: not ``study.yaml``, which a user's own spec is called too (it would be replaced)
+STUDY_MARKERS = (RESULTS_FILE, LAUNCHES_FILE, "grid.jsonl")
 
 
 def check_study_folder(out) -> None:
@@ -30,6 +31,7 @@ def check_study_folder(out) -> None:
     if names and not any(n in STUDY_MARKERS for n in names):
         shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
         raise FileExistsError(errno.EEXIST, f"holds files ({shown}) and is not a study folder "
-                              f"(no {RESULTS_FILE} or {SPEC_FILE}): a study writes its spec, "
-                              f"tables and runs there and would replace files of the same "
-                              f"names; give a new or an empty folder", str(out))
+                              f"(no {RESULTS_FILE} or {LAUNCHES_FILE}): a study writes its "
+                              f"spec ({SPEC_FILE}), tables and runs there and would replace "
+                              f"files of the same names; give a new or an empty folder",
+                              str(out))

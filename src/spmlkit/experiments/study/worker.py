@@ -157,8 +157,14 @@ def execute(task: dict) -> dict:
     from ...engine import TrainConfig
     from ...methods import ResumeError, train_run
 
+    from ...runs import own_folder
+
     t0 = time.perf_counter()
     folder = Path(task["runs_root"]) / task["run_id"]
+    try:  # a link planted at the run's name: never resumed, replaced or written through
+        own_folder(folder, create=False)
+    except OSError as err:
+        return _failed_row(task, err, f"{err.filename}: {err.strerror}", time.perf_counter() - t0)
     resume = None
     if folder.exists():
         if resumable(folder):
