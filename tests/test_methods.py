@@ -277,6 +277,22 @@ def test_a_method_option_of_the_wrong_kind_is_refused_before_a_run_folder(data, 
     assert not list(tmp_path.iterdir())
 
 
+def test_linear_init_decays_its_linear_phase_too(data, tmp_path):
+    """--weight-decay with --mode linear_init decayed only the fine-tuning phase: its linear
+    phase (25 epochs by default) trained without, with no word. The linear phase now takes it
+    as the linear mode does (coupled L2), and config.json records it."""
+    method, options = options_of("linear_init", data["root"])
+    heads = {}
+    for wd in (0.0, 0.5):
+        res = train_run("linear_init", data["images"], "an", {}, TrainConfig(**CONFIG),
+                        out=tmp_path / str(wd), checkpoint_seconds=0,
+                        **{**options, "weight_decay": wd})
+        config = read_run(res["run_dir"]).config
+        assert config["linear_train"]["weight_decay"] == wd
+        heads[wd] = res["test_map"]
+    assert heads[0.0] != heads[0.5]
+
+
 def test_predict_standardises_raw_yeast_features_like_training(tmp_path):
     """The bug: spml predict read a yeast run's new features raw although training standardised
     them (7.21 labels a row instead of 5.96 on the same rows)."""

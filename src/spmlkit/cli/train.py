@@ -422,7 +422,8 @@ def _add_finetune(method, training, finetune) -> None:
                                "heads on feature vectors (linear, --head mlp, smile's "
                                "classifier) as Adam's coupled L2, as their Adam has it; "
                                "finetune / linear_init / lac decoupled (AdamW-style), as their "
-                               "optimisers have it; refused by the other modes")
+                               "optimisers have it (linear_init's linear phase: coupled, as "
+                               "the linear mode); refused by the other modes")
     finetune.add_argument("--warmup-epochs", type=_nonnegative, default=None, metavar="E",
                           help="fine-tuning: linear learning-rate warm-up over E epochs, moved "
                                "every batch (default 0)")

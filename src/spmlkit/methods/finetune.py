@@ -102,12 +102,16 @@ def _model(ctx: RunContext):
 
 
 def linear_config(ctx: RunContext) -> TrainConfig | None:
-    """linear_init's linear phase: the run's config with ``linear_epochs`` and ``linear_lr``."""
+    """linear_init's linear phase: the run's config with ``linear_epochs`` and ``linear_lr``,
+    and the run's ``weight_decay`` as the linear mode applies it (Adam's coupled L2 on the
+    head's weights; the fine-tuning phase decays decoupled): a weight decay given for the run
+    is the whole run's, not the fine-tuning's alone."""
     if ctx.method.name != "linear_init":
         return None
     o = ctx.options
     return TrainConfig(**{**asdict(ctx.config), "epochs": int(o["linear_epochs"]),
-                          "lr": float(o["linear_lr"] or ctx.config.lr)})
+                          "lr": float(o["linear_lr"] or ctx.config.lr),
+                          "weight_decay": float(o["weight_decay"] or 0.0)})
 
 
 def _geometry(model, config: TrainConfig) -> dict:
