@@ -1077,6 +1077,25 @@ def test_a_study_folder_given_as_the_spec_continues_there(tmp_path, capsys, monk
            "--retry-failed runs them again" in captured.err
 
 
+def test_a_study_is_read_back_by_the_name_it_ran_under(tmp_path, capsys, monkeypatch):
+    """`spml study run smoke` writes runs/studies/smoke; `spml study table smoke` (what a
+    preset's header says) said the folder does not exist. A bare name that is no folder here
+    is read from runs/studies/NAME; a folder of that name here still wins."""
+    from spmlkit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["study", "run", "smoke", "--set", "epochs=1", "methods=[an]", "--jobs", "1",
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    for action in ("table", "status"):
+        assert main(["study", action, "smoke"]) == 0
+        assert "smoke" in capsys.readouterr().out or action == "table"
+    assert main(["report", "smoke", "--out", str(tmp_path / "r.html")]) == 0
+    (tmp_path / "smoke").mkdir()  # a folder named so here: that one is meant
+    assert main(["study", "table", "smoke"]) == 2
+    assert "smoke/study.yaml is missing" in capsys.readouterr().err
+
+
 def test_vary_columns_keep_the_datasets_of_a_study_apart(tmp_path, capsys):
     """``spml study table --columns hparams.alpha`` of a study of two datasets: a row per
     method and dataset (the cells averaged yeast's and the other set's mAP). A source listed

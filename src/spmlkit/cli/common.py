@@ -313,6 +313,10 @@ def _wrote(path) -> None:
 
 
 #: the ``dest`` of each command's own subcommands (``spml study run``, ``spml figure curves``)
+#: a study folder argument's help (`spmlkit.experiments.study.folder.study_folder`)
+STUDY_DIR_HELP = ("a study folder, or the name a study ran under (runs/studies/<name>, where "
+                  "spml study run puts it)")
+
 SUBCOMMANDS = {"study": "action", "figure": "figure", "analyze": "analysis"}
 
 

@@ -2,7 +2,7 @@
 and study folders."""
 from __future__ import annotations
 
-from .common import _ints, _whole, FORCE_HELP, _wrote
+from .common import _ints, _whole, FORCE_HELP, _wrote, STUDY_DIR_HELP
 
 
 def _check_out(path, force: bool) -> None:
@@ -148,7 +148,7 @@ def register(sub) -> None:
     f.add_argument("--labels", default=None, help="comma-separated legend labels, one per run")
     f = fsub.add_parser("sweep", help="selected test mAP (mean ± std over seeds) against a "
                         "study's vary axis (LAC Figs. 3-5, Zhou Fig. 3a, Cole Fig. 1)")
-    f.add_argument("study", metavar="STUDY_DIR", help="a study folder (runs/studies/<name>)")
+    f.add_argument("study", metavar="STUDY_DIR", help=STUDY_DIR_HELP)
     f.add_argument("--axis", required=True,
                    help="vary key: hparams.<name>, data.<option>, k, regime, lac.<field> "
                         "(lac.queue_size: Xie et al. Fig. 5, lac.temperature: Fig. 4)")
@@ -202,7 +202,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("report", help="one self-contained HTML page of a study: tables, "
                        "figures, commands, versions, failures (opens offline)")
-    p.add_argument("study", metavar="STUDY_DIR", help="a study folder (runs/studies/<name>)")
+    p.add_argument("study", metavar="STUDY_DIR", help=STUDY_DIR_HELP)
     p.add_argument("--out", default=None, metavar="FILE",
                    help="the HTML file (default <STUDY_DIR>/report.html)")
     p.add_argument("--force", action="store_true", help=FORCE_HELP)

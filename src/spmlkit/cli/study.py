@@ -6,7 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from .common import MAX_THREADS, LazyHelp, _whole, _positive, FORCE_HELP, _wrote, _prog, _fail
+from .common import MAX_THREADS, LazyHelp, _whole, _positive, FORCE_HELP, _wrote, _prog, _fail, \
+    STUDY_DIR_HELP
 
 
 def _study_table(out, fmt: str = "markdown", metric: str = "test_map",
@@ -250,10 +251,10 @@ def register(sub) -> None:
     output.add_argument("--mlflow", action="store_true",
                         help="also log each run to MLflow (pip install mlflow)")
     s = ssub.add_parser("status", help="runs done / failed / missing of a study folder")
-    s.add_argument("dir", metavar="DIR")
+    s.add_argument("dir", metavar="DIR", help=STUDY_DIR_HELP)
     s = ssub.add_parser("table", help="the paper-style table of a study folder (mean ± std "
                         "over seeds of the best-val grid point; best bold, second underlined)")
-    s.add_argument("dir", metavar="DIR")
+    s.add_argument("dir", metavar="DIR", help=STUDY_DIR_HELP)
     s.add_argument("--format", choices=["md", "markdown", "latex", "csv", "html"], default="md",
                    help="md / markdown (default), latex, csv or html")
     s.add_argument("--metric", default="test_map", help=LazyHelp(_table_metric_help))
@@ -264,7 +265,7 @@ def register(sub) -> None:
                    help="what makes the columns: dataset (default) or a vary key")
     s = ssub.add_parser("export", help="the rows of the current spec's runs (or the selected "
                         "ones) to a file")
-    s.add_argument("dir", metavar="DIR")
+    s.add_argument("dir", metavar="DIR", help=STUDY_DIR_HELP)
     s.add_argument("--format", choices=["csv", "md", "markdown", "latex", "json"],
                    required=True, help="the file's format")
     s.add_argument("--output", required=True, metavar="FILE", help="the file written")

@@ -45,15 +45,26 @@ def failure_groups(rows) -> list[dict]:
 
 
 
+def study_folder(out) -> Path:
+    """The study folder ``out`` names: the folder itself, or, for a bare name that is no folder
+    here, ``runs/studies/<name>`` (where ``spml study run`` puts a study by its name), so
+    that ``spml study table yeast-papers`` reads what ``spml study run yeast-papers`` wrote."""
+    out = Path(out)
+    if not out.exists() and len(out.parts) == 1 and (STUDIES_ROOT / out).is_dir():
+        return STUDIES_ROOT / out
+    return out
+
+
 def study_spec(out) -> StudySpec:
-    """The spec of the study folder ``out`` (its ``study.yaml``, validated).
+    """The spec of the study folder ``out`` (its ``study.yaml``, validated; a bare name: see
+    `study_folder`).
 
     Raises:
         FileNotFoundError: ``out`` does not exist, or has no ``study.yaml`` (not a study
             folder).
         ValueError: ``study.yaml`` is not a valid spec (the file and key are named).
     """
-    out = Path(out)
+    out = study_folder(out)
     if not out.is_dir():
         raise FileNotFoundError(f"study folder {out} does not exist (give the folder `spml study "
                                 f"run` wrote, {STUDIES_ROOT}/<name> by default)")
@@ -166,7 +177,7 @@ def open_study(out) -> StudyFolder:
     """
     from ..store import select_best
 
-    out = Path(out)
+    out = study_folder(out)
     spec = study_spec(out)
     text = (out / SPEC_FILE).read_text(encoding="utf-8")
     run_ids = [t.run_id for t in expand(spec)]
