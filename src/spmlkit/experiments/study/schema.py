@@ -72,7 +72,8 @@ SPEC_SCHEMA = (
         "Default: the YAML file's stem.",
         default_text="the file's stem", expected="a folder-safe name (letters, digits, . _ -)"),
     Key("title", "string", None,
-        "a one-line title shown by `spml study list`, tables and the report.",
+        "a one-line title shown by `spml study status`, tables and the report (and, for a "
+        "shipped preset, `spml study list`).",
         default_text="the name"),
     Key("description", "string", "", "free text, shown in the report."),
     Key("datasets", "list of names or `{name, options}` (required)", REQUIRED,
