@@ -374,6 +374,7 @@ def format_table(selected, methods, dataset, seeds, grid, epochs, seconds,
         lines += ["", "*sklearn_lr*: one-vs-rest LogisticRegression (lbfgs, L2) on the same "
                   "features, the observed labels with unknown = negative (@full: the full "
                   "labels), C chosen on val mAP from "
-                  f"{list(_c_grid())}; what a user would run instead."]
+                  f"{', '.join(f'{c:.3g}' for c in _c_grid())}; what a user would run "
+                  "instead."]
     lines += ["", f"Wall time: {seconds:.0f} s for the grid points run in this launch."]
     return "\n".join(lines) + "\n"
