@@ -323,7 +323,7 @@ def test_a_killed_launch_leaves_a_true_record_and_no_empty_stale_folder(tmp_path
 def test_a_study_whose_runs_folder_is_a_file_is_refused_before_any_run(tmp_path, capsys):
     out = tmp_path / "study"
     out.mkdir()
-    (out / "study.yaml").write_text("")  # a study folder (a folder of other files is refused)
+    (out / "launches.jsonl").write_text("")  # a study folder (one of other files is refused)
     (out / "runs").write_text("not a folder\n")
     assert main(shlex.split(STUDY + FLAGS + f"--seeds 1 --out {out}")) == 2
     (line,) = capsys.readouterr().err.splitlines()  # was: every run failed with that reason
