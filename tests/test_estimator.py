@@ -279,6 +279,17 @@ def test_partial_evaluation_labels_are_scored_over_their_known_entries():
     named = validation_scorer(x[100:], wrapped, classes=["c", "a", "b"])
     assert named(by_name, None, None) == pytest.approx(_masked_map_by_hand(
         by_name.predict_proba(x[100:]), np.asarray(wrapped)[:, [1, 2, 0]]))
+    # partial labels wrapped from a DataFrame keep its column names: matched by name, also
+    # after a pickle (GridSearchCV's worker processes get the scorer so)
+    import pickle
+
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame(np.asarray(wrapped), columns=["c", "a", "b"])
+    shuffled = partial_labels(frame[["b", "c", "a"]])
+    assert pickle.loads(pickle.dumps(shuffled)).columns == ["b", "c", "a"]
+    assert by_name.score(x[100:], shuffled) == pytest.approx(named(by_name, None, None))
+    assert validation_scorer(x[100:], pickle.loads(pickle.dumps(shuffled)))(
+        by_name, None, None) == pytest.approx(named(by_name, None, None))
     # a threshold metric goes through predict, scored on the known entries
     clf.set_params(threshold=1.0)
     assert validation_scorer(x[100:], wrapped, "micro_f1")(clf, None, None) == 0.0
@@ -451,3 +462,7 @@ def test_label_frames_and_masked_arrays_and_the_ambiguous_zero():
     clf = SPMLClassifier(**FAST).fit(x, frame)
     assert clf.score(x, pd.DataFrame(y, columns=["a", "b", "c"]).astype("Int64")) == \
         pytest.approx(map_score(clf.predict_proba(x), y))
+    # a pandas sparse frame is read as a scipy sparse matrix is (densified), by name
+    sparse_frame = pd.DataFrame.sparse.from_spmatrix(sparse.csr_matrix(y[:, ::-1]),
+                                                     columns=["c", "b", "a"])
+    assert clf.score(x, sparse_frame) == pytest.approx(map_score(clf.predict_proba(x), y))

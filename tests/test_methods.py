@@ -270,6 +270,11 @@ def test_a_method_option_of_the_wrong_kind_is_refused_before_a_run_folder(data, 
     from spmlkit.methods import get_method
 
     assert get_method("smile").check_options({"gamma": 1, "neighbours": 4})["gamma"] == 1
+    # numpy's scalars (a sweep over np.arange / np.logspace) count as Python's
+    assert get_method("linear").check_options(
+        {"hidden": np.int64(128), "save_train_probs": np.bool_(True)})["hidden"] == 128
+    with pytest.raises(ValueError, match="expected a word"):
+        get_method("linear").check_options({"head": np.float64(2.0)})
     with pytest.raises(ValueError, match="neighbours=4.0: expected an integer"):
         get_method("smile").check_options({"neighbours": 4.0})
     assert main(["train", "--mode", "linear_init", "--option", "linear_epochs=abc",
@@ -289,8 +294,28 @@ def test_linear_init_decays_its_linear_phase_too(data, tmp_path):
                         **{**options, "weight_decay": wd})
         config = read_run(res["run_dir"]).config
         assert config["linear_train"]["weight_decay"] == wd
-        heads[wd] = res["test_map"]
-    assert heads[0.0] != heads[0.5]
+        heads[wd] = [r for r in read_run(res["run_dir"]).metrics()
+                     if r.get("stage", r.get("phase")) != "finetune"]
+    # the linear phase's own epochs differ: it is decayed, not only the fine-tuning
+    linear = options["linear_epochs"] if "linear_epochs" in options else 25
+    assert heads[0.0][:linear] != heads[0.5][:linear]
+
+
+def test_a_linear_init_resume_compares_its_linear_phase_as_the_run():
+    """linear_train (the linear phase's TrainConfig) is compared without what a resume may
+    change (device, workers), and an older folder whose linear phase trained without the
+    run's weight decay is not continued with one."""
+    from spmlkit.methods import ResumeError
+    from spmlkit.methods.driver import _check_resume
+
+    train = {"epochs": 2, "lr": 1e-3, "device": "cuda", "num_workers": 4}
+    stored = {"mode": "linear_init", "train": train,
+              "linear_train": {**train, "weight_decay": 0.0}}
+    moved = {"mode": "linear_init", "train": {**train, "device": "cpu", "num_workers": 0},
+             "linear_train": {**train, "weight_decay": 0.0, "device": "cpu"}}
+    _check_resume("run", stored, moved)
+    with pytest.raises(ResumeError, match="linear_train"):
+        _check_resume("run", stored, {**moved, "linear_train": {**train, "weight_decay": 0.5}})
 
 
 def test_predict_standardises_raw_yeast_features_like_training(tmp_path):

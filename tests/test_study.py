@@ -1078,22 +1078,31 @@ def test_a_study_folder_given_as_the_spec_continues_there(tmp_path, capsys, monk
 
 
 def test_a_study_is_read_back_by_the_name_it_ran_under(tmp_path, capsys, monkeypatch):
-    """`spml study run smoke` writes runs/studies/smoke; `spml study table smoke` (what a
-    preset's header says) said the folder does not exist. A bare name that is no folder here
-    is read from runs/studies/NAME; a folder of that name here still wins."""
+    """`spml study run` writes runs/studies/NAME; `spml study table NAME` (what a preset's
+    header says) said the folder does not exist. A bare name that is no folder here is read
+    from runs/studies/NAME, by every command that reads a study (the scikit-learn rows and
+    the figures folder too); a folder of that name here still wins."""
     from spmlkit.cli import main
 
     monkeypatch.chdir(tmp_path)
-    assert main(["study", "run", "smoke", "--set", "epochs=1", "methods=[an]", "--jobs", "1",
-                 "--quiet"]) == 0
+    (tmp_path / "sub.yaml").write_text(
+        "name: sub\ndatasets: [yeast]\nmethods: [an]\nseeds: 1\nepochs: 1\n"
+        "grid: {batch_size: [16], lr: [1.0e-2]}\nvary: {data.subsample: [0.2, 1.0]}\n"
+        "sklearn_reference: true\n")
+    assert main(["study", "run", "sub.yaml", "--jobs", "1", "--quiet"]) == 0
     capsys.readouterr()
-    for action in ("table", "status"):
-        assert main(["study", action, "smoke"]) == 0
-        assert "smoke" in capsys.readouterr().out or action == "table"
-    assert main(["report", "smoke", "--out", str(tmp_path / "r.html")]) == 0
-    (tmp_path / "smoke").mkdir()  # a folder named so here: that one is meant
-    assert main(["study", "table", "smoke"]) == 2
-    assert "smoke/study.yaml is missing" in capsys.readouterr().err
+    assert main(["study", "status", "sub"]) == 0 and "sub" in capsys.readouterr().out
+    assert main(["study", "table", "sub", "--columns", "data.subsample"]) == 0
+    assert "sklearn_lr (scikit-learn reference)" in capsys.readouterr().out
+    assert main(["report", "sub"]) == 0
+    assert (tmp_path / "runs" / "studies" / "sub" / "report.html").is_file()
+    assert main(["figure", "sweep", "sub", "--axis", "data.subsample"]) == 0
+    assert (tmp_path / "runs" / "studies" / "sub" / "figures").is_dir()
+    assert sorted(os.listdir(tmp_path)) == ["runs", "sub.yaml"]  # nothing made under ./sub
+    (tmp_path / "sub").mkdir()  # a folder named so here: that one is meant
+    capsys.readouterr()
+    assert main(["study", "table", "sub"]) == 2
+    assert "sub/study.yaml is missing" in capsys.readouterr().err
 
 
 def test_vary_columns_keep_the_datasets_of_a_study_apart(tmp_path, capsys):

@@ -269,6 +269,37 @@ def test_a_new_run_holds_its_folder_against_a_resume(tmp_path, capsys):
     assert not (tmp_path / "runs" / os.path.basename(res["run_dir"]) / ".lock").exists()
 
 
+def test_stacked_runs_hold_their_folders_while_the_stack_trains(tmp_path):
+    """The linear mode's stacked runs (studies, spml benchmark) keep no checkpoint: a resume
+    of one of their folders would start it again in the same folder while the stack trains.
+    Each folder is locked until the stack is done."""
+    import dataclasses
+
+    from spmlkit.data import load_splits
+    from spmlkit.engine import TrainConfig
+    from spmlkit.methods import get_method, train_runs
+    from spmlkit.runs import RunDir
+
+    linear = get_method("linear")
+    refused = []
+
+    def fit_many(ctxs):
+        for ctx in ctxs:
+            try:
+                with RunDir(ctx.run_dir).locked():
+                    pass
+            except ValueError as err:
+                refused.append(str(err))
+        return linear.fit_many(ctxs)
+
+    configs = [TrainConfig(epochs=1, lr=lr) for lr in (1e-2, 1e-3)]
+    results = train_runs(dataclasses.replace(linear, fit_many=fit_many),
+                         load_splits("yeast", subsample=0.2), "an", {}, configs,
+                         out=tmp_path / "runs")
+    assert len(refused) == 2 and "is being trained by another process" in refused[0]
+    assert all(not os.path.exists(os.path.join(r["run_dir"], ".lock")) for r in results)
+
+
 @pytest.mark.parametrize("name", ["metrics.jsonl", "config.json", ".lock"])
 @pytest.mark.parametrize("kind", ["device", "fifo", "link"])
 def test_a_run_folder_resumed_with_something_planted(world, tmp_path, capsys, name, kind):

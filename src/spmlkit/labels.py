@@ -100,16 +100,21 @@ def label_values(y, where: str | None = None):
         return y.toarray()
     dtypes = getattr(y, "dtypes", None)
     if hasattr(dtypes, "items") and hasattr(y, "to_numpy"):  # a DataFrame (not a Series)
-        nullable = False
+        nullable = sparse = False
         for name, dtype in dtypes.items():
+            if hasattr(dtype, "subtype") and hasattr(y, "sparse"):  # pandas' SparseDtype
+                sparse, dtype = True, np.dtype(dtype.subtype)
             numpy_dtype = getattr(dtype, "numpy_dtype", None)   # pandas' nullable dtypes
             nullable |= numpy_dtype is not None
             base = dtype if numpy_dtype is None else numpy_dtype
             kind = base.kind if isinstance(base, np.dtype) else "O"
             if kind not in "biuf":
-                raise ValueError(f"labels{_where(where)}: column {name!r} holds {dtype}, not "
+                raise ValueError(f"{where or 'labels'}: column {name!r} holds {dtype}, not "
                                  f"numbers; labels are 1 / 0 / -1 or an empty cell (convert "
                                  f"it first, e.g. .astype(int))")
+        if sparse:  # densified, as a scipy sparse matrix is
+            y = y.apply(lambda col: col.sparse.to_dense() if hasattr(col, "sparse") else col)
+            dtypes = y.dtypes
         kinds = {d.kind for d in dtypes if isinstance(d, np.dtype)}
         if nullable or len(kinds) > 1:  # pd.NA -> NaN; a bool column beside numbers
             return y.to_numpy(dtype=np.float64, na_value=np.nan)

@@ -52,16 +52,21 @@ class PartialLabels(np.ndarray):
     `partial_labels`."""
 
     mask: str = "entry"
+    #: the class names of the columns, when made from a DataFrame (`partial_labels`); not
+    #: carried into a slice or a copy, whose columns may be others
+    columns: list | None = None
 
     def __array_finalize__(self, obj):
         self.mask = getattr(obj, "mask", "entry")
+        self.columns = None
 
-    def __reduce__(self):  # pickles (worker processes) with its mask
+    def __reduce__(self):  # pickles (worker processes) with its mask and column names
         fn, args, state = super().__reduce__()
-        return fn, args, (state, self.mask)
+        return fn, args, (state, self.mask, self.columns)
 
     def __setstate__(self, state):
-        base, self.mask = state
+        base, self.mask, *rest = state
+        self.columns = rest[0] if rest else None
         super().__setstate__(base)
 
 
@@ -98,6 +103,8 @@ def partial_labels(values, mask: str = "entry", where: str | None = None) -> Par
                          f"are not partial: give them as full labels)")
     out = arr.astype(np.int8).view(PartialLabels)
     out.mask = mask
+    names = getattr(values, "columns", None)  # a DataFrame's: matched to an estimator's classes
+    out.columns = None if names is None else list(names)
     return out
 
 

@@ -45,8 +45,11 @@ def cmd_figure(args) -> int:
 
     from ..experiments import figures as fg
 
+    from ..experiments.study import study_folder
+
     kind = args.figure
-    base = Path(args.study if kind == "sweep" else args.runs[0] if kind == "curves" else args.run)
+    base = study_folder(args.study) if kind == "sweep" else \
+        Path(args.runs[0] if kind == "curves" else args.run)
     name = f"sweep-{args.axis}" if kind == "sweep" else kind
     if args.out is None:  # the folder's own figures folder: never through a planted link
         from ..runs import own_folder
@@ -94,11 +97,11 @@ def cmd_figure(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from pathlib import Path
 
     from ..experiments.report import REPORT_FILE, write_report
+    from ..experiments.study import study_folder
 
-    _check_out(args.out or Path(args.study) / REPORT_FILE, args.force)
+    _check_out(args.out or study_folder(args.study) / REPORT_FILE, args.force)
     out = write_report(args.study, args.out, force=args.force)
     _wrote(out)
     if args.open:

@@ -48,7 +48,7 @@ def _study_table(out, fmt: str = "markdown", metric: str = "test_map",
     if select:
         raise ValueError("--select needs --metric to name metrics of spml list metrics "
                          f"({', '.join(METRICS)}), not {metric!r}")
-    return study_table(study.selected + study_rows(out, metric), fmt, metric,
+    return study_table(study.selected + study_rows(study.path, metric), fmt, metric,
                        columns=columns, title=study.title, order=order, labels=labels)
 
 

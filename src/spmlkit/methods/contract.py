@@ -151,16 +151,21 @@ def _check_option_type(method: str, key: str, value, default, where: str) -> Non
     folder was made, with a message that names no option. A default of None, a list or a
     mapping says nothing of the kind, and is not checked; where the default is a word, an
     object (a backbone module given from Python) passes."""
+    import numbers
+
+    import numpy as np
+
     if default is None or value is None or isinstance(default, (list, tuple, dict)):
         return
+    flag = isinstance(value, (bool, np.bool_))  # numpy's scalars count as Python's
     if isinstance(default, bool):
-        ok, kind = isinstance(value, bool), "true or false"
+        ok, kind = flag, "true or false"
     elif isinstance(default, int):
-        ok, kind = isinstance(value, int) and not isinstance(value, bool), "an integer"
+        ok, kind = isinstance(value, numbers.Integral) and not flag, "an integer"
     elif isinstance(default, float):
-        ok, kind = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        ok, kind = isinstance(value, numbers.Real) and not flag, "a number"
     elif isinstance(default, str):  # a word, or an object the method takes (a backbone)
-        ok, kind = not isinstance(value, (bool, int, float)), "a word"
+        ok, kind = not (flag or isinstance(value, numbers.Number)), "a word"
     else:
         return
     if not ok:

@@ -222,14 +222,17 @@ def _check_resume(path, stored: dict, fresh: dict) -> None:
     fresh = json.loads(json.dumps(fresh, default=str))
     keys = [k for k in fresh if k in RESUME_KEYS or k not in (
         "dataset_options", "train", "options", "class_names", "versions", "processes",
-        "labels", "acceleration", "data_files", "loss_settings", "threads", "source")]
+        "labels", "acceleration", "data_files", "loss_settings", "threads", "source",
+        "linear_train")]
     differ = [k for k in keys if stored.get(k) != fresh.get(k)]
     # a folder written before TrainConfig had ``metric`` / ``weight_decay`` selected on mAP,
     # without weight decay
     strip = (lambda t: {"metric": "map", "weight_decay": 0.0, **{k: v for k, v in (t or {}).items()
                                              if k not in RESUME_FREE}})
-    if strip(stored.get("train")) != strip(fresh.get("train")):
-        differ.append("train")
+    for part in ("train", "linear_train"):  # (linear_init's linear phase: its own TrainConfig)
+        if (stored.get(part) is None) != (fresh.get(part) is None) or \
+                strip(stored.get(part)) != strip(fresh.get(part)):
+            differ.append(part)
     if differ:
         detail = "; ".join(f"{k}: run folder {stored.get(k)!r} vs now {fresh.get(k)!r}"
                            for k in differ[:3])
@@ -663,6 +666,17 @@ def train_runs(method: str | TrainingMethod, splits, loss, hparams, configs, *,
                 out_list.append(err)
         return out_list
     options = method.check_options(options)
+    with contextlib.ExitStack() as held:  # each run's folder locked while the stack trains
+        return _train_stack(method, splits_l, loss_l, hparams_l, k_l, configs, names, out,
+                            dataset_options, options, held)
+
+
+def _train_stack(method, splits_l, loss_l, hparams_l, k_l, configs, names, out,
+                 dataset_options, options, held) -> list:
+    """`train_runs` of a method that trains them together (``fit_many``); ``held`` keeps
+    each new run folder's lock until the stack is done (a ``--resume`` of one of them waits
+    its turn, as for a run trained alone)."""
+    count = len(configs)
     checked: dict = {}  # id(splits) -> None or the error of check_inputs
     ctxs, runs, pseudos = [], [], []
     results: list = [None] * count  # a run whose setup fails ends with its error, alone
@@ -681,6 +695,7 @@ def train_runs(method: str | TrainingMethod, splits, loss, hparams, configs, *,
             config, hp, loss_fn, run_k = _run_settings(method, sp, ls, hp, config, k_, options)
             if out is not None:
                 run = RunDir.create(out, name or default_run_name(method, sp, ls, config))
+                held.enter_context(run.locked())
             pseudo: dict = {}
             log_epoch = _epoch_logger(sp, run, pseudo)
             # no checkpoint.pt: a group that stopped is trained again as a whole (a study

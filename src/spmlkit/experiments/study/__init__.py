@@ -88,7 +88,8 @@ preset, a dict; ``--set`` overrides);
 from __future__ import annotations
 
 from .expand import NOT_RESULTS, RunTask, expand, result_config, run_id_for
-from .folder import StudyFolder, failure_groups, open_study, study_rows, study_spec, study_status
+from .folder import StudyFolder, failure_groups, open_study, study_folder, study_rows, \
+    study_spec, study_status
 from .grammar import REFERENCES, Method, parse_methods
 from .grouping import group_tasks
 from .launch import run_study
@@ -107,4 +108,4 @@ __all__ = ["DEFAULT_GRID", "K_BOUNDS", "LAUNCHES_FILE", "MAX_RUNS", "MAX_SPEC_VA
            "execute", "execute_group", "expand", "failure_groups", "group_tasks", "list_presets",
            "load_study", "lost_row", "lost_rows", "merged", "open_study", "parse_methods",
            "parse_yaml", "read_spec_text", "result_config", "resumable", "run_id_for",
-           "run_study", "run_task", "study_rows", "study_spec", "study_status"]
+           "run_study", "run_task", "study_folder", "study_rows", "study_spec", "study_status"]
