@@ -69,6 +69,7 @@ from .data.image_views import (finish_view, finished_batches, gpu_decodable, ima
 from .machine import default_cache_dir, default_workers, loader_worker_init, loader_workers, \
     prefetch_factor
 from .runs import check_own_file, open_own, own_folder, preallocate, write_bytes, write_json
+from .safe_load import load_array
 
 FORMAT_VERSION = 1
 #: transform names -> factory names in `spmlkit.data.transforms`
@@ -316,7 +317,7 @@ def _save_mask(folder: Path, mask: np.ndarray) -> None:
 
 def _load_mask(plan: StorePlan) -> np.ndarray | None:
     try:
-        mask = np.load(plan.folder / DONE_FILE)
+        mask = load_array(plan.folder / DONE_FILE)  # checked: a damaged one is recomputed
     except (FileNotFoundError, ValueError, OSError):
         return None
     return mask if mask.shape == (plan.n,) and mask.dtype == np.uint8 else None
@@ -433,7 +434,7 @@ def file_stats(items) -> np.ndarray:
 def _load_stats(plan: StorePlan) -> np.ndarray:
     check_own_file(plan.folder / FILES_FILE)
     try:
-        stats = np.load(plan.folder / FILES_FILE)
+        stats = load_array(plan.folder / FILES_FILE)
     except (FileNotFoundError, ValueError, OSError):
         stats = None
     if stats is None or stats.shape != (plan.n, 2) or stats.dtype != np.int64:
@@ -765,3 +766,19 @@ def feature_options(backbone: str | None, dtype: str | None = None, cache_dir=No
     features = {k: v for k, v in {"dtype": dtype, "cache_dir": None if cache_dir is None
                                   else str(cache_dir), **extra}.items() if v is not None}
     return {"backbone": backbone, **({"features": features} if features else {})}
+
+
+def named_cache_dirs(dataset_options: dict | None, mode_options: dict | None = None) -> set:
+    """The feature-store folders a run's settings name (``cache_dir`` in the dataset's
+    options, in its ``features`` or in the mode's options), resolved: where a spec or a run
+    folder received from someone else would read and write stores, which a launch and a
+    resume say."""
+    opts = dataset_options or {}
+    features = opts.get("features")  # a backbone's feature options; a table's: its columns
+    found = set()
+    for value in (opts.get("cache_dir"),
+                  features.get("cache_dir") if isinstance(features, dict) else None,
+                  (mode_options or {}).get("cache_dir")):
+        if value:
+            found.add(Path(value).expanduser().resolve())
+    return found

@@ -266,8 +266,14 @@ def rule_settings(run, rule: str, k: float | None = None) -> dict:
         raise ValueError(f"unknown threshold rule {rule!r}; choose one of {', '.join(RULES)}")
     if rule in ("rcut", "lcard"):
         if k is None:
-            k = float(json.loads((run / "config.json").read_text())["k"])
-            return {"rule": rule, "k": k, "k_from": "the run's k (config.json)"}
+            from .runs import read_run
+
+            k = read_run(run).config.get("k")
+            if isinstance(k, bool) or not isinstance(k, (int, float)) or \
+                    not (np.isfinite(k) and k > 0):
+                raise ValueError(f"{run / 'config.json'}: the run's k is {k!r}, not a number "
+                                 f"> 0 (damaged or edited?); give --threshold-k")
+            return {"rule": rule, "k": float(k), "k_from": "the run's k (config.json)"}
         k = float(k)
         if rule == "rcut" and not (np.isfinite(k) and k >= 1 and k == int(k)):
             raise ValueError(f"rcut takes each row's k highest-scored labels: k "
@@ -281,9 +287,11 @@ def rule_settings(run, rule: str, k: float | None = None) -> dict:
                          f"lcard do")
     if rule == "mcut":
         return {"rule": rule}
-    state = torch.load(run / "best.pt", map_location="cpu", weights_only=True).get("loss") or {}
-    priors = state.get("priors")
-    if priors is not None and priors.numel() and bool((priors >= 0).all()):
+    from .safe_load import load_torch
+
+    state = load_torch(run / "best.pt").get("loss") or {}
+    priors = state.get("priors") if isinstance(state, dict) else None
+    if isinstance(priors, torch.Tensor) and priors.numel() and bool((priors >= 0).all()):
         return {"rule": rule, "priors": priors.double().tolist(),
                 "priors_from": "the run's loss (estimated class priors)"}
     from .runs import load_arrays

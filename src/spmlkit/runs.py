@@ -638,10 +638,15 @@ class Run:
 
 def _read_json(path: Path) -> dict:
     try:
-        value = json.loads(path.read_text())
+        value = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err}); is the run folder complete?") \
             from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not a text file ({err.reason} at byte {err.start}); the "
+                         f"file is damaged or is not spmlkit's") from None
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply to be a file spmlkit wrote") from None
     if not isinstance(value, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
     return value
@@ -747,7 +752,11 @@ def json_lines(path: Path, growing: bool = False):
     """``(line number, record)`` of each non-blank line of a JSON-lines file; a ValueError
     names a line that is not JSON. ``growing``: the file may be being written (a run that
     trains now, one killed mid-write), so a last line that is not JSON is left out."""
-    lines = Path(path).read_text().splitlines()
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not a text file ({err.reason} at byte {err.start})") \
+            from None
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -757,6 +766,9 @@ def json_lines(path: Path, growing: bool = False):
             if growing and i == len(lines):
                 return
             raise ValueError(f"{path}, line {i}: not a JSON record ({err.msg})") from None
+        except RecursionError:
+            raise ValueError(f"{path}, line {i}: nested too deeply to be a record spmlkit "
+                             f"wrote") from None
 
 
 def _parse_metrics(path: Path, growing: bool = False) -> list[dict]:

@@ -23,9 +23,17 @@ def load_torch(path, map_location="cpu", remedy: str = "train the run again") ->
 
     import torch
 
+    import zipfile
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
+    if zipfile.is_zipfile(path):  # torch.save's format: a zip of stored tensors
+        try:
+            with zipfile.ZipFile(path) as zf:
+                check_zip_entries(zf, path)
+        except (zipfile.BadZipFile, OSError) as err:
+            raise ValueError(f"{path}: not a readable checkpoint ({err}); {remedy}") from None
     try:
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
@@ -64,8 +72,10 @@ def _check_npy_header(fh, size: int, where: str) -> None:
 
     try:
         version = npy.read_magic(fh)
-        if version not in ((1, 0), (2, 0)):
-            return  # a newer format: numpy's own reader checks it
+        if version not in ((1, 0), (2, 0), (3, 0)):
+            raise ValueError(f"format version {version[0]}.{version[1]}, which numpy does not "
+                             f"write")
+        # (3.0 is 2.0 with a UTF-8 header; numpy writes it only for non-ASCII field names)
         read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
         shape, _, dtype = read(fh, max_header_size=100_000)
     except (ValueError, EOFError, OSError, SyntaxError) as err:
@@ -101,13 +111,35 @@ def check_array_file(path) -> None:
         raise ValueError(f"{path}: not a readable .npy or .npz file (it does not start as one)")
     try:
         with zipfile.ZipFile(path) as zf:
-            for info in zf.infolist():
-                if info.filename.endswith(".npy"):
-                    with zf.open(info) as fh:
-                        _check_npy_header(fh, info.file_size,
-                                          f"{path}, array {info.filename[:-4]!r}")
+            check_zip_entries(zf, path)
+            for info in zf.infolist():  # numpy loads every member, whatever its name
+                name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+                with zf.open(info) as fh:
+                    if fh.read(6) != b"\x93NUMPY":
+                        raise ValueError(f"{path}: member {info.filename!r} is not a .npy "
+                                         f"array; an .npz of spmlkit holds arrays only")
+                with zf.open(info) as fh:
+                    _check_npy_header(fh, info.file_size, f"{path}, array {name!r}")
     except (zipfile.BadZipFile, OSError, EOFError) as err:
         raise ValueError(f"{path}: not a readable .npz file ({err})") from None
+
+
+#: a zip member larger than this, unpacked, must not expand more than `MAX_EXPANSION` times
+#: (a few MB of zeros that claim gigabytes: a compression bomb)
+BIG_MEMBER = 1 << 30
+MAX_EXPANSION = 200
+
+
+def check_zip_entries(zf, path) -> None:
+    """Refuse a zip member (an ``.npz`` array, a torch checkpoint's tensor) that unpacks to
+    more than `BIG_MEMBER` bytes from a `MAX_EXPANSION`-th of that or less: spmlkit's files
+    store floating-point data uncompressed and deflate labels at most a few dozen times."""
+    for info in zf.infolist():
+        if info.file_size > BIG_MEMBER and \
+                info.file_size > MAX_EXPANSION * max(info.compress_size, 1):
+            raise ValueError(f"{path}: member {info.filename!r} unpacks to "
+                             f"{_human(info.file_size)} from {_human(info.compress_size)}: "
+                             f"a compression bomb, or not a file spmlkit wrote; not loaded")
 
 
 def load_arrays(path, keys=(), what: str = "") -> dict:

@@ -511,19 +511,19 @@ def parse_with_config(argv: list, path: str):
     """
     import argparse
 
-    import yaml
-
+    from ..experiments.study.yaml_text import parse_yaml
     from . import build_parser
 
     parser = build_parser()
     train = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)) \
         .choices["train"]
     where = f"--config {path}"
-    with open(path, encoding="utf-8") as f:
-        try:
-            raw = yaml.safe_load(f)  # YAML, and JSON (a subset of YAML)
-        except yaml.YAMLError as err:
-            raise ValueError(f"{where}: not YAML or JSON: {err}") from None
+    try:  # YAML, and JSON (a subset of YAML); aliases that multiply it are refused
+        with open(path, encoding="utf-8") as f:
+            raw = parse_yaml(f.read(), where)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{where}: not a text file ({err.reason} at byte {err.start})") \
+            from None
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: must hold a mapping of spml train options (e.g. "
                          f"'loss: role'), got {type(raw).__name__}")

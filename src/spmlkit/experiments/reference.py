@@ -187,7 +187,10 @@ def study_rows(folder, metric: str = "test_map") -> list:
         return []
     try:
         records = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as err:
-        raise ValueError(f"{path}: not the JSON spml wrote ({err}); remove it and run the "
-                         f"study again to write the scikit-learn rows") from None
-    return table_rows(records)
+        if not isinstance(records, list):
+            raise ValueError(f"a list of records, got {type(records).__name__}")
+        return table_rows(records)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
+        raise ValueError(f"{path}: not the JSON spml wrote ({type(err).__name__}: "
+                         f"{str(err)[:200]}); remove it and run the study again to write the "
+                         f"scikit-learn rows") from None

@@ -70,6 +70,7 @@ import numpy as np
 import torch
 
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
+from ..safe_load import check_array_file
 from .contract import SPMLLoss, TrainInfo, as_compute, check_k, expected_positive_penalty, \
     log_1mp, log_p, masks, take_rows
 from .registry import register
@@ -137,6 +138,8 @@ def read_scores(source) -> np.ndarray:
                                     f"pseudo-labels, .npy / .npz / .csv)")
         suffix = path.suffix.lower()
         try:
+            if suffix in (".npy", ".npz"):
+                check_array_file(path)  # a header claiming a huge shape: refused first
             if suffix == ".npy":
                 data = np.load(path, allow_pickle=False)
             elif suffix == ".npz":

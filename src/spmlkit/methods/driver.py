@@ -15,6 +15,7 @@ import contextlib
 import functools
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from dataclasses import asdict
@@ -28,7 +29,7 @@ from ..losses import create_loss, loss_hparams
 from ..metrics import METRICS, THRESHOLD_POLICY, map_score, pseudo_label_stats
 from ..metrics_partial import split_evaluate, split_map, split_metrics, split_thresholds
 from ..data.protocol import describe_labels
-from ..runs import RunDir, checkpoint_history, read_run, sync_files
+from ..runs import BEST_FILE, RunDir, checkpoint_history, read_run, sync_files
 from .contract import (RunContext, TrainingMethod, check_inputs, check_train_fields,
                        feature_record, get_method,
                        resolve_hparams, resolve_k)
@@ -763,6 +764,12 @@ def resume_run(run_dir, *, on_epoch=None, device: str | None = None,
     if device is not None:
         train["device"] = device
     _check_data_files(run.path, cfg.get("data_files"))
+    from ..features import named_cache_dirs
+
+    for where in sorted(named_cache_dirs(cfg.get("dataset_options"),
+                                         {**cfg["options"], **overrides})):
+        print(f"note: resuming {run.path}: feature stores are read and written in {where} "
+              f"(a cache_dir its config.json names)", file=sys.stderr)
     if splits is None:
         splits = load_splits(cfg.get("source", cfg["dataset"]), cfg["regime"],
                              **(cfg.get("dataset_options") or {}))
@@ -805,6 +812,11 @@ def _run_decoder(path, cfg: dict, device=None):
     return dataclasses.replace(accel, **wanted)
 
 
+def _short(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def load_run_model(run, device: str = "cpu") -> tuple[torch.nn.Module, dict]:
     """The best model of a finished run folder, in eval mode, and what is needed to feed it.
 
@@ -817,8 +829,24 @@ def load_run_model(run, device: str = "cpu") -> tuple[torch.nn.Module, dict]:
     """
     run = read_run(run)
     best = run.best()
+    where = run.path / BEST_FILE
+    names, count = best.get("class_names"), best.get("num_classes")
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, (str, int)) for n in names) \
+            or not isinstance(count, int) or len(names) != count:
+        raise ValueError(f"{where}: its class_names ({_short(names)}) are not a list of "
+                         f"{count!r} names (num_classes): the file is damaged or was edited; "
+                         f"train the run again")
     mode = best.get("mode", run.config.get("mode", "linear"))
-    model, info = get_method(mode).load_model(best, run.config)
+    try:
+        model, info = get_method(str(mode)).load_model(best, run.config)
+    except (KeyError, TypeError, AttributeError, IndexError) as err:
+        raise ValueError(f"{where}: not a checkpoint this spmlkit can read ({type(err).__name__}: "
+                         f"{str(err)[:200]}); the file is damaged or was edited, or was written "
+                         f"by another version: train the run again") from None
+    out = getattr(model, "weight", None)  # a linear head: one output per class
+    if isinstance(out, torch.Tensor) and out.ndim == 2 and out.shape[0] != count:
+        raise ValueError(f"{where}: the head has {out.shape[0]} outputs but num_classes is "
+                         f"{count}: the file is damaged or was edited; train the run again")
     bad = [name for name, t in model.state_dict().items()
            if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:  # its predictions would be NaN, every one

@@ -51,6 +51,10 @@ def save_figure(fig, out, *, force: bool = False) -> Path:
         raise ValueError(f"figures are PNG or SVG files: give an output path ending in .png or "
                          f".svg, got {out}")
     fmt = suffix[1:]
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):  # names from files ("$x$") drawn as written, not as math
+        text.set_parse_math(False)
     return write_output(out, lambda fh: fig.savefig(fh, format=fmt, dpi=120,
                                                     bbox_inches="tight"), force=force)
 

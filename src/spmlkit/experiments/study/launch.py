@@ -531,15 +531,11 @@ def _cache_dirs_outside(tasks, out: Path) -> list[Path]:
     """The feature-store folders a spec names (``cache_dir`` in a dataset's options, its
     ``features`` or the mode's options) outside the study folder: a spec received from someone
     else writes there, so a launch says where."""
+    from ...features import named_cache_dirs
+
     found = set()
     for t in tasks:
-        opts = t.dataset_options or {}
-        features = opts.get("features")  # a backbone's feature options; a table's: its columns
-        for value in (opts.get("cache_dir"),
-                      features.get("cache_dir") if isinstance(features, dict) else None,
-                      (t.mode_options or {}).get("cache_dir")):
-            if value:
-                found.add(Path(value).expanduser().resolve())
+        found |= named_cache_dirs(t.dataset_options, t.mode_options)
     inside = Path(out).resolve()
     return sorted(p for p in found if p != inside and inside not in p.parents)
 

@@ -83,6 +83,16 @@ def _check_k(value, source: str, key: str):
     return value
 
 
+def _printable(text: str, source: str, key: str, newlines: bool = False) -> None:
+    """Refuse control characters (an escape sequence that would act on the terminal where
+    ``spml study status`` prints the text); ``newlines`` allows line breaks and tabs."""
+    allowed = "\n\t" if newlines else ""
+    bad = [c for c in text if (ord(c) < 32 or 127 <= ord(c) < 160) and c not in allowed]
+    if bad:
+        _fail(source, key, f"holds the control character(s) {sorted(set(bad))} (terminal "
+                           f"escapes?); write text only")
+
+
 def validate(raw: dict, source: str, stem: str | None) -> StudySpec:
     """The `StudySpec` of the raw spec ``raw`` (read from ``source``; ``stem``: the
     name of a spec without ``name``), or a ``ValueError`` naming the source and the key."""
@@ -118,6 +128,8 @@ def validate(raw: dict, source: str, stem: str | None) -> StudySpec:
             trainer.check_options(opts)
         except ValueError as err:
             _fail(source, where, str(err))
+    _printable(str(raw.get("title") or ""), source, "title")
+    _printable(str(raw.get("description") or ""), source, "description", newlines=True)
     mlflow = raw.get("mlflow", default("mlflow"))
     if not isinstance(mlflow, bool):
         _fail(source, "mlflow", f"expected {expected('mlflow')}, got {mlflow!r}")
@@ -224,6 +236,8 @@ def _methods(raw: dict, source: str) -> list:
     labels = [m.label for m in methods]
     if len(set(labels)) < len(labels):
         _fail(source, "methods", f"labels must be unique, got {labels}")
+    for i, label in enumerate(labels):
+        _printable(label, source, f"methods[{i}].label")
     return methods
 
 
