@@ -224,3 +224,32 @@ def test_cli_train_and_benchmark_select_on_a_metric(tmp_path, capsys):
     (rec,) = json.loads((out / "results.json").read_text())
     assert rec["metric"] == "hamming_loss"
     assert f"{rec['test_metrics']['hamming_loss']:.4f}" in table
+
+
+def test_benchmark_on_a_tagged_folder_with_a_test_csv_trains_given(tmp_path, capsys):
+    """The folder source reads a tree with a test_csv as observed labels by default, which
+    spml train honoured; spml benchmark asked for --data train_labels=observed, or started the
+    full-label reference rows and half its runs failed."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    names = ("cat", "dog")
+    for cls in names:
+        (tmp_path / "tree" / cls).mkdir(parents=True)
+        for i in range(10):
+            Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(
+                tmp_path / "tree" / cls / f"{i}.png")
+    (tmp_path / "test").mkdir()
+    rows = []
+    for i in range(12):
+        Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(
+            tmp_path / "test" / f"{i}.png")
+        rows.append(f"test/{i}.png,{'cat;dog' if i % 3 == 0 else names[i % 2]}")
+    (tmp_path / "test.csv").write_text("path,labels\n" + "\n".join(rows) + "\n")
+    assert main(["benchmark", "--dataset", "folder", "--data", f"root={tmp_path / 'tree'}",
+                 "--data", f"test_csv={tmp_path / 'test.csv'}", "--backbone", "tiny_cnn",
+                 "--cache-dir", str(tmp_path / "cache"), "--losses", "an",
+                 "--seeds", "1", "--epochs", "1", "--lrs", "1e-2", "--batch-sizes", "8",
+                 "--no-references", "--jobs", "1", "--out", str(tmp_path / "b"),
+                 "--quiet"]) == 0
+    assert "| an@given | given |" in (tmp_path / "b" / "table.md").read_text()

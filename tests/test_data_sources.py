@@ -631,3 +631,78 @@ def test_class_names_that_differ_only_in_case_are_warned_about(tmp_path):
                                          r"are 2 classes"):
         classes = read_image_csv(csv)[2]
     assert classes == ["Cat", "cat", "dog"]
+
+
+def test_a_wide_image_csv_is_read_as_its_label_matrix(tmp_path):
+    """``path,blue,circle,red`` with 1 / empty cells (a label matrix) became one class named
+    "1": trained and scored without a word. A header of class names over 0 / 1 / -1 / empty
+    cells is the wide form."""
+    from spmlkit.data.csv_images import read_image_csv
+
+    (tmp_path / "w.csv").write_text("path,blue,circle,red\na.jpg,1,,\nb.jpg,,1,1\nc.jpg,0,0,1\n")
+    items, y, classes = read_image_csv(tmp_path / "w.csv")
+    assert classes == ["blue", "circle", "red"] and items == ["a.jpg", "b.jpg", "c.jpg"]
+    assert y.tolist() == [[1, 0, 0], [0, 1, 1], [0, 0, 1]]
+    assert read_image_csv(tmp_path / "w.csv", ["red", "blue", "circle"])[1].tolist() == \
+        [[0, 1, 0], [1, 0, 1], [1, 0, 0]]
+    (tmp_path / "p.csv").write_text("path,blue,circle,red\na.jpg,1,-1,\n")
+    assert read_image_csv(tmp_path / "p.csv", negatives=True)[1].tolist() == [[1, -1, 0]]
+    with pytest.raises(ValueError, match="-1 \\(a known negative\\).*eval_labels=partial"):
+        read_image_csv(tmp_path / "p.csv")
+    (tmp_path / "n.csv").write_text("path,labels\na.jpg,cat\nb.jpg,1\n")  # names: as before
+    assert read_image_csv(tmp_path / "n.csv")[2] == ["1", "cat"]
+
+
+def _pngs(folder, names, size=12, mode="RGB"):
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(len(names))
+    for n in names:
+        Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(folder / n)
+
+
+def test_test_images_that_are_training_images_are_warned_about(tmp_path):
+    for cls in ("cat", "dog"):
+        _pngs(tmp_path / "tree" / cls, [f"{i}.png" for i in range(6)])
+    _pngs(tmp_path / "new", [f"{i}.png" for i in range(8)])
+    rows = [f"tree/cat/{i}.png,cat" for i in range(3)] + [f"new/{i}.png,{'cat' if i % 2 else 'dog'}"
+                                                          for i in range(8)]
+    (tmp_path / "test.csv").write_text("path,labels\n" + "\n".join(rows) + "\n")
+    with pytest.warns(UserWarning, match=r"3 of the \d+ (test|val) images are also training "
+                                         r"images \(first: .*tree/cat/"):
+        load_dataset("folder", root=str(tmp_path / "tree"), test_csv=str(tmp_path / "test.csv"))
+
+
+def test_class_folders_follow_links_read_jfif_and_count_what_they_skip(tmp_path):
+    import os
+
+    _pngs(tmp_path / "tree" / "cat", ["a.png"])
+    _pngs(tmp_path / "tree" / "dog", ["b.png"])
+    _pngs(tmp_path / "more", ["c.png"])
+    os.symlink(tmp_path / "more", tmp_path / "tree" / "dog" / "linked")
+    os.symlink(tmp_path / "tree" / "dog", tmp_path / "tree" / "dog" / "loop")  # a cycle
+    (tmp_path / "tree" / "cat" / "x.jfif").write_bytes((tmp_path / "tree" / "cat" / "a.png")
+                                                      .read_bytes())
+    (tmp_path / "tree" / "cat" / "notes.txt").write_text("x")
+    from spmlkit.data.folder import scan_class_folders
+
+    with pytest.warns(UserWarning, match=r"1 file\(s\) in the class folders are not read.*"
+                                         r"first: .*notes.txt"):
+        rel, label, classes, ignored = scan_class_folders(tmp_path / "tree")
+    assert sorted(rel) == ["cat/a.png", "cat/x.jfif", "dog/b.png", "dog/linked/c.png"]
+
+
+def test_16_bit_images_keep_one_scale(tmp_path):
+    """A 16-bit image was divided by 65535 only when its maximum passed 255: one with maximum
+    256 came out black, one with 255 at full brightness."""
+    from PIL import Image
+
+    from spmlkit.data.image_files import open_image
+
+    out = {}
+    for top in (255, 256, 65535):
+        arr = np.linspace(0, top, 64 * 64).reshape(64, 64).astype(np.uint16)
+        Image.fromarray(arr).save(tmp_path / f"g{top}.png")  # uint16: a 16-bit PNG
+        out[top] = int(np.asarray(open_image(tmp_path / f"g{top}.png")).max())
+    assert out == {255: 1, 256: 1, 65535: 255}

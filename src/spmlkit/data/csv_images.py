@@ -46,13 +46,68 @@ def _is_header(rows: list) -> bool:
     return bool(rest) and not image(first) and all(image(c) for c in rest)
 
 
+#: the cells of a wide image CSV (a header of class names, one 0 / 1 column per class)
+_WIDE_CELLS = {"": 0, "0": 0, "1": 1, "-1": -1, "0.0": 0, "1.0": 1, "-1.0": -1}
+
+
+def _wide_classes(rows: list) -> list | None:
+    """The class names of a wide image CSV, or None: a header row (`_is_header`) of two
+    cells or more whose data cells after the path are all 1 / 0 / -1 or empty (``path,cat,dog``
+    then ``a.jpg,1,0``), the form of a label matrix."""
+    if len(rows) < 2 or len(rows[0]) < 2 or not _is_header(rows):
+        return None
+    names = [c.strip() for c in rows[0][1:]]
+    if not all(names) or any(n in _WIDE_CELLS for n in names):
+        return None
+    data = [r for r in rows[1:] if r and any(c.strip() for c in r)]
+    if not data or any(c.strip() not in _WIDE_CELLS for r in data for c in r[1:]):
+        return None
+    return names
+
+
+def _read_wide(path, rows: list, names: list, classes, negatives: bool):
+    """`read_image_csv` of a wide CSV: 1 a positive, -1 a known negative (``negatives``
+    only), 0 or empty a negative of full labels or an unknown of partial ones."""
+    if len(set(names)) < len(names):
+        raise ValueError(f"{path}, line 1: a class column is named twice "
+                         f"({sorted({n for n in names if names.count(n) > 1})})")
+    classes = list(classes) if classes is not None else names
+    if set(classes) != set(names):
+        raise ValueError(f"{path}, line 1: its class columns {names[:10]} are not the classes "
+                         f"{list(classes)[:10]}")
+    order = [names.index(c) for c in classes]
+    entries: dict[str, np.ndarray] = {}
+    for lineno, row in enumerate(rows[1:], start=2):
+        if not row or not any(c.strip() for c in row):
+            continue
+        image = row[0].strip()
+        if not image:
+            raise ValueError(f"{path}, line {lineno}: empty image path")
+        if len(row) - 1 > len(names):
+            raise ValueError(f"{path}, line {lineno}: {len(row) - 1} label cells for "
+                             f"{len(names)} class columns")
+        cells = [_WIDE_CELLS[c.strip()] for c in row[1:]] + [0] * (len(names) + 1 - len(row))
+        if -1 in cells and not negatives:
+            raise ValueError(f"{path}, line {lineno}: -1 (a known negative) in labels that "
+                             f"are 1 / 0 (partial val / test labels: eval_labels=partial)")
+        values = np.asarray(cells, dtype=np.int8)[order]
+        entries[image] = values if image not in entries else np.where(values != 0, values,
+                                                                      entries[image])
+    if not entries:
+        raise ValueError(f"{path}: no image row after its header")
+    y = np.stack(list(entries.values()))
+    return list(entries), (y if negatives else y.astype(np.uint8)), classes
+
+
 def read_image_csv(path, classes: Sequence[str] | None = None, delimiter: str | None = None,
                    unknown_hint: str = "Fix the name or declare every class with class_names=",
                    negatives: bool = False):
     """Image paths and their positive class names from a CSV file.
 
     Form: one row per image, ``<path>,<name>[,<name>...]``; a cell may also hold several names
-    separated by ``;`` or ``|`` (``img.jpg,"cat;dog"``). Names may contain spaces
+    separated by ``;`` or ``|`` (``img.jpg,"cat;dog"``). Or the wide form of a label matrix:
+    a header ``path,<class>,<class>...`` and one 1 / 0 (or empty) cell per class, -1 for a
+    known negative of partial labels. Names may contain spaces
     (``traffic light``); surrounding spaces are dropped. A row with no name is an image without
     a positive. Rows that repeat a path add their names to the first (so the long form, one
     ``path,name`` row per label, works too). An optional header row is recognised by its first
@@ -90,6 +145,9 @@ def read_image_csv(path, classes: Sequence[str] | None = None, delimiter: str | 
         raise ValueError(f"{path}: not a UTF-8 text file ({err})") from None
     except csv.Error as err:
         raise ValueError(f"{path}: not a readable CSV file ({err})") from None
+    wide = _wide_classes(rows) if rows and rows[0] else None
+    if wide is not None:  # path,cat,dog then a.jpg,1,0: one 0 / 1 column per class
+        return _read_wide(path, rows, wide, classes, negatives)
     entries: dict[str, list] = {}
     first_line: dict[str, int] = {}
     start = 1 if rows and rows[0] and _is_header(rows) else 0

@@ -71,15 +71,23 @@ def scan_class_folders(root, classes: Sequence[str] | None = None):
                          f"training classes ({', '.join(classes[:10])}"
                          f"{', ...' if len(classes) > 10 else ''})")
     rel, label, ignored, empty = [], [], 0, []
+    first_ignored = None
     for cls in subdirs:
-        found = []
-        for dirpath, dirnames, filenames in os.walk(root / cls):
+        found, seen = [], set()
+        # linked subfolders are followed as a linked class folder is; each real folder once
+        for dirpath, dirnames, filenames in os.walk(root / cls, followlinks=True):
+            real = os.path.realpath(dirpath)
+            if real in seen:  # a link back up the tree: walked already
+                dirnames[:] = []
+                continue
+            seen.add(real)
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for f in filenames:
                 if is_image_name(f):
                     found.append(os.path.relpath(os.path.join(dirpath, f), root))
                 elif not f.startswith("."):
                     ignored += 1
+                    first_ignored = first_ignored or os.path.join(dirpath, f)
         found.sort()
         if not found:
             empty.append(cls)
@@ -96,6 +104,10 @@ def scan_class_folders(root, classes: Sequence[str] | None = None):
     if loose:
         warnings.warn(f"{root}: {len(loose)} image(s) lie directly in the folder, outside any "
                       f"class folder, and are ignored (first: {loose[0]})", stacklevel=3)
+    if ignored:
+        warnings.warn(f"{root}: {ignored} file(s) in the class folders are not read: their "
+                      f"names do not end in an image suffix ({', '.join(IMAGE_SUFFIXES)}); "
+                      f"first: {first_ignored}", stacklevel=3)
     return rel, np.asarray(label, dtype=np.int64), classes, ignored
 
 
@@ -103,6 +115,12 @@ def _one_hot(label: np.ndarray, num_classes: int) -> np.ndarray:
     y = np.zeros((len(label), num_classes), dtype=np.uint8)
     y[np.arange(len(label)), label] = 1
     return y
+
+
+def default_train_labels(test_csv) -> str:
+    """The folder source's ``train_labels`` when none is given: a tree of tagged images is
+    observed labels when full ones exist elsewhere (a ``test_csv``), else its labels."""
+    return "observed" if test_csv is not None else "full"
 
 
 @register("folder", "your own images, one subfolder per class: each image's folder is its single "
@@ -170,8 +188,8 @@ def load_folder(root: str | os.PathLike, test_root: str | os.PathLike | None = N
     from .csv_images import read_image_csv
 
     root = Path(root)
-    if train_labels is None:  # a tree of tagged images is observed labels when full ones exist
-        train_labels = "observed" if test_csv is not None else "full"
+    if train_labels is None:
+        train_labels = default_train_labels(test_csv)
     observed = check_train_labels(train_labels, f"dataset {name!r}") == "observed"
     rel, label, classes, ignored = scan_class_folders(root)
     y = _one_hot(label, len(classes))

@@ -103,6 +103,7 @@ def image_dataset(name: str, pool: tuple, test: tuple, classes, *, skip_missing:
     if observed is not None:
         observed = np.asarray(observed)
         pool = (*pool[:2], (observed == 1).astype(np.uint8))
+    _warn_shared_images(name, pool[0], {"test": test, "val": val})
     pool_set, kept, pool_info = image_set(name, "pool", *pool, classes, skip_missing,
                                           skip_corrupt, observed if observed is not None
                                           else pool_observed)
@@ -119,6 +120,22 @@ def image_dataset(name: str, pool: tuple, test: tuple, classes, *, skip_missing:
         meta["official_split"] = False
     return Dataset(name, pool_set, test_set, pool_observed=None if observed is not None else kept,
                    meta=meta, observed=kept if observed is not None else None, val=val_set)
+
+
+def _warn_shared_images(name: str, pool_paths, others: dict) -> None:
+    """Warn when a test or val image is also a training image (the same file path): its score
+    measures what the model memorised (a test CSV that lists images of the training tree)."""
+    import warnings
+
+    train = {os.path.normpath(os.fspath(p)) for p in pool_paths}
+    for what, part in others.items():
+        if part is None:
+            continue
+        shared = [p for p in part[0] if os.path.normpath(os.fspath(p)) in train]
+        if shared:
+            warnings.warn(f"{name}: {len(shared)} of the {len(part[0])} {what} images are also "
+                          f"training images (first: {shared[0]}); their {what} scores measure "
+                          f"what the model saw in training: list other images", stacklevel=3)
 
 
 def join_paths(base: Path, rel: Sequence[str]) -> list[str]:

@@ -35,8 +35,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 #: File name endings treated as images when a folder is scanned (compared in lower case).
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm",
-                  ".pgm", ".pbm")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".jfif", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff",
+                  ".ppm", ".pgm", ".pbm")
 
 def _decode_errors() -> tuple:
     """Everything PIL raises on a file it cannot decode: ``UnidentifiedImageError`` and
@@ -126,11 +126,13 @@ def _to_rgb(img, background):
         base = Image.new("RGBA", rgba.size, tuple(background) + (255,))
         return Image.alpha_composite(base, rgba).convert("RGB")
     if img.mode in ("I;16", "I;16B", "I;16L", "I"):
-        # 16/32-bit grayscale: scale to 8 bits instead of clipping at 255.
-        arr = np.asarray(img, dtype=np.float64)
-        top = arr.max() if arr.size else 0.0
-        arr = arr / (65535.0 if top > 255 else 255.0) * 255.0
-        return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), "L").convert("RGB")
+        # 16-bit grayscale (PIL opens a 16-bit PNG as "I;16" or "I"): its full range, 0 ..
+        # 65535, to 8 bits, the same scale for every image (as torchvision's and OpenCV's
+        # 16 -> 8 bit conversions), never by the image's own maximum: the brightness of two
+        # images compares. 32-bit values beyond 65535 are clipped.
+        arr = np.asarray(img, dtype=np.float64) * (255.0 / 65535.0)
+        return Image.fromarray(np.clip(np.rint(arr), 0, 255).astype(np.uint8), "L") \
+            .convert("RGB")
     return img.convert("RGB")
 
 

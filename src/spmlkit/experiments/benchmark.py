@@ -174,8 +174,13 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
         ValueError: an invalid argument (the study spec's message), or another launch is
             running ``out``.
     """
+    from ..data.folder import default_train_labels
     from .study import SPEC_FILE, load_study, run_study
 
+    if dataset == "folder" and "train_labels" not in (dataset_options or {}) and \
+            default_train_labels((dataset_options or {}).get("test_csv")) == "observed":
+        # the source's own default, said out loud: the regimes and references follow it
+        dataset_options = {**(dataset_options or {}), "train_labels": "observed"}
     grid = dict(grid or {})
     if "weight_decay" not in grid and own_data(dataset, dataset_options):
         grid["weight_decay"] = OWN_DATA_WEIGHT_DECAYS
