@@ -706,3 +706,32 @@ def test_16_bit_images_keep_one_scale(tmp_path):
         Image.fromarray(arr).save(tmp_path / f"g{top}.png")  # uint16: a 16-bit PNG
         out[top] = int(np.asarray(open_image(tmp_path / f"g{top}.png")).max())
     assert out == {255: 1, 256: 1, 65535: 255}
+
+
+def test_a_tag_csv_read_as_full_labels_says_what_it_looks_like(tmp_path):
+    """A CSV of at most one tag per image (some none), read with the default
+    train_labels=full, trained the unnamed classes as absent without a hint."""
+    import warnings
+
+    names = ["cat", "dog", "fox"]
+    _pngs(tmp_path / "img", [f"{i}.png" for i in range(12)])
+    rows = [f"img/{i}.png,{names[i % 3] if i % 4 else ''}" for i in range(12)]
+    (tmp_path / "tags.csv").write_text("path,labels\n" + "\n".join(rows) + "\n")
+    with pytest.warns(UserWarning, match=r"tags.csv: every row names at most one class and 3 "
+                                         r"name none.*train_labels=observed"):
+        load_dataset("csv", path=str(tmp_path / "tags.csv"))
+    full = [f"img/{i}.png,{names[i % 3]};{names[(i + 1) % 3]}" for i in range(12)]
+    (tmp_path / "full.csv").write_text("path,labels\n" + "\n".join(full) + "\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_dataset("csv", path=str(tmp_path / "full.csv"))
+
+
+def test_skipped_images_are_named_not_only_the_first():
+    from spmlkit.data.image_files import ImageCheck, warn_skipped
+
+    corrupt = [f"/x/{i}.jpg" for i in range(7)]
+    with pytest.warns(UserWarning, match=r"skipped 7 item\(s\): 7 with an unreadable image: "
+                                         r"/x/0.jpg, /x/1.jpg, /x/2.jpg, /x/3.jpg, /x/4.jpg, "
+                                         r"and 2 more"):
+        warn_skipped(ImageCheck(np.arange(0), [], corrupt), "folder pool")

@@ -497,3 +497,18 @@ def test_image_modes_score_partial_test_labels_masked(tagged, capsys):
                          eval_labels="partial")
     assert final["test_map"] == pytest.approx(split_map(saved["probs_test"], splits.test.y))
     assert np.isfinite(final["trivial_test_map"])
+
+
+def test_predict_takes_a_csv_listing_image_paths(tagged, capsys):
+    """An image run refused a CSV of image paths ("not from feature files"): the csv source's
+    own form, paths relative to the CSV's folder, is read for its paths."""
+    root, _ = tagged
+    assert main(_finetune(root)) == 0
+    (run,) = (root / "runs").iterdir()
+    capsys.readouterr()
+    assert main(["predict", str(run), str(root / "test.csv"), "--format", "json"]) == 0
+    listed = [r["item"] for r in json.loads(capsys.readouterr().out)["predictions"]]
+    assert listed == [str((root / "test" / f"img{i:03d}.png").resolve()) for i in range(16)]
+    assert main(["predict", str(run), str(root / "test" / "img000.png"),
+                 str(root / "x.npy")]) == 2
+    assert "(files, folders, or a CSV listing image paths)" in capsys.readouterr().err

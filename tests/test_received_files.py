@@ -157,3 +157,15 @@ def test_a_damaged_sklearn_reference_names_its_file(tmp_path, capsys):
         capsys.readouterr()
         assert main(["study", "table", str(out)]) == 2
         assert "sklearn-reference.json: not the JSON spml wrote" in capsys.readouterr().err
+
+
+def test_a_report_reads_past_odd_launch_lines(tmp_path, capsys):
+    """launches.jsonl lines whose versions or argv are not what spml wrote stopped the
+    report with a traceback."""
+    out = tmp_path / "study"
+    assert main(["study", "run", "smoke", "--out", str(out), "--jobs", "1", "--quiet",
+                 "--set", "epochs=1", "methods=[an]"]) == 0
+    with open(out / "launches.jsonl", "a") as fh:
+        fh.write('{"versions": [1, 2], "argv": 5}\n')
+    assert main(["report", str(out), "--out", str(tmp_path / "r.html")]) == 0
+    assert "5" in (tmp_path / "r.html").read_text()

@@ -142,6 +142,21 @@ def folder_images(folder) -> list[str]:
                   and is_image_name(p.name))
 
 
+def _image_lists(inputs, lists) -> list[str]:
+    """``inputs`` with each CSV of ``lists`` replaced by the image paths it lists (its first
+    column, relative to its folder: the `csv` source's form; its labels are not read)."""
+    from .data.csv_images import read_image_csv
+    from .data.image_common import join_paths
+
+    out = []
+    for raw in inputs:
+        if raw in lists:
+            out += join_paths(Path(raw).parent.resolve(), read_image_csv(raw)[0])
+        else:
+            out.append(raw)
+    return out
+
+
 def _expand_images(inputs) -> list[str]:
     out = []
     for raw in inputs:
@@ -348,7 +363,7 @@ def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
         raise ValueError(f"{Path(run) / THRESHOLDS_FILE} has {len(thresholds)} per-class "
                          f"thresholds for {num_classes} classes")
     features = [i for i in inputs if i.lower().endswith(FEATURE_SUFFIXES) or table_kind(i)]
-    if features and len(features) != len(inputs):
+    if info["inputs"] == "features" and features and len(features) != len(inputs):
         raise ValueError("give either feature files (.npy/.npz) or tables (.csv/.parquet), or "
                          "images, not both")
     if info["inputs"] == "features":
@@ -379,12 +394,14 @@ def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
         with torch.no_grad():
             probs = torch.sigmoid(model(x)).numpy()
     else:
-        if features:
-            raise ValueError(f"this is a {info['mode']} run: it predicts from images (files "
-                             f"or folders), not from feature files")
+        lists = [f for f in features if Path(f).suffix.lower() in (".csv", ".tsv")]
+        if len(lists) != len(features):
+            raise ValueError(f"this is a {info['mode']} run: it predicts from images (files, "
+                             f"folders, or a CSV listing image paths), not from feature files "
+                             f"or tables ({[f for f in features if f not in lists][0]})")
         from .data.transforms import eval_transform
 
-        items, skipped = _readable(_expand_images(inputs), skip_corrupt)
+        items, skipped = _readable(_expand_images(_image_lists(inputs, lists)), skip_corrupt)
         size, mean, std = info["image_size"], info["mean"], info["std"]
         cfg = TrainConfig(epochs=1, device=device, eval_batch_size=batch_size,
                           num_workers=num_workers, image_size=size)

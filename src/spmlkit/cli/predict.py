@@ -49,7 +49,8 @@ def register(sub) -> None:
     p.add_argument("inputs", nargs="+", metavar="INPUTS",
                    help="linear runs: .npy/.npz feature files (runs of the tabular source: "
                         ".csv/.parquet tables too, feature columns by name); fine-tuned runs (and "
-                        "linear runs on --backbone features): image files or folders")
+                        "linear runs on --backbone features): image files or folders, or a "
+                        ".csv listing image paths (the csv source's form; its labels unread)")
     p.add_argument("--threshold", default=None,
                    help="global (maximises val micro-F1, default), per-class (each class's "
                         "val-F1 maximiser) or a probability, e.g. 0.5")

@@ -266,6 +266,15 @@ def load_csv_images(path: str | os.PathLike, test_path: str | os.PathLike | None
     base = Path(image_root) if image_root is not None else path.parent
     paths = join_paths(base.resolve(), rel)
     meta = {"source": "csv", "path": str(path), "image_root": str(base)}
+    per_row = y.sum(axis=1)
+    if not observed and len(classes) > 2 and per_row.max() <= 1 and (per_row == 0).any():
+        import warnings
+
+        warnings.warn(f"{path}: every row names at most one class and {int((per_row == 0).sum())} "
+                      f"name none: if these are tags (one known label per image, the others "
+                      f"unknown), pass train_labels=observed; read as full labels (the default), "
+                      f"every class a row does not name is trained and scored as absent",
+                      stacklevel=2)
     if observed:
         meta["observed_from"] = str(path)
         if test_path is None:

@@ -256,16 +256,21 @@ def check_images(paths: Sequence[str], *, skip_missing: bool = False,
     return ImageCheck(keep.astype(np.int64), missing, corrupt)
 
 
+def _named(paths, shown: int = 5) -> str:
+    """The first ``shown`` of ``paths``, and how many more there are."""
+    more = f", and {len(paths) - shown} more" if len(paths) > shown else ""
+    return ", ".join(map(str, paths[:shown])) + more
+
+
 def warn_skipped(check: ImageCheck, where: str) -> None:
-    """One warning that says how many items were dropped and names the first of them."""
+    """One warning that says how many items were dropped and names them (the first five)."""
     if not check.skipped:
         return
     parts = []
     if check.missing:
-        parts.append(f"{len(check.missing)} with a missing image (first: {check.missing[0]})")
+        parts.append(f"{len(check.missing)} with a missing image: {_named(check.missing)}")
     if check.corrupt:
-        parts.append(f"{len(check.corrupt)} with an unreadable image (first: "
-                     f"{check.corrupt[0]})")
+        parts.append(f"{len(check.corrupt)} with an unreadable image: {_named(check.corrupt)}")
     warnings.warn(f"{where}: skipped {check.skipped} item(s): {'; '.join(parts)}",
                   stacklevel=3)
 

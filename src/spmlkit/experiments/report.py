@@ -364,7 +364,9 @@ def _command(argv, cwd=None) -> str:
     a file), after ``cd CWD &&`` when the launch recorded its folder (relative paths)."""
     if isinstance(argv, str):
         return argv
-    argv = [str(a) for a in argv or []]
+    if not isinstance(argv, (list, tuple)):  # a launches.jsonl line edited or damaged
+        return repr(argv)
+    argv = [str(a) for a in argv]
     if argv and (Path(argv[0]).name == "spml" or Path(argv[0]).parts[-2:] == ("spmlkit",
                                                                                 "__main__.py")):
         argv[0] = "spml"
@@ -407,7 +409,10 @@ def _versions(study: StudyFolder) -> dict:
     """Package -> the versions seen across launches (in launch order)."""
     seen: dict = {}
     for launch in study.read_launches():
-        for pkg, v in (launch.get("versions") or {}).items():
+        versions = launch.get("versions")
+        if not isinstance(versions, dict):  # an edited or damaged line: nothing to read
+            continue
+        for pkg, v in versions.items():
             values = seen.setdefault(str(pkg), [])
             if str(v) not in values:
                 values.append(str(v))
