@@ -323,3 +323,19 @@ def test_a_renamed_dataset_and_a_class_names_file_are_recorded_for_the_resume(tm
     (run / "final.json").unlink()  # as if stopped: the resume loads the data again
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--resume", str(run), "--quiet"]) == 0
+
+
+def test_a_full_image_bar_says_the_scoring_passes_run():
+    """The image modes' bar sat at 100 % for the train / val / test passes (20 s and more)
+    without a word: after the last epoch it says they run."""
+    from types import SimpleNamespace
+
+    from spmlkit.cli.train import _epoch_bar
+
+    bar, show = _epoch_bar(SimpleNamespace(quiet=False, verbose=False), 2, "x", batches=True)
+    show.batch(8, 8)
+    show({"train_loss": 0.5, "val_map": 50.0})
+    assert "scoring" not in bar.postfix
+    show({"train_loss": 0.4, "val_map": 51.0})
+    assert "scoring the train, val and test images" in bar.postfix
+    bar.close()

@@ -323,6 +323,8 @@ def _epoch_bar(args, total, desc: str, batches: bool = False):
             bar.write(f"epoch {rec.get('epoch', epochs[0])}: "
                       + ", ".join(f"{key} {value}" for key, value in shown.items()
                                   if key != "epoch"), file=sys.stderr)
+        if batches and epochs[0] == total:  # the bar is full; the scoring passes follow
+            shown = {**shown, "now": "scoring the train, val and test images"}
         bar.set_postfix(shown)
         if not batches:
             bar.update()
