@@ -169,3 +169,18 @@ def test_a_report_reads_past_odd_launch_lines(tmp_path, capsys):
         fh.write('{"versions": [1, 2], "argv": 5}\n')
     assert main(["report", str(out), "--out", str(tmp_path / "r.html")]) == 0
     assert "5" in (tmp_path / "r.html").read_text()
+
+
+def test_a_study_export_csv_does_not_hand_a_spreadsheet_a_formula(tmp_path):
+    import csv
+
+    (tmp_path / "s.yaml").write_text(
+        "name: s\ndatasets: [yeast]\nmethods: [{label: '=HYPERLINK(\"http://x\",\"y\")', "
+        "spec: an}]\nseeds: 1\nepochs: 1\ngrid: {batch_size: [16], lr: [1.0e-2]}\n")
+    out = tmp_path / "study"
+    assert main(["study", "run", str(tmp_path / "s.yaml"), "--out", str(out), "--jobs", "1",
+                 "--quiet"]) == 0
+    assert main(["study", "export", str(out), "--format", "csv", "--output",
+                 str(tmp_path / "rows.csv")]) == 0
+    (row,) = list(csv.DictReader((tmp_path / "rows.csv").open()))
+    assert row["method"] == "'=HYPERLINK(\"http://x\",\"y\")" and float(row["lr"]) == 0.01

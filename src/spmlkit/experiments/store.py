@@ -377,6 +377,15 @@ def latex_escape(text) -> str:
     return "".join(_LATEX.get(ch, ch) for ch in str(text))
 
 
+def _inert(value):
+    """A text cell a spreadsheet would run as a formula (``=HYPERLINK(...)`` in a method label
+    of a study someone sent) behind a ``'``, as spreadsheets themselves mark text; numbers and
+    other text as they are."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
+
+
 def format_rows(rows, fmt: str) -> str:
     """Run rows as text: ``csv`` (every column), ``json`` (a list of objects; ``variant``,
     ``metrics`` and ``config`` parsed), ``markdown`` / ``md`` or ``latex`` (the columns of
@@ -400,7 +409,7 @@ def format_rows(rows, fmt: str) -> str:
         writer = csv.DictWriter(buf, fieldnames=list(COLUMNS), lineterminator="\n",
                                 extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: _inert(v) for k, v in r.items()} for r in rows)
         return buf.getvalue()
     cells = [[_num(r.get(c), c) for c in BRIEF_COLUMNS] for r in rows]
     if fmt == "markdown":
