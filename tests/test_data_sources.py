@@ -651,6 +651,14 @@ def test_a_wide_image_csv_is_read_as_its_label_matrix(tmp_path):
         read_image_csv(tmp_path / "p.csv")
     (tmp_path / "n.csv").write_text("path,labels\na.jpg,cat\nb.jpg,1\n")  # names: as before
     assert read_image_csv(tmp_path / "n.csv")[2] == ["1", "cat"]
+    # one column after the path is the names form, even of 1 / 0 (classes named so)
+    (tmp_path / "one.csv").write_text("path,label\na.png,1\nb.png,0\n")
+    assert read_image_csv(tmp_path / "one.csv")[1:] == (
+        pytest.approx(np.array([[0, 1], [1, 0]])), ["0", "1"])
+    # a trailing comma, and true / false cells (a pandas bool frame written out)
+    (tmp_path / "t.csv").write_text("path,cat,dog,\na.png,1,0,\nb.png,True,False\n")
+    assert read_image_csv(tmp_path / "t.csv")[1:] == (
+        pytest.approx(np.array([[1, 0], [1, 0]])), ["cat", "dog"])
 
 
 def _pngs(folder, names, size=12, mode="RGB"):

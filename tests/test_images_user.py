@@ -509,6 +509,10 @@ def test_predict_takes_a_csv_listing_image_paths(tagged, capsys):
     assert main(["predict", str(run), str(root / "test.csv"), "--format", "json"]) == 0
     listed = [r["item"] for r in json.loads(capsys.readouterr().out)["predictions"]]
     assert listed == [str((root / "test" / f"img{i:03d}.png").resolve()) for i in range(16)]
+    # a partial test CSV in the wide form (a -1 cell) lists its paths as well
+    (root / "wide.csv").write_text("path,a,b,c\ntest/img000.png,1,-1,\ntest/img001.png,,,1\n")
+    assert main(["predict", str(run), str(root / "wide.csv"), "--format", "json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["predictions"]) == 2
     assert main(["predict", str(run), str(root / "test" / "img000.png"),
                  str(root / "x.npy")]) == 2
     assert "(files, folders, or a CSV listing image paths)" in capsys.readouterr().err

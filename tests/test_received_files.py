@@ -102,13 +102,26 @@ def test_a_checkpoint_whose_class_names_do_not_fit_is_refused(run, tmp_path, cap
     best = torch.load(folder / "best.pt", weights_only=True)
     for edit, message in (({"class_names": ["a"]}, "are not a list of 14 names"),
                           ({"class_names": ["a", "b", "c"], "num_classes": 3},
-                           "the head has 14 outputs but num_classes is 3"),
+                           "the model has 14 outputs but num_classes is 3"),
                           ({"head": "mlp"}, "not a checkpoint this spmlkit can read")):
         torch.save({**best, **edit}, folder / "best.pt")
         assert main(["predict", str(folder), str(run[1]), "--out",
                      str(tmp_path / "p.csv")]) == 2
         assert message in capsys.readouterr().err, edit
         assert not (tmp_path / "p.csv").exists()
+
+
+def test_an_mlp_heads_outputs_are_checked_against_its_class_names(tmp_path, capsys):
+    assert main(["train", "--epochs", "2", "--option", "head=mlp", "--option", "hidden=8",
+                 "--out", str(tmp_path / "runs"), "--quiet"]) == 0
+    (folder,) = (tmp_path / "runs").iterdir()
+    np.save(tmp_path / "x.npy", np.zeros((3, 103), dtype=np.float32))
+    best = torch.load(folder / "best.pt", weights_only=True)
+    torch.save({**best, "class_names": best["class_names"][:3], "num_classes": 3},
+               folder / "best.pt")
+    capsys.readouterr()
+    assert main(["predict", str(folder), str(tmp_path / "x.npy")]) == 2
+    assert "best.pt: the model has 14 outputs but num_classes is 3" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("k", [-3, 0, "x", None, True])

@@ -142,18 +142,31 @@ def folder_images(folder) -> list[str]:
                   and is_image_name(p.name))
 
 
-def _image_lists(inputs, lists) -> list[str]:
+def _image_lists(inputs, lists, source: dict | None = None) -> list[str]:
     """``inputs`` with each CSV of ``lists`` replaced by the image paths it lists (its first
-    column, relative to its folder: the `csv` source's form; its labels are not read)."""
+    column, in the `csv` source's form; its labels are not used): relative to the CSV's folder,
+    or, for the run's own training or test CSV (``source``: its dataset options), to the
+    ``image_root`` / ``test_image_root`` and with the ``delimiter`` it was read with."""
     from .data.csv_images import read_image_csv
     from .data.image_common import join_paths
 
+    source = source or {}
+
+    def same(a, b) -> bool:
+        return b is not None and Path(a).resolve() == Path(str(b)).expanduser().resolve()
+
     out = []
     for raw in inputs:
-        if raw in lists:
-            out += join_paths(Path(raw).parent.resolve(), read_image_csv(raw)[0])
-        else:
+        if raw not in lists:
             out.append(raw)
+            continue
+        root = Path(raw).parent
+        if same(raw, source.get("path")) and source.get("image_root"):
+            root = Path(source["image_root"])
+        elif same(raw, source.get("test_path")) and source.get("test_image_root"):
+            root = Path(source["test_image_root"])
+        paths = read_image_csv(raw, delimiter=source.get("delimiter"), negatives=True)[0]
+        out += join_paths(root.expanduser().resolve(), paths)
     return out
 
 
@@ -401,7 +414,8 @@ def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
                              f"or tables ({[f for f in features if f not in lists][0]})")
         from .data.transforms import eval_transform
 
-        items, skipped = _readable(_expand_images(_image_lists(inputs, lists)), skip_corrupt)
+        items, skipped = _readable(_expand_images(_image_lists(
+            inputs, lists, info["config"].get("dataset_options"))), skip_corrupt)
         size, mean, std = info["image_size"], info["mean"], info["std"]
         cfg = TrainConfig(epochs=1, device=device, eval_batch_size=batch_size,
                           num_workers=num_workers, image_size=size)

@@ -522,7 +522,7 @@ def parse_with_config(argv: list, path: str):
     where = f"--config {path}"
     try:  # YAML, and JSON (a subset of YAML); aliases that multiply it are refused
         with open(path, encoding="utf-8") as f:
-            raw = parse_yaml(f.read(), where)
+            raw = parse_yaml(f.read(), where, "a spml train config")
     except UnicodeDecodeError as err:
         raise ValueError(f"{where}: not a text file ({err.reason} at byte {err.start})") \
             from None

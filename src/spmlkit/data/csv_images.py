@@ -47,20 +47,25 @@ def _is_header(rows: list) -> bool:
 
 
 #: the cells of a wide image CSV (a header of class names, one 0 / 1 column per class)
-_WIDE_CELLS = {"": 0, "0": 0, "1": 1, "-1": -1, "0.0": 0, "1.0": 1, "-1.0": -1}
+_WIDE_CELLS = {"": 0, "0": 0, "1": 1, "-1": -1, "0.0": 0, "1.0": 1, "-1.0": -1,
+               "false": 0, "true": 1}
 
 
 def _wide_classes(rows: list) -> list | None:
-    """The class names of a wide image CSV, or None: a header row (`_is_header`) of two
-    cells or more whose data cells after the path are all 1 / 0 / -1 or empty (``path,cat,dog``
-    then ``a.jpg,1,0``), the form of a label matrix."""
-    if len(rows) < 2 or len(rows[0]) < 2 or not _is_header(rows):
+    """The class names of a wide image CSV, or None: a header row (`_is_header`) naming two
+    classes or more whose data cells after the path are all 1 / 0 / -1 / true / false or empty
+    (``path,cat,dog`` then ``a.jpg,1,0``), the form of a label matrix. One column after the
+    path is the names form (``path,label`` over ``1`` / ``0``: classes named 1 and 0)."""
+    if len(rows) < 2 or not _is_header(rows):
         return None
-    names = [c.strip() for c in rows[0][1:]]
-    if not all(names) or any(n in _WIDE_CELLS for n in names):
+    header = list(rows[0])
+    while header and not header[-1].strip():  # a trailing comma: no column
+        header.pop()
+    names = [c.strip() for c in header[1:]]
+    if len(names) < 2 or not all(names) or any(n.lower() in _WIDE_CELLS for n in names):
         return None
     data = [r for r in rows[1:] if r and any(c.strip() for c in r)]
-    if not data or any(c.strip() not in _WIDE_CELLS for r in data for c in r[1:]):
+    if not data or any(c.strip().lower() not in _WIDE_CELLS for r in data for c in r[1:]):
         return None
     return names
 
@@ -83,10 +88,12 @@ def _read_wide(path, rows: list, names: list, classes, negatives: bool):
         image = row[0].strip()
         if not image:
             raise ValueError(f"{path}, line {lineno}: empty image path")
-        if len(row) - 1 > len(names):
+        if any(c.strip() for c in row[len(names) + 1:]):
             raise ValueError(f"{path}, line {lineno}: {len(row) - 1} label cells for "
                              f"{len(names)} class columns")
-        cells = [_WIDE_CELLS[c.strip()] for c in row[1:]] + [0] * (len(names) + 1 - len(row))
+        row = row[:len(names) + 1]
+        cells = [_WIDE_CELLS[c.strip().lower()] for c in row[1:]] + \
+            [0] * (len(names) + 1 - len(row))
         if -1 in cells and not negatives:
             raise ValueError(f"{path}, line {lineno}: -1 (a known negative) in labels that "
                              f"are 1 / 0 (partial val / test labels: eval_labels=partial)")

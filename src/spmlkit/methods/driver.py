@@ -766,10 +766,17 @@ def resume_run(run_dir, *, on_epoch=None, device: str | None = None,
     _check_data_files(run.path, cfg.get("data_files"))
     from ..features import named_cache_dirs
 
-    for where in sorted(named_cache_dirs(cfg.get("dataset_options"),
-                                         {**cfg["options"], **overrides})):
-        print(f"note: resuming {run.path}: feature stores are read and written in {where} "
-              f"(a cache_dir its config.json names)", file=sys.stderr)
+    from .. import distributed as dist_utils
+
+    if dist_utils.current_context(train.get("device", "cpu")).is_main and \
+            (cfg["options"].get("progress", True) or overrides.get("progress")):
+        named = named_cache_dirs(cfg.get("dataset_options"), cfg["options"])
+        given = named_cache_dirs(None, overrides)
+        for where in sorted(named | given):
+            why = "the --cache-dir given" if where in given else \
+                "a cache_dir its config.json names"
+            print(f"note: resuming {run.path}: feature stores are read and written in {where} "
+                  f"({why})", file=sys.stderr)
     if splits is None:
         splits = load_splits(cfg.get("source", cfg["dataset"]), cfg["regime"],
                              **(cfg.get("dataset_options") or {}))
@@ -812,6 +819,22 @@ def _run_decoder(path, cfg: dict, device=None):
     return dataclasses.replace(accel, **wanted)
 
 
+def _head_outputs(model, info: dict) -> int | None:
+    """How many outputs ``model`` gives: one forward pass of a zero row for a head on feature
+    vectors, the head's weight rows for an image model with a linear ``head``; None when it
+    cannot be told cheaply."""
+    width = info.get("in_features")
+    if info.get("inputs") == "features" and isinstance(width, int) and width > 0:
+        try:
+            with torch.no_grad():
+                return int(model.eval()(torch.zeros(1, width)).shape[-1])
+        except (RuntimeError, ValueError, TypeError):
+            return None
+    weight = getattr(getattr(model, "head", None), "weight", None)
+    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.ndim == 2 \
+        else None
+
+
 def _short(value, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
@@ -843,9 +866,9 @@ def load_run_model(run, device: str = "cpu") -> tuple[torch.nn.Module, dict]:
         raise ValueError(f"{where}: not a checkpoint this spmlkit can read ({type(err).__name__}: "
                          f"{str(err)[:200]}); the file is damaged or was edited, or was written "
                          f"by another version: train the run again") from None
-    out = getattr(model, "weight", None)  # a linear head: one output per class
-    if isinstance(out, torch.Tensor) and out.ndim == 2 and out.shape[0] != count:
-        raise ValueError(f"{where}: the head has {out.shape[0]} outputs but num_classes is "
+    outputs = _head_outputs(model, info)
+    if outputs is not None and outputs != count:
+        raise ValueError(f"{where}: the model has {outputs} outputs but num_classes is "
                          f"{count}: the file is damaged or was edited; train the run again")
     bad = [name for name, t in model.state_dict().items()
            if t.is_floating_point() and not bool(torch.isfinite(t).all())]

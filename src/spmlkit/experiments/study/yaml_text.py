@@ -40,14 +40,14 @@ _Loader.add_implicit_resolver(
 MAX_SPEC_VALUES = 1_000_000
 
 
-def _check_size(value, where: str) -> None:
+def _check_size(value, where: str, what: str = "a study spec") -> None:
     count, stack = 0, [value]
     while stack:
         item = stack.pop()
         count += 1
         if count > MAX_SPEC_VALUES:
             raise ValueError(f"{where}: holds more than {MAX_SPEC_VALUES} values (aliases "
-                             f"counted each time they are used); not a study spec")
+                             f"counted each time they are used); not {what}")
         if isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
@@ -77,14 +77,15 @@ def read_spec_text(path) -> str:
     return text
 
 
-def parse_yaml(text: str, where: str = "<text>"):
-    """YAML ``text`` (with ``1e-3`` as a number); ``ValueError`` naming ``where`` and the line."""
+def parse_yaml(text: str, where: str = "<text>", what: str = "a study spec"):
+    """YAML ``text`` (with ``1e-3`` as a number; a key given twice refused); ``ValueError``
+    naming ``where`` and the line; ``what`` the text is meant to be, for the messages."""
     try:
         value = yaml.load(text, Loader=_Loader)
-        _check_size(value, where)
+        _check_size(value, where, what)
         return value
     except RecursionError:
-        raise ValueError(f"{where}: nested too deeply to be a study spec") from None
+        raise ValueError(f"{where}: nested too deeply to be {what}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f", line {mark.line + 1}" if mark is not None else ""
