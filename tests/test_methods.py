@@ -275,6 +275,7 @@ def test_a_method_option_of_the_wrong_kind_is_refused_before_a_run_folder(data, 
         {"hidden": np.int64(128), "save_train_probs": np.bool_(True)})["hidden"] == 128
     with pytest.raises(ValueError, match="expected a word"):
         get_method("linear").check_options({"head": np.float64(2.0)})
+    assert get_method("smile").check_options({"gamma": np.float32(0.5)})["gamma"] == 0.5
     with pytest.raises(ValueError, match="neighbours=4.0: expected an integer"):
         get_method("smile").check_options({"neighbours": 4.0})
     assert main(["train", "--mode", "linear_init", "--option", "linear_epochs=abc",

@@ -218,10 +218,10 @@ def test_a_study_with_sklearn_reference_has_its_rows_in_the_table(tmp_path, caps
         if has:
             assert float(ours[0]["test_map"]) == refs[0]["test_map"] and ours[0]["run_id"] == ""
     (out / "sklearn-reference.json").write_text("{")  # a damaged file is named
-    from spmlkit.experiments.reference import study_rows
+    from spmlkit.experiments.reference import reference_rows
 
     with pytest.raises(ValueError, match="sklearn-reference.json: not the JSON"):
-        study_rows(out)
+        reference_rows(out)
     for bad, match in (({"sklearn_reference": "yes"}, "true or false"),
                        ({"sklearn_reference": True, "mode": "finetune"}, "mode linear")):
         with pytest.raises(ValueError, match=match):

@@ -17,7 +17,7 @@ def _study_table(out, fmt: str = "markdown", metric: str = "test_map",
     `spmlkit.metrics.METRICS` (its test value, the grid point selected on its val value
     with its direction, unless ``select`` names another), or several such names separated by
     commas (one column each; selection on ``select``, default the spec's ``metric``)."""
-    from ..experiments.reference import study_rows
+    from ..experiments.reference import reference_rows
     from ..experiments.store import select_best
     from ..experiments.study import open_study
     from ..experiments.tables import metric_column, metrics_table, study_table
@@ -48,7 +48,7 @@ def _study_table(out, fmt: str = "markdown", metric: str = "test_map",
     if select:
         raise ValueError("--select needs --metric to name metrics of spml list metrics "
                          f"({', '.join(METRICS)}), not {metric!r}")
-    return study_table(study.selected + study_rows(study.path, metric), fmt, metric,
+    return study_table(study.selected + reference_rows(study.path, metric), fmt, metric,
                        columns=columns, title=study.title, order=order, labels=labels)
 
 

@@ -173,7 +173,7 @@ def table_rows(records) -> list:
 ROW_METRICS = ("test_map", "val_map", "train_recovery_map")
 
 
-def study_rows(folder, metric: str = "test_map") -> list:
+def reference_rows(folder, metric: str = "test_map") -> list:
     """The scikit-learn rows of the study or benchmark folder ``folder`` (its
     ``sklearn-reference.json``, written with ``sklearn_reference: true`` / by ``spml
     benchmark``) as selected study rows (`table_rows`); ``[]`` without the file or for a

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from ..runs import METRICS_FILE, read_metrics, write_output
 from . import figures as fg
-from .reference import study_rows
+from .reference import reference_rows
 from .study import StudyFolder, failure_groups, open_study
 from .tables import row_variant
 
@@ -486,7 +486,7 @@ def render_html(study: StudyFolder, figures=()) -> str:
     for metric, title in TABLE_METRICS:
         if study.selected and any(_good(r.get(metric)) for r in study.selected):
             add(f'<h3 id="table-{metric}">{_esc(title)}</h3>')
-            add(_main_table(study.selected + study_rows(study.path, metric), metric, title,
+            add(_main_table(study.selected + reference_rows(study.path, metric), metric, title,
                             _method_order(study), study.spec.row_labels(), pivot_axis(study),
                             len(study.spec.datasets)))
     classic = classic_columns(study) if study.selected else []

@@ -104,6 +104,7 @@ ignored, so it is refused.
 from __future__ import annotations
 
 import math
+import numbers
 import time
 
 import numpy as np
@@ -467,7 +468,7 @@ def resolve_hparams(options: dict, dataset: str | None) -> dict:
     out["bias"] = bool(out["bias"])
     for key in ("p", "mu", "rate", "gamma", "delta", "temperature"):
         value = out[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
             raise ValueError(f"smile option {key} must be a number, got {value!r}")
         out[key] = float(value)
     for key in ("p", "mu"):

@@ -157,9 +157,9 @@ class StudyFolder:
             raise ValueError("selected rows are chosen among the current spec's runs: ask for "
                              "the selected rows or for every stored row, not both")
         if selected:
-            from ..reference import study_rows
+            from ..reference import reference_rows
 
-            rows = self.selected + study_rows(self.path)
+            rows = self.selected + reference_rows(self.path)
         elif include_stale:
             rows = sorted(self.rows + self.stale, key=lambda r: r["run_id"])
         else:
