@@ -120,9 +120,9 @@ def _partial_or_full(y):
     if is_partial(y):
         return y
     arr = np.asarray(label_values(y))
-    if arr.ndim == 2 and arr.dtype.kind in "iuf" and ((arr == -1).any() or np.isnan(
-            arr.astype(np.float64)).any()):
-        return partial_labels(arr)
+    if arr.ndim == 2 and arr.dtype.kind in "iuf" and (
+            (arr == -1).any() or (arr.dtype.kind == "f" and np.isnan(arr).any())):
+        return partial_labels(arr)  # (no float copy of an integer matrix to look for NaN)
     return arr
 
 

@@ -118,7 +118,7 @@ def check_array_file(path) -> None:
                     if fh.read(6) != b"\x93NUMPY":
                         raise ValueError(f"{path}: member {info.filename!r} is not a .npy "
                                          f"array; an .npz of spmlkit holds arrays only")
-                with zf.open(info) as fh:
+                    fh.seek(0)
                     _check_npy_header(fh, info.file_size, f"{path}, array {name!r}")
     except (zipfile.BadZipFile, OSError, EOFError) as err:
         raise ValueError(f"{path}: not a readable .npz file ({err})") from None
