@@ -16,7 +16,7 @@ s = load_splits("yeast")
 print("torch default threads:", torch.get_num_threads(), flush=True)
 res = {}
 for n in (1, None) * 3:
-    clf = SPMLClassifier(loss="an", epochs=25, lr=1e-3, n_threads=n)
+    clf = SPMLClassifier(solver="adam", loss="an", epochs=25, lr=1e-3, n_threads=n)
     t0 = time.perf_counter()
     clf.fit(s.train.x, s.observed)
     dt = time.perf_counter() - t0

@@ -144,7 +144,7 @@ def test_bad_inputs_name_the_problem():
 def test_estimator_sklearn_style():
     x, y = toy(n=200)
     z = make_observed(y, "1p")
-    clf = SPMLClassifier(loss="an", epochs=4, lr=1e-2)
+    clf = SPMLClassifier(solver="adam", loss="an", epochs=4, lr=1e-2)
     assert clf.get_params()["loss"] == "an"
     with pytest.raises(NotFittedError, match="not fitted"):
         clf.predict_proba(x)
@@ -160,7 +160,7 @@ def test_estimator_sklearn_style():
     with pytest.raises(ValueError, match="Invalid parameter 'nope'"):
         clf.set_params(nope=1)
     # the k default is the mean number of observed positives per row
-    clf2 = SPMLClassifier(loss="epr", epochs=1).fit(x, z)
+    clf2 = SPMLClassifier(solver="adam", loss="epr", epochs=1).fit(x, z)
     assert clf2.loss_.k == pytest.approx(1.0)
 
 

@@ -40,19 +40,19 @@ def test_fit_and_predict_run_with_n_threads_and_restore_the_setting(two_threads,
     monkeypatch.setattr(estimator_module, "fit_linear", fit)
     monkeypatch.setattr(estimator_module, "predict_logits", predict)
     x, y = _toy()
-    clf = SPMLClassifier(epochs=1, lr=1e-2)
+    clf = SPMLClassifier(solver="adam", epochs=1, lr=1e-2)
     assert clf.get_params()["n_threads"] == 1          # the CLI's default (--threads 1)
     clf.fit(x, make_observed(y, "1p")).predict_proba(x)
     assert seen == [("fit", 1), ("predict", 1)]
     assert torch.get_num_threads() == 2                 # the caller's setting is back
     seen.clear()
-    SPMLClassifier(epochs=1, lr=1e-2, n_threads=None).fit(x, make_observed(y, "1p"))
+    SPMLClassifier(solver="adam", epochs=1, lr=1e-2, n_threads=None).fit(x, make_observed(y, "1p"))
     assert seen == [("fit", 2)]                          # None: torch's own setting
 
 
 def test_n_threads_is_checked_and_settable(two_threads):
     x, y = _toy()
-    clf = SPMLClassifier(epochs=1).set_params(n_threads=0)
+    clf = SPMLClassifier(solver="adam", epochs=1).set_params(n_threads=0)
     with pytest.raises(ValueError, match="n_threads must be a whole number >= 1 or None, got 0"):
         clf.fit(x, make_observed(y, "1p"))
     assert torch.get_num_threads() == 2
@@ -72,7 +72,7 @@ from sklearn.utils import get_tags  # noqa: E402
 from spmlkit.estimator import validation_scorer  # noqa: E402
 from spmlkit.metrics import map_score, ranking_loss  # noqa: E402
 
-FAST = dict(epochs=3, batch_size=16, lr=1e-2)
+FAST = dict(solver="adam", epochs=3, batch_size=16, lr=1e-2)
 
 
 def _single_positive(y, seed=0):
@@ -82,12 +82,12 @@ def _single_positive(y, seed=0):
 
 
 def test_is_a_multilabel_classifier_with_params_repr_and_clone():
-    clf = SPMLClassifier(loss="epr", epochs=2)
+    clf = SPMLClassifier(solver="adam", loss="epr", epochs=2)
     assert is_classifier(clf)
     tags = get_tags(clf)
     assert tags.classifier_tags.multi_label and tags.target_tags.multi_output
     assert tags.input_tags.sparse and not tags.input_tags.allow_nan
-    assert repr(clf) == "SPMLClassifier(epochs=2, loss='epr')"
+    assert repr(clf) == "SPMLClassifier(epochs=2, loss='epr', solver='adam')"
     x, y = _toy()
     clf.fit(x, _single_positive(y)[1])
     twin = clone(clf)
@@ -297,7 +297,7 @@ def test_partial_evaluation_labels_are_scored_over_their_known_entries():
     with pytest.raises(ValueError, match="partial_labels"):
         clf.score(x[100:], partial[100:])
     # partial val labels select the epoch on their masked mAP
-    sel = SPMLClassifier(epochs=4, batch_size=16, lr=1e-2).fit(
+    sel = SPMLClassifier(solver="adam", epochs=4, batch_size=16, lr=1e-2).fit(
         x[:100], z[:100], X_val=x[100:], Y_val=wrapped)
     best = sel.fit_.history[sel.fit_.best_epoch - 1]["val_map"]
     assert sel.score(x[100:], wrapped) == pytest.approx(best, abs=1e-6)
@@ -349,7 +349,7 @@ def test_yeast_grid_search_with_validation_scorer_selects_what_a_hand_loop_selec
     x, y = yeast["x"], yeast["y"]
     scorer = validation_scorer(yeast["x_val"], yeast["y_val"], classes=yeast["classes"])
     pipe = make_pipeline(StandardScaler(),
-                         SPMLClassifier(standardize=False, epochs=3, batch_size=64))
+                         SPMLClassifier(solver="adam", standardize=False, epochs=3, batch_size=64))
     grid = {"spmlclassifier__loss": ["an", "epr"], "spmlclassifier__lr": [1e-4, 1e-2]}
     cv = StratifiedKFold(3, shuffle=True, random_state=0)
     search = GridSearchCV(pipe, grid, scoring=scorer, cv=cv, error_score="raise").fit(x, y)
@@ -378,7 +378,7 @@ def test_yeast_cross_val_score_and_the_standardize_parameter(yeast):
     x, y = yeast["x"], yeast["y"]
     scorer = validation_scorer(yeast["x_val"], yeast["y_val"], classes=yeast["classes"])
     cv = StratifiedKFold(3, shuffle=True, random_state=0)
-    est = dict(epochs=3, batch_size=64, lr=1e-2)
+    est = dict(solver="adam", epochs=3, batch_size=64, lr=1e-2)
     own = cross_val_score(SPMLClassifier(**est), x, y, cv=cv, scoring=scorer)
     piped = cross_val_score(make_pipeline(StandardScaler(), SPMLClassifier(standardize=False,
                                                                              **est)),
@@ -396,20 +396,21 @@ def test_weight_decay_is_a_searched_parameter_that_changes_the_head(yeast):
     """weight_decay (Adam's coupled L2 on the weights, not the bias) is a constructor
     parameter GridSearchCV searches; it shrinks the weights and changes the scores."""
     x, y = yeast["x"], yeast["y"]
-    fits = {wd: SPMLClassifier(epochs=3, batch_size=64, lr=1e-2, weight_decay=wd).fit(x, y)
+    fits = {wd: SPMLClassifier(solver="adam", epochs=3, batch_size=64, lr=1e-2,
+                               weight_decay=wd).fit(x, y)
             for wd in (0.0, 0.5)}
     norm = {wd: float(f.model_.weight.detach().norm()) for wd, f in fits.items()}
     assert norm[0.5] < 0.9 * norm[0.0]
     assert not np.allclose(fits[0.0].predict_proba(x), fits[0.5].predict_proba(x))
     scorer = validation_scorer(yeast["x_val"], yeast["y_val"], classes=yeast["classes"])
-    search = GridSearchCV(SPMLClassifier(epochs=3, batch_size=64, lr=1e-2),
+    search = GridSearchCV(SPMLClassifier(solver="adam", epochs=3, batch_size=64, lr=1e-2),
                           {"weight_decay": [0.0, 1e-2, 0.5]}, scoring=scorer, cv=2,
                           error_score="raise").fit(x, y)
     scores = search.cv_results_["mean_test_score"]
     assert len({round(s, 6) for s in scores}) == 3
     assert search.best_params_["weight_decay"] == [0.0, 1e-2, 0.5][int(np.argmax(scores))]
     with pytest.raises(ValueError, match="weight_decay must be a finite number >= 0"):
-        SPMLClassifier(weight_decay=-1.0).fit(x, y)
+        SPMLClassifier(solver="adam", weight_decay=-1.0).fit(x, y)
 
 
 def test_predict_counts_a_probability_exactly_on_the_threshold_as_a_label():
@@ -432,8 +433,8 @@ def test_pandas_nullable_labels_with_pd_na_are_unobserved():
     x = np.random.default_rng(0).normal(size=(30, 4))
     nullable = pd.DataFrame({"a": [1, pd.NA, pd.NA] * 10, "b": [pd.NA, 1, pd.NA] * 10,
                              "c": [pd.NA, pd.NA, 1] * 10}, dtype="Int64")
-    a = SPMLClassifier(epochs=1).fit(x, nullable)
-    b = SPMLClassifier(epochs=1).fit(x, nullable.astype("float64"))
+    a = SPMLClassifier(solver="adam", epochs=1).fit(x, nullable)
+    b = SPMLClassifier(solver="adam", epochs=1).fit(x, nullable.astype("float64"))
     assert list(a.classes_) == ["a", "b", "c"]
     np.testing.assert_array_equal(a.predict_proba(x), b.predict_proba(x))
 

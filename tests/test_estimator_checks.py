@@ -8,8 +8,10 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from spmlkit.estimator import SPMLClassifier, expected_failed_checks
 
-# few epochs and larger batches keep the ~60 checks fast; every code path is the default one
-CHECKED = SPMLClassifier(epochs=3, batch_size=16, lr=1e-2)
+# the default estimator (the solver); the Adam mode's checks below keep the ~60 checks fast with
+# few epochs and larger batches
+CHECKED = SPMLClassifier()
+TRAINED = SPMLClassifier(solver="adam", epochs=3, batch_size=16, lr=1e-2)
 
 
 def _strict_checks():
@@ -18,8 +20,8 @@ def _strict_checks():
     from the xfail marks it puts on them."""
     kw = {"expected_failed_checks": expected_failed_checks}
     if "xfail_strict" in inspect.signature(parametrize_with_checks).parameters:
-        return parametrize_with_checks([CHECKED], xfail_strict=True, **kw)
-    mark = parametrize_with_checks([CHECKED], **kw)
+        return parametrize_with_checks([CHECKED, TRAINED], xfail_strict=True, **kw)
+    mark = parametrize_with_checks([CHECKED, TRAINED], **kw)
     params = []
     for param in mark.args[1]:
         if hasattr(param, "marks"):  # a pytest.param: an expected failure
@@ -47,8 +49,8 @@ def test_the_array_api_check_skipped_above_passes_with_scipy_array_api():
             "from spmlkit.estimator import SPMLClassifier\n"
             "kw = {'expect_only_array_outputs': False} if 'expect_only_array_outputs' in "
             "inspect.signature(check_array_api_input).parameters else {}  # (from 1.7)\n"
-            "check_array_api_input('SPMLClassifier', SPMLClassifier(epochs=3, batch_size=16, "
-            "lr=1e-2), array_namespace='numpy', **kw)\n"
+            "check_array_api_input('SPMLClassifier', SPMLClassifier(), "
+            "array_namespace='numpy', **kw)\n"
             "print('passed')\n")
     env = {**os.environ, "SCIPY_ARRAY_API": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

@@ -44,7 +44,8 @@ def test_folds_stratify_single_positives_and_observed_matrices_for_the_estimator
     observed = np.where(np.eye(3, dtype=np.int8)[single] == 1, 1, 0)
     for _, test in MultilabelFolds(3, seed=0).split(x, observed):
         assert (observed[test] == 1).sum(0).tolist() == [10, 10, 10]
-    scores = cross_val_score(SPMLClassifier(epochs=2), x, single, cv=MultilabelFolds(3, seed=0))
+    scores = cross_val_score(SPMLClassifier(solver="adam", epochs=2), x, single,
+                             cv=MultilabelFolds(3, seed=0))
     assert len(scores) == 3 and np.isfinite(scores).all()
 
 

@@ -46,9 +46,23 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
     are ``classes_`` (``classes_[row == 1]`` are a row's predicted labels) and
     ``predict_proba`` independent per-class probabilities (rows need not sum to 1).
 
+    **Solved or trained.** By default (``solver="lbfgs"``) the head is *solved*: the whole
+    training set at once, L-BFGS to the tolerance ``tol``, with an L2 penalty on the weights
+    whose strength is scikit-learn's ``C`` (`spmlkit.engine.solve`): with ``loss="an"`` the
+    model is ``OneVsRestClassifier(LogisticRegression(C=C))``'s, with unknown labels as
+    negatives; every other smooth loss is a step beyond it at the same ``C``, and a loss whose
+    terms follow the epoch runs in ``rounds``. ``C`` may be a sequence (a regularisation path,
+    solved from the smallest C up, each solve warm-started): the value with the best val mAP on
+    ``X_val`` / ``Y_val`` is kept (``path_`` records every one). ``solver="adam"`` trains with
+    mini-batch Adam for ``epochs`` instead (the papers' protocol): then ``epochs``,
+    ``batch_size``, ``lr``, ``early_stop`` and ``weight_decay`` apply, and the solver's ``C``,
+    ``tol``, ``max_iter`` and ``rounds`` must stay at their defaults (each mode refuses the
+    other's options rather than ignore them).
+
     With ``X_val`` / ``Y_val`` (full 0/1 labels, columns in ``classes_`` order, or 1-D class
     labels, or partial ones wrapped by `spmlkit.metrics_partial.partial_labels`, scored over
-    their known entries) the best epoch by val mAP is kept; otherwise the last epoch. They
+    their known entries) the best value of the path (the best epoch with Adam) by val mAP is
+    kept; otherwise the one C (the last epoch). They
     reach this estimator as given: in a Pipeline, earlier steps do not transform them (use
     ``standardize=True`` here rather than a scaler step when you pass them).
 
@@ -56,8 +70,9 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         loss: a registered loss name (``spml list losses``).
         loss_params: the loss's hyperparameters.
         epochs, batch_size, lr, seed, early_stop: see
-            [`spmlkit.engine.TrainConfig`][spmlkit.engine.TrainConfig]; ``lr`` defaults to 1e-3, as
-            ``spml train``'s linear head (1e-4 under-trains it).
+            [`spmlkit.engine.TrainConfig`][spmlkit.engine.TrainConfig] (``solver="adam"``;
+            ``seed`` also seeds the solver's start and a loss's own draws); ``lr`` defaults to
+            1e-3, as ``spml train``'s linear head (1e-4 under-trains it).
         k: expected positives per example (EPR, ROLE); default: the mean number of observed
             positives per row of ``y`` (a lower bound; pass the real value if known).
         n_threads: torch intra-op threads while fitting and predicting (restored after), 1 by
@@ -72,28 +87,39 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
             per class; ``spml train`` picks thresholds on val, the estimator does not.
         weight_decay: L2 on the head's weights (not its bias), Adam's coupled decay
             (``TrainConfig.weight_decay``); 0 (default): none. A hyperparameter like any other:
-            ``GridSearchCV(SPMLClassifier(), {"weight_decay": [0, 1e-3, 1e-2]})``.
+            ``GridSearchCV(SPMLClassifier(solver="adam"), {"weight_decay": [0, 1e-3, 1e-2]})``.
+        solver: ``"lbfgs"`` (default: solved, see above) or ``"adam"`` (trained).
+        C: the inverse L2 strength of the solver (scikit-learn's; default 1.0), a number > 0
+            or a sequence of them (a path, selected on ``X_val`` / ``Y_val``).
+        tol, max_iter, rounds: the solver's tolerance on the largest gradient entry, its
+            iterations per solve, and the rounds of a loss whose terms follow the epoch
+            (`spmlkit.engine.solve`).
 
     Fitted attributes: ``classes_``, ``n_classes_``, ``n_features_in_``,
     ``feature_names_in_`` (DataFrame input), ``mean_`` / ``scale_`` (None without
     ``standardize``), ``model_`` (the torch head), ``loss_``, ``fit_`` (the engine's
-    `FitResult`: history, best epoch).
+    `FitResult`: history, best epoch or best position on the path), ``path_`` (the solver's
+    `spmlkit.engine.solve.PathResult`, None with Adam), ``C_`` (the C kept; None with
+    Adam) and ``n_iter_`` (the solver's L-BFGS iterations over the path, or Adam's epochs).
 
     Example:
         >>> import numpy as np
         >>> rng = np.random.default_rng(0)
         >>> X = rng.normal(size=(60, 5)).astype("float32")
         >>> y = np.where(X[:, 0] > 0, "cat", "dog")       # each row's single observed positive
-        >>> clf = SPMLClassifier(loss="an", epochs=3, lr=1e-2).fit(X, y)
-        >>> clf.classes_.tolist(), clf.predict_proba(X[:2]).shape
-        (['cat', 'dog'], (2, 2))
+        >>> clf = SPMLClassifier(loss="an", C=0.1).fit(X, y)
+        >>> clf.classes_.tolist(), clf.predict_proba(X[:2]).shape, clf.C_
+        (['cat', 'dog'], (2, 2), 0.1)
+        >>> SPMLClassifier(loss="an", solver="adam", epochs=3, lr=1e-2).fit(X, y).C_ is None
+        True
     """
 
     def __init__(self, loss: str = "an", loss_params: dict | None = None, epochs: int = 25,
                  batch_size: int = 8, lr: float = 1e-3, seed: int = 0,
                  early_stop: str = "none", k: float | None = None,
                  n_threads: int | None = 1, standardize: bool = True, threshold=0.5,
-                 weight_decay: float = 0.0):
+                 weight_decay: float = 0.0, solver: str = "lbfgs", C=1.0,
+                 tol: float = 1e-5, max_iter: int = 500, rounds: int = 5):
         self.loss = loss
         self.loss_params = loss_params
         self.epochs = epochs
@@ -106,6 +132,11 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         self.standardize = standardize
         self.threshold = threshold
         self.weight_decay = weight_decay
+        self.solver = solver
+        self.C = C
+        self.tol = tol
+        self.max_iter = max_iter
+        self.rounds = rounds
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -166,14 +197,48 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
             if len(yv) != len(xv):
                 raise ValueError(f"fit: X_val has {len(xv)} rows, Y_val {len(yv)}")
         k = self.k if self.k is not None else float((z == POSITIVE).sum(axis=1).mean())
-        config = TrainConfig(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr,
-                             seed=self.seed, early_stop=self.early_stop,
-                             weight_decay=self.weight_decay)
+        solver = self._check_solver()
         loss = create_loss(self.loss, **(self.loss_params or {}))
-        with torch_threads(self.n_threads):
-            self.model_, self.fit_ = fit_linear(x, z, loss, config, x_val=xv, y_val=yv, k=k)
+        if solver == "lbfgs":
+            from .engine.solve import solve_path
+
+            with torch_threads(self.n_threads):
+                self.model_, self.path_ = solve_path(
+                    x, z, loss, x_val=xv, y_val=yv, c=self.C, k=k, seed=self.seed,
+                    tol=self.tol, max_iter=self.max_iter, rounds=self.rounds)
+            self.model_ = self.model_.double()  # predicts in the precision it was solved in
+            self.fit_ = self.path_.fit_result()
+            self.C_ = self.path_.c
+            self.n_iter_ = max(1, sum(r.iterations for r in self.path_.records))
+        else:
+            config = TrainConfig(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr,
+                                 seed=self.seed, early_stop=self.early_stop,
+                                 weight_decay=self.weight_decay)
+            with torch_threads(self.n_threads):
+                self.model_, self.fit_ = fit_linear(x, z, loss, config, x_val=xv, y_val=yv,
+                                                    k=k)
+            self.path_ = self.C_ = None
+            self.n_iter_ = len(self.fit_.history)
         self.loss_ = loss
         return self
+
+    def _check_solver(self) -> str:
+        """The solver, its options checked: each mode refuses the other's options set away
+        from their defaults (an option that does nothing is an error, not ignored)."""
+        if self.solver not in ("lbfgs", "adam"):
+            raise ValueError(f"solver must be 'lbfgs' (solved on the whole training set) or "
+                             f"'adam' (trained in mini-batches), got {self.solver!r}")
+        other = _ADAM_ONLY if self.solver == "lbfgs" else _SOLVER_ONLY
+        changed = [f"{name}={getattr(self, name)!r}" for name, default in other.items()
+                   if not _same_value(getattr(self, name), default)]
+        if changed:
+            mode, use = ("solver='lbfgs' solves the head; it does not use",
+                         "solver='adam' to train with them") if self.solver == "lbfgs" else \
+                ("solver='adam' trains with Adam; it does not use", "solver='lbfgs' (the "
+                 "default) for the solver's options")
+            raise ValueError(f"{mode} {', '.join(changed)}: pass {use} (C sets the solver's L2 "
+                             f"strength, weight_decay Adam's)")
+        return self.solver
 
     # ---- predict ---------------------------------------------------------------------------
 
@@ -191,7 +256,10 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
                                  dtype=(np.float64, np.float32)))
         x = torch.from_numpy(self._features(X))
         with torch_threads(self.n_threads):
-            return predict_logits(self.model_, x).numpy().astype(np.float64)
+            if self.path_ is None:
+                return predict_logits(self.model_, x).numpy().astype(np.float64)
+            with torch.no_grad():  # the solved head in float64: each row's logits its own
+                return self.model_(x.double()).numpy()
 
     def predict_proba(self, X) -> np.ndarray:
         """Per-class probabilities, N x L (independent sigmoids; rows need not sum to 1)."""
@@ -289,6 +357,19 @@ def eval_labels(y, classes, where: str = "labels", columns=None) -> np.ndarray:
                          f"{len(classes)} classes (the columns are classes_, in that order, or "
                          f"name them: a DataFrame or columns=)")
     return out
+
+
+#: the options only Adam reads, and only the solver reads, with their defaults
+_ADAM_ONLY = {"epochs": 25, "batch_size": 8, "lr": 1e-3, "early_stop": "none",
+              "weight_decay": 0.0}
+_SOLVER_ONLY = {"C": 1.0, "tol": 1e-5, "max_iter": 500, "rounds": 5}
+
+
+def _same_value(value, default) -> bool:
+    try:
+        return bool(value == default) and type(value) is not bool
+    except (TypeError, ValueError):  # an array: not the default
+        return False
 
 
 def _numeric(value) -> bool:
@@ -408,7 +489,7 @@ def validation_scorer(X_val, Y_val, metric: str = "map", classes=None) -> Valida
         >>> X = rng.normal(size=(90, 4)); Y = (X[:, :3] > 0).astype(int)
         >>> y = Y.argmax(axis=1)   # a single observed positive per row (rows of Y with none: 0)
         >>> scorer = validation_scorer(X[60:], Y[60:])
-        >>> s = cross_val_score(SPMLClassifier(epochs=2, lr=1e-2), X[:60], y[:60], cv=3,
+        >>> s = cross_val_score(SPMLClassifier(C=0.1), X[:60], y[:60], cv=3,
         ...                     scoring=scorer)
         >>> s.shape, bool(np.isfinite(s).all())
         ((3,), True)

@@ -261,6 +261,21 @@ class ROLELoss(_NeedsK):
         self.label_logits.grad = full
         return values, grad
 
+    def solver_objectives(self, logits, observed, index):
+        """For the full-batch solver (`spmlkit.engine.solve`): ``(classifier's, estimator's)``,
+        the two halves of the ``"mean"`` loss, each with the other side held fixed (the
+        stop-gradients of the loss made explicit): the first is a function of ``logits`` alone
+        for the estimates as they are, the second of ``label_logits`` alone for the logits as
+        they are. Their sum is the loss's value; the solver minimises them in turn."""
+        est_logits = take_rows(self.label_logits, index)
+        pos = (observed == POSITIVE).to(logits.dtype)
+        weight = 1.0 + (observed != UNOBSERVED).to(logits.dtype)
+        k = self._k()
+        p, q = torch.sigmoid(logits), torch.sigmoid(est_logits)
+        mat_f, pen_f = self._one_side(logits, p, q.detach(), pos, weight, k)
+        mat_g, pen_g = self._one_side(est_logits, q, p.detach(), pos, weight, k)
+        return 0.5 * (mat_f.mean() + pen_f), 0.5 * (mat_g.mean() + pen_g)
+
     def entries(self, logits, observed, index):
         if self.label_logits.numel() == 0:
             raise RuntimeError("ROLE's label estimator is not initialised: the engine calls "
@@ -293,6 +308,9 @@ class PairwiseRankingLoss(SPMLLoss):
     stackable = True
 
     manual_gradient = True
+    solver_refusal = ("its hinge max(0, 1 - p_i + p_j) has a kink at every pair's margin: a "
+                      "quasi-Newton solve needs a smooth objective (train it with --solver "
+                      "adam)")
 
     @staticmethod
     def _pairs(p, observed):

@@ -528,6 +528,13 @@ class SPMLLoss(nn.Module):
     #: the reductions the loss offers (a loss computed over the whole batch, with no per-entry
     #: matrix, offers ``("mean",)`` only and refuses the others)
     reductions: tuple[str, ...] = REDUCTIONS
+    #: why the full-batch solver (`spmlkit.engine.solve`) cannot minimise this loss (a
+    #: non-smooth term, state changed inside ``forward``), or None: it can
+    solver_refusal: str | None = None
+    #: ``forward`` computes part of its value from the logits without gradient (weights,
+    #: temperatures, targets): the solver then runs it in rounds, each a warm-started solve
+    #: (`spmlkit.engine.solve.solver_form`), as it runs the losses with epoch hooks
+    solver_rounds = False
     #: ``entries`` holds on each observed-negative entry (O-) that entry's own known-negative
     #: term and nothing else, so ``neg_weight`` multiplies it (`weigh_negatives`); False: the
     #: loss has no such term (it ignores O-, or mixes it into a row's or the batch's loss) and

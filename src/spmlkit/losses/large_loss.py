@@ -240,6 +240,9 @@ class LargeLossCorrectionPermanent(_LargeLoss):
     scheme = "cp"
     needs_index = True
     resizable_state = ("observed_labels", "flipped")
+    solver_refusal = ("it flips labels inside every training call (after each step), and a "
+                      "solver evaluates the loss many times a step (ll_ct corrects without "
+                      "flipping; or --solver adam)")
 
     def __init__(self, delta_rel: float = 0.2, flip: str = "selected", **kw):
         super().__init__(delta_rel=delta_rel, **kw)

@@ -96,6 +96,7 @@ class VariationalPULoss(SPMLLoss):
     """
 
     stackable = True
+    solver_rounds = True  # its temperature and re-balance weight are computed without gradient
     reductions = ("mean",)
 
     def __init__(self, alpha: float = 1.0, gamma: float = 0.55, **kw):

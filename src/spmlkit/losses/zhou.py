@@ -429,6 +429,10 @@ class L1RegularizedLoss(_WeightPenaltyLoss):
     0.02, a few percent of AN's starting value.
     """
 
+    solver_refusal = ("its L1 penalty |W| has a kink at every zero weight: a quasi-Newton "
+                      "solve needs a smooth objective (l2r, or the solver's own L2 path; or "
+                      "--solver adam)")
+
     def __init__(self, lam: float = 1e-5, **kw):
         super().__init__(lam=lam, **kw)
 

@@ -1,0 +1,236 @@
+"""The full-batch solver (`spmlkit.engine.solve`): AN under the solver is scikit-learn's
+one-vs-rest LogisticRegression at the same C; every registered loss is solved, solved in rounds,
+or refused by name; the path selects on full and partial val labels."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from sklearn.linear_model import LogisticRegression
+
+from spmlkit.engine.solve import (C_PATH, FORMS, lam_from_c, solve_path, solver_form)
+from spmlkit.losses import LOSSES, create_loss
+from spmlkit.metrics_partial import partial_labels
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*warmup.*:UserWarning")
+
+
+def _sklearn(x, targets, c, sets):
+    """Per-class LogisticRegression (lbfgs, L2, intercept unpenalised) solved tightly."""
+    coefs, probs = [], [np.zeros((len(s), targets.shape[1])) for s in sets]
+    for j in range(targets.shape[1]):
+        clf = LogisticRegression(C=c, tol=1e-10, max_iter=10_000).fit(x, targets[:, j])
+        coefs.append(np.r_[clf.coef_[0], clf.intercept_])
+        for out, s in zip(probs, sets):
+            out[:, j] = clf.predict_proba(s)[:, 1]
+    return np.array(coefs), probs
+
+
+def _random_problem(n=300, d=12, classes=5, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d))
+    y = (x[:, :classes] + 0.7 * rng.normal(size=(n, classes)) > 0.4).astype(np.int8)
+    z = np.zeros_like(y)
+    for i in range(n):  # one observed positive per row that has one
+        pos = np.flatnonzero(y[i])
+        if len(pos):
+            z[i, rng.choice(pos)] = 1
+    return x, y, z
+
+
+@pytest.mark.parametrize("c", [0.01, 1.0])
+def test_an_equals_sklearn_on_a_random_problem(c):
+    x, _, z = _random_problem()
+    xt = np.random.default_rng(1).normal(size=(50, x.shape[1]))
+    model, result = solve_path(x, z, create_loss("an"), c=c, tol=1e-9)
+    coefs, (probs,) = _sklearn(x, (z > 0).astype(int), c, [xt])
+    ours = torch.sigmoid(model(torch.as_tensor(xt, dtype=torch.float32))).detach().numpy()
+    assert np.abs(ours - probs).max() < 1e-4
+    w = torch.cat([model.weight, model.bias[:, None]], dim=1).detach().numpy()
+    assert np.abs(w - coefs).max() < 1e-3
+    assert result.records[0].lam == pytest.approx(1.0 / (c * len(x)))
+    assert result.records[0].converged
+
+
+def test_an_equals_sklearn_on_yeast():
+    from spmlkit.data import load_splits
+
+    sp = load_splits("yeast", "1p")
+    c = 10 ** -2.5  # what the yeast reference row selects
+    model, _ = solve_path(sp.train.x, sp.observed, create_loss("an"), c=c, tol=1e-9)
+    x = np.asarray(sp.train.x, np.float64)
+    coefs, (probs,) = _sklearn(x, (sp.observed > 0).astype(int), c, [sp.test.x])
+    ours = torch.sigmoid(model(torch.as_tensor(sp.test.x))).detach().numpy()
+    assert np.abs(ours - probs).max() < 1e-4
+    w = torch.cat([model.weight, model.bias[:, None]], dim=1).detach().numpy()
+    assert np.abs(w - coefs).max() < 1e-3
+
+
+def test_lam_from_c_refuses_bad_values():
+    for bad in (0, -1.0, float("nan"), "1"):
+        with pytest.raises(ValueError, match="C"):
+            lam_from_c(bad, 10)
+
+
+# ---- every registered loss: solved, solved in rounds, or refused by name ----------------------
+
+def _hparams(name):
+    if getattr(LOSSES.get(name).factory, "needs_scores", False):
+        _, y, _ = _random_problem(n=120, d=6, classes=4, seed=3)
+        rng = np.random.default_rng(5)
+        return {"scores": 1 / (1 + np.exp(-(3 * (2 * y - 1) + rng.normal(size=y.shape))))}
+    return {}
+
+
+@pytest.mark.parametrize("name", LOSSES.names())
+def test_every_loss_runs_under_the_solver_or_is_refused(name):
+    x, y, z = _random_problem(n=120, d=6, classes=4, seed=3)
+    loss = create_loss(name, **_hparams(name))
+    form, why = solver_form(loss)
+    assert form in FORMS and why
+    if form == "refused":
+        with pytest.raises(ValueError, match=type(loss).__name__):
+            solve_path(x, z, loss, c=1.0)
+        return
+    xv, yv = x[:40], y[:40]
+    model, result = solve_path(x, z, loss, x_val=xv, y_val=yv, c=(0.1, 1.0), k=1.5,
+                               rounds=2, max_iter=200)
+    assert result.form == form
+    assert [r.c for r in result.records] == [0.1, 1.0]
+    assert all(math.isfinite(r.val_score) and math.isfinite(r.objective)
+               for r in result.records)
+    probs = torch.sigmoid(model(torch.as_tensor(x, dtype=torch.float32))).detach()
+    assert torch.isfinite(probs).all() and probs.dtype == torch.float32
+    if form == "solved":  # converged: the gradient at the end is below the tolerance
+        assert all(r.converged for r in result.records), result.records
+
+
+@pytest.mark.parametrize("name", [n for n in LOSSES.names()
+                                  if solver_form(create_loss(n, **_hparams(n)))[0] == "solved"])
+def test_a_solved_loss_is_a_function_of_the_weights(name):
+    """What L-BFGS's line search relies on: the gradient autograd gives is the derivative of
+    the value (a loss that computes part of its value without gradient must be a round
+    loss)."""
+    x, _, z = _random_problem(n=60, d=5, classes=4, seed=4)
+    loss = create_loss(name, **_hparams(name)).double()
+    from spmlkit.losses import TrainInfo
+
+    zt = torch.as_tensor(z)
+    loss.on_train_start(zt, TrainInfo(60, 4, 1.5, 0, 1))
+    loss.on_epoch_start(0)
+    xt = torch.as_tensor(x)
+    head = torch.nn.Linear(5, 4).double()
+    idx = torch.arange(60)
+
+    def value():
+        out = loss(head(xt), zt, index=idx)
+        if "penalty" in loss.required_hooks():
+            out = out + loss.penalty(head)
+        return out
+
+    for p in head.parameters():
+        p.grad = None
+    value().backward()
+    direction = [torch.randn_like(p) for p in head.parameters()]
+    slope = sum((p.grad * d).sum() for p, d in zip(head.parameters(), direction))
+    h = 1e-6
+    with torch.no_grad():
+        for p, d in zip(head.parameters(), direction):
+            p.add_(h * d)
+        up = value()
+        for p, d in zip(head.parameters(), direction):
+            p.sub_(2 * h * d)
+        down = value()
+    assert float((up - down) / (2 * h)) == pytest.approx(float(slope), rel=1e-4, abs=1e-7)
+
+
+def test_refusals_name_the_reason():
+    assert "hinge" in solver_form(create_loss("pr"))[1]
+    assert "L1" in solver_form(create_loss("l1r"))[1]
+    assert "flips" in solver_form(create_loss("ll_cp"))[1]
+
+
+# ---- the path ---------------------------------------------------------------------------------
+
+def test_path_goes_strong_to_weak_warm_started_and_selects_on_val():
+    x, y, z = _random_problem(n=400, seed=7)
+    xv, yv = x[300:], y[300:]
+    model, result = solve_path(x[:300], z[:300], create_loss("an"), x_val=xv, y_val=yv)
+    cs = [r.c for r in result.records]
+    assert cs == sorted(cs) and cs[0] == C_PATH[0]
+    scores = [r.val_score for r in result.records]
+    assert result.best == int(np.argmax(scores))
+    # the path stops once val has not improved for `patience` values
+    if result.stopped_early:
+        assert len(cs) - 1 - result.best == 4
+    # warm starts: a later solve of the path takes fewer iterations than the same C from cold
+    i = min(result.best + 1, len(cs) - 1)
+    _, cold = solve_path(x[:300], z[:300], create_loss("an"), c=cs[i])
+    assert result.records[i].iterations < cold.records[0].iterations
+
+
+def test_path_selects_on_partial_val_labels():
+    x, y, z = _random_problem(n=400, seed=8)
+    q = y[300:].astype(np.int8) * 2 - 1
+    q[np.random.default_rng(0).random(q.shape) < 0.5] = 0  # half of val's entries unknown
+    _, result = solve_path(x[:300], z[:300], create_loss("an"), x_val=x[300:],
+                           y_val=partial_labels(q))
+    assert all(math.isfinite(r.val_score) for r in result.records)
+
+
+def test_path_without_val_is_refused_and_one_c_is_not():
+    x, _, z = _random_problem(n=100)
+    with pytest.raises(ValueError, match="selected on val"):
+        solve_path(x, z, create_loss("an"))
+    _, result = solve_path(x, z, create_loss("an"), c=1.0)
+    assert len(result.records) == 1 and math.isnan(result.records[0].val_score)
+
+
+def test_role_alternates_and_keeps_its_estimates_across_the_path():
+    x, y, z = _random_problem(n=200, seed=9)
+    loss = create_loss("role")
+    _, result = solve_path(x[:150], z[:150], loss, x_val=x[150:], y_val=y[150:],
+                           c=(0.1, 1.0), k=1.5, rounds=3)
+    assert result.form == "rounds"
+    est = loss.estimated_labels()
+    assert est.shape == (150, 5)
+    # the estimates moved from their initial uniform (0.4, 0.6) on unobserved entries
+    assert float((est[torch.as_tensor(z[:150]) == 0] - 0.5).abs().max()) > 0.2
+
+
+# ---- the estimator: solved by default ---------------------------------------------------------
+
+def test_estimator_default_is_the_tuned_logistic_regression():
+    from sklearn.multiclass import OneVsRestClassifier
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from spmlkit.estimator import SPMLClassifier
+
+    x, _, z = _random_problem(n=250, seed=11)
+    clf = SPMLClassifier(C=0.3, tol=1e-9).fit(x, z)
+    ref = make_pipeline(StandardScaler(), OneVsRestClassifier(
+        LogisticRegression(C=0.3, tol=1e-10, max_iter=10_000))).fit(x, (z > 0).astype(int))
+    assert np.abs(clf.predict_proba(x) - ref.predict_proba(x)).max() < 1e-4
+    assert clf.C_ == 0.3 and clf.n_iter_ >= 1 and clf.path_.form == "solved"
+
+
+def test_estimator_path_selects_c_on_val_and_each_mode_refuses_the_others_options():
+    from spmlkit.estimator import SPMLClassifier
+
+    x, y, z = _random_problem(n=400, seed=12)
+    clf = SPMLClassifier(C=list(C_PATH)).fit(x[:300], z[:300], X_val=x[300:], Y_val=y[300:])
+    scores = [r.val_score for r in clf.path_.records]
+    assert clf.C_ == clf.path_.records[int(np.argmax(scores))].c
+    with pytest.raises(ValueError, match="does not use epochs=3"):
+        SPMLClassifier(epochs=3).fit(x, z)
+    with pytest.raises(ValueError, match="does not use C=0.5"):
+        SPMLClassifier(solver="adam", C=0.5).fit(x, z)
+    with pytest.raises(ValueError, match="solver must be"):
+        SPMLClassifier(solver="sgd").fit(x, z)
+    with pytest.raises(ValueError, match="selected on val"):
+        SPMLClassifier(C=[0.1, 1.0]).fit(x, z)
+    with pytest.raises(ValueError, match="must be a number > 0"):
+        SPMLClassifier(C="1").fit(x, z)
