@@ -234,3 +234,35 @@ def test_estimator_path_selects_c_on_val_and_each_mode_refuses_the_others_option
         SPMLClassifier(C=[0.1, 1.0]).fit(x, z)
     with pytest.raises(ValueError, match="must be a number > 0"):
         SPMLClassifier(C="1").fit(x, z)
+
+
+def test_the_scikit_learn_reference_rows_fit_single_threaded():
+    """The reference rows fit under threadpool_limits(1); scikit-learn first imported inside the
+    limit escaped it (its BLAS loaded after the limit was set): a fresh interpreter, where
+    nothing imported scikit-learn before, reads the thread pools while each fit runs."""
+    import subprocess
+    import sys
+
+    code = ("import threadpoolctl\n"
+            "from spmlkit.data import load_splits\n"
+            "from spmlkit.experiments import reference\n"
+            "seen = []\n"
+            "def spy(grid):\n"
+            "    import sklearn.linear_model as lm\n"
+            "    fit = lm.LogisticRegression.fit\n"
+            "    def wrapped(self, *a, **k):\n"
+            "        seen.extend(p['num_threads'] for p in threadpoolctl.threadpool_info()\n"
+            "                    if p['user_api'] == 'blas')\n"
+            "        return fit(self, *a, **k)\n"
+            "    lm.LogisticRegression.fit = wrapped\n"
+            "    return grid\n"
+            "orig = reference._reference\n"
+            "reference._reference = lambda s, seed, labels, grid, start, m: orig(\n"
+            "    s, seed, labels, spy(grid), start, m)\n"
+            "reference.sklearn_reference(load_splits('yeast', '1p'), 0, grid=(0.1,))\n"
+            "print(sorted(set(seen)))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "2",
+                                           "OPENBLAS_NUM_THREADS": "2"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[1]", out.stdout

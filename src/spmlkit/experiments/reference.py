@@ -66,6 +66,10 @@ def sklearn_reference(splits, seed: int, labels: str = "observed", grid=C_GRID) 
         ValueError: ``labels="full"`` on data without full training labels, data that holds
             images instead of feature vectors, or more than `MAX_ENTRIES` train entries.
     """
+    # scikit-learn (and the BLAS it loads) imported before the limit: a library first loaded
+    # inside threadpool_limits is not limited by it, and the fits ran with every BLAS thread
+    # (make demo took 2.65x the CPU of the release before the reference rows)
+    import sklearn.linear_model  # noqa: F401
     from threadpoolctl import threadpool_limits
 
     from ..data.rows import holds_vectors
