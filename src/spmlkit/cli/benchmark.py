@@ -20,14 +20,51 @@ def _decays(text: str) -> list:
     return values
 
 
+#: the options each solver does not use (flag -> how to tell it was given)
+_ADAM_FLAGS = {"--batch-sizes": lambda a: a.batch_sizes is not None,
+               "--lrs": lambda a: a.lrs is not None,
+               "--weight-decays": lambda a: a.weight_decays is not None,
+               "--epochs": lambda a: a.epochs is not None,
+               "--early-stop": lambda a: a.early_stop != "none",
+               "--metric": lambda a: a.metric != "map",
+               "--drop-last": lambda a: a.drop_last,
+               "--no-vectorise": lambda a: a.no_vectorise,
+               "--jobs": lambda a: a.jobs is not None}
+_SOLVER_FLAGS = {"--cs": lambda a: a.cs is not None, "--pick": lambda a: a.pick is not None,
+                 "--train-predictions": lambda a: a.train_predictions}
+
+
+def _solver(args, options: dict) -> str:
+    """The benchmark's solver: ``--solver``, else L-BFGS on your own data and Adam (the papers'
+    protocol) on the built-in sets; the other solver's options refused by name."""
+    from ..experiments.benchmark import own_data
+
+    solver = args.solver or ("lbfgs" if own_data(args.dataset, options) else "adam")
+    unused = _ADAM_FLAGS if solver == "lbfgs" else _SOLVER_FLAGS
+    given = [flag for flag, test in unused.items() if test(args)]
+    if given:
+        why = ("the solver (--solver lbfgs) solves each loss along the C path (--cs) in one "
+               "process; give --solver adam for the papers' mini-batch grid"
+               if solver == "lbfgs" else
+               "they are the solver's (--solver lbfgs); --solver adam trains the papers' grid")
+        where = "your own data" if solver == "lbfgs" else "the built-in sets"
+        default = "" if args.solver else f" (--solver {solver} is the default on {where})"
+        raise ValueError(f"{', '.join(given)}: not used with --solver {solver}{default}: {why}")
+    return solver
+
+
 def cmd_benchmark(args) -> int:
     """``spml benchmark``: the paper's grid as a study in ``--out`` (resumable, one launch at a
-    time), its table printed and written."""
-    from ..experiments.benchmark import run_benchmark
+    time), its table printed and written; with the solver, every loss solved along the C
+    path."""
+    from ..experiments.benchmark import DEFAULT_LOSSES, run_benchmark
     from ..experiments.study import DEFAULT_GRID
 
     if args.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
+    if _solver(args, {**_data(args), **_feature_data(args)}) == "lbfgs":
+        return _cmd_solver_benchmark(args)
+    args.losses = args.losses or ",".join(DEFAULT_LOSSES)
     grid = {"batch_size": tuple(args.batch_sizes or DEFAULT_GRID["batch_size"]),
             "lr": tuple(args.lrs or DEFAULT_GRID["lr"])}
     refs = [] if args.no_references else ["bce", "iun"]
@@ -73,9 +110,34 @@ def cmd_benchmark(args) -> int:
     return 0
 
 
+def _cmd_solver_benchmark(args) -> int:
+    from ..engine.solve import C_PATH
+    from ..experiments.solver_benchmark import DEFAULT_SOLVER_LOSSES, run_solver_benchmark
+
+    options = {**_data(args), **_feature_data(args)}
+    args.dataset = _dataset(args)
+    if args.dataset == "tabular" and "path" in options:  # the columns, before any solve
+        from ..features import load_dataset
+
+        ds = load_dataset(args.dataset, **options)
+        _describe_features(ds.meta, ds.standardize)
+        del ds
+    res = run_solver_benchmark(args.dataset, args.losses or ",".join(DEFAULT_SOLVER_LOSSES),
+                               args.seeds, args.out, c=args.cs or C_PATH,
+                               dataset_options=options, regime=args.regime,
+                               pick=args.pick or "1se", sklearn=not args.no_references,
+                               progress=not args.quiet, train_predictions=args.train_predictions,
+                               argv=sys.argv)
+    print(res["table"])
+    print(f"wrote {args.out}/results.json, {args.out}/table.md and {args.out}/predictions/ "
+          f"(val and test probabilities of each loss x seed at its selected C)")
+    return 0
+
+
 def register(sub) -> None:
     """Add the command's parser to ``sub`` (``spml``'s subparsers)."""
     from ..experiments.benchmark import DEFAULT_LOSSES
+    from ..experiments.solver_benchmark import DEFAULT_SOLVER_LOSSES
 
     p = sub.add_parser("benchmark", help="the paper's grid for several methods and seeds",
                        description="The paper's grid (batch sizes x learning rates) for every "
@@ -88,8 +150,24 @@ def register(sub) -> None:
     training = p.add_argument_group("training")
     output = p.add_argument_group("output")
     _add_common(p, data, training)
-    grid.add_argument("--losses", default=",".join(DEFAULT_LOSSES),
-                      help="comma-separated losses, loss@regime, or 'all' (default: %(default)s)")
+    grid.add_argument("--losses", default=None,
+                      help=f"comma-separated losses, loss@regime, or 'all' (default: "
+                           f"{','.join(DEFAULT_LOSSES)}; with the solver "
+                           f"{','.join(DEFAULT_SOLVER_LOSSES)})")
+    grid.add_argument("--solver", choices=("lbfgs", "adam"), default=None,
+                      help="lbfgs: each loss solved to a tolerance along the C path, warm-"
+                           "started, its C picked on val, the loss picked on val over AN (the "
+                           "tuned logistic regression); adam: the papers' mini-batch grid "
+                           "(batch sizes x learning rates, epochs). Default: lbfgs on your own "
+                           "data (--data train_labels=observed, or the tabular / arrays / csv / "
+                           "folder sources), adam on the built-in sets (the papers' tables)")
+    grid.add_argument("--cs", type=_floats, default=None,
+                      help="the solver's path of C (scikit-learn's inverse L2 strength; "
+                           "default 10^-4 .. 10^4 in half decades, 17 values)")
+    grid.add_argument("--pick", choices=("1se", "best"), default=None,
+                      help="how the solver benchmark picks a loss per seed: 1se (default) "
+                           "keeps AN unless another loss's val gain exceeds one standard error; "
+                           "best takes the best val mAP")
     grid.add_argument("--no-references", action="store_true",
                       help="leave out the reference rows: bce (full labels), iun and the "
                            "scikit-learn logistic regression (sklearn_lr; its full-label row and "
@@ -115,7 +193,7 @@ def register(sub) -> None:
                            "train_labels=observed, or the tabular / arrays / csv / folder "
                            "sources), none (the papers' grid) on the built-in sets")
     training.add_argument("--jobs", type=int, default=None,
-                          help="worker processes (default: cores)")
+                          help="worker processes of --solver adam (default: cores)")
     training.add_argument("--no-vectorise", action="store_true",
                           help="train every grid point alone (default: the linear mode trains the "
                                "runs that differ only in seed, learning rate and weight decay "
@@ -125,5 +203,8 @@ def register(sub) -> None:
                         help="output folder, a study folder; re-running with the same folder runs "
                              "only the grid points it is missing")
     output.add_argument("--quiet", action="store_true", help="no progress bar")
+    output.add_argument("--train-predictions", action="store_true",
+                        help="the solver also keeps each loss x seed's train probabilities in "
+                             "predictions/ (default: val and test only)")
     _add_backbone(p, group=data)
     p.set_defaults(func=cmd_benchmark)

@@ -1,0 +1,341 @@
+"""``spml benchmark --solver lbfgs``: every loss solved along the C path, the user's alternative
+as the first candidate, in seconds (the default on your own data).
+
+Per seed (a draw of the observed labels, and of the split under the tabular protocol) and per
+loss, `spmlkit.engine.solve.solve_path` solves the head for each C of the path, strong to weak,
+warm-started, and keeps the C with the best val mAP. AN solved there *is* the scikit-learn
+one-vs-rest logistic regression with C tuned on val (``tests/test_solve.py``), so the first
+candidate is what a user would run instead; every other loss is a step beyond it.
+
+Which loss a seed's row takes (`pick_on_val`): the best val mAP, unless its gain over the
+baseline (AN) is within one standard error of the paired difference (a bootstrap over the val
+rows): then the baseline. The one-standard-error rule of model selection (glmnet's
+``lambda.1se``, Hastie et al.), applied to the choice of loss: a loss is picked over the
+logistic regression only when val says so clearly, so a noisy val score does not trade the
+known model for a lucky one. ``pick="best"`` takes the best val mAP as it is.
+
+The folder: ``solves.jsonl`` (one record per loss x seed, written as each finishes; a re-launch
+with the same settings skips those done), ``predictions/<loss>-s<seed>.npz`` (val and test
+probabilities at the selected C, float32; the train ones with ``train_predictions=True``),
+``results.json`` and ``table.md``; the scikit-learn reference rows (fitted by scikit-learn on the
+same rows, C on the same grid) in ``sklearn-reference.json``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..engine.solve import C_PATH, PATIENCE, ROUNDS, TOL, solve_path, solver_form
+
+#: the losses solved by default: the smooth ones docs/choosing.md discusses (PR is refused by
+#: the solver: its hinge; train it with --solver adam)
+DEFAULT_SOLVER_LOSSES = ("an", "an_ls", "wan", "epr", "role", "em", "hill", "ll_r", "gr")
+#: the baseline a loss must beat on val (AN solved = the tuned logistic regression)
+BASELINE = "an"
+#: bootstrap draws of the val rows behind the standard error of `pick_on_val`
+BOOTSTRAP = 200
+#: the observed-label draw of seed s is OFFICIAL_DRAW + s (seed 0: the official draw)
+OFFICIAL_DRAW = 1200
+SOLVES_FILE = "solves.jsonl"
+
+
+def _score(probs, y) -> float:
+    from ..metrics_partial import split_map
+
+    return float(split_map(probs, y))
+
+
+def pick_on_val(val_probs: dict, y_val, baseline: str = BASELINE, rule: str = "1se",
+                draws: int = BOOTSTRAP, seed: int = 0) -> tuple[str, dict]:
+    """The loss a row takes from ``val_probs`` (loss -> val probabilities at its selected C):
+    ``(name, why)`` with ``why`` holding the val mAPs, the gain of the best over ``baseline`` and
+    its standard error. ``rule="1se"`` (module docstring), or ``"best"``.
+
+    >>> y = np.array([[1, 0], [0, 1], [1, 1], [0, 0]] * 5)
+    >>> good, bad = y + 0.1, 1.0 - y
+    >>> pick_on_val({"an": bad, "epr": good}, y)[0], pick_on_val({"an": good, "epr": good}, y)[0]
+    ('epr', 'an')
+    """
+    scores = {name: _score(p, y_val) for name, p in val_probs.items()}
+    best = max(scores, key=lambda name: (scores[name], name == baseline))
+    why = {"val_map": scores, "best": best, "gain": None, "se": None}
+    if rule == "best" or baseline not in scores or best == baseline:
+        return best, why
+    if rule != "1se":
+        raise ValueError(f"rule must be '1se' or 'best', got {rule!r}")
+    rng = np.random.default_rng(seed)
+    n = len(y_val)
+    diffs = []
+    for _ in range(draws):
+        rows = rng.integers(0, n, n)
+        diffs.append(_score(val_probs[best][rows], y_val[rows])
+                     - _score(val_probs[baseline][rows], y_val[rows]))
+    gain = scores[best] - scores[baseline]
+    se = float(np.nanstd(diffs, ddof=1))
+    why.update(gain=gain, se=se)
+    return (best if gain > se else baseline), why
+
+
+def _key(settings: dict) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()
+                          ).hexdigest()[:16]
+
+
+def _done(out: Path) -> dict:
+    path = out / SOLVES_FILE
+    found = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+                found[rec["key"]] = rec
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue  # a line cut by an interruption: that solve runs again
+    return found
+
+
+def load_seed_splits(dataset: str, options: dict, regime: str, seed: int):
+    """A seed's splits: the observed labels drawn with ``OFFICIAL_DRAW + seed`` (regimes that
+    draw; ``given`` keeps the user's), the tabular protocol's split with ``seed``."""
+    from ..features import load_splits
+
+    opts = dict(options)
+    if opts.get("protocol") == "tabular":
+        opts.setdefault("seed", seed)
+    return load_splits(dataset, regime, None if regime == "given" else OFFICIAL_DRAW + seed,
+                       **opts)
+
+
+def run_solver_benchmark(dataset: str, losses=DEFAULT_SOLVER_LOSSES, seeds: int = 3,
+                         out="runs/benchmark", *, c=C_PATH, dataset_options: dict | None = None,
+                         regime: str | None = None, hparams: dict | None = None,
+                         rounds: int = ROUNDS, tol: float = TOL, patience: int = PATIENCE,
+                         pick: str = "1se", sklearn: bool = True, progress: bool = True,
+                         train_predictions: bool = False, argv=None) -> dict:
+    """Solve every loss of ``losses`` on ``seeds`` draws along the path ``c``; pick per seed
+    (`pick_on_val`); write the folder (module docstring) and return ``{"records", "picked",
+    "sklearn", "table", "seconds", "cpu_seconds"}``.
+
+    Raises:
+        ValueError: a loss the solver refuses (naming why, before anything is solved), an
+            unknown loss, bad seeds.
+    """
+    import torch
+
+    from ..engine import torch_threads
+    from ..losses import create_loss
+    from ..methods.contract import resolve_hparams
+    from ..runs import write_json, write_text
+    from .benchmark import observed_labels
+    from .study import parse_methods
+
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"seeds must be a whole number >= 1, got {seeds!r}")
+    options = dict(dataset_options or {})
+    regime = regime or ("given" if observed_labels(options) else "1p")
+    methods = parse_methods(losses, [], regime)
+    other = [m.label for m in methods if m.regime != regime]
+    if other:
+        raise ValueError(f"--losses {', '.join(other)}: every loss of a solver benchmark trains "
+                         f"on the benchmark's regime ({regime}); give --regime instead")
+    hparams = dict(hparams or {})
+
+    def make(m):
+        hp = resolve_hparams(m.loss, dataset, {**hparams.get(m.loss, {}),
+                                               **hparams.get(m.label, {})})
+        return hp, create_loss(m.loss, reg=list(m.reg) or None, **hp)
+
+    for m in methods:  # refused losses named before any solve
+        form, why = solver_form(make(m)[1])
+        if form == "refused":
+            raise ValueError(f"--losses {m.label.split('@')[0]}: the solver cannot minimise "
+                             f"it ({why})")
+    names = [m.label.split("@")[0] for m in methods]
+    out = Path(out)
+    (out / "predictions").mkdir(parents=True, exist_ok=True)
+    done = _done(out)
+    start, cpu0 = time.perf_counter(), time.process_time()
+    cs = sorted(float(v) for v in np.atleast_1d(c))
+    bar = _Bar(len(names) * seeds * len(cs), progress)
+    records, picked, refs = [], [], []
+    val_keep: dict = {}
+    with torch_threads(1), open(out / SOLVES_FILE, "a") as log:
+        for seed in range(seeds):
+            splits = load_seed_splits(dataset, options, regime, seed)
+            k = float(splits.k)
+            val_keep.clear()
+            for name, method in zip(names, methods):
+                hp, loss = make(method)
+                settings = {"dataset": dataset, "options": options, "regime": regime,
+                            "loss": name, "hparams": hp, "reg": list(method.reg),
+                            "seed": seed, "c": cs, "rounds": rounds, "tol": tol,
+                            "patience": patience}
+                key = _key(settings)
+                pred_file = out / "predictions" / f"{name}-s{seed}.npz"
+                if key in done and pred_file.is_file():
+                    rec = done[key]
+                    with np.load(pred_file) as f:
+                        val_keep[name] = f["val"]
+                    bar.skip(len(cs))
+                    records.append(rec)
+                    continue
+                bar.describe(f"{name} seed {seed}")
+                t0, c0 = time.perf_counter(), time.process_time()
+                solved = [0]
+
+                def on_solve(record):
+                    solved[0] += 1
+                    bar.step()
+
+                model, path = solve_path(splits.train.x, splits.observed,
+                                         loss, x_val=splits.val.x,
+                                         y_val=splits.val.y, c=cs, k=k, seed=seed,
+                                         rounds=rounds, tol=tol, patience=patience,
+                                         on_solve=on_solve)
+                bar.skip(len(cs) - solved[0])  # the path stopped early
+                with torch.no_grad():
+                    probs = {part: torch.sigmoid(model(torch.as_tensor(
+                        np.asarray(getattr(splits, part).x, np.float32)))).numpy()
+                        for part in (("train", "val", "test") if train_predictions or
+                                     splits.train_labels_complete else ("val", "test"))}
+                rec = {"key": key, "loss": name, "seed": seed, "regime": regime,
+                       "C": path.c, "form": path.form,
+                       "val_map": path.records[path.best].val_score,
+                       "test_map": _score(probs["test"], splits.test.y),
+                       "train_recovery_map": _score(probs["train"], splits.train.y)
+                       if splits.train_labels_complete else None,
+                       "solves": len(path.records),
+                       "iterations": sum(r.iterations for r in path.records),
+                       "converged": all(r.converged for r in path.records),
+                       "seconds": time.perf_counter() - t0,
+                       "cpu_seconds": time.process_time() - c0,
+                       "path": [{"C": r.c, "val_map": r.val_score, "iterations": r.iterations,
+                                 "converged": r.converged} for r in path.records]}
+                kept = {"val": probs["val"], "test": probs["test"]}
+                if train_predictions:
+                    kept["train"] = probs["train"]
+                np.savez(pred_file, **kept)
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+                val_keep[name] = probs["val"]
+                records.append(rec)
+            name, why = pick_on_val(dict(val_keep), splits.val.y, rule=pick, seed=seed)
+            rec = next(r for r in records if r["loss"] == name and r["seed"] == seed)
+            picked.append({**{k2: rec[k2] for k2 in ("loss", "seed", "C", "val_map",
+                                                      "test_map", "train_recovery_map")},
+                           "rule": pick, "best_on_val": why["best"], "gain": why["gain"],
+                           "se": why["se"]})
+            if sklearn:
+                refs.append(_sklearn_row(splits, seed, cs))
+    bar.close()
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu0
+    table = format_solver_table(records, picked, refs, dataset, seeds, cs, pick, seconds, cpu)
+    write_json(out / "results.json", {"records": records, "picked": picked, "sklearn": refs,
+                                      "argv": list(argv or []), "seconds": seconds,
+                                      "cpu_seconds": cpu})
+    if refs:
+        from .reference import SKLEARN_FILE
+
+        write_json(out / SKLEARN_FILE, refs)
+    write_text(out / "table.md", table)
+    return {"records": records, "picked": picked, "sklearn": refs, "table": table,
+            "seconds": seconds, "cpu_seconds": cpu}
+
+
+def _sklearn_row(splits, seed: int, cs) -> dict:
+    from .reference import NAME, sklearn_reference
+
+    c0 = time.process_time()
+    res = sklearn_reference(splits, seed, grid=tuple(cs))
+    return {"loss": NAME, "seed": seed, "C": res["C"], "val_map": res["val_map"],
+            "test_map": res["test_map"], "train_recovery_map": res["train_recovery_map"],
+            "seconds": res["seconds"], "cpu_seconds": time.process_time() - c0,
+            "reference": "scikit-learn"}
+
+
+class _Bar:
+    """A tqdm bar over the path's solves (each C of each loss x seed), with its ETA from the
+    first solve; a path that stops early takes its unsolved values off the count."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, unit="solve", file=sys.stderr, dynamic_ncols=True,
+                            smoothing=0.05)
+
+    def describe(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description(text, refresh=False)
+
+    def step(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def skip(self, n: int) -> None:
+        if self.bar is not None and n:
+            self.bar.total -= n
+            self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _mean_std(values) -> str:
+    v = np.asarray([np.nan if x is None else x for x in values], dtype=float)
+    if v.size == 0 or np.isnan(v).all():
+        return "n/a"
+    return f"{np.nanmean(v):.2f} ± {np.nanstd(v, ddof=1):.2f}" if v.size > 1 else \
+        f"{v[0]:.2f}"
+
+
+def format_solver_table(records, picked, refs, dataset, seeds, cs, rule, seconds, cpu) -> str:
+    """Markdown: per loss its test / val mAP (mean ± std over the seeds) at the C selected on
+    val; the picked row (`pick_on_val`); the scikit-learn row and the gap."""
+    from .tables import markdown_grid
+
+    lines = [f"Test mAP on `{dataset}` (mean ± std over {seeds} draw(s) of the observed "
+             f"labels); each loss solved along C = {cs[0]:g} .. {cs[-1]:g} ({len(cs)} values, "
+             f"warm-started, the C with the best val mAP kept).", ""]
+    body = []
+    for name in dict.fromkeys(r["loss"] for r in records):
+        rows = [r for r in records if r["loss"] == name]
+        body.append([name, rows[0]["form"], _mean_std([r["test_map"] for r in rows]),
+                     _mean_std([r["val_map"] for r in rows]),
+                     _mean_std([r["train_recovery_map"] for r in rows]),
+                     ", ".join(f"{c:g}" for c in sorted({r["C"] for r in rows})),
+                     f"{sum(r['cpu_seconds'] for r in rows):.1f}"])
+    if picked:
+        names = ", ".join(f"{p['loss']}" for p in picked)
+        body.append([f"**picked on val** ({rule})", names,
+                     _mean_std([p["test_map"] for p in picked]),
+                     _mean_std([p["val_map"] for p in picked]),
+                     _mean_std([p["train_recovery_map"] for p in picked]),
+                     ", ".join(f"{p['C']:g}" for p in picked), ""])
+    if refs:
+        body.append(["*sklearn_lr* (reference, scikit-learn)", "unknown = negative",
+                     _mean_std([r["test_map"] for r in refs]),
+                     _mean_std([r["val_map"] for r in refs]),
+                     _mean_std([r["train_recovery_map"] for r in refs]),
+                     ", ".join(f"{c:g}" for c in sorted({r["C"] for r in refs})),
+                     f"{sum(r['cpu_seconds'] for r in refs):.1f}"])
+    lines += markdown_grid(["method", "solved as", "test mAP", "val mAP", "train recovery mAP",
+                            "selected C", "CPU s"], body)
+    if picked and refs:
+        gap = float(np.mean([p["test_map"] for p in picked]) -
+                    np.mean([r["test_map"] for r in refs]))
+        lines += ["", f"Picked on val minus scikit-learn (test mAP): {gap:+.2f}."]
+    lines += ["", f"Wall time {seconds:.1f} s, CPU {cpu:.1f} s (this launch)."]
+    return "\n".join(lines) + "\n"
+
+
+def finite(x) -> bool:
+    return x is not None and math.isfinite(x)
