@@ -233,3 +233,19 @@ def test_a_test_class_without_a_known_negative_is_left_out_and_named(partial, tm
     keep = np.arange(stored["y_test"].shape[1]) != 2
     want = masked_map(stored["probs_test"][:, keep], partial_labels(stored["y_test"][:, keep]))
     assert final["test_map"] == pytest.approx(want)
+
+
+def test_partial_test_labels_without_eval_labels_partial_name_that_option(partial, tmp_path):
+    """The refusal said "partial training labels: train_labels=observed" of a test file and
+    never named eval_labels=partial."""
+    opts = {k: v for k, v in partial["options"].items() if k != "eval_labels"}
+    with pytest.raises(ValueError, match=r"test.csv: label column .* has an empty cell .*"
+                                         r"partial test labels.*--data eval_labels=partial\)"):
+        load_dataset("tabular", **opts)
+    df = pd.read_csv(partial["dir"] / "test.csv")
+    cols = [c for c in df.columns if c.startswith("Class")]
+    df[cols] = df[cols].fillna(-1)  # no empty cell: 1 / -1 only
+    df.to_csv(tmp_path / "signed.csv", index=False)
+    with pytest.raises(ValueError, match=r"signed.csv.*found \[-1.0\].*partial test labels.*"
+                                         r"eval_labels=partial\)"):
+        load_dataset("tabular", **{**opts, "test_path": str(tmp_path / "signed.csv")})

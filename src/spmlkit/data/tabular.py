@@ -382,10 +382,22 @@ def _split_names(cell) -> list[str]:
     return [n.strip() for n in text.split(_NAME_SEPARATORS[0]) if n.strip()]
 
 
+def _partial_hint(split: str) -> str:
+    """The option that reads a split's labels as partial (1 / -1 known, 0 or empty unknown)."""
+    if split == "train":
+        return "partial training labels, 1 / -1 known and an empty cell unknown: --data " \
+               "train_labels=observed"
+    return f"partial {split} labels, 1 / -1 known and an empty cell unknown: --data " \
+           f"eval_labels=partial"
+
+
 def table_labels(df, columns: Sequence[str], where: str, observed: bool = False,
-                 classes: Sequence[str] | None = None) -> tuple[np.ndarray, list[str]]:
+                 classes: Sequence[str] | None = None, split: str = "train"
+                 ) -> tuple[np.ndarray, list[str]]:
     """The label matrix of ``columns``: full 0 / 1 labels, or (``observed``) 1 / 0 / -1 with
     empty cells unobserved; one text column of ``;``-separated class names per row works too.
+    ``split`` (train, val or test) chooses the option a refusal of full labels points to
+    (``train_labels=observed``, or ``eval_labels=partial`` for val / test labels).
 
     Returns:
         ``(y, classes)``: uint8 (full) or int8 (observed) N x L, and the class names (the
@@ -429,9 +441,13 @@ def table_labels(df, columns: Sequence[str], where: str, observed: bool = False,
         if empty.any():
             r, j = np.argwhere(empty)[0]
             raise ValueError(f"{where}: label column {columns[j]!r} has an empty cell (row {r}); "
-                             f"full labels are 0 or 1 in every cell (partial training labels: "
-                             f"train_labels=observed)")
-        y = validate_full_labels(values, f"{where} (columns {_preview(columns)})")
+                             f"full labels are 0 or 1 in every cell ({_partial_hint(split)})")
+        try:
+            y = validate_full_labels(values, f"{where} (columns {_preview(columns)})")
+        except ValueError as err:
+            if not (values == -1).any():
+                raise
+            raise ValueError(f"{err} ({_partial_hint(split)})") from None
     if classes is not None and len(classes) != len(columns):
         raise ValueError(f"{where}: {len(columns)} label columns but {len(classes)} class names")
     return y, list(classes) if classes is not None else columns
@@ -575,7 +591,7 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
         missing = [c for c in label_cols if c not in frame.columns]
         if missing:
             raise ValueError(f"{frame_where}: label column(s) {_preview(missing)} missing")
-        y, names = table_labels(frame, label_cols, frame_where, observed_labels, classes)
+        y, names = table_labels(frame, label_cols, frame_where, observed_labels, classes, s)
         ids = table_ids(frame, id_column, frame_where) \
             if id_column and id_column in frame.columns else None
         return Part(x, y, frame_where, frame_where, ids), names
