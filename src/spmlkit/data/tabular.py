@@ -57,7 +57,7 @@ import numpy as np
 from ..labels import OFFICIAL_SEED, observed_from_cells, positives_to_observed, \
     validate_full_labels
 from .arrays import TEST_FRACTION, Part, _preview, check_eval_labels, check_features, \
-    features_dataset, partial_part, check_found_names, resolve_class_names
+    features_dataset, no_such_file, partial_part, check_found_names, resolve_class_names
 from .protocol import Dataset, check_train_labels
 from .registry import register
 
@@ -161,7 +161,8 @@ _DECOMPRESSORS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open, ".zip": 
                   ".zst": _zstd}
 
 
-def read_table(path, what: str = "table", text_columns: Sequence[str] = ()):
+def read_table(path, what: str = "table", text_columns: Sequence[str] = (),
+               option: str | None = None):
     """A CSV / TSV / Parquet file as a pandas ``DataFrame``; the CSV columns named in
     ``text_columns`` (an id column) are read as text, as written (``007`` stays ``007``).
 
@@ -177,7 +178,7 @@ def read_table(path, what: str = "table", text_columns: Sequence[str] = ()):
         raise ValueError(f"{what} file {path} is a folder; give the path of a "
                          f"{', '.join(TABLE_SUFFIXES)} file")
     if not path.is_file():
-        raise FileNotFoundError(f"{what} file {path} does not exist")
+        raise no_such_file(path, what, option)
     suffix = table_kind(path)
     if suffix is None:
         raise ValueError(f"{path}: a {what} must be a {', '.join(TABLE_SUFFIXES)} file (a .csv "
@@ -518,7 +519,7 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
                       or val_path is not None, f"dataset {name!r}")
     observed = train_labels == "observed"
     path = Path(path)
-    df = read_table(path, text_columns=[id_column] if id_column else ())
+    df = read_table(path, text_columns=[id_column] if id_column else (), option="path")
     where = str(path)
     if split_column is not None and (test_path is not None or val_path is not None):
         raise ValueError(f"{where}: give split_column (one file of every row) or test_path / "
@@ -582,7 +583,8 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
             raise ValueError(f"{where}: no row has {split_column}=train")
     for s, p in (("test", test_path), ("val", val_path)):
         if p is not None:
-            frames[s] = (read_table(p, f"{s} table", [id_column] if id_column else ()),
+            frames[s] = (read_table(p, f"{s} table", [id_column] if id_column else (),
+                                    f"{s}_path"),
                          str(p))
 
     def part(s: str, observed_labels: bool = False):
