@@ -102,9 +102,17 @@ def cmd_figure(args) -> int:
 
 def cmd_report(args) -> int:
 
+    from pathlib import Path
+
     from ..experiments.report import REPORT_FILE, write_report
     from ..experiments.study import study_folder
 
+    folder = Path(args.study)
+    if (folder / "config.json").is_file() and not (folder / "study.yaml").exists():
+        raise ValueError(f"{folder} is a run folder (config.json), not a study folder: spml "
+                         f"report writes the page of a study (spml study run). A run is read by "
+                         f"spml figure curves | calibration | histograms RUN, spml analyze ... "
+                         f"RUN and spml predict RUN; its numbers are in {folder / 'final.json'}")
     _check_out(args.out or study_folder(args.study) / REPORT_FILE, args.force)
     out = write_report(args.study, args.out, force=args.force)
     _wrote(out)
