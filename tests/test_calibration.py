@@ -63,7 +63,8 @@ def test_a_class_without_a_val_positive_is_named_not_silently_kept_at_t_1():
     y_val = y.copy()
     y_val[:, 1] = 0  # class 1: no val positive, so no temperature can be fitted
     assert unfitted_classes(y_val) == [1]
-    with pytest.warns(UserWarning, match=r"no temperature fitted for 1 class\(es\) \(columns \[1\]"):
+    with pytest.warns(UserWarning,
+                      match=r"no temperature fitted for 1 class\(es\) \(columns \[1\]"):
         t = fit_class_temperatures(p, y_val)
     assert t[1] == 1.0 and t[0] != 1.0
     cal = calibration_of(p, y_val, p, y, ["a", "b", "c"], bins=5, temperature=True)

@@ -7,7 +7,8 @@ from sklearn.metrics import average_precision_score
 
 from spmlkit.metrics import classic_metrics
 from spmlkit.metrics_partial import classes_without_negatives, masked_map, masked_metrics, \
-    masked_per_class_ap, micro_average_precision, ndcg_at_k, partial_labels, rprecision_at_k, weighted_average_precision
+    masked_per_class_ap, micro_average_precision, ndcg_at_k, partial_labels, rprecision_at_k, \
+    weighted_average_precision
 from spmlkit.metrics_partial import split_evaluate as evaluate
 from spmlkit.metrics_partial import split_map as map_score
 from spmlkit.metrics_partial import split_thresholds as select_thresholds

@@ -224,7 +224,7 @@ def test_a_test_class_without_a_known_negative_is_left_out_and_named(partial, tm
     assert main(["train", "--dataset", "tabular", *data, "--regime", "given", "--loss", "an",
                  "--epochs", "2", "--quiet", "--out", str(out)]) == 0
     said = "".join(capsys.readouterr())
-    assert f"no known negative in the partial test labels" in said and name in said
+    assert "no known negative in the partial test labels" in said and name in said
     (run,) = out.iterdir()
     final = json.loads((run / "final.json").read_text())
     assert final["test_map_left_out_without_negative"] == [name]

@@ -40,7 +40,8 @@ from .metrics import BLOCK_ENTRIES, METRICS, _best_f1, _count_at_least, _f1_swee
     per_class_ap, top_k_means
 
 __all__ = ["MASKS", "PartialLabels", "partial_labels", "is_partial", "known_entries",
-           "masked_per_class_ap", "classes_without_negatives", "masked_map", "masked_metrics", "micro_average_precision",
+           "masked_per_class_ap", "classes_without_negatives", "masked_map", "masked_metrics",
+           "micro_average_precision",
            "weighted_average_precision", "ndcg_at_k", "rprecision_at_k", "masked_evaluate",
            "masked_class_thresholds", "masked_select_thresholds", "masked_global_threshold",
            "split_map", "split_metric", "split_metrics", "split_evaluate", "split_thresholds"]
@@ -335,8 +336,9 @@ def masked_metrics(probs, y, *, convention: str = "present", threshold: float = 
 
 def masked_evaluate(scores, y, convention: str = "present") -> dict:
     """`spmlkit.metrics.evaluate` of partial labels: the masked mAP, the classes without a
-    known positive, those without a known negative (left out of the mAP), P@k / R@k ranking each row's known labels (``"entry"``) or of the fully
-    known rows (``"row"``), and the mask."""
+    known positive, those without a known negative (left out of the mAP), P@k / R@k ranking each
+    row's known labels (``"entry"``) or of the fully known rows (``"row"``), and the mask.
+    """
     s, pos, known = _checked(scores, y)
     mask = _mask_of(y, None)
     ap = masked_per_class_ap(s, y, mask)
