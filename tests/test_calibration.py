@@ -51,3 +51,36 @@ def test_calibration_figure_of_a_yeast_run(tmp_path, capsys):
     raw = class_ece(pred["probs_test"], pred["y_test"])
     first = table.splitlines()[2].split()
     assert first[0] == "Class1" and float(first[1]) == pytest.approx(raw[0], abs=1e-4)
+
+
+def test_a_class_without_a_val_positive_is_named_not_silently_kept_at_t_1():
+    from spmlkit.calibration import unfitted_classes
+    from spmlkit.experiments.figures.calibration import calibration_of
+
+    rng = np.random.default_rng(1)
+    p = rng.uniform(0.05, 0.95, size=(40, 3))
+    y = (rng.random((40, 3)) < p).astype(np.uint8)
+    y_val = y.copy()
+    y_val[:, 1] = 0  # class 1: no val positive, so no temperature can be fitted
+    assert unfitted_classes(y_val) == [1]
+    with pytest.warns(UserWarning,
+                      match=r"no temperature fitted for 1 class\(es\) \(columns \[1\]"):
+        t = fit_class_temperatures(p, y_val)
+    assert t[1] == 1.0 and t[0] != 1.0
+    cal = calibration_of(p, y_val, p, y, ["a", "b", "c"], bins=5, temperature=True)
+    assert cal.unfitted == ["b"]
+    table = cal.table()
+    assert "nan" not in table  # the pooled row printed "T (val) nan"
+    assert table.splitlines()[-1].startswith("T = 1 kept (no temperature fitted) for 1 class")
+    assert table.splitlines()[-1].endswith(": b")
+
+
+def test_bins_are_bounded():
+    # a billion bins asked numpy for gigabytes and ended in its out-of-memory traceback
+    from spmlkit.calibration import MAX_BINS
+
+    p, y = [[0.9], [0.1]], [[1], [0]]
+    assert class_ece(p, y, bins=MAX_BINS)[0] == pytest.approx(0.1)
+    for bins in (10**9, MAX_BINS + 1, 0):
+        with pytest.raises(ValueError, match=rf"bins must be a whole number in \[1, {MAX_BINS}\]"):
+            class_ece(p, y, bins=bins)

@@ -106,6 +106,11 @@ def test_config_file_gives_options_and_flags_override_them(tmp_path, capsys):
     ("metric: nope\n", "metric:"),
     ("- loss\n", "must hold a mapping of spml train options"),
     ("quiet: true\nverbose: true\n", "quiet and verbose exclude each other"),
+    # a value that is no mapping was reported as a flag never typed ("--hp '5'", "--data 'a'")
+    ("hp: 5\n", "hp: a mapping, e.g. 'hp: {name: value}' (or a list of KEY=VALUE strings), "
+                "got 5"),
+    ("data: [a, b]\n", "data: a mapping, e.g. 'data: {name: value}'"),
+    ("reg: 0.5\n", "reg: a mapping, e.g. 'reg: {reg_name: 0.1}' (or a list of NAME:WEIGHT"),
 ])
 def test_config_file_errors_name_the_key(text, message, tmp_path, capsys):
     (tmp_path / "bad.yaml").write_text(text)

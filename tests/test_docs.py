@@ -52,6 +52,31 @@ def test_generated_pages_are_up_to_date():
     assert done.returncode == 0, done.stderr + done.stdout
 
 
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md", "Makefile"])
+def test_the_test_targets_figures_equal_results_test_times(page):
+    """The number of tests and the duration each page gives for ``make test`` /
+    ``make test-fast`` are those of results/test-times.csv (they were typed by hand, three
+    different ways: 6-27 min, about 27 min, 7-8 min; 1,833 tests where 2,862 ran)."""
+    import csv
+
+    with (ROOT / "results" / "test-times.csv").open(newline="", encoding="utf-8") as f:
+        rows = {r["target"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {"make test", "make test-fast"}
+    said = (ROOT / page).read_text(encoding="utf-8")
+    for target, row in rows.items():
+        name = re.escape(target) + r"`?: "
+        if row["tests"] == "TODO-MEASURE":
+            assert re.search(name + "not measured yet", said), (page, target)
+            continue
+        found = re.findall(name + r"([\d,]+) tests, the test run (?:(\d+) min )?(\d+) s", said)
+        assert len(found) == 1, (page, target, found)
+        tests, minutes, seconds = found[0]
+        assert int(tests.replace(",", "")) == int(row["tests"])
+        assert int(minutes or 0) * 60 + int(seconds) == round(float(row["wall_s"]))
+    for stale in ("1,833", "2.5 min", "6-27 min", "27 min", "7-8 minutes", "3,350 tests"):
+        assert stale not in said, (page, stale)
+
+
 def test_cli_usage_blocks_wrap_between_options():
     """The CLI page's usage blocks break lines between options and groups, never inside a
     bracket (argparse's own wrapping does on Python 3.13, which made the page differ by the

@@ -139,6 +139,10 @@ def test_bad_inputs_name_the_problem():
         TrainConfig(epochs=0)
     with pytest.raises(FloatingPointError, match="diverged"):
         fit_linear(x * 1e30, z, create_loss("an"), TrainConfig(epochs=1, lr=1e30))
+    # a weight decay of 1e308 passed every check, then "try a smaller learning rate"
+    with pytest.raises(FloatingPointError, match=r"with a weight decay of 1e\+308 "
+                                                 r"\(--weight-decay; usual values"):
+        fit_linear(x, z, create_loss("an"), TrainConfig(epochs=1, weight_decay=1e308))
 
 
 def test_estimator_sklearn_style():

@@ -303,6 +303,23 @@ def test_partial_evaluation_labels_are_scored_over_their_known_entries():
     assert sel.score(x[100:], wrapped) == pytest.approx(best, abs=1e-6)
 
 
+def test_score_without_a_known_positive_raises_naming_the_cause():
+    # it returned NaN: in a GridSearchCV, a silent NaN score
+    from spmlkit.metrics_partial import partial_labels
+
+    x, y = _toy(n=120)
+    _, z = _single_positive(y)
+    clf = SPMLClassifier(**FAST).fit(x[:100], z[:100])
+    no_positive = -np.ones((20, y.shape[1]))
+    no_positive[::2] = 0  # unknown
+    with pytest.raises(ValueError, match=r"no class of score's y \(20 rows\) can be scored: none "
+                       r"holds a known positive beside a known negative"):
+        clf.score(x[100:], partial_labels(no_positive))
+    with pytest.raises(ValueError, match="none holds a positive, so the mAP"):
+        clf.score(x[100:], np.zeros((20, y.shape[1]), dtype=np.uint8))
+    assert np.isfinite(clf.score(x[100:], y[100:]))
+
+
 def test_validation_scorer_scores_on_the_validation_rows_whatever_the_fold():
     x, y = _toy(n=120)
     index, z = _single_positive(y)

@@ -4,6 +4,7 @@ run's summary; and image sources used without a backbone."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -307,7 +308,7 @@ def test_tabular_full_labels_carve_out_like_arrays(tmp_path):
     assert np.array_equal(a.observed, t.observed) and np.allclose(a.test.x, t.test.x, **same)
 
 
-def test_tabular_names_column_and_errors(tmp_path):
+def test_tabular_names_column_and_errors(tmp_path, monkeypatch):
     df = pd.DataFrame({"f1": [0.1, 0.2, 0.3, 0.4], "tags": ["cat", "dog;cat", "", "dog"]})
     df.to_csv(tmp_path / "tr.csv", index=False)
     pd.DataFrame({"f1": [0.5, 0.6, 0.7, 0.8, 0.9], "tags": ["cat", "dog", "cat|dog", "cat",
@@ -338,8 +339,24 @@ def test_tabular_names_column_and_errors(tmp_path):
                                          r"\[2.0\]"):
         load_dataset("tabular", path=str(tmp_path / "two.csv"), labels="y",
                      train_labels="observed", test_path=str(tmp_path / "te.csv"))
-    with pytest.raises(FileNotFoundError, match="nowhere.csv does not exist"):
+    # the option that gave it, and for a relative path the folder it was looked for in
+    with pytest.raises(FileNotFoundError, match=r"nowhere.csv \(given as --data path=.*\) does "
+                                                r"not exist$"):
         load_dataset("tabular", path=str(tmp_path / "nowhere.csv"), labels="y")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=rf"test table file gone.csv \(given as --data "
+                                                rf"test_path=gone.csv\) does not exist; a relative "
+                                                rf"path is read from the current folder, "
+                                                rf"{re.escape(str(tmp_path))}"):
+        load_dataset("tabular", path="hole.csv", labels="y", test_path="gone.csv",
+                     train_labels="observed")
+    for name in ("x.npy", "vx.npy"):
+        np.save(tmp_path / name, np.zeros((4, 2), dtype=np.float32))
+    np.save(tmp_path / "y.npy", np.eye(2, dtype=np.uint8)[[0, 1, 0, 1]])
+    with pytest.raises(FileNotFoundError, match=r"val labels file vy.npy \(given as --data "
+                                                r"val_labels=vy.npy\) does not exist; a relative"):
+        load_dataset("arrays", features="x.npy", labels="y.npy", val_features="vx.npy",
+                     val_labels="vy.npy")
 
 
 # ---- image sources ------------------------------------------------------------------------------

@@ -6,8 +6,9 @@ import torch
 from sklearn.metrics import average_precision_score
 
 from spmlkit.metrics import classic_metrics
-from spmlkit.metrics_partial import masked_metrics, masked_per_class_ap, micro_average_precision, \
-    ndcg_at_k, partial_labels, rprecision_at_k, weighted_average_precision
+from spmlkit.metrics_partial import classes_without_negatives, masked_map, masked_metrics, \
+    masked_per_class_ap, micro_average_precision, ndcg_at_k, partial_labels, rprecision_at_k, \
+    weighted_average_precision
 from spmlkit.metrics_partial import split_evaluate as evaluate
 from spmlkit.metrics_partial import split_map as map_score
 from spmlkit.metrics_partial import split_thresholds as select_thresholds
@@ -225,3 +226,21 @@ def test_partial_labels_are_read_from_frames_masked_arrays_and_plain_arrays():
         full.ravel(), scores.ravel()) * 100
     with pytest.raises(ValueError, match="column 'c0' holds category"):
         partial_labels(frame.astype("category"))
+
+
+@pytest.mark.parametrize("mask", ["entry", "row"])
+def test_a_class_with_positives_and_no_known_negative_is_left_out_of_the_map(mask):
+    # class 0: two known positives, no known negative: AP 100 whatever the scores (it raised
+    # the test mAP without a word); class 1 is scored as usual
+    y = partial_labels([[1, 1], [1, -1], [0, -1]], mask)
+    s = np.array([[0.1, 0.2], [0.2, 0.9], [0.3, 0.4]])  # class 1: the positive ranks last
+    assert masked_per_class_ap(s, y)[0] == 100.0
+    want = masked_per_class_ap(s, y)[1]
+    assert want < 100.0
+    assert classes_without_negatives(y) == [0]
+    assert map_score(s, y) == pytest.approx(want)
+    assert masked_metrics(s, y)["map"] == pytest.approx(want)
+    assert masked_metrics(s, y)["weighted_ap"] == pytest.approx(want)
+    assert masked_map(s, y, "official") == pytest.approx(want)
+    got = evaluate(s, y)
+    assert got["map"] == pytest.approx(want) and got["classes_without_negatives"] == [0]

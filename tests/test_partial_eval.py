@@ -208,3 +208,44 @@ def test_the_sklearn_reference_is_scored_masked_on_partial_labels(partial):
     res = sklearn_reference(splits, 0, grid=(0.1, 1.0))
     assert res["test_map"] > 30 and res["train_recovery_map"] is None
     assert np.isfinite(res["val_map"])
+
+
+def test_a_test_class_without_a_known_negative_is_left_out_and_named(partial, tmp_path, capsys):
+    """A partial test class with positives and no known negative scored AP 100 without a word
+    (and raised the test mAP); it is left out of the mean and named."""
+    df = pd.read_csv(partial["dir"] / "test.csv")
+    name = [c for c in df.columns if c.startswith("Class")][2]
+    df[name] = pd.array(np.where(df[name] == 1, 1, None), dtype="Int64")  # negatives unknown
+    path = tmp_path / "test.csv"
+    df.to_csv(path, index=False)
+    out = tmp_path / "runs"
+    data = [a for k, v in {**partial["options"], "test_path": str(path)}.items()
+            for a in ("--data", f"{k}={v}")]
+    assert main(["train", "--dataset", "tabular", *data, "--regime", "given", "--loss", "an",
+                 "--epochs", "2", "--quiet", "--out", str(out)]) == 0
+    said = "".join(capsys.readouterr())
+    assert "no known negative in the partial test labels" in said and name in said
+    (run,) = out.iterdir()
+    final = json.loads((run / "final.json").read_text())
+    assert final["test_map_left_out_without_negative"] == [name]
+    assert final["test"]["classes_without_negatives"] == [2]
+    stored = np.load(run / "predictions.npz")
+    keep = np.arange(stored["y_test"].shape[1]) != 2
+    want = masked_map(stored["probs_test"][:, keep], partial_labels(stored["y_test"][:, keep]))
+    assert final["test_map"] == pytest.approx(want)
+
+
+def test_partial_test_labels_without_eval_labels_partial_name_that_option(partial, tmp_path):
+    """The refusal said "partial training labels: train_labels=observed" of a test file and
+    never named eval_labels=partial."""
+    opts = {k: v for k, v in partial["options"].items() if k != "eval_labels"}
+    with pytest.raises(ValueError, match=r"test.csv: label column .* has an empty cell .*"
+                                         r"partial test labels.*--data eval_labels=partial\)"):
+        load_dataset("tabular", **opts)
+    df = pd.read_csv(partial["dir"] / "test.csv")
+    cols = [c for c in df.columns if c.startswith("Class")]
+    df[cols] = df[cols].fillna(-1)  # no empty cell: 1 / -1 only
+    df.to_csv(tmp_path / "signed.csv", index=False)
+    with pytest.raises(ValueError, match=r"signed.csv.*found \[-1.0\].*partial test labels.*"
+                                         r"eval_labels=partial\)"):
+        load_dataset("tabular", **{**opts, "test_path": str(tmp_path / "signed.csv")})

@@ -186,6 +186,15 @@ def test_cli_report(tmp_path, capsys):
     assert f"wrote {out}" in capsys.readouterr().out
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    # a run folder: said as one, with what reads a run (it said "study.yaml is missing")
+    run = tmp_path / "a-run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    (run / "final.json").write_text("{}")
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{run} is a run folder (config.json), not a study folder" in err
+    assert "spml figure curves | calibration | histograms RUN" in err and "final.json" in err
 
 
 # --- headless Chromium ------------------------------------------------------------------------

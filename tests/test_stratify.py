@@ -67,3 +67,23 @@ def test_tabular_split_stratified_carves_test_and_val_stratified(tmp_path):
     with pytest.raises(ValueError, match="split must be one of"):
         load_splits("tabular", "1p", path=str(tmp_path / "rows.csv"), labels="label_*",
                     split="iterative")
+
+
+@pytest.mark.parametrize("rows, part", [(1, "the test set carved out"),
+                                        (3, "the val set split from the training rows")])
+def test_stratified_split_of_too_few_rows_names_the_file_and_option(tmp_path, rows, part):
+    """1 or 3 rows: "a fraction of 0.3 of 1 rows leaves an empty part", naming no file or
+    option (and one label column ended in the stratifier's own "Got 'binary'" error)."""
+    pd = pytest.importorskip("pandas")
+    pd.DataFrame({"f1": np.arange(rows) / 10, "y": np.arange(rows) % 2}).to_csv(
+        tmp_path / "few.csv", index=False)
+    with pytest.raises(ValueError, match=rf"few.csv: {part} \(--data split=stratified, .*\): "
+                                         rf"a fraction of .* leaves an empty part"):
+        load_splits("tabular", "1p", path=str(tmp_path / "few.csv"), labels="y",
+                    split="stratified")
+
+
+def test_one_label_column_stratifies():
+    y = (np.arange(40) % 4 == 0).astype(np.uint8)[:, None]  # 10 positives of 40
+    rest, test = stratified_test(y, 0.3, 0)
+    assert len(test) == 12 and y[test].sum() == 3 and len(rest) == 28

@@ -3,6 +3,7 @@ store (also under two writer processes), selection, paper-style tables, the CLI,
 import json
 import math
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -561,6 +562,39 @@ def test_a_damaged_results_file_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"results.sqlite is not a usable results store \(file "
                                          r"is not a database\)"):
         StudyStore(bad)
+
+
+@pytest.mark.parametrize("free", [0, 1 << 40])
+def test_a_disk_error_when_the_store_is_opened_is_not_called_damage(tmp_path, monkeypatch, free):
+    """A full disk met when the store is opened: SQLite says "disk I/O error" (its -wal / -shm
+    could not grow); this was reported as a damaged store to restore from a copy."""
+    import errno
+
+    from spmlkit.experiments import store as store_module
+
+    path = tmp_path / "results.sqlite"
+    StudyStore(path)
+    before = path.read_bytes()
+
+    class Failing:
+        def execute(self, *a):
+            raise sqlite3.OperationalError("disk I/O error")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(StudyStore, "_connect", lambda self: Failing())
+    monkeypatch.setattr(store_module, "_free_bytes", lambda path: free)
+    with pytest.raises(OSError) as caught:
+        StudyStore(path)
+    said = str(caught.value)
+    assert "restore" not in said and "results.sqlite" in said
+    if free == 0:
+        assert caught.value.errno == errno.ENOSPC
+        assert "No space left on the disk (0 bytes free" in said and "store is unchanged" in said
+    else:
+        assert caught.value.errno == errno.EIO and "not a sign of a damaged store" in said
+    assert path.read_bytes() == before
 
 
 def test_cli_study_run_passes_retries(tmp_path, monkeypatch):

@@ -32,6 +32,14 @@ def test_lcard_by_hand():
     assert apply_rule("lcard", P, k=2.0).sum() == 8
 
 
+def test_lcard_refuses_a_k_above_the_number_of_classes():
+    # k = 100 on a few classes matched "every row every class" without a word; rcut refuses it
+    assert apply_rule("lcard", P, k=float(P.shape[1])).all()
+    for rule in ("lcard", "rcut"):
+        with pytest.raises(ValueError, match=f"at most {P.shape[1]}|1..{P.shape[1]}"):
+            apply_rule(rule, P, k=P.shape[1] + 1)
+
+
 def test_pcut_by_hand():
     # priors x 4 rows: 1, 2, 0.4 -> 0, 0.5 -> 2 (round half to even: 0.5 * 4 = 2 exactly)
     got = pcut(P, [0.25, 0.5, 0.1, 0.5]).astype(int)
@@ -98,7 +106,7 @@ def test_predict_threshold_rules_on_a_yeast_run(run, tmp_path):
     assert main(["predict", str(folder), str(feats), "--threshold-rule", "mcut",
                  "--threshold-k", "2"]) == 2
     for rule, bad in (("rcut", "-5"), ("rcut", "0"), ("rcut", "1.5"), ("rcut", "inf"),
-                      ("lcard", "0"), ("lcard", "inf")):
+                      ("lcard", "0"), ("lcard", "inf"), ("lcard", "100"), ("rcut", "100")):
         assert main(["predict", str(folder), str(feats), "--threshold-rule", rule,
                      "--threshold-k", bad]) == 2  # (a negative k gave one label a row)
     assert main(["predict", str(folder), str(feats), "--threshold-rule", "mcut",

@@ -267,6 +267,11 @@ def test_a_diverging_run_fails_alone():
     ok, bad = fit_linear_stacked(X, Z, [create_loss("an"), create_loss("an")], configs,
                                  x_val=XV, y_val=YV)
     assert isinstance(bad, FloatingPointError) and "diverged" in str(bad)
+    _, heavy = fit_linear_stacked(X, Z, [create_loss("an"), create_loss("an")],
+                                  [configs[0], TrainConfig(epochs=3, batch_size=8, lr=1e-3, seed=1,
+                                                           weight_decay=1e308)],
+                                  x_val=XV, y_val=YV)
+    assert isinstance(heavy, FloatingPointError) and "weight decay of 1e+308" in str(heavy)
     single, _ = fit_linear(X, Z, create_loss("an"), configs[0], x_val=XV, y_val=YV)
     torch.testing.assert_close(ok[0].weight, single.weight, atol=2e-6, rtol=0)
 

@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["class_ece", "reliability", "fit_class_temperatures", "apply_temperatures"]
+__all__ = ["class_ece", "reliability", "fit_class_temperatures", "unfitted_classes",
+           "apply_temperatures"]
 
 #: a probability is never exactly 0 or 1 in a logit (float32 sigmoid saturates at about 17)
 EPS = 1e-7
+#: the most bins a reliability curve or an ECE takes (a billion asked numpy for gigabytes)
+MAX_BINS = 100_000
 
 
 def _labels(probs, y):
@@ -46,8 +49,8 @@ def _labels(probs, y):
 
 
 def _bins(p: np.ndarray, bins: int) -> np.ndarray:
-    if int(bins) != bins or bins < 1:
-        raise ValueError(f"bins must be a whole number >= 1, got {bins}")
+    if int(bins) != bins or not 1 <= bins <= MAX_BINS:
+        raise ValueError(f"bins must be a whole number in [1, {MAX_BINS}], got {bins}")
     return np.minimum((p * bins).astype(np.int64), bins - 1)
 
 
@@ -86,19 +89,42 @@ def _logits(probs: np.ndarray) -> np.ndarray:
     return np.log(p) - np.log1p(-p)
 
 
+def unfitted_classes(y) -> list[int]:
+    """The columns of labels ``y`` whose (known) rows are all of one kind: no positive or no
+    negative, so no temperature can be fitted for them (`fit_class_temperatures` keeps 1)."""
+    _, pos, known = _labels(np.zeros(np.shape(y)), y)
+    return [j for j in range(pos.shape[1])
+            if not (pos[known[:, j], j].any() and (~pos[known[:, j], j]).any())]
+
+
 def fit_class_temperatures(probs, y) -> np.ndarray:
     """One temperature per class (L,), fitted on ``(probs, y)`` (the val split): T_j minimises
     the mean binary cross-entropy of ``sigmoid(logit(p) / T_j)`` over the class's (known) rows;
-    1 for a class whose rows are all of one kind (no finite optimum)."""
+    1 for a class whose rows are all of one kind (no finite optimum: `unfitted_classes`), with
+    a ``UserWarning`` naming those columns."""
+    import warnings
+
+    temps, unfitted = _fit_temperatures(probs, y)
+    if unfitted:
+        warnings.warn(f"no temperature fitted for {len(unfitted)} class(es) (columns "
+                      f"{unfitted[:10]}{' ...' if len(unfitted) > 10 else ''}): their rows hold "
+                      f"no positive or no negative; T = 1 kept (the probabilities unchanged)",
+                      UserWarning, stacklevel=2)
+    return temps
+
+
+def _fit_temperatures(probs, y) -> tuple[np.ndarray, list[int]]:
     from scipy.optimize import minimize_scalar
 
     p, pos, known = _labels(probs, y)
     z = _logits(p)
     temps = np.ones(p.shape[1])
+    unfitted = []
     for j in range(p.shape[1]):
         rows = known[:, j]
         t, s = pos[rows, j], z[rows, j]
         if not (t.any() and (~t).any()):
+            unfitted.append(j)
             continue
 
         def nll(log_t, s=s, t=t):
@@ -107,7 +133,7 @@ def fit_class_temperatures(probs, y) -> np.ndarray:
 
         temps[j] = float(np.exp(minimize_scalar(nll, bounds=(-4.0, 4.0), method="bounded",
                                                 options={"xatol": 1e-6}).x))
-    return temps
+    return temps, unfitted
 
 
 def apply_temperatures(probs, temperatures) -> np.ndarray:

@@ -292,9 +292,20 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
 
         Raises:
             ValueError: ``y`` holds -1 or NaN without being wrapped as partial labels (it
-                could be the observed encoding of ``fit``), or does not fit ``classes_``.
+                could be the observed encoding of ``fit``), or does not fit ``classes_``; or
+                no class of ``y`` can be scored (no positive, or partial labels with no known
+                negative beside their positives): the mAP would be NaN, a silent NaN score in
+                a ``GridSearchCV``.
         """
-        return split_map(self.predict_proba(X), self._eval_labels(y, "score's y"))
+        y = self._eval_labels(y, "score's y")
+        value = split_map(self.predict_proba(X), y)
+        if np.isnan(value):
+            why = "a known positive beside a known negative" if is_partial(y) else "a positive"
+            raise ValueError(f"no class of score's y ({len(y)} rows) can be scored: none holds "
+                             f"{why}, so the mAP (over the classes that hold one) is undefined "
+                             f"(a NaN score would pass a grid search without a word); score "
+                             f"on rows that hold positives")
+        return value
 
     def _eval_labels(self, y, where: str) -> np.ndarray:
         """Evaluation labels N x L in ``classes_`` order: full (uint8) from a 0/1 matrix or

@@ -14,7 +14,10 @@ Two masks (``mask``):
   with the ordinary metrics.
 
 Classes without a known positive: ``convention`` as everywhere (``"present"`` leaves them out,
-``"official"`` scores them 0).
+``"official"`` scores them 0). A class with known positives and no known negative (where it is
+scored) ranks its positives against nothing, an AP of 100 whatever the scores: it is left out
+of the mAP (and the weighted AP) under both conventions, and named by
+`classes_without_negatives` (``masked_evaluate``'s ``"classes_without_negatives"``).
 
 `PartialLabels` is such a matrix as it travels through a run (a source reads it, the engine
 selects epochs on it, the result scores the test rows with it): an int8 ndarray that carries
@@ -37,7 +40,8 @@ from .metrics import BLOCK_ENTRIES, METRICS, _best_f1, _count_at_least, _f1_swee
     per_class_ap, top_k_means
 
 __all__ = ["MASKS", "PartialLabels", "partial_labels", "is_partial", "known_entries",
-           "masked_per_class_ap", "masked_map", "masked_metrics", "micro_average_precision",
+           "masked_per_class_ap", "classes_without_negatives", "masked_map", "masked_metrics",
+           "micro_average_precision",
            "weighted_average_precision", "ndcg_at_k", "rprecision_at_k", "masked_evaluate",
            "masked_class_thresholds", "masked_select_thresholds", "masked_global_threshold",
            "split_map", "split_metric", "split_metrics", "split_evaluate", "split_thresholds"]
@@ -167,10 +171,41 @@ def masked_per_class_ap(scores, y, mask: str | None = None) -> np.ndarray:
                      for j in range(s.shape[1])])
 
 
+def _no_negative(pos, known, mask: str) -> np.ndarray:
+    """Per class: known positives and no known negative where the class is scored (its known
+    rows, or the fully known rows of mask ``"row"``)."""
+    if mask == "row":
+        rows = known.all(axis=1)
+        return pos[rows].any(axis=0) & pos[rows].all(axis=0)
+    return (pos & known).any(axis=0) & ~(known & ~pos).any(axis=0)
+
+
+def classes_without_negatives(y, mask: str | None = None) -> list[int]:
+    """The columns of partial labels ``y`` with a known positive but no known negative where
+    they are scored: their AP would be 100 whatever the scores, so the mAP leaves them out.
+
+    >>> classes_without_negatives(partial_labels([[1, 1], [0, -1], [1, 0]]))
+    [0]
+    """
+    y = y if is_partial(y) else partial_labels(y)
+    pos, known = known_entries(y)
+    return np.flatnonzero(_no_negative(pos, known, _mask_of(y, mask))).tolist()
+
+
+def _scored_ap(ap: np.ndarray, pos, known, mask: str) -> np.ndarray:
+    """``ap`` without the classes `_no_negative` names (nothing to rank their positives
+    against)."""
+    return ap[~_no_negative(pos, known, mask)]
+
+
 def masked_map(scores, y, convention: str = "present", mask: str | None = None) -> float:
     """mAP x100 of partial labels (`masked_per_class_ap`, averaged as
-    `spmlkit.metrics.map_from_ap`)."""
-    return map_from_ap(masked_per_class_ap(scores, y, mask), convention)
+    `spmlkit.metrics.map_from_ap`), leaving out the classes without a known negative
+    (`classes_without_negatives`)."""
+    _, pos, known = _checked(scores, y)
+    mask = _mask_of(y, mask)
+    return map_from_ap(_scored_ap(masked_per_class_ap(scores, y, mask), pos, known, mask),
+                       convention)
 
 
 def micro_average_precision(scores, y) -> float:
@@ -189,8 +224,10 @@ def weighted_average_precision(scores, y) -> float:
     y = _partial_or_full(y)
     if not is_partial(y):
         return full.weighted_average_precision(scores, y)
-    _, pos, _ = _checked(scores, y)
-    return full.weighted_ap(masked_per_class_ap(scores, y, "entry"), pos.sum(axis=0))
+    _, pos, known = _checked(scores, y)
+    scored = ~_no_negative(pos, known, "entry")
+    return full.weighted_ap(masked_per_class_ap(scores, y, "entry")[scored],
+                            pos.sum(axis=0)[scored])
 
 
 def ndcg_at_k(scores, y, k: int, no_positive: str = "sklearn") -> float:
@@ -271,12 +308,17 @@ def masked_metrics(probs, y, *, convention: str = "present", threshold: float = 
         if not rows.any():
             raise ValueError("mask 'row': no row of the partial labels is fully known")
         out = classic_metrics(s_rows, labels, convention=convention, threshold=threshold)
+        scored = ~_no_negative(pos, known, "row")
+        ap = per_class_ap(s_rows, labels)[scored]
+        out["map"] = map_from_ap(ap, convention)
+        out["weighted_ap"] = full.weighted_ap(ap, labels.sum(axis=0)[scored])
         out["rows_scored"] = int(rows.sum())
     else:
-        ap = masked_per_class_ap(s, y, "entry")
+        scored = ~_no_negative(pos, known, "entry")
+        ap = masked_per_class_ap(s, y, "entry")[scored]
         out = {"map": map_from_ap(ap, convention), **_masked_ranking(s, pos, known),
                "micro_ap": average_precision(s[known], pos[known]) * 100.0,
-               "weighted_ap": full.weighted_ap(ap, pos.sum(axis=0)),
+               "weighted_ap": full.weighted_ap(ap, pos.sum(axis=0)[scored]),
                **_top_k_metrics(s, pos, "exclude", known)}
         pred = s >= threshold
         out["hamming_loss"] = float((pred != pos)[known].mean()) if known.any() else float("nan")
@@ -294,14 +336,17 @@ def masked_metrics(probs, y, *, convention: str = "present", threshold: float = 
 
 def masked_evaluate(scores, y, convention: str = "present") -> dict:
     """`spmlkit.metrics.evaluate` of partial labels: the masked mAP, the classes without a
-    known positive, P@k / R@k ranking each row's known labels (``"entry"``) or of the fully
-    known rows (``"row"``), and the mask."""
+    known positive, those without a known negative (left out of the mAP), P@k / R@k ranking each
+    row's known labels (``"entry"``) or of the fully known rows (``"row"``), and the mask.
+    """
     s, pos, known = _checked(scores, y)
     mask = _mask_of(y, None)
     ap = masked_per_class_ap(s, y, mask)
+    no_negative = _no_negative(pos, known, mask)
 
-    out = {"map": map_from_ap(ap, convention),
-           "classes_without_positives": np.flatnonzero(np.isnan(ap)).tolist(), "mask": mask}
+    out = {"map": map_from_ap(ap[~no_negative], convention),
+           "classes_without_positives": np.flatnonzero(np.isnan(ap)).tolist(),
+           "classes_without_negatives": np.flatnonzero(no_negative).tolist(), "mask": mask}
     if mask == "row":
         s, labels, _ = _complete_rows(s, pos, known)
     else:

@@ -48,7 +48,8 @@ def rcut(probs, k: int) -> np.ndarray:
     """N x L bool: each row's ``k`` highest scores (ties: the lower column first)."""
     p = _scores(probs)
     if not (isinstance(k, (int, np.integer)) and 1 <= k <= p.shape[1]):
-        raise ValueError(f"rcut: k must be a whole number in 1..{p.shape[1]}, got {k!r}")
+        raise ValueError(f"rcut: k must be a whole number in 1..{p.shape[1]} (the number of "
+                         f"classes), got {k!r}")
     top = np.argsort(-p, axis=1, kind="stable")[:, :k]
     out = np.zeros(p.shape, dtype=bool)
     np.put_along_axis(out, top, True, axis=1)
@@ -59,8 +60,10 @@ def lcard_threshold(probs, cardinality: float) -> float:
     """The score ``t`` whose predicted cardinality ``mean_i |{j: p_ij >= t}|`` is closest to
     ``cardinality`` (candidates: the distinct scores; a tie goes to the higher ``t``)."""
     p = _scores(probs)
-    if not cardinality > 0:
-        raise ValueError(f"lcard: the cardinality must be > 0, got {cardinality!r}")
+    if not 0 < cardinality <= p.shape[1]:
+        raise ValueError(f"lcard: k (the expected labels per row) must be > 0 and at most "
+                         f"{p.shape[1]} (the number of classes), got {cardinality!r}; a larger "
+                         f"k would give every row every class")
     values, counts = np.unique(p, return_counts=True)  # ascending
     at_least = np.cumsum(counts[::-1])[::-1] / p.shape[0]  # mean labels per row at p >= value
     gap = np.abs(at_least - cardinality)

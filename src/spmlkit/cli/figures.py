@@ -2,7 +2,11 @@
 and study folders."""
 from __future__ import annotations
 
+from ..calibration import MAX_BINS
 from .common import _ints, _whole, FORCE_HELP, _wrote, STUDY_DIR_HELP
+
+#: the most images a panel / map figure shows (one row each)
+MAX_IMAGES = 64
 
 
 def _check_out(path, force: bool) -> None:
@@ -98,9 +102,17 @@ def cmd_figure(args) -> int:
 
 def cmd_report(args) -> int:
 
+    from pathlib import Path
+
     from ..experiments.report import REPORT_FILE, write_report
     from ..experiments.study import study_folder
 
+    folder = Path(args.study)
+    if (folder / "config.json").is_file() and not (folder / "study.yaml").exists():
+        raise ValueError(f"{folder} is a run folder (config.json), not a study folder: spml "
+                         f"report writes the page of a study (spml study run). A run is read by "
+                         f"spml figure curves | calibration | histograms RUN, spml analyze ... "
+                         f"RUN and spml predict RUN; its numbers are in {folder / 'final.json'}")
     _check_out(args.out or study_folder(args.study) / REPORT_FILE, args.force)
     out = write_report(args.study, args.out, force=args.force)
     _wrote(out)
@@ -135,7 +147,8 @@ def register(sub) -> None:
     a.add_argument("--epochs", type=_ints, default=None,
                    help="comma-separated 1-based epochs, e.g. 1,5,25 (default: first, middle, "
                         "last)")
-    a.add_argument("--bins", type=int, default=20, help="histogram bins (default: 20)")
+    a.add_argument("--bins", type=_whole(1, MAX_BINS), default=20,
+                   help=f"histogram bins, 1 to {MAX_BINS} (default: 20)")
     for a in asub.choices.values():
         a.add_argument("--out", required=True, metavar="FILE",
                        help="where to write the figure (.png or .svg)")
@@ -164,11 +177,13 @@ def register(sub) -> None:
     f = fsub.add_parser("histograms", help="train probabilities of observed positives, "
                         "unobserved positives and negatives (Cole Fig. 2, Zhou Fig. 4b)")
     f.add_argument("run", metavar="RUN")
-    f.add_argument("--bins", type=int, default=20, help="histogram bins (default: 20)")
+    f.add_argument("--bins", type=_whole(1, MAX_BINS), default=20,
+                   help=f"histogram bins, 1 to {MAX_BINS} (default: 20)")
     f = fsub.add_parser("landscape", help="training loss around the trained weights along two "
                         "filter-normalised random directions (Li et al. 2018; Zhou Fig. 5)")
     f.add_argument("run", metavar="RUN")
-    f.add_argument("--steps", type=int, default=21, help="grid points per axis")
+    f.add_argument("--steps", type=int, default=21,
+                   help="grid points per axis, 2 to 1001 (steps^2 loss evaluations; default 21)")
     f.add_argument("--span", type=float, default=1.0, help="grid half-width")
     f.add_argument("--seed", type=int, default=0, help="seed of the directions")
     f.add_argument("--max-examples", type=int, default=None,
@@ -176,25 +191,30 @@ def register(sub) -> None:
     f = fsub.add_parser("calibration", help="reliability diagram and per-class expected "
                         "calibration error of a run's test probabilities (spmlkit.calibration)")
     f.add_argument("run", metavar="RUN")
-    f.add_argument("--bins", type=_whole(1), default=15, help="equal-width bins (default 15)")
+    f.add_argument("--bins", type=_whole(1, MAX_BINS), default=15,
+                   help=f"equal-width bins, 1 to {MAX_BINS} (default 15)")
     f.add_argument("--temperature", action="store_true",
                    help="also fit one temperature per class on the val split and show the "
                         "test calibration after it")
     f = fsub.add_parser("panel", help="images with their labels and top predictions (Zhou "
                         "Fig. 6)")
     f.add_argument("run", metavar="RUN")
-    f.add_argument("--n", type=int, default=8, help="images shown")
+    f.add_argument("--n", type=_whole(1, MAX_IMAGES), default=8,
+                   help=f"images shown, 1 to {MAX_IMAGES} (default 8)")
     f = fsub.add_parser("cam", help="class activation maps of the top classes (OPML Fig. 7)")
     f.add_argument("run", metavar="RUN")
-    f.add_argument("--n", type=int, default=4, help="images shown")
+    f.add_argument("--n", type=_whole(1, MAX_IMAGES), default=4,
+                   help=f"images shown, 1 to {MAX_IMAGES} (default 4)")
     f = fsub.add_parser("attention", help="a LAC run's label-wise attention maps (LAC Fig. 6)")
     f.add_argument("run", metavar="RUN")
-    f.add_argument("--n", type=int, default=4, help="images shown")
+    f.add_argument("--n", type=_whole(1, MAX_IMAGES), default=4,
+                   help=f"images shown, 1 to {MAX_IMAGES} (default 4)")
     for name in ("panel", "cam", "attention"):
         f = fsub.choices[name]
         f.add_argument("--split", choices=["train", "val", "test"], default="test",
                        help="the split the images are drawn from (default: test)")
-        f.add_argument("--top", type=int, default=3, help="predicted classes shown per image")
+        f.add_argument("--top", type=_whole(1), default=3,
+                   help="predicted classes shown per image (default 3)")
         f.add_argument("--seed", type=int, default=0, help="seed of the image choice")
     for f in fsub.choices.values():
         f.add_argument("--out", default=None, metavar="FILE",

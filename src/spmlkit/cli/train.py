@@ -567,11 +567,21 @@ def _config_value(where: str, key, value, action):
             raise ValueError(f"{what}: a switch, give true or false, got {value!r}")
         return value if isinstance(action, argparse._StoreTrueAction) else not value
     if isinstance(action, argparse._AppendAction):
-        if isinstance(value, dict):
-            return [f"{k}={_flag_text(v)}" for k, v in value.items()]
-        if isinstance(value, list):
-            return [str(v) for v in value]
-        return [str(value)]
+        # KEY=VALUE (--hp, --data, ...) or NAME:WEIGHT (--reg): a mapping, or items written
+        # as the flag takes them; anything else would be reported later as a flag never typed
+        sep = ":" if action.metavar == "NAME:WEIGHT" else "="
+        items = value if isinstance(value, list) else [value]
+        out = []
+        for item in items:
+            if isinstance(item, dict):
+                out += [f"{k}{sep}{_flag_text(v)}" for k, v in item.items()]
+            elif isinstance(item, str) and sep in item:
+                out.append(item)
+            else:
+                example = "{reg_name: 0.1}" if sep == ":" else "{name: value}"
+                raise ValueError(f"{what}: a mapping, e.g. '{key}: {example}' (or a list of "
+                                 f"{action.metavar} strings), got {value!r}")
+        return out
     if isinstance(value, (dict, list)):
         raise ValueError(f"{what}: one value, got {value!r}")
     try:

@@ -81,6 +81,15 @@ def _class_names(classes, width: int, path) -> list[str]:
     return list(classes)
 
 
+def no_such_file(path, what: str, option: str | None = None) -> FileNotFoundError:
+    """The error of a missing ``what`` file ``path``: the option that gave it (``--data
+    OPTION=...``) and, for a relative path, the folder it was looked for in."""
+    given = f" (given as --data {option}={path})" if option else ""
+    here = "" if Path(path).is_absolute() else \
+        f"; a relative path is read from the current folder, {os.getcwd()}"
+    return FileNotFoundError(f"{what} file {path}{given} does not exist{here}")
+
+
 def load_matrix(path, keys: Sequence[str] = (), what: str = "array",
                 mmap_mode: str | None = None) -> np.ndarray:
     """Read one array from a ``.npy`` file, or from a ``.npz`` file (the first of ``keys`` it
@@ -100,7 +109,7 @@ def load_matrix(path, keys: Sequence[str] = (), what: str = "array",
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{what} file {path} does not exist")
+        raise no_such_file(path, what)
     suffix = path.suffix.lower()
     if suffix not in MATRIX_SUFFIXES:
         raise ValueError(f"{path}: {what} must be a .npy or .npz file, got {path.suffix or 'no'} "
@@ -178,7 +187,7 @@ def read_class_names(path) -> list[str]:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"class-names file {path} does not exist")
+        raise no_such_file(path, "class-names", "class_names")
     names, seen = [], {}
     for lineno, line in enumerate(_read_lines(path), start=1):
         name = line.strip()
@@ -247,7 +256,7 @@ def read_label_names(path, classes: Sequence[str] | None = None) -> tuple[np.nda
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"labels file {path} does not exist")
+        raise no_such_file(path, "labels")
     lines = _read_lines(path)
     first = 1 if lines and lines[0].strip().strip(_QUOTES).lower() == HEADER else 0
     rows = []
@@ -486,7 +495,9 @@ def features_dataset(name: str, train: Part, classes: Sequence[str], *, test: Pa
     if test is None and split == "stratified":
         from .stratify import stratified_test
 
-        pool_idx, test_idx = stratified_test(train.y, test_fraction, seed)
+        pool_idx, test_idx = stratified_test(
+            train.y, test_fraction, seed, f"{train.y_where}: the test set carved out (--data "
+            f"split=stratified, test_fraction={test_fraction})")
     elif test is None:
         pool_idx, test_idx = cole_split(len(train.y), test_fraction, seed)
     if test is None:
@@ -599,6 +610,11 @@ def load_arrays(features: str | os.PathLike | np.ndarray, labels: str | os.PathL
                       val_features is not None, f"dataset {name!r}")
     partial = eval_labels == "partial"
     classes = resolve_class_names(class_names)
+    for value, option in ((features, "features"), (labels, "labels"),
+                          (test_features, "test_features"), (test_labels, "test_labels"),
+                          (val_features, "val_features"), (val_labels, "val_labels")):
+        if isinstance(value, (str, os.PathLike)) and not Path(value).exists():
+            raise no_such_file(value, option.replace("_", " "), option)
     train, classes = _part(features, labels, "labels", classes, train_labels == "observed")
     test = val = None
     if test_features is not None:

@@ -282,7 +282,10 @@ def _val_split(ds: Dataset, y, seed: int) -> tuple[np.ndarray, np.ndarray]:
     if ds.meta.get("split") == "stratified":
         from .stratify import stratified_test
 
-        return stratified_test(y, ds.val_fraction, seed)
+        return stratified_test(y, ds.val_fraction, seed,
+                               f"{ds.meta.get('labels') or ds.name}: the val set split from the "
+                               f"training rows (--data split=stratified, val fraction "
+                               f"{ds.val_fraction})")
     return cole_split(len(y), ds.val_fraction, seed)
 
 

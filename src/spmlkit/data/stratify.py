@@ -53,15 +53,22 @@ def positives_of(y) -> np.ndarray:
     return (np.nan_to_num(arr.astype(np.float64)) == 1).astype(np.uint8)
 
 
-def stratified_test(y, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def stratified_test(y, fraction: float, seed: int, where: str | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
     """``(rest, test)`` sorted row indices: about ``round(fraction * N)`` test rows (iterative
     stratification places rows class by class, so the sizes can differ by a few rows),
-    stratified on the positives of ``y``."""
+    stratified on the positives of ``y``; ``where`` (the file and option the split comes
+    from) starts the message of a split that leaves a part empty."""
     pos = positives_of(y)
     n = len(pos)
     n_test = int(round(fraction * n))
     if not 0 < n_test < n:
-        raise ValueError(f"a fraction of {fraction} of {n} rows leaves an empty part")
+        at = f"{where}: " if where else ""
+        raise ValueError(f"{at}a fraction of {fraction} of {n} row(s) leaves an empty part "
+                         f"({n_test} row(s) carved out, {n - n_test} left); give more rows"
+                         f"{' or the part in a file of its own' if where else ''}")
+    if pos.shape[1] == 1:  # one class: stratify on it and its absence (iterstrat needs two)
+        pos = np.concatenate([pos, 1 - pos], axis=1)
     splitter = _iterstrat().MultilabelStratifiedShuffleSplit(n_splits=1, test_size=n_test,
                                                              random_state=seed)
     rest, test = next(splitter.split(np.zeros((n, 1)), pos))

@@ -57,7 +57,7 @@ import numpy as np
 from ..labels import OFFICIAL_SEED, observed_from_cells, positives_to_observed, \
     validate_full_labels
 from .arrays import TEST_FRACTION, Part, _preview, check_eval_labels, check_features, \
-    features_dataset, partial_part, check_found_names, resolve_class_names
+    features_dataset, no_such_file, partial_part, check_found_names, resolve_class_names
 from .protocol import Dataset, check_train_labels
 from .registry import register
 
@@ -161,7 +161,8 @@ _DECOMPRESSORS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open, ".zip": 
                   ".zst": _zstd}
 
 
-def read_table(path, what: str = "table", text_columns: Sequence[str] = ()):
+def read_table(path, what: str = "table", text_columns: Sequence[str] = (),
+               option: str | None = None):
     """A CSV / TSV / Parquet file as a pandas ``DataFrame``; the CSV columns named in
     ``text_columns`` (an id column) are read as text, as written (``007`` stays ``007``).
 
@@ -177,7 +178,7 @@ def read_table(path, what: str = "table", text_columns: Sequence[str] = ()):
         raise ValueError(f"{what} file {path} is a folder; give the path of a "
                          f"{', '.join(TABLE_SUFFIXES)} file")
     if not path.is_file():
-        raise FileNotFoundError(f"{what} file {path} does not exist")
+        raise no_such_file(path, what, option)
     suffix = table_kind(path)
     if suffix is None:
         raise ValueError(f"{path}: a {what} must be a {', '.join(TABLE_SUFFIXES)} file (a .csv "
@@ -382,10 +383,22 @@ def _split_names(cell) -> list[str]:
     return [n.strip() for n in text.split(_NAME_SEPARATORS[0]) if n.strip()]
 
 
+def _partial_hint(split: str) -> str:
+    """The option that reads a split's labels as partial (1 / -1 known, 0 or empty unknown)."""
+    if split == "train":
+        return "partial training labels, 1 / -1 known and an empty cell unknown: --data " \
+               "train_labels=observed"
+    return f"partial {split} labels, 1 / -1 known and an empty cell unknown: --data " \
+           f"eval_labels=partial"
+
+
 def table_labels(df, columns: Sequence[str], where: str, observed: bool = False,
-                 classes: Sequence[str] | None = None) -> tuple[np.ndarray, list[str]]:
+                 classes: Sequence[str] | None = None, split: str = "train"
+                 ) -> tuple[np.ndarray, list[str]]:
     """The label matrix of ``columns``: full 0 / 1 labels, or (``observed``) 1 / 0 / -1 with
     empty cells unobserved; one text column of ``;``-separated class names per row works too.
+    ``split`` (train, val or test) chooses the option a refusal of full labels points to
+    (``train_labels=observed``, or ``eval_labels=partial`` for val / test labels).
 
     Returns:
         ``(y, classes)``: uint8 (full) or int8 (observed) N x L, and the class names (the
@@ -429,9 +442,13 @@ def table_labels(df, columns: Sequence[str], where: str, observed: bool = False,
         if empty.any():
             r, j = np.argwhere(empty)[0]
             raise ValueError(f"{where}: label column {columns[j]!r} has an empty cell (row {r}); "
-                             f"full labels are 0 or 1 in every cell (partial training labels: "
-                             f"train_labels=observed)")
-        y = validate_full_labels(values, f"{where} (columns {_preview(columns)})")
+                             f"full labels are 0 or 1 in every cell ({_partial_hint(split)})")
+        try:
+            y = validate_full_labels(values, f"{where} (columns {_preview(columns)})")
+        except ValueError as err:
+            if not (values == -1).any():
+                raise
+            raise ValueError(f"{err} ({_partial_hint(split)})") from None
     if classes is not None and len(classes) != len(columns):
         raise ValueError(f"{where}: {len(columns)} label columns but {len(classes)} class names")
     return y, list(classes) if classes is not None else columns
@@ -502,7 +519,7 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
                       or val_path is not None, f"dataset {name!r}")
     observed = train_labels == "observed"
     path = Path(path)
-    df = read_table(path, text_columns=[id_column] if id_column else ())
+    df = read_table(path, text_columns=[id_column] if id_column else (), option="path")
     where = str(path)
     if split_column is not None and (test_path is not None or val_path is not None):
         raise ValueError(f"{where}: give split_column (one file of every row) or test_path / "
@@ -566,7 +583,8 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
             raise ValueError(f"{where}: no row has {split_column}=train")
     for s, p in (("test", test_path), ("val", val_path)):
         if p is not None:
-            frames[s] = (read_table(p, f"{s} table", [id_column] if id_column else ()),
+            frames[s] = (read_table(p, f"{s} table", [id_column] if id_column else (),
+                                    f"{s}_path"),
                          str(p))
 
     def part(s: str, observed_labels: bool = False):
@@ -575,7 +593,7 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
         missing = [c for c in label_cols if c not in frame.columns]
         if missing:
             raise ValueError(f"{frame_where}: label column(s) {_preview(missing)} missing")
-        y, names = table_labels(frame, label_cols, frame_where, observed_labels, classes)
+        y, names = table_labels(frame, label_cols, frame_where, observed_labels, classes, s)
         ids = table_ids(frame, id_column, frame_where) \
             if id_column and id_column in frame.columns else None
         return Part(x, y, frame_where, frame_where, ids), names

@@ -78,11 +78,18 @@ STATE_FORMAT = "spmlkit-train-state/1"
 Batch = tuple  # (inputs, observed B x L, index B): what a batch source yields
 
 
-def diverged(epoch: int, loss: float, where: str = "") -> str:
+def diverged(epoch: int, loss: float, where: str = "", weight_decay: float = 0.0) -> str:
     """The one line of a run whose mean train loss is not finite: what to try, and what else
-    does it when a smaller learning rate does not."""
-    return (f"training diverged at epoch {epoch}{where} (loss {loss}); try a smaller learning "
-            f"rate. If it diverges at every rate, look at what the run was given: features "
+    does it when a smaller learning rate does not; a weight decay of 1 or more (Adam's coupled
+    L2 multiplies the weights by it) is named first, any other one beside the rate."""
+    if weight_decay >= 1.0:
+        return (f"training diverged at epoch {epoch}{where} (loss {loss}) with a weight decay "
+                f"of {weight_decay:g} (--weight-decay; usual values are 1e-5 ... 1e-2): "
+                f"give a smaller one")
+    rate = "learning rate" if not weight_decay else \
+        f"learning rate or weight decay (--weight-decay, now {weight_decay:g})"
+    return (f"training diverged at epoch {epoch}{where} (loss {loss}); try a smaller {rate}. "
+            f"If it diverges at every rate, look at what the run was given: features "
             f"with huge values (e.g. 1e38: standardise them), a loss's eps or a regulariser's "
             f"weight")
 
@@ -404,7 +411,10 @@ class _Run:
         train_loss = (0.0 if total is None else float(total)) / self.num_examples
         if not np.isfinite(train_loss):
             where = f" (stage {stage.name}, its epoch {e + 1})" if stage.name is not None else ""
-            raise FloatingPointError(diverged(g + 1, train_loss, where))
+            groups = getattr(opt, "param_groups", None) or getattr(opt, "groups", ())
+            decay = max((float(group.get("weight_decay", 0.0)) for group in groups
+                         if isinstance(group, dict)), default=0.0)  # Adam's, or LeanAdam's
+            raise FloatingPointError(diverged(g + 1, train_loss, where, decay))
         logits_all = self.train_logits() if loss.needs_train_predictions else None
         loss.on_epoch_end(g, logits_all)
         if self.after_epoch is not None:

@@ -448,7 +448,8 @@ class StackedRuns:
         train_all = self.model.predict(self.x) if self.stacked.needs_train_predictions else None
         for r in live:
             if not np.isfinite(train_loss[r]):
-                self.errors[r] = FloatingPointError(diverged(epoch + 1, train_loss[r]))
+                self.errors[r] = FloatingPointError(diverged(
+                    epoch + 1, train_loss[r], weight_decay=self.configs[r].weight_decay))
                 continue
             try:
                 self.losses[r].on_epoch_end(epoch, None if train_all is None else train_all[r])

@@ -98,10 +98,35 @@ def _check_own_file(path: Path) -> None:
                               f"handed to you? remove it, or start a new folder)", str(path))
 
 
+#: below this many free bytes a "disk I/O error" of SQLite is a full disk (its -wal / -shm
+#: files could not grow)
+_FULL_BELOW = 1 << 20
+
+
+def _free_bytes(path: Path) -> int:
+    """Free bytes on the disk of ``path``'s folder (a large number when it cannot be told)."""
+    import shutil
+
+    try:
+        return int(shutil.disk_usage(path.parent if path.parent.exists() else ".").free)
+    except OSError:
+        return 1 << 62
+
+
 def _full_disk(path: Path, err: Exception) -> None:
     """A full disk (or a read-only one) is said as such, naming the store, never called damage:
     the transaction was rolled back, the store is as it was."""
     text = str(err).lower()
+    if "disk i/o error" in text and _free_bytes(path) < _FULL_BELOW:
+        # opening: SQLite cannot grow its -wal / -shm files on a full disk and says "disk I/O
+        # error"; nothing was written, the file was not damaged
+        raise OSError(errno.ENOSPC, f"No space left on the disk ({_free_bytes(path)} bytes "
+                      f"free; SQLite: {err}); the store is unchanged: free space and re-run the "
+                      f"same command", str(path)) from None
+    if "disk i/o error" in text:
+        raise OSError(errno.EIO, f"the disk reported an input/output error (SQLite: {err}), "
+                      f"not a sign of a damaged store: check the disk, then re-run the same "
+                      f"command", str(path)) from None
     if "disk is full" in text:
         raise OSError(errno.ENOSPC, f"No space left on the disk (SQLite: {err}); the store is "
                       f"unchanged (the write was rolled back): free space and re-run the same "
@@ -184,6 +209,7 @@ class StudyStore:
                 last = err
                 continue
             except sqlite3.DatabaseError as err:
+                _full_disk(self.path, err)
                 raise ValueError(f"{self.path} is not a usable results store ({err}): a "
                                  f"damaged file or another file under that name; restore it "
                                  f"from a copy") from None

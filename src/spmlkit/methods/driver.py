@@ -568,6 +568,15 @@ def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
         sparse = _few_known_negatives(splits.val.y, threshold)
         if sparse is not None:
             result["warnings"] = [*result["warnings"], sparse]
+        if test.get("classes_without_negatives"):
+            # partial test labels: positives and no known negative, an AP of 100 whatever the
+            # scores; left out of the test mAP and named (val's warning is the threshold's)
+            names = [str(splits.class_names[j]) for j in test["classes_without_negatives"]]
+            result["test_map_left_out_without_negative"] = names
+            result["warnings"] = [*result["warnings"], (
+                f"test mAP: {len(names)} class(es) have known positives and no known negative "
+                f"in the partial test labels (an AP of 100 whatever the scores) and are left "
+                f"out of the mean: {', '.join(names[:8])}{', ...' if len(names) > 8 else ''}")]
         if conv == "present" and test.get("classes_without_positives"):
             # left out of the test mAP's mean (no positive to rank): named where it is read
             result["test_map_left_out"] = [str(splits.class_names[j])

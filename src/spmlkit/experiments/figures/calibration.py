@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ...analysis import format_table, run_label
-from ...calibration import apply_temperatures, class_ece, fit_class_temperatures, reliability
+from ...calibration import _fit_temperatures, apply_temperatures, class_ece, reliability
 from ...runs import read_predictions
 from .plotting import new_figure, save_figure
 
@@ -26,6 +26,8 @@ class Calibration:
     temperatures: np.ndarray | None = None
     scaled: dict | None = None
     scaled_ece: np.ndarray | None = None
+    #: the classes whose val rows hold no positive or no negative: no temperature fitted (T = 1)
+    unfitted: list | None = None
 
     def table(self) -> str:
         head = ["class", "test ECE"] + (["T (val)", "test ECE after T"]
@@ -36,8 +38,14 @@ class Calibration:
                                         if self.temperatures is not None
                                         else ([self.ece, self.ece])))]
         rows.append(["(all entries)", self.raw["ece"]] + (
-            [float("nan"), self.scaled["ece"]] if self.scaled is not None else []))
-        return format_table(head, rows, ".4f")
+            ["", self.scaled["ece"]] if self.scaled is not None else []))  # no pooled T
+        text = format_table(head, rows, ".4f")
+        if self.unfitted:
+            text += (f"\nT = 1 kept (no temperature fitted) for {len(self.unfitted)} class(es) "
+                     f"whose val rows hold no positive or no negative: "
+                     f"{', '.join(map(str, self.unfitted[:8]))}"
+                     f"{', ...' if len(self.unfitted) > 8 else ''}")
+        return text
 
 
 def calibration_of(probs_val, y_val, probs_test, y_test, class_names, bins: int = 15,
@@ -47,7 +55,8 @@ def calibration_of(probs_val, y_val, probs_test, y_test, class_names, bins: int 
     cal = Calibration(run, list(class_names), reliability(probs_test, y_test, bins),
                       class_ece(probs_test, y_test, bins))
     if temperature:
-        cal.temperatures = fit_class_temperatures(probs_val, y_val)
+        cal.temperatures, unfitted = _fit_temperatures(probs_val, y_val)
+        cal.unfitted = [cal.class_names[j] for j in unfitted]
         scaled = apply_temperatures(probs_test, cal.temperatures)
         cal.scaled, cal.scaled_ece = reliability(scaled, y_test, bins), class_ece(scaled, y_test,
                                                                                    bins)
