@@ -15,9 +15,10 @@ warm-started, stopped 4 values after val's best), its C picked on val. The sciki
 ``LogisticRegression`` fitted by scikit-learn on the same rows and observed labels, C chosen on
 val from the same 17 values. Columns:
 
-- ``picked``: the loss a user gets, picked on val with the one-standard-error rule
-  (`spmlkit.experiments.solver_benchmark.pick_on_val`: another loss replaces AN only when its val
-  gain exceeds one standard error of the paired difference);
+- ``picked``: the loss a user gets, picked on val by
+  `spmlkit.experiments.solver_benchmark.pick_on_val` (another loss replaces AN only when its val
+  gain over AN is significant: a paired bootstrap over the val rows, 5 % one-sided, Bonferroni
+  over the candidates);
 - ``best_val``: the loss with the best val mAP taken as it is (no rule);
 - ``sklearn``: the tuned logistic regression; ``gap`` = picked - sklearn (test mAP);
 - ``oracle``: the loss with the best mean *test* mAP, which no user can choose (labelled so);
@@ -137,7 +138,8 @@ def write_outputs(out: Path, rows: list, meta: dict) -> None:
              f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}  ",
              f"Versions: {meta['versions']}", "",
              "Test mAP, mean ± std over 3 draws of the observed labels (one positive per "
-             "training row). *picked*: the loss picked on val (one-standard-error rule over AN); "
+             "training row). *picked*: the loss picked on val (the scikit-learn row unless "
+             "another loss's val gain over it is significant); "
              "*best val*: the best val mAP as it is; *oracle*: the best mean test mAP (no user "
              "can choose it). CPU: seconds per solve of AN's path against scikit-learn's "
              "seconds per C (one thread each).", "",

@@ -571,10 +571,12 @@ def test_the_options_that_used_to_collide_now_work(ws, capsys):
 
     d = Path(ws["d"])
     out = d / "runs-ok"
-    assert main(shlex.split(f"train --epochs 1 --quiet --out {out} --dataset arrays --data "
+    assert main(shlex.split(f"train --solver adam --epochs 1 --quiet --out {out} --dataset "
+                            f"arrays --data "
                             f"features={d}/x.npy --data labels={d}/y.npy --data name=mine")) == 0
     assert (out / "mine-an-1p-s0" / "config.json").is_file()
-    assert main(shlex.split(f"train --epochs 1 --quiet --out {out} --dataset folder --data "
+    assert main(shlex.split(f"train --solver adam --epochs 1 --quiet --out {out} --dataset "
+                            f"folder --data "
                             f"root={d}/img --backbone tiny_cnn --cache-dir {d}/cache --data "
                             f"'features={{\"num_workers\": 0}}'")) == 0
     config = json.loads((out / "folder-an-1p-s0" / "config.json").read_text())

@@ -204,8 +204,9 @@ def test_a_resume_reads_the_data_it_started_with_from_any_folder(tmp_path, capsy
     np.save(data / "x.npy", ds.pool.x)
     np.save(data / "y.npy", ds.pool.y)
     monkeypatch.chdir(data)
-    argv = ["train", "--dataset", "arrays", "--data", "features=x.npy", "--data",
-            "labels=y.npy", "--epochs", "4", "--lr", "1e-2", "--out", str(tmp_path / "runs"),
+    argv = ["train", "--solver", "adam", "--dataset", "arrays", "--data", "features=x.npy",
+            "--data", "labels=y.npy", "--epochs", "4", "--lr", "1e-2",
+            "--out", str(tmp_path / "runs"),
             "--quiet"]
     with ctrl_c_after_epoch(2):
         assert main(argv) == 130
@@ -267,7 +268,8 @@ def test_a_class_without_a_test_positive_is_named_as_left_out_of_the_mean(tmp_pa
     data = [f"{k}={tmp_path / v}.npy" for k, v in (("features", "x"), ("labels", "y"),
                                                     ("test_features", "xt"),
                                                     ("test_labels", "yt"))]
-    assert main(["train", "--dataset", "arrays", *[a for d in data for a in ("--data", d)],
+    assert main(["train", "--solver", "adam", "--dataset", "arrays",
+                 *[a for d in data for a in ("--data", d)],
                  "--epochs", "1", "--quiet", "--out", str(tmp_path / "r")]) == 0
     assert "test mAP: the mean over the classes with a positive in the test set; 1 class(es) " \
            "have none and are left out: class13" in capsys.readouterr().err
@@ -317,7 +319,8 @@ def test_a_renamed_dataset_and_a_class_names_file_are_recorded_for_the_resume(tm
     np.save(data / "y.npy", ds.pool.y)
     (data / "names.txt").write_text("\n".join(f"c{j}" for j in range(14)) + "\n")
     monkeypatch.chdir(data)
-    assert main(["train", "--dataset", "arrays", "--data", "features=x.npy", "--data",
+    assert main(["train", "--solver", "adam", "--dataset", "arrays", "--data", "features=x.npy",
+                 "--data",
                  "labels=y.npy", "--data", "class_names=names.txt", "--data", "name=mine",
                  "--epochs", "2", "--quiet", "--out", str(tmp_path / "runs")]) == 0
     (run,) = (tmp_path / "runs").iterdir()

@@ -428,7 +428,8 @@ def test_image_source_without_a_backbone_says_what_to_add(images, capsys):
     root, _, _ = images
     msg = ("dataset 'folder' holds images, not feature vectors, and --mode linear trains on "
            "feature vectors: an image source needs a backbone (--backbone NAME")
-    assert main(["train", "--dataset", "folder", "--data", f"root={root / 'tree'}",
+    assert main(["train", "--solver", "adam", "--dataset", "folder", "--data",
+                 f"root={root / 'tree'}",
                  "--epochs", "1", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert msg in err and "--mode finetune" in err and "could not convert" not in err
@@ -438,8 +439,9 @@ def test_image_source_without_a_backbone_says_what_to_add(images, capsys):
         train_run("linear", s, "an", out=root / "runs")
     assert not (root / "runs").exists()
     # a study / benchmark refuses it when the spec is read, not once per grid point
-    assert main(["benchmark", "--dataset", "csv", "--data", f"path={root / 'tags.csv'}",
-                 "--losses", "an", "--epochs", "1", "--out", str(root / "bench")]) == 2
+    assert main(["benchmark", "--solver", "adam", "--dataset", "csv", "--data",
+                 f"path={root / 'tags.csv'}", "--losses", "an", "--epochs", "1",
+                 "--out", str(root / "bench")]) == 2
     err = capsys.readouterr().err
     assert "dataset 'csv' holds images and mode 'linear' trains on feature vectors: give the " \
            "dataset a backbone" in err

@@ -55,6 +55,9 @@ SAMPLES = {
     "losses": ["--losses", "an,epr"], "no_references": ["--no-references"],
     "seeds": ["--seeds", "2"], "batch_sizes": ["--batch-sizes", "16"], "lrs": ["--lrs", "1e-2"],
     "weight_decays": ["--weight-decays", "0,1e-3"],
+    # the solver (spml train and spml benchmark)
+    "solver": ["--solver", "lbfgs"], "cs": ["--cs", "0.1,1"], "pick": ["--pick", "best"],
+    "train_predictions": ["--train-predictions"],
 }
 
 
@@ -175,7 +178,14 @@ def test_a_benchmark_option_changes_the_study_or_is_refused(option, monkeypatch,
             seen["sklearn"] = kw.get("sklearn")
             return {"results": [], "table": "", "failure_groups": [], "missing": []}
 
+        def solve(*a, **kw):  # the solver benchmark: what it is given
+            kw.pop("argv", None)
+            kw.pop("progress", None)
+            seen["solver"] = [a, kw]
+            return {"table": ""}
+
         monkeypatch.setattr(bench, "run_benchmark", run)
+        monkeypatch.setattr("spmlkit.experiments.solver_benchmark.run_solver_benchmark", solve)
         cmd_benchmark(build_parser().parse_args(["benchmark", "--quiet", *argv]))
         return json.loads(json.dumps(seen, default=str))
 
@@ -206,7 +216,8 @@ def test_a_train_config_field_a_mode_does_not_read_is_refused(mode, field):
     assert field in FIELD_SAMPLES, f"add a sample value of TrainConfig.{field}"
     config = TrainConfig(**{field: FIELD_SAMPLES[field]}) if field != "device" else \
         dataclasses.replace(TrainConfig(), device="meta")
-    if field in COMMON_TRAIN_FIELDS or field in m.train_fields:
+    if (field in COMMON_TRAIN_FIELDS and field not in m.unused_train_fields) or \
+            field in m.train_fields:
         check_train_fields(m, config)
         return
     with pytest.raises(ValueError, match=f"--mode {mode} does not use it"):

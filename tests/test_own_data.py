@@ -25,7 +25,8 @@ pd = pytest.importorskip("pandas")
 
 #: the seed of the fixture's single-positive draw (not the official 1200: a user's own labels)
 DRAW_SEED = 7
-GRID = ["--seeds", "1", "--epochs", "2", "--batch-sizes", "16", "--lrs", "1e-2,1e-3",
+GRID = ["--solver", "adam", "--seeds", "1", "--epochs", "2", "--batch-sizes", "16", "--lrs",
+        "1e-2,1e-3",
         "--jobs", "1", "--quiet"]
 GIVEN = "an@given,wan@given,epr@given,role@given,em@given"
 
@@ -226,7 +227,8 @@ def test_an_identifier_column_is_refused_as_a_feature_and_the_columns_are_record
     named = load_dataset("tabular", features="id,att*", **common)  # named: a feature by choice
     assert named.meta["feature_columns"][0] == "id"
     out = tmp_path / "runs"
-    assert main(["train", *own["data"], "--loss", "an", "--epochs", "1", "--quiet",
+    assert main(["train", "--solver", "adam", *own["data"], "--loss", "an", "--epochs", "1",
+                 "--quiet",
                  "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert "features: 103 column(s) of" in err and "att0" in err and "id," not in err
@@ -236,7 +238,7 @@ def test_an_identifier_column_is_refused_as_a_feature_and_the_columns_are_record
     assert config["features"]["columns"] == [f"att{j}" for j in range(103)]
     i = own["data"].index("id_column=id")
     drop = own["data"][:i - 1] + own["data"][i + 1:]  # the table without id_column=id
-    assert main(["train", *drop, "--loss", "an", "--epochs", "1", "--quiet",
+    assert main(["train", "--solver", "adam", *drop, "--loss", "an", "--epochs", "1", "--quiet",
                  "--out", str(tmp_path / "no-id")]) == 2
     assert "look like row identifiers" in capsys.readouterr().err
 
@@ -247,7 +249,8 @@ def test_tables_are_standardised_by_default_in_train_and_predict(own, tmp_path, 
     runs = {}
     for flag in ([], ["--data", "standardize=false"]):
         out = tmp_path / ("off" if flag else "on")
-        assert main(["train", *own["data"], *flag, "--loss", "an", "--epochs", "2",
+        assert main(["train", "--solver", "adam", *own["data"], *flag, "--loss", "an", "--epochs",
+                     "2",
                      "--quiet", "--out", str(out)]) == 0
         (runs[bool(flag)],) = out.iterdir()
     err = capsys.readouterr().err
@@ -281,7 +284,8 @@ def test_predict_reads_new_rows_as_written_or_says_what_is_wrong(own, tmp_path, 
     an empty id, a column named twice (pandas renamed the second ``att0`` and the first was
     used), and rows with one field more than the header (pandas made the first column the
     index and read every feature one column to the left, exit 0) are refused by name."""
-    assert main(["train", *own["data"], "--loss", "an", "--epochs", "1", "--quiet", "--out",
+    assert main(["train", "--solver", "adam", *own["data"], "--loss", "an", "--epochs", "1",
+                 "--quiet", "--out",
                  str(tmp_path / "r")]) == 0
     (run,) = (tmp_path / "r").iterdir()
     header = "id," + ",".join(f"att{j}" for j in range(103))
@@ -322,7 +326,7 @@ def test_observed_labels_without_a_positive_are_refused(own, tmp_path):
 
 def test_label_columns_named_twice_are_refused(own, capsys):
     data = [a if a != "labels=Class*" else "labels=Class1,Class2,Class1" for a in own["data"]]
-    assert main(["train", *data, "--epochs", "1", "--quiet"]) == 2
+    assert main(["train", "--solver", "adam", *data, "--epochs", "1", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "label column(s) ['Class1'] given more than once" in err
 
@@ -356,7 +360,7 @@ def test_compressed_tables_train_and_predict_as_the_plain_ones(own, tmp_path, ca
     assert data != own["data"]
     finals = []
     for d, out in ((own["data"], tmp_path / "plain"), (data, tmp_path / "packed")):
-        assert main(["train", *d, "--loss", "an", "--epochs", "2", "--quiet",
+        assert main(["train", "--solver", "adam", *d, "--loss", "an", "--epochs", "2", "--quiet",
                      "--out", str(out)]) == 0
         (run,) = out.iterdir()
         finals.append(json.loads((run / "final.json").read_text())["test_map"])

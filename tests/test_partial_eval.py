@@ -51,8 +51,9 @@ def partial(tmp_path_factory):
 @pytest.mark.parametrize("mask", ["entry", "row"])
 def test_train_select_and_score_on_partial_labels_from_csv(partial, tmp_path, capsys, mask):
     out = tmp_path / "runs"
-    assert main(["train", *partial["data"], "--data", f"eval_mask={mask}", "--regime", "given",
-                 "--loss", "an", "--epochs", "4", "--quiet", "--out", str(out)]) == 0
+    assert main(["train", "--solver", "adam", *partial["data"], "--data", f"eval_mask={mask}",
+                 "--regime", "given", "--loss", "an", "--epochs", "4", "--quiet",
+                 "--out", str(out)]) == 0
     said = "".join(capsys.readouterr())
     assert "val (145 rows carved out of the test set, fraction 0.2) partially labelled (" in said
     assert "of entries known), scored masked" in said
@@ -184,12 +185,14 @@ def test_k_from_partial_val_labels_says_what_it_assumes_and_refuses_an_estimate(
             "--data", f"labels={tmp_path / 'z.npy'}", "--data", "train_labels=observed",
             "--data", f"test_features={tmp_path / 'xt.npy'}", "--data",
             f"test_labels={tmp_path / 'yt.npy'}", "--data", "eval_labels=partial"]
-    assert main(["train", *data, "--loss", "epr", "--epochs", "1", "--k-estimate", "50",
+    assert main(["train", "--solver", "adam", *data, "--loss", "epr", "--epochs", "1",
+                 "--k-estimate", "50",
                  "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "--k-estimate 50: estimating k needs fully labelled rows, and the val labels are " \
            "partial (unknown entries); give k directly (--k)" in err
-    assert main(["train", *data, "--loss", "an", "--epochs", "1", "--quiet", "--out",
+    assert main(["train", "--solver", "adam", *data, "--loss", "an", "--epochs", "1", "--quiet",
+                 "--out",
                  str(tmp_path / "r")]) == 0
     out, err = capsys.readouterr()
     assert "known negative(s) for" in err and "the threshold chosen on them" in err
@@ -221,7 +224,8 @@ def test_a_test_class_without_a_known_negative_is_left_out_and_named(partial, tm
     out = tmp_path / "runs"
     data = [a for k, v in {**partial["options"], "test_path": str(path)}.items()
             for a in ("--data", f"{k}={v}")]
-    assert main(["train", "--dataset", "tabular", *data, "--regime", "given", "--loss", "an",
+    assert main(["train", "--solver", "adam", "--dataset", "tabular", *data, "--regime", "given",
+                 "--loss", "an",
                  "--epochs", "2", "--quiet", "--out", str(out)]) == 0
     said = "".join(capsys.readouterr())
     assert "no known negative in the partial test labels" in said and name in said

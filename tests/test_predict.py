@@ -161,7 +161,8 @@ def test_linear_run_on_backbone_features_predicts_from_images(tmp_path):
     paths, y = make_images(tmp_path / "imgs", 30, seed=2)
     (tmp_path / "list.csv").write_text("".join(
         f"{p},{';'.join(n for n, f in zip(names, r) if f)}\n" for p, r in zip(paths, y)))
-    assert main(["train", "--dataset", "csv", "--data", f"path={tmp_path / 'list.csv'}",
+    assert main(["train", "--solver", "adam", "--dataset", "csv", "--data",
+                 f"path={tmp_path / 'list.csv'}",
                  "--backbone", "tiny_cnn", "--cache-dir", str(tmp_path / "cache"), "--epochs",
                  "2", "--lr", "1e-2", "--out", str(tmp_path / "runs"), "--quiet"]) == 0
     (run,) = (tmp_path / "runs").iterdir()

@@ -7,6 +7,7 @@ from pathlib import Path
 from .common import (
     LazyHelp, _losses_help, _methods_help, _regimes_help,
     _pairs, _data, _dataset, _describe_features, _whole, _positive, _nonnegative, _device, SEED,
+    _floats,
     _add_common, _add_backbone, _feature_data, _acceleration, _add_acceleration)
 
 
@@ -43,6 +44,7 @@ def cmd_train(args) -> int:
             bar.close()
             _end_processes(ctx)
         return _print_result(args, res) if ctx.is_main else 0
+    args.mode = _mode(args)
     method = get_method(args.mode)
     accel = _acceleration(args)
     if accel.any and method.inputs != "images":
@@ -76,9 +78,19 @@ def cmd_train(args) -> int:
     device = args.device or ("cuda" if images and torch.cuda.is_available() else "cpu")
     if accel.any:  # before any data is read or folder made
         accel.check(device, f"--mode {method.name}")
+    if getattr(args, "solver_by_default", False):  # what the data lacks is said first
+        from ..methods import check_inputs
+
+        check_inputs(method, splits)
+        _adam_flags(args)
     lr, why = (args.lr, None) if args.lr is not None else \
         default_lr(method, args.loss, splits.name)
     method_options = _method_options(args, method)
+    if args.cs is not None:
+        if method.name != "solve":
+            raise ValueError(f"--cs: the solver's path of C; --mode {method.name} trains with "
+                             f"Adam (give --solver lbfgs)")
+        method_options["c"] = list(args.cs)
     config = TrainConfig(epochs=args.epochs or method.default_epochs,
                          batch_size=args.batch_size or method.default_batch_size, lr=lr,
                          seed=args.seed, early_stop=args.early_stop, device=device,
@@ -102,7 +114,8 @@ def cmd_train(args) -> int:
     finally:
         bar.close()
         _end_processes(ctx)
-    if why is not None and ctx.is_main:  # after the run, so an input error stays the one line
+    if why is not None and ctx.is_main and "lr" not in method.unused_train_fields:
+        # (after the run, so an input error stays the one line)
         print(f"lr {lr:g}: {why} (--lr sets another)", file=sys.stderr)
     return _print_result(args, res) if ctx.is_main else 0
 
@@ -332,9 +345,64 @@ def _epoch_bar(args, total, desc: str, batches: bool = False):
     return bar, show
 
 
+#: spml train's flags that set what Adam reads and the solver does not (flag -> given?)
+_ADAM_FLAGS = {"--lr": lambda a: a.lr is not None, "--epochs": lambda a: a.epochs is not None,
+               "--batch-size": lambda a: a.batch_size is not None,
+               "--weight-decay": lambda a: a.weight_decay is not None,
+               "--early-stop": lambda a: a.early_stop != "none",
+               "--drop-last": lambda a: a.drop_last}
+
+
+def _mode(args) -> str:
+    """The run's training method: ``--mode``, or the one ``--solver`` names (``lbfgs``: the
+    head solved along the C path, mode ``solve``; ``adam``: trained, mode ``linear``), or by
+    default ``solve`` on your own data (the tabular / arrays / csv / folder sources, or
+    ``--data train_labels=observed``) and ``linear`` on the built-in sets (the papers'
+    protocol). On your own data without ``--solver``, Adam's flags are refused naming
+    ``--solver adam``, never read as a switch."""
+    from ..experiments.benchmark import own_data
+
+    if args.solver is not None and args.mode is not None:
+        raise ValueError(f"--solver {args.solver} names the training method (--mode "
+                         f"{'solve' if args.solver == 'lbfgs' else 'linear'}); --mode "
+                         f"{args.mode} names one too: give one of them")
+    if args.solver is not None:
+        return "solve" if args.solver == "lbfgs" else "linear"
+    if args.mode is not None:
+        return args.mode
+    observed = any(str(item).replace(" ", "") == "train_labels=observed"
+                   for item in (args.data or []))  # (read, not checked: the data comes later)
+    if not own_data(args.dataset or "yeast", {"train_labels": "observed"} if observed else {}):
+        return "linear"
+    args.solver_by_default = True  # Adam's flags refused once the data is read (_adam_flags)
+    return "solve"
+
+
+def _adam_flags(args) -> None:
+    """On your own data without ``--solver`` (the solver by default), Adam's flags refused,
+    naming ``--solver adam``: after the data is read, so that an error in the data comes
+    first."""
+    if not getattr(args, "solver_by_default", False):
+        return
+    given = [flag for flag, test in _ADAM_FLAGS.items() if test(args)]
+    if given:
+        raise ValueError(f"{', '.join(given)}: on your own data spml train solves the head by "
+                         f"default (--solver lbfgs: the loss at its L2-regularised optimum, C "
+                         f"picked on val along --cs), which does not use "
+                         f"{'them' if len(given) > 1 else 'it'}; give --solver adam to train "
+                         f"with Adam")
+
+
 def _print_result(args, res: dict) -> int:
     where = ", ".join(str(v) for v in (res.get("regime"), res.get("backbone")) if v)
     best = f"best epoch {res['best_epoch']}"
+    if res.get("C") is not None:  # a solve: the path's selected value
+        solver = res.get("solver") or {}
+        best = (f"C {res['C']:g} (value {res['best_epoch']} of the path, {solver.get('solves')} "
+                f"solve(s), {solver.get('iterations')} L-BFGS iterations, solved "
+                f"{solver.get('form')}"
+                + ("" if solver.get("converged", True) else ", some short of the tolerance")
+                + ")")
     if "best_stage" in res:
         best += f" (stage {res['best_stage']}, {res['best_source']})"
     recovery = res.get("train_recovery_map")
@@ -384,8 +452,18 @@ def _print_result(args, res: dict) -> int:
 def _add_finetune(method, training, finetune) -> None:
     """``spml train``'s method, resume, device and fine-tuning options, into their groups."""
 
-    method.add_argument("--mode", default="linear", metavar="METHOD",
+    method.add_argument("--mode", default=None, metavar="METHOD",
                         help=LazyHelp(_methods_help))
+    method.add_argument("--solver", choices=("lbfgs", "adam"), default=None,
+                        help="a head on feature vectors: lbfgs solves it to a tolerance along "
+                             "the C path (--mode solve; the default on your own data: the "
+                             "tabular / arrays / csv / folder sources or --data "
+                             "train_labels=observed), adam trains it for --epochs (--mode "
+                             "linear; the default on the built-in sets, the papers' protocol)")
+    method.add_argument("--cs", type=_floats, default=None,
+                        help="--solver lbfgs: the path of C, scikit-learn's inverse L2 strength "
+                             "(default 10^-4 .. 10^4 in half decades, 17 values; one value: no "
+                             "path)")
     method.add_argument("--option", action="append", metavar="KEY=VALUE",
                         help="any option of the --mode's method (spml list methods), e.g. --mode "
                              "smile --option p=0.1 --option bias=true (repeatable)")

@@ -70,6 +70,8 @@ __all__ = ["C_PATH", "FORMS", "PathResult", "SolveRecord", "lam_from_c", "solve_
 #: the default path of C: 10^-4 ... 10^4 in half decades (17 values; the scikit-learn reference
 #: rows' grid, so the two search the same models)
 C_PATH = tuple(float(c) for c in np.logspace(-4, 4, 17))
+#: the ``format`` of a path's resumable state
+STATE_FORMAT = "spmlkit-solve-state/1"
 #: how a loss runs under the solver (`solver_form`)
 FORMS = ("solved", "rounds", "refused")
 #: the solver's defaults: the largest gradient entry at convergence (1e-4: scikit-learn's
@@ -386,13 +388,15 @@ def solve_path(x_train, observed, loss: SPMLLoss, *, x_val=None, y_val=None, c=C
                head: str = "linear", hidden: int = 256, rounds: int = ROUNDS, tol: float = TOL,
                max_iter: int = MAX_ITER, patience: int = PATIENCE, metric: str = "map",
                map_convention: str = "present",
-               on_solve: Callable[[SolveRecord], None] | None = None
-               ) -> tuple[nn.Module, PathResult]:
+               on_solve: Callable[[SolveRecord], None] | None = None,
+               checkpoint: Callable[[Callable[[], dict]], None] | None = None,
+               resume: dict | None = None) -> tuple[nn.Module, PathResult]:
     """Solve the head for each ``C`` of ``c`` (one number, or the path; increasing order is
     used) and keep the best on val.
 
     Args:
-        x_train: N x D train features (in memory: the solver holds them as float64).
+        x_train: N x D train features (the solver holds them in memory as float64: stored
+            features are read whole when that fits the memory budget).
         observed: N x L observed labels (1 / 0 / -1).
         loss: a registered loss (`solver_form` must not refuse it).
         x_val, y_val: validation features and labels (full 0/1, or partial wrapped by
@@ -408,16 +412,20 @@ def solve_path(x_train, observed, loss: SPMLLoss, *, x_val=None, y_val=None, c=C
             stops.
         metric, map_convention: the val score (`spmlkit.engine.val_map`).
         on_solve: called with each `SolveRecord` as it finishes (progress).
+        checkpoint: called after each solve (after ``on_solve``) as ``checkpoint(state_fn)``,
+            ``state_fn()`` the resumable state of the path (`STATE_FORMAT`: the records so far,
+            the head and the loss's state, the best so far), as the engine's fits call theirs.
+        resume: such a state: the path continues after its last solve, with the same
+            arguments, and ends as the uninterrupted path (the solves are deterministic).
 
     Returns:
         ``(model, result)``: the head at the selected C (float32, eval mode) and a
         `PathResult`.
 
     Raises:
-        ValueError: a refused loss (naming why), stored features, a path without val, a bad
-            C, mismatched inputs.
+        ValueError: a refused loss (naming why), stored features whose float64 copy does not
+            fit in memory, a path without val, a bad C, mismatched inputs.
     """
-    from ..data.rows import is_stored
     from .config import TrainConfig
 
     start = time.perf_counter()
@@ -433,9 +441,7 @@ def solve_path(x_train, observed, loss: SPMLLoss, *, x_val=None, y_val=None, c=C
     form, why = solver_form(loss)
     if form == "refused":
         raise ValueError(f"the solver cannot minimise loss {type(loss).__name__}: {why}")
-    if is_stored(x_train):
-        raise ValueError("the solver holds the train features in memory as float64; these are "
-                         "stored (read chunk by chunk): train them with Adam (--solver adam)")
+    x_train, x_val = _in_memory(x_train, "train"), _in_memory(x_val, "val")
     for name, value in (("rounds", rounds), ("max_iter", max_iter), ("patience", patience)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
@@ -461,7 +467,31 @@ def solve_path(x_train, observed, loss: SPMLLoss, *, x_val=None, y_val=None, c=C
     result = PathResult(form=form, metric=metric)
     best_score, best_state, since = -math.inf, None, 0
     lower = metric != "map" and _lower_is_better(metric)
+    done = 0
+    if resume is not None:
+        if not isinstance(resume, dict) or resume.get("format") != STATE_FORMAT or \
+                [float(v) for v in resume.get("c", ())] != cs:
+            raise ValueError(f"resume: not a state of this path ({STATE_FORMAT}, C "
+                             f"{cs[0]:g} .. {cs[-1]:g})")
+        result.records = [SolveRecord(**r) for r in resume["records"]]
+        result.best, best_score, since = int(resume["best"]), float(resume["best_score"]), \
+            int(resume["since"])
+        model.load_state_dict(resume["model"])
+        loss.load_state_dict(resume["loss"])
+        best_state = (resume["best_model"], resume["best_loss"])
+        done = len(result.records)
+
+    def state():
+        return {"format": STATE_FORMAT, "c": list(cs),
+                "records": [r.to_dict() for r in result.records], "best": result.best,
+                "best_score": best_score, "since": since,
+                "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+                "loss": {k: v.detach().cpu().clone() for k, v in loss.state_dict().items()},
+                "best_model": best_state[0], "best_loss": best_state[1]}
+
     for i, value in enumerate(cs):
+        if i < done:
+            continue
         t0 = time.perf_counter()
         _fresh_state(loss, z, info, keep_own=i > 0)
         loss.double()  # state built by on_train_start (float32) joins the float64 solve
@@ -475,8 +505,6 @@ def solve_path(x_train, observed, loss: SPMLLoss, *, x_val=None, y_val=None, c=C
                              out["objective"], out["grad_max"], out["converged"],
                              time.perf_counter() - t0, out["message"])
         result.records.append(record)
-        if on_solve is not None:
-            on_solve(record)
         key = -score if lower else score
         if best_state is None or (math.isfinite(key) and key > best_score):
             best_score, best_state = key, _snapshot(model, loss)
@@ -484,6 +512,10 @@ def solve_path(x_train, observed, loss: SPMLLoss, *, x_val=None, y_val=None, c=C
         # the path stops once val has turned: `patience` values in a row clearly below the
         # best (a flat stretch, where strong regularisation ranks alike, does not count)
         since = since + 1 if not (math.isfinite(key) and key >= best_score - TURN) else 0
+        if on_solve is not None:
+            on_solve(record)
+        if checkpoint is not None:
+            checkpoint(state)
         if since >= patience and i + 1 < len(cs):
             result.stopped_early = True
             break
@@ -495,6 +527,27 @@ def solve_path(x_train, observed, loss: SPMLLoss, *, x_val=None, y_val=None, c=C
     loss.float()
     result.seconds = time.perf_counter() - start
     return model, result
+
+
+def _in_memory(x, split: str):
+    """Features as an in-memory array: stored ones (a feature store, a memory map) read whole,
+    when their float64 copy fits the memory budget (the solver evaluates every row at once);
+    otherwise a ValueError that says to train them with Adam, which reads them chunk by
+    chunk."""
+    from ..data.rows import as_rows, is_stored
+    from ..resources import check_memory
+
+    if x is None or not is_stored(x):
+        return x
+    rows = as_rows(x)
+    check_memory(8.0 * len(rows) * rows.shape[1] * (2 if split == "train" else 1),
+                 f"the solver's float64 copy of {len(rows):,} x {rows.shape[1]:,} {split} "
+                 f"features", "train them with Adam (--solver adam), which reads stored "
+                 "features chunk by chunk")
+    out = np.empty(rows.shape, dtype=np.float32)
+    for start, block in rows.chunks():
+        out[start:start + len(block)] = block
+    return out
 
 
 def _snapshot(model: nn.Module, loss: nn.Module):

@@ -54,13 +54,16 @@ def _fit_predict(x, targets: np.ndarray, c: float, seed: int, sets: list) -> lis
     return out
 
 
-def sklearn_reference(splits, seed: int, labels: str = "observed", grid=C_GRID) -> dict:
+def sklearn_reference(splits, seed: int, labels: str = "observed", grid=C_GRID,
+                      keep_probs: bool = False) -> dict:
     """The reference row of one seed on ``splits`` (a `spmlkit.data.Splits`).
 
     ``labels``: ``"observed"`` (the regime's observed labels, unknown = negative) or ``"full"``
     (the full training labels; ValueError when the data has none). Returns ``{"C", "val_map",
     "test_map", "train_recovery_map", "val_maps", "seconds"}`` (recovery None without full
-    training labels; ``val_maps`` per C of ``grid``).
+    training labels; ``val_maps`` per C of ``grid``); with ``keep_probs`` also ``"probs"``:
+    the selected C's val and test probabilities (``{"val", "test"}``, float32), what the solver
+    benchmark weighs the losses against (`spmlkit.experiments.solver_benchmark`).
 
     Raises:
         ValueError: ``labels="full"`` on data without full training labels, data that holds
@@ -85,7 +88,10 @@ def sklearn_reference(splits, seed: int, labels: str = "observed", grid=C_GRID) 
                          f"{MAX_ENTRIES:,} entries scikit-learn is given in memory")
     start = time.perf_counter()
     with threadpool_limits(1):  # BLAS threads on busy cores: 15x slower (66 s vs 4 s, yeast)
-        return _reference(splits, seed, labels, grid, start, split_map)
+        out = _reference(splits, seed, labels, grid, start, split_map)
+    if not keep_probs:
+        out.pop("probs")
+    return out
 
 
 def _reference(splits, seed, labels, grid, start, map_score) -> dict:
@@ -104,7 +110,8 @@ def _reference(splits, seed, labels, grid, start, map_score) -> dict:
     recovery = map_score(ptr, splits.train.y) if splits.train_labels_complete else None
     return {"C": float(grid[best]), "val_map": map_score(pv, splits.val.y),
             "test_map": map_score(pt, splits.test.y), "train_recovery_map": recovery,
-            "val_maps": [float(v) for v in scored], "seconds": time.perf_counter() - start}
+            "val_maps": [float(v) for v in scored], "seconds": time.perf_counter() - start,
+            "probs": {"val": pv.astype(np.float32), "test": pt.astype(np.float32)}}
 
 
 def reference_records(dataset: str, options: dict, regimes, seeds) -> list:

@@ -5,7 +5,8 @@ to a trained model ([`load_run_model`][spmlkit.methods.driver.load_run_model]); 
 `spmlkit.methods.contract` (what a method is) and `spmlkit.methods.driver` (how it runs). Registered
 here: ``linear`` (`linear`), ``finetune`` and ``linear_init`` (`finetune`), ``lac`` (`lac`, Xie et
 al. 2022), ``smile`` (`smile`, Xu et al. 2022), ``mime`` (`mime`, Liu et al. 2023),
-``boostlu`` (`boostlu`, Kim et al. 2023).
+``boostlu`` (`boostlu`, Kim et al. 2023), ``solve`` (`solve`: the head solved along a C
+path, `spmlkit.engine.solve`).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from . import lac  # noqa: E402,F401
 from . import smile  # noqa: E402,F401
 from . import mime  # noqa: E402,F401
 from . import boostlu  # noqa: E402,F401
+from . import solve  # noqa: E402,F401
 
 __all__ = ["METHODS", "SELECTED_LR", "Fitted", "ResumeError", "RunContext", "TrainingMethod",
            "check_inputs", "check_train_fields", "default_lr", "get_method", "list_methods",

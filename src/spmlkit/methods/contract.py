@@ -104,6 +104,10 @@ class TrainingMethod:
     #: fields of the image methods, ``weight_decay`` of the heads on feature vectors); a run
     #: that sets another away from its default is refused (`check_train_fields`)
     train_fields: tuple = ()
+    #: the `COMMON_TRAIN_FIELDS` it does not read (the solver: epochs, batch size, learning
+    #: rate, early stopping, drop_last): refused away from their defaults, and a study's grid
+    #: axes over them do not apply to it
+    unused_train_fields: tuple = ()
 
     def can_stack(self, options: dict) -> str | None:
         """None when runs with ``options`` can train together (``fit_many``), else the reason
@@ -182,7 +186,9 @@ COMMON_TRAIN_FIELDS = ("epochs", "batch_size", "lr", "seed", "early_stop", "map_
 TRAIN_FIELD_FLAGS = {"head_lr_mult": "--head-lr-mult", "amp": "--amp",
                      "channels_last": "channels_last", "num_workers": "--workers",
                      "image_size": "--image-size", "eval_batch_size": "eval_batch_size",
-                     "weight_decay": "--weight-decay"}
+                     "weight_decay": "--weight-decay", "epochs": "--epochs",
+                     "batch_size": "--batch-size", "lr": "--lr", "early_stop": "--early-stop",
+                     "drop_last": "--drop-last"}
 #: image-method fields of `TrainConfig` (the loaders, autocast, input size)
 IMAGE_TRAIN_FIELDS = ("amp", "channels_last", "num_workers", "image_size", "eval_batch_size")
 
@@ -198,11 +204,13 @@ def check_train_fields(method: "TrainingMethod", config: TrainConfig) -> None:
     from dataclasses import fields
 
     for f in fields(TrainConfig):
-        if f.name in COMMON_TRAIN_FIELDS or f.name in method.train_fields:
+        if (f.name in COMMON_TRAIN_FIELDS or f.name in method.train_fields) and \
+                f.name not in method.unused_train_fields:
             continue
         value = getattr(config, f.name)
         if value != f.default:
-            users = [m.name for m in list_methods() if f.name in m.train_fields]
+            users = [m.name for m in list_methods() if f.name in m.train_fields or (
+                f.name in COMMON_TRAIN_FIELDS and f.name not in m.unused_train_fields)]
             flag = TRAIN_FIELD_FLAGS.get(f.name, f.name)
             also = " (its weight_decay option: --weight-decay)" \
                 if "weight_decay" in method.options and f.name == "weight_decay" else ""
