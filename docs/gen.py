@@ -236,6 +236,44 @@ def _partial_label_lines(entry, prov: dict) -> list:
     return lines
 
 
+SOLVER_FORMS = """\
+**Under the solver** { #solver-forms } (`--solver lbfgs`, the default on your own data;
+`spmlkit.engine.solve`): the head on fixed features is solved to a tolerance, the whole training
+set at once, with an L2 penalty of scikit-learn's C, along a path of C. A loss runs there in one
+of three forms:
+
+- *solved*: a smooth objective of the head's weights, minimised by L-BFGS to the tolerance at
+  each C. AN solved is scikit-learn's one-vs-rest logistic regression at the same C.
+- *rounds*: a loss whose terms follow the epoch (hooks `on_epoch_start` / `on_epoch_end`: the
+  large-loss rejection, pseudo-labels, corrections, schedules) or that computes part of its value
+  from the logits without gradient. It runs as rounds (5 by default, `rounds`): round r plays
+  epoch r (its schedules span the rounds), each a warm-started solve, then the epoch-end update.
+  **The analogy and its limits:** an epoch of many small Adam steps becomes one solve to
+  convergence, so a pseudo-label or correction the paper adds gradually is added from a
+  converged model; a schedule that counts epochs (a warm-up of 5 epochs) counts rounds, so a
+  warm-up as long as the rounds never ends (EM+APL's official warm-up: give `--hp warmup=1`);
+  a term recomputed from the logits inside the loss (the large-loss selection, GR's weights)
+  moves during a round's solve, whose line search then minimises a piecewise objective and may
+  stop short of the tolerance (the run's records say so). ROLE's label estimates are state of
+  its own: the head and the estimates are solved in turn, each with the other held, as its
+  stop-gradients make it two objectives, not one.
+- *refused*: the solver says why (a hinge, an L1 kink, labels flipped inside the loss); train
+  the loss with `--solver adam`.
+"""
+
+
+def _solver_probe(entry):
+    """A loss of ``entry`` built for `solver_form` (an external scorer's matrix where the loss
+    needs one: its form does not depend on the values)."""
+    import numpy as np
+
+    from spmlkit.losses import create_loss
+
+    extra = {"scores": np.full((2, 2), 0.5)} if getattr(entry.factory, "needs_scores", False) \
+        else {}
+    return create_loss(entry.name, **extra)
+
+
 def gen_catalogue() -> str:
     from spmlkit.losses import LOSSES, loss_hparams
     from spmlkit.methods import list_methods
@@ -250,8 +288,13 @@ def gen_catalogue() -> str:
            "is how the model is trained (`--mode`). Equations and protocol: "
            "[the specification](../spec.md). Measured numbers: [results](../results.md).\n",
            "## Losses\n"]
-    rows = [[f"[`{e.name}`](#{e.name})", text(e.paper)] for e in LOSSES.entries()]
-    out.append(table(["loss", "paper"], rows))
+    from spmlkit.engine.solve import solver_form
+
+    forms = {e.name: solver_form(_solver_probe(e)) for e in LOSSES.entries()}
+    rows = [[f"[`{e.name}`](#{e.name})", text(e.paper), forms[e.name][0]]
+            for e in LOSSES.entries()]
+    out.append(table(["loss", "paper", "under the solver"], rows))
+    out.append(SOLVER_FORMS)
     missing = [e.name for e in LOSSES.entries() if e.name not in prov["losses"]]
     missing += [m.name for m in list_methods() if m.name not in prov["methods"]]
     if missing:
@@ -271,6 +314,9 @@ def gen_catalogue() -> str:
         for ds, values in e.dataset_defaults.items():
             lines.append(f"- Official values on `{ds}`: " +
                          ", ".join(code(f"{k}={show(v)}") for k, v in values.items()) + ".")
+        form, why = forms[e.name]
+        lines.append(f"- Under the solver (`--solver lbfgs`, [forms](#solver-forms)): {form}: "
+                     f"{text(why)}.")
         lines += _partial_label_lines(e, prov["losses"][e.name])
         lines += _provenance_lines(prov["losses"][e.name])
         lines.append(f"- Source: `{e.factory.__module__.replace('.', '/')}.py` "

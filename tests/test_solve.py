@@ -3,6 +3,7 @@ one-vs-rest LogisticRegression at the same C; every registered loss is solved, s
 or refused by name; the path selects on full and partial val labels."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -290,3 +291,95 @@ def test_the_closed_form_objective_is_the_autograd_one(name):
     assert value == pytest.approx(float(slow.detach()), rel=1e-10)
     assert torch.allclose(grads[0], head.weight.grad, atol=1e-10)
     assert torch.allclose(grads[1], head.bias.grad, atol=1e-10)
+
+
+# ---- where it is used: spml train, spml benchmark, studies -------------------------------------
+
+def _own_csv(tmp_path):
+    """A user's table: train.csv with one tagged label per row (the rest empty), a fully
+    labelled test.csv."""
+    x, y, z = _random_problem(n=360, d=5, classes=3, seed=21)
+    head = "id,f1,f2,f3,f4,f5,cat,dog,bird\n"
+    rows = [f"r{i}," + ",".join(f"{v:.4f}" for v in x[i]) + "," +
+            ",".join("1" if z[i, j] else "" for j in range(3)) for i in range(260)]
+    (tmp_path / "train.csv").write_text(head + "\n".join(rows) + "\n")
+    rows = [f"t{i}," + ",".join(f"{v:.4f}" for v in x[i]) + "," +
+            ",".join(str(int(v)) for v in y[i]) for i in range(260, 360)]
+    (tmp_path / "test.csv").write_text(head + "\n".join(rows) + "\n")
+    return ["--dataset", "tabular", "--data", f"path={tmp_path / 'train.csv'}",
+            "--data", f"test_path={tmp_path / 'test.csv'}", "--data", "labels=cat,dog,bird",
+            "--data", "id_column=id", "--data", "train_labels=observed"]
+
+
+def test_spml_train_solves_by_default_on_your_own_data_and_refuses_adams_flags(tmp_path,
+                                                                              capsys):
+    from spmlkit.cli import main
+    from spmlkit.runs import read_run
+
+    data = _own_csv(tmp_path)
+    assert main(["train", *data, "--loss", "epr", "--quiet", "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "epr solve (given): C " in out and "value " in out
+    (run,) = (tmp_path / "r").iterdir()
+    done = read_run(run)
+    assert done.config["mode"] == "solve" and done.final["C"] in C_PATH
+    assert [r["C"] for r in done.metrics()] == sorted(r["C"] for r in done.metrics())
+    assert main(["predict", str(run), str(tmp_path / "test.csv"), "--out",
+                 str(tmp_path / "p.csv")]) == 0
+    # Adam's flags on your own data without --solver: refused, naming --solver adam
+    assert main(["train", *data, "--epochs", "3", "--quiet", "--out", str(tmp_path / "x")]) == 2
+    assert "give --solver adam" in capsys.readouterr().err
+    assert main(["train", *data, "--solver", "adam", "--epochs", "2", "--quiet", "--out",
+                 str(tmp_path / "a")]) == 0
+    assert read_run(next((tmp_path / "a").iterdir())).config["mode"] == "linear"
+    # the built-in sets keep the papers' protocol (Adam) by default
+    assert main(["train", "--dataset", "yeast", "--data", "subsample=0.2", "--epochs", "1",
+                 "--quiet", "--out", str(tmp_path / "y")]) == 0
+    assert read_run(next((tmp_path / "y").iterdir())).config["mode"] == "linear"
+    assert main(["train", "--mode", "finetune", "--solver", "lbfgs", "--quiet"]) == 2
+    assert "give one of them" in capsys.readouterr().err
+
+
+def test_spml_benchmark_solves_your_own_data_beside_scikit_learn(tmp_path, capsys):
+    from spmlkit.cli import main
+
+    data = _own_csv(tmp_path)
+    out = tmp_path / "bench"
+    assert main(["benchmark", *data, "--losses", "an,epr,role", "--seeds", "2", "--quiet",
+                 "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    printed = capsys.readouterr()
+    assert "seed 0 only" in printed.err  # your own labels are one draw
+    assert {r["loss"] for r in res["records"]} == {"an", "epr", "role"}
+    ref = res["sklearn"][0]
+    an = next(r for r in res["records"] if r["loss"] == "an")
+    assert an["C"] == ref["C"] and abs(an["test_map"] - ref["test_map"]) < 0.1
+    assert res["picked"][0]["baseline"] == "sklearn_lr"
+    assert sorted(p.name for p in (out / "predictions").iterdir()) == \
+        ["an-s0.npz", "epr-s0.npz", "role-s0.npz"]
+    with np.load(out / "predictions" / "an-s0.npz") as f:
+        assert set(f.files) == {"val", "test"}  # train probabilities only on request
+    # a second launch reuses every solve
+    assert main(["benchmark", *data, "--losses", "an,epr,role", "--quiet",
+                 "--out", str(out)]) == 0
+    assert "Wall time" in capsys.readouterr().out
+    assert main(["benchmark", *data, "--lrs", "1e-2", "--quiet", "--out", str(out)]) == 2
+    assert "--solver adam" in capsys.readouterr().err
+    assert main(["benchmark", *data, "--losses", "pr", "--quiet", "--out", str(out)]) == 2
+    assert "hinge" in capsys.readouterr().err
+
+
+def test_a_study_row_in_mode_solve_ignores_the_batch_grid_and_equals_scikit_learn(tmp_path):
+    from spmlkit.experiments.study import load_study, run_study, study_rows
+
+    spec = load_study({"name": "solve-rows", "datasets": [{"name": "yeast", "options":
+                                                          {"subsample": 0.3}}],
+                       "methods": ["an", {"label": "an-adam", "spec": "an", "mode": "linear"}],
+                       "mode": "solve", "seeds": [0], "epochs": 2, "sklearn_reference": True})
+    run_study(spec, out=tmp_path / "s", jobs=1, progress=False)
+    _, rows = study_rows(tmp_path / "s")
+    solved = [r for r in rows if r["method"] == "an"]
+    assert len(solved) == 1 and solved[0]["batch_size"] is None  # one run: no batch x lr grid
+    assert len([r for r in rows if r["method"] == "an-adam"]) == 1  # its best grid point
+    ref = json.loads((tmp_path / "s" / "sklearn-reference.json").read_text())[0]
+    assert abs(solved[0]["test_map"] - ref["test_map"]) < 0.05

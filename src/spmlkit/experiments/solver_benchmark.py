@@ -175,6 +175,12 @@ def run_solver_benchmark(dataset: str, losses=DEFAULT_SOLVER_LOSSES, seeds: int 
             raise ValueError(f"--losses {m.label.split('@')[0]}: the solver cannot minimise "
                              f"it ({why})")
     names = [m.label.split("@")[0] for m in methods]
+    if regime == "given" and options.get("protocol") != "tabular" and seeds > 1:
+        # your own observed labels are one draw: every seed would solve the same problem
+        print(f"note: --seeds {seeds}: the training labels are your own (regime given), one "
+              f"draw, and the solves are deterministic: seed 0 only (the tabular protocol, "
+              f"--data protocol=tabular, splits the rows anew per seed)", file=sys.stderr)
+        seeds = 1
     out = Path(out)
     (out / "predictions").mkdir(parents=True, exist_ok=True)
     done = _done(out)

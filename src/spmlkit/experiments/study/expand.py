@@ -32,12 +32,14 @@ class RunTask:
     mode_options: dict
 
     @property
-    def batch_size(self) -> int:
-        return int(self.train["batch_size"])
+    def batch_size(self) -> int | None:
+        """The run's batch size; None for a mode that reads none (the solver)."""
+        return int(self.train["batch_size"]) if "batch_size" in self.train else None
 
     @property
-    def lr(self) -> float:
-        return float(self.train["lr"])
+    def lr(self) -> float | None:
+        """The run's learning rate; None for a mode that reads none (the solver)."""
+        return float(self.train["lr"]) if "lr" in self.train else None
 
     def config(self) -> dict:
         """The resolved configuration (what the run id's hash is of)."""
@@ -92,7 +94,8 @@ def run_id_for(config: dict, seed: int, variant: dict) -> str:
                                      default=str).encode()).hexdigest()
     train = config["train"]
     parts = [config["dataset"], config["method"], config["regime"], f"s{seed}",
-             f"b{train['batch_size']}", f"lr{train['lr']:g}"]
+             *((f"b{train['batch_size']}", f"lr{train['lr']:g}") if "batch_size" in train
+               else ("solve",))]
     if train.get("weight_decay"):  # (absent at 0: the ids runs without it always had)
         parts.append(f"wd{train['weight_decay']:g}")
     parts += [f"{k.split('.', 1)[-1]}{v}" for k, v in sorted(variant.items()) if k != "regime"]
@@ -119,8 +122,9 @@ def applicable_axes(mode: str, m: MethodSpec, keys) -> list:
             use = key[7:] in get_method(mode).options
         elif key.startswith("lac."):
             use = mode == "lac"
-        else:  # data.<option>, batch_size, lr, other TrainConfig fields
-            use = True
+        else:  # data.<option>, batch_size, lr, other TrainConfig fields (not the ones the
+            # mode does not read: the solver's grid is its path of C, not batch x lr)
+            use = key not in get_method(mode).unused_train_fields
         if use:
             out.append(key)
     return out
@@ -133,11 +137,14 @@ def _assignments(table: dict, keys: list) -> list[dict]:
 def expand(spec: StudySpec) -> list[RunTask]:
     """Every run of a study: datasets x methods x seeds x vary assignments x grid points (a vary
     or grid axis only for the methods it applies to; see the module docstring)."""
+    from ...methods import get_method
+
     tasks, seen = [], set()
     for ds in spec.datasets:
         for m in spec.methods:
             fixed = {**spec.hparams.get(m.loss, {}), **spec.hparams.get(m.label, {})}
             vary_keys = applicable_axes(spec.method_mode(m), m, spec.vary)
+            unused = get_method(spec.method_mode(m)).unused_train_fields
             grid_keys = applicable_axes(spec.method_mode(m), m, spec.grid)
             for seed in spec.seeds:
                 for variant in _assignments(spec.vary, vary_keys):
@@ -145,6 +152,8 @@ def expand(spec: StudySpec) -> list[RunTask]:
                         hp = dict(fixed)
                         train = {"epochs": spec.epochs, "seed": seed,
                                  "early_stop": m.early_stop or spec.early_stop, **spec.train}
+                        for key in unused:  # what the mode does not read: not in its config
+                            train.pop(key, None)
                         if spec.metric != "map":  # (map runs keep the ids they always had)
                             train["metric"] = spec.metric
                         options = dict(ds.options)

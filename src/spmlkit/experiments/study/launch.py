@@ -371,7 +371,7 @@ class Launch:
         skip = {"done"} if self.options.retry_failed else {"done", "failed"}
         self.todo = [t for t in self.tasks if status.get(t.run_id) not in skip]
         # longest first (small batches, stateful losses), for a balanced pool
-        self.todo.sort(key=lambda t: (t.batch_size, t.loss != "role"))
+        self.todo.sort(key=lambda t: (t.batch_size or 0, t.loss != "role"))
 
     def place(self) -> None:
         """How many workers (``jobs``), torch threads each, and the executor."""

@@ -137,9 +137,9 @@ def validate(raw: dict, source: str, stem: str | None) -> StudySpec:
     if not isinstance(sklearn, bool):
         _fail(source, "sklearn_reference", f"expected {expected('sklearn_reference')}, got "
                                            f"{sklearn!r}")
-    if sklearn and mode != "linear":
+    if sklearn and mode not in ("linear", "solve"):
         _fail(source, "sklearn_reference", f"the scikit-learn rows train on feature vectors: "
-                                           f"mode linear, not {mode!r}")
+                                           f"mode linear or solve, not {mode!r}")
     from ...metrics import check_metric
 
     metric = raw.get("metric", default("metric"))

@@ -18,12 +18,18 @@ def _row_header(task: dict) -> dict:
     row = {c: task[c] for c in ("run_id", "study", "method", "loss", "dataset", "regime", "seed",
                                 "mode")}
     row.update(variant=json.dumps(task["variant"], sort_keys=True),
-               batch_size=int(task["train"]["batch_size"]), lr=float(task["train"]["lr"]),
+               batch_size=_number(int, task["train"].get("batch_size")),
+               lr=_number(float, task["train"].get("lr")),
                config=json.dumps({k: task[k] for k in ("method", "loss", "dataset",
                                                        "dataset_options", "regime", "hparams",
                                                        "k", "mode", "train", "mode_options",
                                                        "variant")}, default=str))
     return row
+
+
+def _number(kind, value):
+    """``kind(value)``, None kept (a mode without batches: the solver's runs)."""
+    return None if value is None else kind(value)
 
 
 def lost_row(task: dict, reason: str) -> dict:
