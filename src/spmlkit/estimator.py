@@ -472,6 +472,13 @@ class ValidationScorer:
             raise ValueError(f"validation_scorer: the estimator predicts {scores.shape} for "
                              f"X_val but Y_val is {y_val.shape}")
         value = split_metric(self.metric, scores, y_val)
+        if np.isnan(value):
+            why = "known positive beside a known negative" if is_partial(y_val) \
+                else "positive"
+            raise ValueError(f"validation_scorer: {self.metric} of Y_val ({len(y_val)} rows) "
+                             f"is undefined: nothing in it can be scored, it holds no {why} "
+                             f"(a NaN score would pass a grid search without a word); give "
+                             f"validation rows that hold positives")
         return float(value if higher_is_better(self.metric) else -value)
 
     def __repr__(self) -> str:
@@ -492,6 +499,12 @@ def validation_scorer(X_val, Y_val, metric: str = "map", classes=None) -> Valida
     of `spmlkit.metrics.METRICS` (mAP x100 by default); lower-is-better metrics come
     back negated, as scikit-learn's ``neg_*`` scorers, and the threshold metrics (F1,
     Hamming) use the estimator's ``predict`` (its ``threshold``).
+
+    Raises:
+        ValueError: (when called) ``Y_val`` does not fit the estimator's ``classes_``, or
+            nothing in it can be scored (no positive; partial labels without a known positive
+            beside a known negative): the metric would be NaN, a silent NaN score in a
+            ``GridSearchCV``, as `SPMLClassifier.score` says too.
 
     Example:
         >>> import numpy as np
