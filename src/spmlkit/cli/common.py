@@ -129,19 +129,12 @@ _positive, _nonnegative = _real(True), _real(False)
 
 def _device(text: str) -> str:
     """An argparse type: a torch device this machine has (``cpu``, ``cuda``, ``cuda:1``)."""
-    import torch
+    from ..engine.config import check_device
 
     try:
-        dev = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected a device such as cpu, cuda or cuda:1, got "
-                                         f"{text!r}") from None
-    if dev.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if not count or (dev.index is not None and dev.index >= count):
-            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA "
-                                             f"device(s)")
-    return text
+        return check_device(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 SEED = _whole(0, 2**32 - 1)  # numpy's RandomState takes seeds in [0, 2**32)
