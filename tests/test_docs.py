@@ -91,6 +91,41 @@ def test_cli_usage_blocks_wrap_between_options():
             assert len(line) <= 98 or " " not in line.strip(), line
 
 
+def test_every_default_the_cli_reference_shows_is_in_the_help(monkeypatch):
+    """An option whose reference line (docs/gen.py, from the parser) shows a default shows the
+    same default in ``spml ... --help``: --help left out ``--loss``'s, ``--out``'s, ``--amp``'s,
+    ``--head-lr-mult``'s and predict's ``--workers``' that the page showed."""
+    import importlib.util
+
+    from spmlkit.cli import build_parser
+
+    monkeypatch.setenv("COLUMNS", "100000")  # one line per option: no wrapping inside a value
+    spec = importlib.util.spec_from_file_location("docs_gen", DOCS / "gen.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+
+    def parsers(parser, title):
+        yield title, parser
+        for name, sub, _ in gen._subparsers(parser):
+            yield from parsers(sub, f"{title} {name}")
+
+    checked, missing = 0, []
+    for title, parser in parsers(build_parser(), "spml"):
+        helptext = parser.format_help()
+        for action in parser._actions:
+            line = gen._option(action)
+            shown = re.search(r"; default: `(.*)`$", line or "")
+            if not shown:
+                continue
+            checked += 1
+            block = parser._get_formatter()._format_action(action)
+            if f"default: {shown[1]})" not in " ".join(block.split()):
+                missing.append(f"{title} {action.option_strings[0]}: {shown[1]}")
+            assert action.option_strings[0] in helptext
+    assert checked > 5
+    assert not missing, "--help leaves out the reference's default of:\n" + "\n".join(missing)
+
+
 def test_generated_pages_cover_the_registries():
     """Every loss, training method, preset and CLI command appears in its generated page."""
     from spmlkit.cli import build_parser

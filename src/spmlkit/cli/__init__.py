@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import benchmark, extract, figures, listing, predict, study, train
 from .benchmark import cmd_benchmark
-from .common import _fail, _os_message, _prog
+from .common import _fail, _os_message, _prog, use_defaults_formatter
 from .study import STUDY_ACTIONS, cmd_study
 from .train import cmd_train
 
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (train, predict, benchmark, extract, figures, study, listing):
         command.register(sub)
+    use_defaults_formatter(parser)  # each option's default, as the CLI reference shows it
     return parser
 
 
