@@ -69,10 +69,15 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
     Args:
         loss: a registered loss name (``spml list losses``).
         loss_params: the loss's hyperparameters.
-        epochs, batch_size, lr, seed, early_stop: see
-            [`spmlkit.engine.TrainConfig`][spmlkit.engine.TrainConfig] (``solver="adam"``;
-            ``seed`` also seeds the solver's start and a loss's own draws); ``lr`` defaults to
-            1e-3, as ``spml train``'s linear head (1e-4 under-trains it).
+        epochs: Adam's epochs (``solver="adam"`` only; default 25), as
+            [`spmlkit.engine.TrainConfig`][spmlkit.engine.TrainConfig].
+        batch_size: Adam's mini-batch rows (``solver="adam"`` only; default 8).
+        lr: Adam's learning rate (``solver="adam"`` only; default 1e-3, as ``spml train``'s
+            linear head: 1e-4 under-trains it).
+        seed: seeds the head's initialisation, Adam's batch order, the solver's start and a
+            loss's own draws (default 0).
+        early_stop: Adam's early stopping, ``"none"`` (default), ``"patience:N"`` or
+            ``"drop:X"`` (``solver="adam"`` only; `TrainConfig`).
         k: expected positives per example (EPR, ROLE); default: the mean number of observed
             positives per row of ``y`` (a lower bound; pass the real value if known).
         n_threads: torch intra-op threads while fitting and predicting (restored after), 1 by
@@ -91,9 +96,10 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         solver: ``"lbfgs"`` (default: solved, see above) or ``"adam"`` (trained).
         C: the inverse L2 strength of the solver (scikit-learn's; default 1.0), a number > 0
             or a sequence of them (a path, selected on ``X_val`` / ``Y_val``).
-        tol, max_iter, rounds: the solver's tolerance on the largest gradient entry, its
-            iterations per solve, and the rounds of a loss whose terms follow the epoch
-            (`spmlkit.engine.solve`).
+        tol: the solver's tolerance on the largest gradient entry (default 1e-5;
+            `spmlkit.engine.solve`).
+        max_iter: the solver's L-BFGS iterations per solve, at most (default 500).
+        rounds: the solver's rounds for a loss whose terms follow the epoch (default 5).
 
     Fitted attributes: ``classes_``, ``n_classes_``, ``n_features_in_``,
     ``feature_names_in_`` (DataFrame input), ``mean_`` / ``scale_`` (None without
