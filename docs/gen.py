@@ -476,7 +476,10 @@ GROUPS = {"real": "Real multi-label tables against scikit-learn",
 def gen_results() -> str:
     index = _load_yaml(RESULTS / "index.yaml")
     base = index.get("defaults", {})
-    out = [HEADER.format(source="results/index.yaml and the CSV files it lists"),
+    # out of the site's search: each table's numbers, indexed as one run-on line, came first for
+    # a query such as "weight decay", above the pages that explain it
+    out = ["---\nsearch:\n  exclude: true\n---\n",
+           HEADER.format(source="results/index.yaml and the CSV files it lists"),
            "# Results\n",
            "Every measured table of the documentation, rendered from its data file under "
            "`results/` (CSV; the file names are the anchors of this page). Each says the "

@@ -3,6 +3,7 @@ the API reference's rendering of the docstrings."""
 from __future__ import annotations
 
 import html
+import json
 import os
 import re
 import subprocess
@@ -30,6 +31,31 @@ def site(tmp_path_factory) -> Path:
 
 def _plain(fragment: str) -> str:
     return html.unescape(" ".join(re.sub(r"<[^>]+>", " ", fragment).split()))
+
+
+def test_results_tables_are_out_of_the_search_index(site):
+    """The results page's tables were indexed as run-on lines of numbers, and one of them was
+    the top hit for "weight decay", above the pages that explain it."""
+    docs = json.loads((site / "search" / "search_index.json").read_text())["docs"]
+    pages = {d["location"].split("#")[0] for d in docs}
+    assert "results.html" not in pages
+    assert (site / "results.html").is_file()  # still on the site, linked from the pages
+    # what a search for weight decay finds: the pages that explain it
+    hits = {d["location"].split("#")[0] for d in docs if "weight decay" in d["text"].lower()}
+    assert {"own-data.html", "choosing.html"} <= hits
+    assert not [d["location"] for d in docs if len(re.findall("±", d["text"])) > 20]
+
+
+def test_no_page_says_search_needs_the_site_served():
+    """Search works from file:// (the offline plugin's index as a script, its worker through
+    the local iframe-worker shim); the Makefile, mkdocs.yml and README said it needed
+    ``make serve-docs``."""
+    said = re.compile(r"search (needs|requires) the site served|for search too|does not start "
+                      r"its search worker", re.I)
+    for name in ("Makefile", "mkdocs.yml", "README.md", "docs/hooks.py", "docs/index.md",
+                 "docs/getting-started.md"):
+        text = " ".join((ROOT / name).read_text(encoding="utf-8").replace("#", " ").split())
+        assert not said.search(text), name
 
 
 def _parameter_rows(page: str, anchor: str) -> dict:
