@@ -133,3 +133,51 @@ def test_closing_the_iteration_early_terminates_the_workers(tmp_path):
     it.close()
     assert mp.active_children() == []
     assert all(p.exitcode == -signal.SIGTERM for p in busy)
+
+
+def test_a_fork_server_killed_while_it_starts_a_worker_ends_the_study_in_one_line(
+        tmp_path, capsys, monkeypatch):
+    """It ended the launch with multiprocessing's raw ``EOFError: unexpected EOF``; the store
+    is intact and the same command runs every run."""
+    import json
+    from multiprocessing import forkserver
+
+    from spmlkit.cli import main
+    from spmlkit.experiments.study import study_status
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(json.dumps({"name": "s", "datasets": ["yeast"], "methods": ["an", "epr"],
+                                "seeds": 1, "epochs": 1,
+                                "grid": {"batch_size": [16], "lr": [1e-2]}}))
+    out = tmp_path / "study"
+    command = ["study", "run", str(spec), "--out", str(out), "--jobs", "2", "--quiet"]
+    connect = getattr(forkserver, "connect_to_new_process", None)
+    if connect is None or "forkserver" not in mp.get_all_start_methods():
+        pytest.skip("no fork server, or one this test cannot reach")
+    killed = []
+
+    def connect_then_kill(*args, **kwargs):
+        """The first worker's request reaches the fork server, stopped (SIGSTOP) so that it
+        cannot answer, which is then killed (SIGKILL) while the worker waits for it."""
+        server = forkserver._forkserver._forkserver_pid
+        if not killed:
+            os.kill(server, signal.SIGSTOP)
+        conn = connect(*args, **kwargs)
+        if not killed:
+            os.kill(server, signal.SIGKILL)
+            killed.append(server)
+        return conn
+
+    monkeypatch.setattr(forkserver, "connect_to_new_process", connect_then_kill)
+    assert main(command) == 1
+    assert killed
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("spml study run: error: the fork server that starts the worker "
+                           "processes ended while it started one (killed? multiprocessing: "
+                           "EOFError: unexpected EOF); 0 of 2 runs are done and kept in ")
+    assert line.endswith(", the same command runs the 2 missing ones")
+    assert study_status(out)["total"] == 2  # the store is intact
+    assert main(command) == 0  # a new fork server
+    assert study_status(out)["done"] == 2

@@ -126,6 +126,13 @@ def main(argv=None) -> int:
         return 141  # 128 + SIGPIPE, what a shell reports for such a command
     except OSError as err:  # ours (FileNotFoundError naming the file and what was expected),
         return _fail(prog, _os_message(err))  # else a file the system refused: path, reason
+    except RuntimeError as err:
+        from ..experiments.pool import WorkerServerLost
+
+        if not isinstance(err, WorkerServerLost):
+            raise
+        _fail(prog, f"{err}; finished runs are kept: the same command goes on where it stopped")
+        return 1
     except sqlite3.Error as err:  # last resort: stores turn the known cases into ValueError
         return _fail(prog, f"the study's results store (SQLite) failed: {err}")
     except KeyboardInterrupt as err:

@@ -212,6 +212,12 @@ def describe_task(task, width: int = 300) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
+class WorkerServerLost(RuntimeError):
+    """The fork server that starts the local pool's worker processes (`worker_context`)
+    ended while it started one: no worker could be started, and the launch stops. What
+    finished is kept; the same command starts a new fork server and goes on."""
+
+
 class _Worker:
     """One worker process, the pipe its tasks and replies go through, and the index of
     the task it runs (None while idle)."""
@@ -220,7 +226,14 @@ class _Worker:
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_serve, args=(child, threads), daemon=True,
                                    name="spmlkit-worker")
-        self.process.start()
+        try:
+            self.process.start()
+        except (EOFError, ConnectionError) as err:  # the fork server died (killed) meanwhile
+            self.conn.close()
+            child.close()
+            raise WorkerServerLost(
+                f"the fork server that starts the worker processes ended while it started one "
+                f"(killed? multiprocessing: {type(err).__name__}: {err})") from err
         child.close()
         self.task: int | None = None
 
