@@ -185,6 +185,18 @@ def test_blocks_are_counted():
     assert counts["README.md"] >= 4
 
 
+@pytest.mark.parametrize("page", ["docs/own-data.md", "docs/guide/sklearn.md"])
+def test_a_python_example_turns_a_csv_into_x_and_y(page):
+    """A Python block that reads a CSV, names its label columns and its features, and fits
+    ``SPMLClassifier`` on them, with the estimator's default solver (no such example existed);
+    `test_page_blocks_run` runs it."""
+    codes = [code for lang, code in runnable(ROOT / page) if lang == "python"]
+    fits = [c for c in codes if "pd.read_csv(" in c and "features = [" in c and
+            re.search(r"X, Y = \w+\[features\], \w+\[labels\]", c) and
+            re.search(r"SPMLClassifier\((C=[^)]*)?\)\.fit\(X, Y", c)]
+    assert fits, f"{page}: no runnable Python block reads a CSV into X and Y and fits on them"
+
+
 def _bash(code: str, env: dict, capsys) -> None:
     """Each line of a bash block, in the current folder; ``A && B`` as its parts, and ``cd DIR``
     changes the folder of what follows (the next blocks too, as in the reader's shell)."""
