@@ -52,15 +52,16 @@ lint: install
 # The docs site (mkdocs.yml, docs/) into site/, with --strict: a broken link, a missing anchor,
 # an unresolved cross-reference or a docstring mkdocstrings cannot read fails the build (about
 # 20 s). Not -q: it silences mkdocs-autorefs' warnings, so an unresolved reference would pass.
-# site/index.html opened from the file system navigates (page.html links); search needs the
-# site served (browsers do not start its worker from file://): make serve-docs.
+# site/index.html opened from the file system works offline: page.html links, and search (the
+# offline plugin's index as a script, its worker through the local iframe-worker shim);
+# make serve-docs serves the same site over http.
 # `python docs/gen.py` regenerates the generated pages; tests/test_docs.py fails when they are
 # out of date.
 docs: install
 	NO_MKDOCS_2_WARNING=1 PYTHONPATH=src $(PY) -m mkdocs build --strict
 
 # The built site on http://127.0.0.1:8000/ (Python's own server, this machine only; no network
-# needed): navigation and search. Ctrl-C stops it.
+# needed), for a browser that should not read it from file://. Ctrl-C stops it.
 DOCS_PORT ?= 8000
 serve-docs: docs
 	@echo "serve-docs: http://127.0.0.1:$(DOCS_PORT)/ (Ctrl-C stops)"

@@ -2,9 +2,8 @@
 
 mkdocs-material's ``offline`` plugin loads the iframe-worker shim (its search worker for pages
 opened from ``file://``) from unpkg.com; each page here loads the copy in
-``docs/assets/iframe-worker-shim.js`` instead (by a path relative to the page). Chromium 156
-still does not start the search worker from ``file://`` (checked headless); served, search
-works with no network (``make serve-docs``).
+``docs/assets/iframe-worker-shim.js`` instead (by a path relative to the page), so search works
+from ``file://`` with no network, as it does served (``make serve-docs``).
 """
 from __future__ import annotations
 

@@ -136,3 +136,11 @@ def heap_buffer(task: dict) -> dict:
     libc.sbrk.restype = ctypes.c_void_p
     buf = ctypes.create_string_buffer(8 << 20)
     return {"heap": ctypes.addressof(buf) < libc.sbrk(0)}
+
+
+def sleep_and_tell(task: dict) -> dict:
+    """Write this worker's pid and its parent's to ``task["pidfile"]``, then sleep
+    ``task["sleep"]`` seconds (tests/test_pool.py kills the pool's process meanwhile)."""
+    Path(task["pidfile"]).write_text(f"{os.getpid()} {os.getppid()}")
+    time.sleep(task["sleep"])
+    return {"x": task["x"]}

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ pytest.importorskip("distributed")
 import spmlkit  # noqa: E402
 from spmlkit.cli import main  # noqa: E402
 from spmlkit.experiments.store import StudyStore  # noqa: E402
+from spmlkit.machine import end_with_parent  # noqa: E402
 
 BIN = Path(sys.executable).parent  # the environment's `dask` and `spml`
 HERE = Path(__file__).resolve().parent
@@ -87,8 +89,11 @@ class Cluster:
 
     def popen(self, args, log, e):
         with open(log, "ab") as fh:
+            # SIGTERM when the test process ends, even killed (a stopped `make test`): the
+            # dask commands then close their own processes; the fixture kills them otherwise
             proc = subprocess.Popen([str(a) for a in args], stdout=fh, stderr=subprocess.STDOUT,
-                                    env=e, cwd=self.folder, start_new_session=True)
+                                    env=e, cwd=self.folder, start_new_session=True,
+                                    preexec_fn=partial(end_with_parent, parent=os.getpid()))
         self.procs.append(proc)
         return proc
 

@@ -21,6 +21,16 @@ def _misspelt(name: str) -> tuple[str, str]:
     return option, option[:-1] + ("x" if option[-1] != "x" else "y")
 
 
+@pytest.mark.parametrize("name, test, val", [("tabular", "test_path", "val_path"),
+                                             ("folder", "test_csv", "val_csv")])
+def test_a_sources_val_option_says_what_val_is_for(name, test, val):
+    # val_path's help repeated test_path's ("fully labelled test / val rows")
+    rows = {r["name"]: r["help"] for r in describe_options(name)}
+    assert rows[val] != rows[test]
+    assert rows[val].startswith("fully labelled validation ") and "chosen on" in rows[val]
+    assert rows[test].startswith("fully labelled test ") and "validation" not in rows[test]
+
+
 @pytest.mark.parametrize("name", SOURCES)
 def test_every_option_of_every_source_is_described(name):
     rows = {r["name"]: r for r in describe_options(name, feature_option_rows())}

@@ -91,6 +91,41 @@ def test_cli_usage_blocks_wrap_between_options():
             assert len(line) <= 98 or " " not in line.strip(), line
 
 
+def test_every_default_the_cli_reference_shows_is_in_the_help(monkeypatch):
+    """An option whose reference line (docs/gen.py, from the parser) shows a default shows the
+    same default in ``spml ... --help``: --help left out ``--loss``'s, ``--out``'s, ``--amp``'s,
+    ``--head-lr-mult``'s and predict's ``--workers``' that the page showed."""
+    import importlib.util
+
+    from spmlkit.cli import build_parser
+
+    monkeypatch.setenv("COLUMNS", "100000")  # one line per option: no wrapping inside a value
+    spec = importlib.util.spec_from_file_location("docs_gen", DOCS / "gen.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+
+    def parsers(parser, title):
+        yield title, parser
+        for name, sub, _ in gen._subparsers(parser):
+            yield from parsers(sub, f"{title} {name}")
+
+    checked, missing = 0, []
+    for title, parser in parsers(build_parser(), "spml"):
+        helptext = parser.format_help()
+        for action in parser._actions:
+            line = gen._option(action)
+            shown = re.search(r"; default: `(.*)`$", line or "")
+            if not shown:
+                continue
+            checked += 1
+            block = parser._get_formatter()._format_action(action)
+            if f"default: {shown[1]})" not in " ".join(block.split()):
+                missing.append(f"{title} {action.option_strings[0]}: {shown[1]}")
+            assert action.option_strings[0] in helptext
+    assert checked > 5
+    assert not missing, "--help leaves out the reference's default of:\n" + "\n".join(missing)
+
+
 def test_generated_pages_cover_the_registries():
     """Every loss, training method, preset and CLI command appears in its generated page."""
     from spmlkit.cli import build_parser
@@ -150,11 +185,25 @@ def test_blocks_are_counted():
     assert counts["README.md"] >= 4
 
 
-def _bash(code: str, cwd: Path, env: dict, capsys) -> None:
+@pytest.mark.parametrize("page", ["docs/own-data.md", "docs/guide/sklearn.md"])
+def test_a_python_example_turns_a_csv_into_x_and_y(page):
+    """A Python block that reads a CSV, names its label columns and its features, and fits
+    ``SPMLClassifier`` on them, with the estimator's default solver (no such example existed);
+    `test_page_blocks_run` runs it."""
+    codes = [code for lang, code in runnable(ROOT / page) if lang == "python"]
+    fits = [c for c in codes if "pd.read_csv(" in c and "features = [" in c and
+            re.search(r"X, Y = \w+\[features\], \w+\[labels\]", c) and
+            re.search(r"SPMLClassifier\((C=[^)]*)?\)\.fit\(X, Y", c)]
+    assert fits, f"{page}: no runnable Python block reads a CSV into X and Y and fits on them"
+
+
+def _bash(code: str, env: dict, capsys) -> None:
+    """Each line of a bash block, in the current folder; ``A && B`` as its parts, and ``cd DIR``
+    changes the folder of what follows (the next blocks too, as in the reader's shell)."""
     from spmlkit.cli import main
 
     lines = code.replace("\\\n", " ").splitlines()
-    for line in lines:
+    for line in (part for whole in lines for part in whole.split(" && ")):
         words = shlex.split(line, comments=True)
         if not words:
             continue
@@ -164,7 +213,9 @@ def _bash(code: str, cwd: Path, env: dict, capsys) -> None:
             continue
         expanded = shlex.split(re.sub(r"\$(\w+)|\$\{(\w+)\}",
                                       lambda m: env.get(m[1] or m[2], ""), line), comments=True)
-        if expanded[0] == "spml":
+        if expanded[0] == "cd":
+            os.chdir(expanded[1])
+        elif expanded[0] == "spml":
             try:
                 status = main(expanded[1:])
             except SystemExit as stop:  # argparse's own exits: --version, --help, bad usage
@@ -172,14 +223,14 @@ def _bash(code: str, cwd: Path, env: dict, capsys) -> None:
             out = capsys.readouterr()
             assert status in (0, None), f"{line!r} exited {status}: {out.err[-2000:]}"
         else:
-            done = subprocess.run(["bash", "-c", line], cwd=cwd, env=env,
+            done = subprocess.run(["bash", "-c", line], cwd=Path.cwd(), env=env,
                                   capture_output=True, text=True, timeout=300)
             assert done.returncode == 0, f"{line!r}: {done.stderr[-2000:]}"
 
 
-def _python(code: str, cwd: Path, env: dict) -> None:
-    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
+def _python(code: str, env: dict) -> None:
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path.cwd(), env=env,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -202,10 +253,14 @@ def test_page_blocks_run(page, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    for lang, code in runnable(page):
-        if lang == "bash":
-            _bash(code, tmp_path, env, capsys)
-        elif lang == "python":
-            _python(code, tmp_path, env)
-        else:
-            _yaml(code)
+    for _ in range(2 if page.name == "README.md" else 1):
+        os.chdir(tmp_path)
+        for lang, code in runnable(page):
+            if lang == "bash":
+                _bash(code, env, capsys)
+            elif lang == "python":
+                _python(code, env)
+            else:
+                _yaml(code)
+    if page.name == "README.md":  # the tour runs again as written, its files in one folder
+        assert [p.name for p in tmp_path.iterdir()] == ["tour"]

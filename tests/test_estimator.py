@@ -320,6 +320,24 @@ def test_score_without_a_known_positive_raises_naming_the_cause():
     assert np.isfinite(clf.score(x[100:], y[100:]))
 
 
+def test_validation_scorer_without_anything_to_score_raises_naming_the_cause():
+    # as score: it returned NaN (mAP of no positive; ranking metrics of partial labels
+    # without a known positive beside a known negative), silent in a GridSearchCV
+    from spmlkit.metrics_partial import partial_labels
+
+    x, y = _toy(n=120)
+    _, z = _single_positive(y)
+    clf = SPMLClassifier(**FAST).fit(x[:100], z[:100])
+    with pytest.raises(ValueError, match=r"validation_scorer: map of Y_val \(20 rows\) is "
+                       r"undefined: nothing in it can be scored, it holds no positive"):
+        validation_scorer(x[100:], np.zeros((20, y.shape[1]), dtype=np.uint8))(clf)
+    no_positive = -np.ones((20, y.shape[1]))
+    no_positive[::2] = 0
+    with pytest.raises(ValueError, match="lrap of Y_val .* holds no known positive beside"):
+        validation_scorer(x[100:], partial_labels(no_positive), metric="lrap")(clf)
+    assert np.isfinite(validation_scorer(x[100:], y[100:])(clf))
+
+
 def test_validation_scorer_scores_on_the_validation_rows_whatever_the_fold():
     x, y = _toy(n=120)
     index, z = _single_positive(y)

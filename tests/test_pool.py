@@ -1,5 +1,6 @@
 """The parallel runner: results of every task, a worker killed by SIGKILL (its task retried
 alone, then lost: ``on_lost`` or a RuntimeError), no worker left behind however it stops."""
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -133,3 +134,108 @@ def test_closing_the_iteration_early_terminates_the_workers(tmp_path):
     it.close()
     assert mp.active_children() == []
     assert all(p.exitcode == -signal.SIGTERM for p in busy)
+
+
+def test_a_fork_server_killed_while_it_starts_a_worker_ends_the_study_in_one_line(
+        tmp_path, capsys, monkeypatch):
+    """It ended the launch with multiprocessing's raw ``EOFError: unexpected EOF``; the store
+    is intact and the same command runs every run."""
+    import json
+    from multiprocessing import forkserver
+
+    from spmlkit.cli import main
+    from spmlkit.experiments.study import study_status
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(json.dumps({"name": "s", "datasets": ["yeast"], "methods": ["an", "epr"],
+                                "seeds": 1, "epochs": 1,
+                                "grid": {"batch_size": [16], "lr": [1e-2]}}))
+    out = tmp_path / "study"
+    command = ["study", "run", str(spec), "--out", str(out), "--jobs", "2", "--quiet"]
+    connect = getattr(forkserver, "connect_to_new_process", None)
+    if connect is None or "forkserver" not in mp.get_all_start_methods():
+        pytest.skip("no fork server, or one this test cannot reach")
+    killed = []
+
+    def connect_then_kill(*args, **kwargs):
+        """The first worker's request reaches the fork server, stopped (SIGSTOP) so that it
+        cannot answer, which is then killed (SIGKILL) while the worker waits for it."""
+        server = forkserver._forkserver._forkserver_pid
+        if not killed:
+            os.kill(server, signal.SIGSTOP)
+        conn = connect(*args, **kwargs)
+        if not killed:
+            os.kill(server, signal.SIGKILL)
+            killed.append(server)
+        return conn
+
+    monkeypatch.setattr(forkserver, "connect_to_new_process", connect_then_kill)
+    assert main(command) == 1
+    assert killed
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("spml study run: error: the fork server that starts the worker "
+                           "processes ended while it started one (killed? multiprocessing: "
+                           "EOFError: unexpected EOF); 0 of 2 runs are done and kept in ")
+    assert line.endswith(", the same command runs the 2 missing ones")
+    assert study_status(out)["total"] == 2  # the store is intact
+    assert main(command) == 0  # a new fork server
+    assert study_status(out)["done"] == 2
+
+
+def _gone(pid: int, timeout: float = 20.0) -> bool:
+    """Whether process ``pid`` ended (or is a zombie) within ``timeout`` seconds."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_the_pools_processes_end_when_its_process_is_killed(tmp_path):
+    """SIGKILL of a benchmark's or a study's process runs none of its cleanup: its fork server
+    and workers kept running (an interrupted ``spml benchmark`` left its fork server)."""
+    import subprocess
+    import sys
+    import time
+
+    tasks = [{"x": x, "sleep": 300, "pidfile": str(tmp_path / f"{x}.pid")} for x in range(2)]
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import json\n"
+            "from _pool_tasks import sleep_and_tell\n"
+            "from spmlkit.experiments.pool import run_tasks\n"
+            "list(run_tasks(sleep_and_tell, json.loads(sys.argv[2]), jobs=2))\n")
+    import json
+
+    parent = subprocess.Popen([sys.executable, "-c", code, str(Path(__file__).parent),
+                               json.dumps(tasks)], env={**os.environ, "PYTHONPATH": str(
+                                   Path(__file__).parents[1] / "src")})
+    try:
+        end = time.monotonic() + TIMEOUT
+        while not all(Path(t["pidfile"]).exists() and Path(t["pidfile"]).read_text()
+                      for t in tasks):
+            assert parent.poll() is None and time.monotonic() < end, "the workers never started"
+            time.sleep(0.1)
+        pids = [tuple(map(int, Path(t["pidfile"]).read_text().split())) for t in tasks]
+        workers = [w for w, _ in pids]
+        servers = {p for _, p in pids} - {parent.pid}  # the fork server (none when spawned)
+        parent.kill()
+        parent.wait()
+        left = [p for p in [*servers, *workers] if not _gone(p)]
+        assert not left, f"still running after their parent was killed: {left}"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        for t in tasks:  # never leave them behind, whatever failed
+            with contextlib.suppress(OSError, ValueError):
+                for pid in map(int, Path(t["pidfile"]).read_text().split()):
+                    if pid != os.getpid():
+                        os.kill(pid, signal.SIGKILL)

@@ -1264,3 +1264,23 @@ def test_the_data_path_check_leaves_cache_folders_and_expands_home(tmp_path):
     spec.write_text("name: s\ndatasets: [{name: tabular, options: {path: '~', labels: 'c*'}}]\n"
                     "methods: [an]\nseeds: 1\nepochs: 1\n")
     check_data_paths(load_study(str(spec)))  # ~ exists (a folder: the source says so later)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_spec_train_device_this_machine_lacks_is_refused_before_a_folder(tmp_path, capsys):
+    # it made the study folder, then every run ended in torch's "AssertionError: Torch not
+    # compiled with CUDA enabled"
+    with pytest.raises(ValueError, match=r"train.device: 'cuda': this machine has 0 CUDA "
+                       r"device\(s\); use cpu"):
+        load_study(spec(train={"device": "cuda"}))
+    with pytest.raises(ValueError, match=r"grid.device: 'cuda:1': this machine has 0 CUDA"):
+        load_study(spec(grid={"batch_size": [16], "lr": [1e-2], "device": ["cpu", "cuda:1"]}))
+    with pytest.raises(ValueError, match=r"train.device: expected a device such as cpu"):
+        load_study(spec(train={"device": "gpu"}))
+    path = tmp_path / "cuda.yaml"
+    path.write_text(json.dumps(spec(train={"device": "cuda"})))
+    out = tmp_path / "study"
+    assert main(["study", "run", str(path), "--out", str(out), "--quiet"]) == 2
+    assert "train.device: 'cuda': this machine has 0 CUDA device(s)" in capsys.readouterr().err
+    assert not out.exists()
+    assert load_study(spec(train={"device": "cpu"})).train == {"device": "cpu"}

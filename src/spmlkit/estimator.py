@@ -69,10 +69,15 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
     Args:
         loss: a registered loss name (``spml list losses``).
         loss_params: the loss's hyperparameters.
-        epochs, batch_size, lr, seed, early_stop: see
-            [`spmlkit.engine.TrainConfig`][spmlkit.engine.TrainConfig] (``solver="adam"``;
-            ``seed`` also seeds the solver's start and a loss's own draws); ``lr`` defaults to
-            1e-3, as ``spml train``'s linear head (1e-4 under-trains it).
+        epochs: Adam's epochs (``solver="adam"`` only; default 25), as
+            [`spmlkit.engine.TrainConfig`][spmlkit.engine.TrainConfig].
+        batch_size: Adam's mini-batch rows (``solver="adam"`` only; default 8).
+        lr: Adam's learning rate (``solver="adam"`` only; default 1e-3, as ``spml train``'s
+            linear head: 1e-4 under-trains it).
+        seed: seeds the head's initialisation, Adam's batch order, the solver's start and a
+            loss's own draws (default 0).
+        early_stop: Adam's early stopping, ``"none"`` (default), ``"patience:N"`` or
+            ``"drop:X"`` (``solver="adam"`` only; `TrainConfig`).
         k: expected positives per example (EPR, ROLE); default: the mean number of observed
             positives per row of ``y`` (a lower bound; pass the real value if known).
         n_threads: torch intra-op threads while fitting and predicting (restored after), 1 by
@@ -91,9 +96,10 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         solver: ``"lbfgs"`` (default: solved, see above) or ``"adam"`` (trained).
         C: the inverse L2 strength of the solver (scikit-learn's; default 1.0), a number > 0
             or a sequence of them (a path, selected on ``X_val`` / ``Y_val``).
-        tol, max_iter, rounds: the solver's tolerance on the largest gradient entry, its
-            iterations per solve, and the rounds of a loss whose terms follow the epoch
-            (`spmlkit.engine.solve`).
+        tol: the solver's tolerance on the largest gradient entry (default 1e-5;
+            `spmlkit.engine.solve`).
+        max_iter: the solver's L-BFGS iterations per solve, at most (default 500).
+        rounds: the solver's rounds for a loss whose terms follow the epoch (default 5).
 
     Fitted attributes: ``classes_``, ``n_classes_``, ``n_features_in_``,
     ``feature_names_in_`` (DataFrame input), ``mean_`` / ``scale_`` (None without
@@ -472,6 +478,13 @@ class ValidationScorer:
             raise ValueError(f"validation_scorer: the estimator predicts {scores.shape} for "
                              f"X_val but Y_val is {y_val.shape}")
         value = split_metric(self.metric, scores, y_val)
+        if np.isnan(value):
+            why = "known positive beside a known negative" if is_partial(y_val) \
+                else "positive"
+            raise ValueError(f"validation_scorer: {self.metric} of Y_val ({len(y_val)} rows) "
+                             f"is undefined: nothing in it can be scored, it holds no {why} "
+                             f"(a NaN score would pass a grid search without a word); give "
+                             f"validation rows that hold positives")
         return float(value if higher_is_better(self.metric) else -value)
 
     def __repr__(self) -> str:
@@ -492,6 +505,12 @@ def validation_scorer(X_val, Y_val, metric: str = "map", classes=None) -> Valida
     of `spmlkit.metrics.METRICS` (mAP x100 by default); lower-is-better metrics come
     back negated, as scikit-learn's ``neg_*`` scorers, and the threshold metrics (F1,
     Hamming) use the estimator's ``predict`` (its ``threshold``).
+
+    Raises:
+        ValueError: (when called) ``Y_val`` does not fit the estimator's ``classes_``, or
+            nothing in it can be scored (no positive; partial labels without a known positive
+            beside a known negative): the metric would be NaN, a silent NaN score in a
+            ``GridSearchCV``, as `SPMLClassifier.score` says too.
 
     Example:
         >>> import numpy as np

@@ -73,3 +73,38 @@ def loader_worker_init(worker_id: int = 0) -> bool:
     except (AttributeError, OSError, ValueError):  # no confstr name / no glibc / no symbol
         return False
     return all(mallopt(param, value) == 1 for param, value in WORKER_MALLOC.items())
+
+
+#: prctl's option that asks for a signal when the parent ends (linux/prctl.h)
+_PR_SET_PDEATHSIG = 1
+
+
+def end_with_parent(sig: int | None = None, parent: int | None = None) -> bool:
+    """Ask the kernel to send this process ``sig`` (default SIGTERM) when its parent process
+    ends (Linux's ``prctl(PR_SET_PDEATHSIG)``, through ctypes), so that a child does not
+    outlive a parent that was killed (SIGKILL runs no cleanup of the parent's). ``parent``: the
+    pid the caller's parent should be; one already gone (the child was re-parented before the
+    call) ends this process at once. Call it in the child, as its first thing (a ``preexec_fn``
+    of ``subprocess.Popen``, a worker's start).
+
+    The kernel sends it when the *thread* that made this process ends: make children from a
+    thread that lives as long as they should. Returns whether the request was taken (False
+    elsewhere than Linux: nothing is done).
+    """
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    sig = signal.SIGTERM if sig is None else sig
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if parent is not None and os.getppid() != parent:  # it ended before the request was made
+        os.kill(os.getpid(), sig)
+    return True

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import benchmark, extract, figures, listing, predict, study, train
 from .benchmark import cmd_benchmark
-from .common import _fail, _os_message, _prog
+from .common import _fail, _os_message, _prog, use_defaults_formatter
 from .study import STUDY_ACTIONS, cmd_study
 from .train import cmd_train
 
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (train, predict, benchmark, extract, figures, study, listing):
         command.register(sub)
+    use_defaults_formatter(parser)  # each option's default, as the CLI reference shows it
     return parser
 
 
@@ -125,6 +126,13 @@ def main(argv=None) -> int:
         return 141  # 128 + SIGPIPE, what a shell reports for such a command
     except OSError as err:  # ours (FileNotFoundError naming the file and what was expected),
         return _fail(prog, _os_message(err))  # else a file the system refused: path, reason
+    except RuntimeError as err:
+        from ..experiments.pool import WorkerServerLost
+
+        if not isinstance(err, WorkerServerLost):
+            raise
+        _fail(prog, f"{err}; finished runs are kept: the same command goes on where it stopped")
+        return 1
     except sqlite3.Error as err:  # last resort: stores turn the known cases into ValueError
         return _fail(prog, f"the study's results store (SQLite) failed: {err}")
     except KeyboardInterrupt as err:

@@ -129,19 +129,12 @@ _positive, _nonnegative = _real(True), _real(False)
 
 def _device(text: str) -> str:
     """An argparse type: a torch device this machine has (``cpu``, ``cuda``, ``cuda:1``)."""
-    import torch
+    from ..engine.config import check_device
 
     try:
-        dev = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected a device such as cpu, cuda or cuda:1, got "
-                                         f"{text!r}") from None
-    if dev.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if not count or (dev.index is not None and dev.index >= count):
-            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA "
-                                             f"device(s)")
-    return text
+        return check_device(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 SEED = _whole(0, 2**32 - 1)  # numpy's RandomState takes seeds in [0, 2**32)
@@ -169,6 +162,53 @@ class LazyHelp(str):
 
     def __mod__(self, params):
         return self.make().replace("%", "%%") % params
+
+
+def show_value(value) -> str:
+    """A value as it reads in YAML / on the command line (``none``, ``true``, ``[a, b]``)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(show_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {show_value(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def shown_default(action: argparse.Action, helptext: str) -> str | None:
+    """The default an option's help shows, or None: an option that takes a value, has a
+    default that is not empty (None, False, []) and whose help (``helptext``, expanded) does
+    not already say its default. One rule for ``--help`` (`DefaultsFormatter`) and the CLI
+    reference page (docs/gen.py)."""
+    default = action.default
+    if not action.option_strings or action.nargs == 0 or default is argparse.SUPPRESS or \
+            default is None or default is False or default == [] or \
+            "default" in helptext.lower():
+        return None
+    return show_value(default)
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """argparse's help with each option's default appended as ``(default: X)`` where
+    `shown_default` gives one (the CLI reference page shows the same)."""
+
+    def _expand_help(self, action):
+        text = super()._expand_help(action)
+        shown = shown_default(action, text)
+        return f"{text} (default: {shown})" if shown is not None else text
+
+
+def use_defaults_formatter(parser: argparse.ArgumentParser) -> None:
+    """`DefaultsFormatter` for ``parser`` and every subcommand's parser below it."""
+    parser.formatter_class = DefaultsFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                use_defaults_formatter(sub)
 
 
 def _join(names, last: str = "") -> str:

@@ -88,6 +88,18 @@ def _print_failures(res: dict, shown: int = 3) -> None:
           f"{res['out']} --format json --output errors.json", file=sys.stderr)
 
 
+def _kept(spec, args, where: str = "") -> str:
+    """What a stopped launch kept and that the same command goes on, for its one line."""
+    from ..experiments import study as st
+
+    out = args.out or st.STUDIES_ROOT / spec.name
+    with contextlib.suppress(Exception):
+        s = st.study_status(out)
+        return (f"; {s['done']} of {s['total']} runs are done and kept in {out}, the same "
+                f"command {where}runs the {s['missing']} missing ones")
+    return "; the same command goes on where it stopped"
+
+
 def cmd_study(args) -> int:
     """``spml study run | status | table | export | list``."""
     from ..experiments import study as st
@@ -124,14 +136,14 @@ def cmd_study(args) -> int:
 
             if not isinstance(err, (SchedulerLost, NoWorkers)):
                 raise
-            out = args.out or st.STUDIES_ROOT / spec.name
-            where = ""
-            with contextlib.suppress(Exception):
-                s = st.study_status(out)
-                where = (f"; {s['done']} of {s['total']} runs are done and kept in {out}, "
-                         f"the same command against a running scheduler runs the "
-                         f"{s['missing']} missing ones")
-            _fail(_prog(args), f"{err}{where}")
+            _fail(_prog(args), f"{err}{_kept(spec, args, 'against a running scheduler ')}")
+            return 1
+        except RuntimeError as err:
+            from ..experiments.pool import WorkerServerLost
+
+            if not isinstance(err, WorkerServerLost):
+                raise
+            _fail(_prog(args), f"{err}{_kept(spec, args)}")
             return 1
         print(f"{spec.name}: {res['runs_run']} run(s) in {res['seconds']:.1f} s on "
               f"{res['executor']}, {res['failures']} failed; "

@@ -171,10 +171,12 @@ def load_folder(root: str | os.PathLike, test_root: str | os.PathLike | None = N
             image once) instead of raising when they are opened.
         train_labels: ``"observed"`` (the default with ``test_csv``; see above) or ``"full"``
             (the default without it: the one-hot folder classes, regime ``1p``).
-        test_csv, val_csv: fully labelled evaluation / validation images in the ``csv``
-            source's form (`read_image_csv`: path, then every
-            class name of the image; paths relative to the CSV's folder or absolute), instead of
-            ``test_root`` / the protocol's val set.
+        test_csv: fully labelled test images (the final scores) in the ``csv`` source's form
+            (`read_image_csv`: path, then every class name of the image; paths relative to
+            the CSV's folder or absolute), instead of ``test_root``.
+        val_csv: fully labelled validation images (what the best epoch or threshold is chosen
+            on), in ``test_csv``'s form, instead of the val set the protocol splits off the
+            training images.
 
     Returns:
         a [`Dataset`][spmlkit.data.protocol.Dataset]; classes are the sorted folder names; ids are

@@ -475,8 +475,11 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
         path: the training rows (every row, with ``split_column``).
         labels: label columns (names / patterns) or one column of class names.
         features: feature columns (names / patterns); default every other numeric column.
-        test_path, val_path: fully labelled test / val rows, same columns (not with
-            ``split_column``).
+        test_path: fully labelled test rows (the final scores), same columns (not with
+            ``split_column``); default: carved out of ``path`` (``test_fraction``).
+        val_path: fully labelled validation rows (what the best epoch, C or threshold is
+            chosen on), same columns (not with ``split_column``); default: a share of the
+            training rows, split off by the protocol.
         split_column: the column saying ``train`` / ``val`` / ``test`` per row of ``path``.
         id_column: a column of row identifiers.
         train_labels: ``"full"`` (0 / 1 training labels; a regime draws the observed ones) or

@@ -36,8 +36,8 @@ state): a resumed run ends with the uninterrupted run's weights, history and bes
 """
 from ..accel import Acceleration, acceleration, current_acceleration
 from .amp import LossScaler, amp_dtype
-from .config import (AMP_MODES, TrainConfig, batch_starts, config_dict, epoch_rows,
-                     parse_early_stop, torch_threads)
+from .config import (AMP_MODES, TrainConfig, batch_starts, check_device, config_dict,
+                     epoch_rows, parse_early_stop, torch_threads)
 from .finetune import LINEAR_INIT_FORMAT, FinetuneOptions, fit_finetune, fit_linear_init, \
     predict_items
 from .image_batches import (GlobalBatchSampler, ImageItems, ItemPredictor, default_image_reader,
@@ -53,7 +53,8 @@ __all__ = ["AMP_MODES", "Acceleration", "Batch", "acceleration", "current_accele
            "amp_dtype", "FitResult", "GeneratorState", "GlobalBatchSampler",
            "ImageItems", "ItemPredictor", "LINEAR_INIT_FORMAT", "LeanAdam", "LossScaler",
            "STATE_FORMAT", "Selection", "Stage", "StageParts", "StepBatch", "StepHook",
-           "TrainConfig", "FinetuneOptions", "batch_starts", "check_val_labels", "config_dict",
+           "TrainConfig", "FinetuneOptions", "batch_starts", "check_device", "check_val_labels",
+           "config_dict",
            "default_image_reader", "epoch_rows", "fit_finetune",
            "fit_linear", "fit_linear_init", "fit_linear_stacked",
            "make_linear_head",

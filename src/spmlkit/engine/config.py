@@ -12,6 +12,27 @@ AMP_MODES = ("auto", "none", "bf16", "fp16")
 MAX_EPOCHS = 100_000
 
 
+def check_device(text) -> str:
+    """``text`` if it names a torch device this machine has (``cpu``, ``cuda``, ``cuda:1``,
+    ``mps``), else a ``ValueError`` saying what it has: ``cuda`` on a machine without CUDA
+    ended deep in a run as torch's ``AssertionError: Torch not compiled with CUDA enabled``."""
+    import torch
+
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"expected a device such as cpu, cuda or cuda:1, got {text!r}") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count or (dev.index is not None and dev.index >= count):
+            raise ValueError(f"{text!r}: this machine has {count} CUDA device(s)"
+                             + ("" if count else "; use cpu"))
+    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None)
+                                    and torch.backends.mps.is_available()):
+        raise ValueError(f"{text!r}: this machine has no MPS device; use cpu")
+    return text
+
+
 @dataclass
 class TrainConfig:
     """Hyperparameters of one training run (Cole et al.'s linear protocol by default).

@@ -1,5 +1,6 @@
 """Heads on fixed features solved, not trained: full-batch L-BFGS to a stated tolerance along a
-regularisation path, warm-started and selected on val (DESIGN.md, convention 14).
+regularisation path, warm-started and selected on val (as scikit-learn's `LogisticRegressionCV`
+and glmnet do).
 
 The objective of a head ``f`` (linear, or the MLP head) with loss ``l`` on the whole train
 split at once (B = N) is::

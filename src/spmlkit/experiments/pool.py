@@ -43,7 +43,7 @@ import traceback
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 
-from ..machine import loader_worker_init
+from ..machine import end_with_parent, loader_worker_init
 
 #: how many (dataset, regime, options) splits a worker keeps loaded
 CACHE_SIZE = 8
@@ -80,15 +80,20 @@ def cached_splits(dataset: str, regime: str, options: dict | None = None):
 
 #: what the worker server imports once, before it forks the workers (they start with these
 #: modules loaded instead of importing them each)
-PRELOAD = ("torch", "spmlkit.experiments.study", "spmlkit.methods", "spmlkit.losses",
-           "spmlkit.data", "spmlkit.engine.vectorised")
+PRELOAD = ("spmlkit.experiments._server_init", "torch", "spmlkit.experiments.study",
+           "spmlkit.methods", "spmlkit.losses", "spmlkit.data", "spmlkit.engine.vectorised")
 
 
 def worker_context():
     """The ``multiprocessing`` context of the local pool: a fork server where the platform has
     one (Linux, macOS: a single-threaded process that imported `PRELOAD` once and forks
-    each worker; no fork of a process that holds torch threads), else spawn."""
+    each worker; no fork of a process that holds torch threads), else spawn.
+
+    The fork server ends with this process (`spmlkit.experiments._server_init`, told this
+    process's id in ``SPMLKIT_POOL_PARENT``), and each worker with its parent (`_serve`):
+    a killed ``spml benchmark`` or study leaves no process behind."""
     if "forkserver" in mp.get_all_start_methods():
+        os.environ["SPMLKIT_POOL_PARENT"] = str(os.getpid())
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(list(PRELOAD))
         return ctx
@@ -165,6 +170,7 @@ def _serve(conn, threads: int) -> None:
     """A worker's main loop: ``(fn, task)`` in, ``("ok", result)`` or ``("error", exception,
     traceback)`` out, until ``None`` or the parent's end of the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; it stops the workers
+    end_with_parent()  # the fork server (or, spawned, the pool's process): none left behind
     init_worker(threads)
     # a pool worker may start no loader workers (`loader_workers`): it decodes a study's images
     # itself, so it keeps their memory as a loader worker does
@@ -212,6 +218,12 @@ def describe_task(task, width: int = 300) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
+class WorkerServerLost(RuntimeError):
+    """The fork server that starts the local pool's worker processes (`worker_context`)
+    ended while it started one: no worker could be started, and the launch stops. What
+    finished is kept; the same command starts a new fork server and goes on."""
+
+
 class _Worker:
     """One worker process, the pipe its tasks and replies go through, and the index of
     the task it runs (None while idle)."""
@@ -220,7 +232,14 @@ class _Worker:
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_serve, args=(child, threads), daemon=True,
                                    name="spmlkit-worker")
-        self.process.start()
+        try:
+            self.process.start()
+        except (EOFError, ConnectionError) as err:  # the fork server died (killed) meanwhile
+            self.conn.close()
+            child.close()
+            raise WorkerServerLost(
+                f"the fork server that starts the worker processes ended while it started one "
+                f"(killed? multiprocessing: {type(err).__name__}: {err})") from err
         child.close()
         self.task: int | None = None
 

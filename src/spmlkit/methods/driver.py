@@ -375,14 +375,15 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
     Args:
         method: a registered training method (``spml list methods``) or its entry.
         splits: the dataset's splits ([`spmlkit.data.load_splits`][spmlkit.data.load_splits]).
-        loss, hparams: a registered loss and its hyperparameters (over its per-dataset
-            official defaults).
+        loss: a registered loss (``spml list losses``).
+        hparams: the loss's hyperparameters, over its per-dataset official defaults (default
+            None: those defaults).
         config: [`spmlkit.engine.TrainConfig`][spmlkit.engine.TrainConfig] (default: the method's
             epochs and batch).
         k: expected positives per example for the loss (default: the train split's mean).
-        out, run_name: create the run folder ``out/run_name`` (default name
-            ``{dataset}-{loss}[-{method}]-{regime}-s{seed}``, no method for linear); without
-            ``out`` nothing is written.
+        out: the folder to create the run folder in (default None: nothing is written).
+        run_name: the run folder's name under ``out`` (default None:
+            ``{dataset}-{loss}[-{method}]-{regime}-s{seed}``, no method for linear).
         on_epoch: ``on_epoch(record, model, loss)`` after every epoch (after it is logged).
         dataset_options: recorded in ``config.json`` (what ``load_splits`` was given).
         resume: a run folder of this method to continue from its ``checkpoint.pt`` (use

@@ -311,7 +311,18 @@ def _train(raw: dict, source: str):
         TrainConfig(**train)
     except (TypeError, ValueError) as err:
         _fail(source, "train", str(err))
+    if "device" in train:  # before any folder is made (torch's AssertionError mid-run)
+        _check_device(train["device"], source, "train.device")
     return train, config_fields
+
+
+def _check_device(value, source: str, key: str) -> None:
+    from ...engine.config import check_device
+
+    try:
+        check_device(value)
+    except ValueError as err:
+        _fail(source, key, str(err))
 
 
 def _grid(raw: dict, accepts: dict, config_fields: set, source: str) -> dict:
@@ -340,6 +351,8 @@ def _grid(raw: dict, accepts: dict, config_fields: set, source: str) -> dict:
                     TrainConfig(**{k: v})
                 except (TypeError, ValueError) as err:
                     _fail(source, f"grid.{k}", str(err))
+                if k == "device":
+                    _check_device(v, source, f"grid.{k}")
         if len(set(map(json.dumps, values))) < len(values):
             _fail(source, f"grid.{k}", f"values repeat: {values}")
         grid[k] = values

@@ -1,0 +1,29 @@
+"""Imported by the local pool's fork server (`spmlkit.experiments.pool.PRELOAD`), first: the fork
+server ends with the process that started it (`spmlkit.experiments.pool.worker_context`
+names that process in ``SPMLKIT_POOL_PARENT``). Imported anywhere else, it does nothing.
+
+A fork server outlives a killed parent while a worker still holds its "alive" pipe (a worker in
+a long task): an interrupted ``spml benchmark`` once left it running. Its parent's end is
+watched by polling ``os.getppid()`` (the process is re-parented when its parent ends, whatever
+thread started it; ``PR_SET_PDEATHSIG`` fires when the starting *thread* ends)."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+#: seconds between two looks at the parent
+POLL = 0.5
+
+
+def _watch(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(POLL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+_parent = os.environ.get("SPMLKIT_POOL_PARENT", "")
+if _parent.isdigit() and int(_parent) == os.getppid():
+    threading.Thread(target=_watch, args=(int(_parent),), daemon=True,
+                     name="spmlkit-parent-watch").start()
