@@ -43,7 +43,7 @@ from ..engine.solve import C_PATH, PATIENCE, ROUNDS, TOL, solve_path, solver_for
 
 #: the losses solved by default: the smooth ones docs/choosing.md discusses (PR is refused by
 #: the solver: its hinge; train it with --solver adam)
-DEFAULT_SOLVER_LOSSES = ("an", "an_ls", "wan", "epr", "role", "em", "hill", "ll_r", "gr")
+DEFAULT_SOLVER_LOSSES = ("an", "zlpr", "focal", "wan", "ll_r", "hill", "role", "epr")
 #: the baseline a loss must beat on val (AN solved = the tuned logistic regression)
 BASELINE = "an"
 #: bootstrap draws of the val rows behind the standard error of `pick_on_val`
