@@ -248,17 +248,17 @@ def test_load_dataset_with_backbone_and_cli(folder_root, tmp_path, capsys):
                  "--float16", "--limit", "3", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "folder pool: 3 x 32 float16" in out and "folder test: 3 x 32 float16" in out
-    assert main(["train", "--dataset", "folder", "--data", f"root={folder_root}",
-                 "--backbone", "tiny_cnn", "--cache-dir", str(cache), "--epochs", "1",
-                 "--out", str(tmp_path / "runs"), "--quiet"]) == 0
+    assert main(["train", "--solver", "adam", "--dataset", "folder", "--data",
+                 f"root={folder_root}", "--backbone", "tiny_cnn", "--cache-dir", str(cache),
+                 "--epochs", "1", "--out", str(tmp_path / "runs"), "--quiet"]) == 0
     (run,) = (tmp_path / "runs").iterdir()
     config = json.loads((run / "config.json").read_text())
     assert config["dataset_options"]["backbone"] == "tiny_cnn"
     assert "progress" not in config["dataset_options"]["features"]  # not part of the run
     capsys.readouterr()
-    assert main(["train", "--dataset", "folder", "--data", f"root={folder_root}",
-                 "--backbone", "tiny_cnn", "--cache-dir", str(tmp_path / "fresh"), "--epochs",
-                 "1", "--out", str(tmp_path / "runs2"), "--quiet"]) == 0
+    assert main(["train", "--solver", "adam", "--dataset", "folder", "--data",
+                 f"root={folder_root}", "--backbone", "tiny_cnn", "--cache-dir",
+                 str(tmp_path / "fresh"), "--epochs", "1", "--out", str(tmp_path / "runs2"), "--quiet"]) == 0
     assert "img/s" not in capsys.readouterr().err  # extracted here, and --quiet hid that bar too
     assert config["dataset_options"]["features"]["cache_dir"] == str(cache)
     stores = [p for p in cache.iterdir() if p.is_dir()]

@@ -174,8 +174,8 @@ def test_own_data_benchmark_searches_weight_decay_and_has_no_full_label_rows(tmp
             else:
                 g.write(f"{feats},{','.join(map(str, y[i]))}\n")
     out = tmp_path / "bench"
-    assert main(["benchmark", "--dataset", "tabular", "--data", f"path={train}", "--data",
-                 f"test_path={test}", "--data", "labels=a,b,c", "--data",
+    assert main(["benchmark", "--solver", "adam", "--dataset", "tabular", "--data",
+                 f"path={train}", "--data", f"test_path={test}", "--data", "labels=a,b,c", "--data",
                  "train_labels=observed", "--losses", "an", "--seeds", "1", "--lrs", "1e-2",
                  "--batch-sizes", "16", "--epochs", "2", "--jobs", "1", "--quiet",
                  "--out", str(out)]) == 0

@@ -64,7 +64,7 @@ def cmd_benchmark(args) -> int:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
     if _solver(args, {**_data(args), **_feature_data(args)}) == "lbfgs":
         return _cmd_solver_benchmark(args)
-    args.losses = args.losses or ",".join(DEFAULT_LOSSES)
+    args.losses = ",".join(DEFAULT_LOSSES) if args.losses is None else args.losses
     grid = {"batch_size": tuple(args.batch_sizes or DEFAULT_GRID["batch_size"]),
             "lr": tuple(args.lrs or DEFAULT_GRID["lr"])}
     refs = [] if args.no_references else ["bce", "iun"]
@@ -122,7 +122,8 @@ def _cmd_solver_benchmark(args) -> int:
         ds = load_dataset(args.dataset, **options)
         _describe_features(ds.meta, ds.standardize)
         del ds
-    res = run_solver_benchmark(args.dataset, args.losses or ",".join(DEFAULT_SOLVER_LOSSES),
+    losses = ",".join(DEFAULT_SOLVER_LOSSES) if args.losses is None else args.losses
+    res = run_solver_benchmark(args.dataset, losses,
                                args.seeds, args.out, c=args.cs or C_PATH,
                                dataset_options=options, regime=args.regime,
                                pick=args.pick or "significant", sklearn=not args.no_references,
