@@ -258,7 +258,8 @@ def test_load_dataset_with_backbone_and_cli(folder_root, tmp_path, capsys):
     capsys.readouterr()
     assert main(["train", "--solver", "adam", "--dataset", "folder", "--data",
                  f"root={folder_root}", "--backbone", "tiny_cnn", "--cache-dir",
-                 str(tmp_path / "fresh"), "--epochs", "1", "--out", str(tmp_path / "runs2"), "--quiet"]) == 0
+                 str(tmp_path / "fresh"), "--epochs", "1", "--out", str(tmp_path / "runs2"),
+                 "--quiet"]) == 0
     assert "img/s" not in capsys.readouterr().err  # extracted here, and --quiet hid that bar too
     assert config["dataset_options"]["features"]["cache_dir"] == str(cache)
     stores = [p for p in cache.iterdir() if p.is_dir()]
