@@ -383,3 +383,15 @@ def test_a_study_row_in_mode_solve_ignores_the_batch_grid_and_equals_scikit_lear
     assert len([r for r in rows if r["method"] == "an-adam"]) == 1  # its best grid point
     ref = json.loads((tmp_path / "s" / "sklearn-reference.json").read_text())[0]
     assert abs(solved[0]["test_map"] - ref["test_map"]) < 0.05
+
+
+def test_spml_benchmark_takes_a_protocol_option_as_spml_train_does(tmp_path, capsys):
+    """``--data subsample=F`` (the splits' option, not the table source's) was refused by
+    spml benchmark when it described the table's columns; spml train took it."""
+    from spmlkit.cli import main
+
+    data = _own_csv(tmp_path)
+    assert main(["benchmark", *data, "--data", "subsample=0.5", "--losses", "an", "--quiet",
+                 "--out", str(tmp_path / "b")]) == 0, capsys.readouterr().err
+    res = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert res["records"][0]["loss"] == "an"

@@ -73,12 +73,7 @@ def cmd_benchmark(args) -> int:
     if args.weight_decays is not None:  # else run_benchmark's default for the data
         grid["weight_decay"] = tuple(args.weight_decays)
     given = {"epochs": args.epochs} if args.epochs is not None else {}  # else the paper's 25
-    if args.dataset == "tabular" and "path" in options:  # the columns, before any run
-        from ..features import load_dataset
-
-        ds = load_dataset(args.dataset, **options)
-        _describe_features(ds.meta, ds.standardize)
-        del ds
+    _columns(args.dataset, options)
     res = run_benchmark(args.dataset, args.losses, refs, args.seeds, args.out, args.jobs,
                         grid=grid, early_stop=args.early_stop, dataset_options=options,
                         metric=args.metric, regime=args.regime, drop_last=args.drop_last,
@@ -110,18 +105,27 @@ def cmd_benchmark(args) -> int:
     return 0
 
 
+def _columns(dataset: str, options: dict) -> None:
+    """A table's feature columns, said before any run: its source read with the source's own
+    options (a protocol option, ``subsample=F``, is the splits', not the source's: spml train
+    takes it, and so does spml benchmark)."""
+    if dataset != "tabular" or "path" not in options:
+        return
+    from ..data import PROTOCOL_OPTIONS
+    from ..features import load_dataset
+
+    ds = load_dataset(dataset, **{k: v for k, v in options.items()
+                                  if k not in PROTOCOL_OPTIONS})
+    _describe_features(ds.meta, ds.standardize)
+
+
 def _cmd_solver_benchmark(args) -> int:
     from ..engine.solve import C_PATH
     from ..experiments.solver_benchmark import DEFAULT_SOLVER_LOSSES, run_solver_benchmark
 
     options = {**_data(args), **_feature_data(args)}
     args.dataset = _dataset(args)
-    if args.dataset == "tabular" and "path" in options:  # the columns, before any solve
-        from ..features import load_dataset
-
-        ds = load_dataset(args.dataset, **options)
-        _describe_features(ds.meta, ds.standardize)
-        del ds
+    _columns(args.dataset, options)
     losses = ",".join(DEFAULT_SOLVER_LOSSES) if args.losses is None else args.losses
     res = run_solver_benchmark(args.dataset, losses,
                                args.seeds, args.out, c=args.cs or C_PATH,
