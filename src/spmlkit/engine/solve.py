@@ -15,12 +15,15 @@ matrices (not its biases, nor a loss's own state). For AN this is scikit-learn's
 checks probabilities to 1e-4 and coefficients to 1e-3 on yeast and a random problem).
 
 The solver is SciPy's L-BFGS-B (the one scikit-learn's ``lbfgs`` uses) on a float64 copy of the
-features, with the value and gradient from autograd through the loss itself (any loss of the
-registry, no second formula), stopped when the largest gradient entry is below ``tol`` or the
-value stops decreasing (relative ``ftol``), or at ``max_iter`` iterations; each solve records
-its iterations, evaluations, final gradient norm and whether it converged. Measured against
-torch's own ``LBFGS``: SciPy's line search needs fewer evaluations, and one evaluation costs the
-same (benchmarks/solver_tables.py).
+features (float32 from `FLOAT32_ENTRIES` entries on: the same iterations, a third of the CPU),
+with the value and gradient from autograd through the loss itself (any loss of the registry, no
+second formula; the BCE family's closed form, the same function, skips autograd), stopped when
+the largest gradient entry is below ``tol`` or the value stops decreasing (relative ``ftol``),
+or at ``max_iter`` iterations; each solve records its iterations, evaluations, final gradient
+norm and whether it converged. One solve per head over every class at once: stacking several
+runs' heads into one L-BFGS problem (one line search for all) cost 1.3 to 1.9x the CPU of
+solving them one after another on yeast (benchmarks/solver_stacking.py), so they are solved one
+after another.
 
 How each loss is solved (`solver_form`):
 
@@ -83,6 +86,8 @@ TOL = 1e-4
 FTOL = 1e-10
 MAX_ITER = 500
 ROUNDS = 5
+#: train entries (rows x features) from which `solve_path` evaluates in float32
+FLOAT32_ENTRIES = 1_000_000
 #: the largest gradient entry a solve may end with before the problem is called badly scaled
 #: (a solve that merely stops short of the tolerance is recorded as such; one that ends with a
 #: gradient this large was given features of 1e38 or the like)
@@ -406,7 +411,8 @@ def solve_path(x_train, observed, loss: SPMLLoss, *, x_val=None, y_val=None, c=C
                map_convention: str = "present",
                on_solve: Callable[[SolveRecord], None] | None = None,
                checkpoint: Callable[[Callable[[], dict]], None] | None = None,
-               resume: dict | None = None) -> tuple[nn.Module, PathResult]:
+               resume: dict | None = None, dtype: torch.dtype | None = None
+               ) -> tuple[nn.Module, PathResult]:
     """Solve the head for each ``C`` of ``c`` (one number, or the path; increasing order is
     used) and keep the best on val.
 
@@ -433,6 +439,10 @@ def solve_path(x_train, observed, loss: SPMLLoss, *, x_val=None, y_val=None, c=C
             the head and the loss's state, the best so far), as the engine's fits call theirs.
         resume: such a state: the path continues after its last solve, with the same
             arguments, and ends as the uninterrupted path (the solves are deterministic).
+        dtype: what the objective is evaluated in (L-BFGS's own vectors are float64 always):
+            None picks float64 below `FLOAT32_ENTRIES` train entries (rows x features) and
+            float32 from there (the 20,000 x 150 table of benchmarks/solver_scale.py: the same
+            iterations and val mAPs, 1.6 to 3x less CPU).
 
     Returns:
         ``(model, result)``: the head at the selected C (float32, eval mode) and a
@@ -475,10 +485,12 @@ def solve_path(x_train, observed, loss: SPMLLoss, *, x_val=None, y_val=None, c=C
         from ..models.heads import make_head
 
         model = make_head(head, x.shape[1], classes, seed, hidden)
-    model = model.double().train()
-    loss = loss.double()
-    x = x.double()
-    xv = None if xv is None else xv.double()
+    if dtype is None:
+        dtype = torch.float64 if x.numel() < FLOAT32_ENTRIES else torch.float32
+    model = model.to(dtype).train()
+    loss = loss.to(dtype)
+    x = x.to(dtype)
+    xv = None if xv is None else xv.to(dtype)
     info = TrainInfo(n, classes, k, seed, rounds if form == "rounds" else 1)
     result = PathResult(form=form, metric=metric)
     best_score, best_state, since = -math.inf, None, 0
@@ -510,7 +522,7 @@ def solve_path(x_train, observed, loss: SPMLLoss, *, x_val=None, y_val=None, c=C
             continue
         t0 = time.perf_counter()
         _fresh_state(loss, z, info, keep_own=i > 0)
-        loss.double()  # state built by on_train_start (float32) joins the float64 solve
+        loss.to(dtype)  # state built by on_train_start (float32) joins the solve's dtype
         lam = lam_from_c(value, n)
         out = solve_head(model, x, z, loss, lam, rounds=rounds, tol=tol, max_iter=max_iter,
                          form=form)

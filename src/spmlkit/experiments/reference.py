@@ -55,7 +55,7 @@ def _fit_predict(x, targets: np.ndarray, c: float, seed: int, sets: list) -> lis
 
 
 def sklearn_reference(splits, seed: int, labels: str = "observed", grid=C_GRID,
-                      keep_probs: bool = False) -> dict:
+                      keep_probs: bool = False, on_fit=None) -> dict:
     """The reference row of one seed on ``splits`` (a `spmlkit.data.Splits`).
 
     ``labels``: ``"observed"`` (the regime's observed labels, unknown = negative) or ``"full"``
@@ -64,6 +64,7 @@ def sklearn_reference(splits, seed: int, labels: str = "observed", grid=C_GRID,
     training labels; ``val_maps`` per C of ``grid``); with ``keep_probs`` also ``"probs"``:
     the selected C's val and test probabilities (``{"val", "test"}``, float32), what the solver
     benchmark weighs the losses against (`spmlkit.experiments.solver_benchmark`).
+    ``on_fit(c)`` is called after the fits of each C of ``grid`` (a progress bar).
 
     Raises:
         ValueError: ``labels="full"`` on data without full training labels, data that holds
@@ -88,13 +89,13 @@ def sklearn_reference(splits, seed: int, labels: str = "observed", grid=C_GRID,
                          f"{MAX_ENTRIES:,} entries scikit-learn is given in memory")
     start = time.perf_counter()
     with threadpool_limits(1):  # BLAS threads on busy cores: 15x slower (66 s vs 4 s, yeast)
-        out = _reference(splits, seed, labels, grid, start, split_map)
+        out = _reference(splits, seed, labels, grid, start, split_map, on_fit)
     if not keep_probs:
         out.pop("probs")
     return out
 
 
-def _reference(splits, seed, labels, grid, start, map_score) -> dict:
+def _reference(splits, seed, labels, grid, start, map_score, on_fit=None) -> dict:
     if labels == "full" and not splits.train_labels_complete:
         raise ValueError("sklearn_lr@full: the data's training labels are not complete")
     y = splits.train.y if labels == "full" else splits.observed
@@ -105,6 +106,8 @@ def _reference(splits, seed, labels, grid, start, map_score) -> dict:
     for c in grid:
         pv, = _fit_predict(x, targets, c, seed, [xv])
         scored.append(map_score(pv, splits.val.y))
+        if on_fit is not None:
+            on_fit(c)
     best = int(np.argmax(scored))  # the first of equal scores, as the grids select
     ptr, pv, pt = _fit_predict(x, targets, grid[best], seed, [x, xv, xt])
     recovery = map_score(ptr, splits.train.y) if splits.train_labels_complete else None

@@ -186,7 +186,9 @@ def run_solver_benchmark(dataset: str, losses=DEFAULT_SOLVER_LOSSES, seeds: int 
     done = _done(out)
     start, cpu0 = time.perf_counter(), time.process_time()
     cs = sorted(float(v) for v in np.atleast_1d(c))
-    bar = _Bar(len(names) * seeds * len(cs), progress)
+    # the bar counts solves (each C of each loss x seed) and the reference's fits (each C of
+    # each seed), so its rate and ETA come from the first seconds
+    bar = _Bar((len(names) + (1 if sklearn else 0)) * seeds * len(cs), progress)
     records, picked, refs = [], [], []
     val_keep: dict = {}
     with torch_threads(1), open(out / SOLVES_FILE, "a") as log:
@@ -195,7 +197,8 @@ def run_solver_benchmark(dataset: str, losses=DEFAULT_SOLVER_LOSSES, seeds: int 
             k = float(splits.k)
             val_keep.clear()
             if sklearn:  # the baseline candidate: the user's own alternative, as they fit it
-                ref = _sklearn_row(splits, seed, cs)
+                bar.describe(f"sklearn_lr seed {seed}")
+                ref = _sklearn_row(splits, seed, cs, on_fit=lambda c: bar.step())
                 refs.append({key: v for key, v in ref.items() if key != "probs"})
                 val_keep[ref["loss"]] = ref["probs"]["val"]
             for name, method in zip(names, methods):
@@ -276,11 +279,11 @@ def run_solver_benchmark(dataset: str, losses=DEFAULT_SOLVER_LOSSES, seeds: int 
             "seconds": seconds, "cpu_seconds": cpu}
 
 
-def _sklearn_row(splits, seed: int, cs) -> dict:
+def _sklearn_row(splits, seed: int, cs, on_fit=None) -> dict:
     from .reference import NAME, sklearn_reference
 
     c0 = time.process_time()
-    res = sklearn_reference(splits, seed, grid=tuple(cs), keep_probs=True)
+    res = sklearn_reference(splits, seed, grid=tuple(cs), keep_probs=True, on_fit=on_fit)
     return {"loss": NAME, "seed": seed, "C": res["C"], "val_map": res["val_map"],
             "test_map": res["test_map"], "train_recovery_map": res["train_recovery_map"],
             "seconds": res["seconds"], "cpu_seconds": time.process_time() - c0,
@@ -288,8 +291,9 @@ def _sklearn_row(splits, seed: int, cs) -> dict:
 
 
 class _Bar:
-    """A tqdm bar over the path's solves (each C of each loss x seed), with its ETA from the
-    first solve; a path that stops early takes its unsolved values off the count."""
+    """A tqdm bar over the path's solves (each C of each loss x seed) and the scikit-learn
+    row's fits (each C), with its ETA from the first one; a path that stops early takes its
+    unsolved values off the count."""
 
     def __init__(self, total: int, enabled: bool):
         self.bar = None
