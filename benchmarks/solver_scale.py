@@ -25,6 +25,7 @@ import argparse
 import csv
 import os
 import platform
+import re
 import resource
 import subprocess
 import sys
@@ -105,7 +106,9 @@ def main(argv=None) -> int:
         wr = csv.writer(f)
         wr.writerow(["rows", "features", "labels", "rc", "wall_s", "cpu_s", "cpu_min",
                      "target_cpu_min", "met", "first_bar_line_s"])
-        first = next((float(b.split(" s |")[0]) for b in bar if "solve" in b), float("nan"))
+        first = next((float(b.split(" s |")[0]) for b in bar
+                      if re.search(r"[\d.]+(s/solve|solve/s)\]", b)),
+                     float("nan"))  # the first line with a rate (and so an ETA)
         wr.writerow([args.rows, args.features, args.labels, rc, round(wall, 1), round(cpu, 1),
                      round(cpu / 60, 2), 3, cpu / 60 <= 3, first])
     print(stdout)
