@@ -397,7 +397,8 @@ def _full_extract(w):
 
 def _arrays_train(w, x_file, y_text="a\n" * 30):
     (w / "y.csv").write_text("labels\n" + y_text)
-    return ["train", "--dataset", "tabular", "--data", f"path={x_file}", "--data",
+    return ["train", "--solver", "adam", "--dataset", "tabular", "--data", f"path={x_file}",
+            "--data",
             "labels=labels", "--epochs", "1", "--out", w / "runs", "--quiet"]
 
 
@@ -410,7 +411,7 @@ def _gz_bomb(w):
         fh.write(gzip.compress(b"a,b,labels\n"))
         for _ in range(64):
             fh.write(member)
-    return (["train", "--dataset", "tabular", "--data", f"path={f}", "--data",
+    return (["train", "--solver", "adam", "--dataset", "tabular", "--data", f"path={f}", "--data",
              "labels=labels", "--epochs", "1", "--out", w / "runs", "--quiet"],
             lambda rc, out: (False, (w / "runs").exists()))
 
@@ -421,7 +422,8 @@ def _gz_trunc(w):
     with gzip.GzipFile(fileobj=buf, mode="wb") as fh:
         fh.write(b"a,b,labels\n" + b"".join(f"{i},{i},c{i % 3}\n".encode() for i in range(3000)))
     (w / "t.csv.gz").write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
-    return (["train", "--dataset", "tabular", "--data", f"path={w / 't.csv.gz'}", "--data",
+    return (["train", "--solver", "adam", "--dataset", "tabular", "--data",
+             f"path={w / 't.csv.gz'}", "--data",
              "labels=labels", "--epochs", "1", "--out", w / "runs", "--quiet"],
             lambda rc, out: (False, (w / "runs").exists()))
 
@@ -525,7 +527,8 @@ def _empty_losses(w):
 def _huge_features(w):
     np.save(w / "x.npy", np.full((40, 3), 1e38, dtype=np.float32))
     (w / "y.csv").write_text("labels\n" + "".join(f"c{i % 3}\n" for i in range(40)))
-    return (["train", "--dataset", "arrays", "--data", f"features={w / 'x.npy'}", "--data",
+    return (["train", "--solver", "adam", "--dataset", "arrays", "--data",
+             f"features={w / 'x.npy'}", "--data",
              f"labels={w / 'y.csv'}", "--epochs", "2", "--out", w / "runs", "--quiet"],
             lambda rc, out: (False, False))
 
@@ -549,7 +552,8 @@ def _nul(w):
     np.save(w / "x.npy", np.random.default_rng(0).random((40, 3)).astype(np.float32))
     (w / "y.csv").write_text("labels\n" + "".join(("a\0b" if i % 2 else "c") + "\n"
                                                   for i in range(40)))
-    return (["train", "--dataset", "arrays", "--data", f"features={w / 'x.npy'}", "--data",
+    return (["train", "--solver", "adam", "--dataset", "arrays", "--data",
+             f"features={w / 'x.npy'}", "--data",
              f"labels={w / 'y.csv'}", "--epochs", "1", "--out", w / "runs", "--quiet"],
             lambda rc, out: (False, False))
 
