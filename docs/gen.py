@@ -223,8 +223,10 @@ def _partial_label_lines(entry, prov: dict) -> list:
 
 
 SOLVER_FORMS = """\
-**Under the solver** { #solver-forms } (`--solver lbfgs`, the default on your own data;
-`spmlkit.engine.solve`): the head on fixed features is solved to a tolerance, the whole training
+### Under the solver { #solver-forms }
+
+With `--solver lbfgs` (the default on your own data; `spmlkit.engine.solve`) the head on fixed
+features is solved to a tolerance, the whole training
 set at once, with an L2 penalty of scikit-learn's C, along a path of C. A loss runs there in one
 of three forms:
 
