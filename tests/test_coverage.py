@@ -236,3 +236,42 @@ def test_coverage_outside_zero_one_is_refused(run, tmp_path, capsys, bad):
         main(["predict", str(run), str(feats), "--coverage", bad])
     assert err.value.code == 2
     assert "strictly between 0 and 1" in capsys.readouterr().err
+
+
+def test_the_guides_coverage_numbers_are_those_of_results():
+    # docs/guide/thresholds-calibration.md quotes results/coverage-tables.csv (numbers in prose
+    # come from a measurement): each quoted cell, rounded as quoted, is the CSV's
+    import csv
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    with (root / "results" / "coverage-tables.csv").open(newline="", encoding="utf-8") as f:
+        rows = {(r["dataset"], r["method"], r["calibration"], r["coverage"]): r
+                for r in csv.DictReader(f)}
+    page = (root / "docs" / "guide" / "thresholds-calibration.md").read_text(encoding="utf-8")
+    page = " ".join(page.split())
+    quoted = [(("yeast", "conformal", "full", "0.9"), "recall_mean", "0.905"),
+              (("emotions", "conformal", "full", "0.9"), "recall_mean", "0.914"),
+              (("hobbies", "conformal", "full", "0.9"), "recall_mean", "0.896"),
+              (("nmes", "conformal", "full", "0.9"), "recall_mean", "0.909"),
+              (("yeast", "conformal", "full", "0.9"), "recall_min", "0.839"),
+              (("emotions", "conformal", "full", "0.9"), "recall_min", "0.831"),
+              (("hobbies", "conformal", "full", "0.9"), "recall_min", "0.842"),
+              (("nmes", "conformal", "full", "0.9"), "recall_min", "0.876"),
+              (("yeast", "f1-per-class", "full", ""), "recall_min", "0.105"),
+              (("yeast", "mapie-crc", "full", "0.9"), "row_recall", "0.928"),
+              (("yeast", "mapie-crc", "full", "0.9"), "recall_min", "0.000"),
+              (("yeast", "conformal", "full", "0.9"), "set_size", "11.52"),
+              (("yeast", "f1-per-class", "full", ""), "set_size", "7.77"),
+              (("yeast", "conformal", "full", "0.9"), "labels_per_row", "4.24"),
+              (("yeast", "conformal", "single", "0.95"), "always", "19")]
+    for key, column, text in quoted:
+        decimals = len(text.split(".")[1]) if "." in text else 0
+        assert f"{float(rows[key][column]):.{decimals}f}" == text, (key, column)
+        assert text in page, text
+    held = [r for r in rows.values() if r["method"] == "conformal" and r["calibration"] == "full"]
+    fails = {r["dataset"] for r in held if r["holds"] != "yes"}
+    assert "holds on five tables of six" in page and len({r["dataset"] for r in held}) == 6
+    assert fails == {"hobbies"}
+    flags = rows[("flags", "conformal", "single", "0.9")]
+    assert flags["always"] == flags["checked"]   # "on flags every class does from 0.9"
