@@ -103,8 +103,10 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
 
     Fitted attributes: ``classes_``, ``n_classes_``, ``n_features_in_``,
     ``feature_names_in_`` (DataFrame input), ``mean_`` / ``scale_`` (None without
-    ``standardize``), ``model_`` (the torch head), ``loss_``, ``fit_`` (the engine's
-    `FitResult`: history, best epoch or best position on the path), ``path_`` (the solver's
+    ``standardize``), ``val_proba_`` / ``val_labels_`` (``X_val``'s probabilities and
+    ``Y_val`` in ``classes_`` order, what ``predict_sets`` calibrates on; None without them),
+    ``model_`` (the torch head), ``loss_``, ``fit_`` (the engine's `FitResult`: history,
+    best epoch or best position on the path), ``path_`` (the solver's
     `spmlkit.engine.solve.PathResult`, None with Adam), ``C_`` (the C kept; None with
     Adam) and ``n_iter_`` (the solver's L-BFGS iterations over the path, or Adam's epochs).
 
@@ -226,6 +228,9 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
             self.path_ = self.C_ = None
             self.n_iter_ = len(self.fit_.history)
         self.loss_ = loss
+        # what predict_sets calibrates on by default: val's probabilities and labels
+        self.val_proba_ = None if xv is None else self.predict_proba(X_val)
+        self.val_labels_ = yv
         return self
 
     def _check_solver(self) -> str:
@@ -277,6 +282,67 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         proba = self.predict_proba(X)
         t = self._threshold(self.threshold if threshold is None else threshold)
         return (proba >= t).astype(np.int64)
+
+    def predict_sets(self, X, coverage: float = 0.9, X_cal=None, Y_cal=None) -> np.ndarray:
+        """Label sets with a stated coverage: a 0/1 matrix N x L (int64, columns ``classes_``,
+        as ``predict``) whose column j holds, for rows where class j is a true positive, a share
+        of at least ``coverage`` of them (per class, over the draw of the calibration and new
+        rows; `spmlkit.coverage`: split-conformal thresholds, one per class, and the
+        assumption the guarantee rests on).
+
+        The thresholds are calibrated on ``X_cal`` / ``Y_cal`` (raw features as ``X``; labels
+        full 0/1 N x L or 1-D class labels in ``classes_``, each row's single observed
+        positive, or partial ones wrapped by `spmlkit.metrics_partial.partial_labels`: their
+        positives, known positives or observed positives calibrate), by default the
+        ``X_val`` / ``Y_val`` given to ``fit``: rows the model was not trained on (the same
+        rows also chose C; a separate calibration split is cleaner). Classes with fewer
+        calibration positives than the coverage needs (`spmlkit.coverage.min_positives`: 9 at
+        0.9) are in every set, with a warning naming them.
+
+        Raises:
+            ValueError: a coverage outside (0, 1); no calibration rows (neither given nor
+                passed to ``fit``); ``X_cal`` without ``Y_cal`` or rows that differ; labels
+                that do not fit ``classes_``.
+
+        Example:
+            >>> import numpy as np
+            >>> rng = np.random.default_rng(0)
+            >>> X = rng.normal(size=(400, 4)); Y = (X[:, :3] > 0).astype(int)
+            >>> y = Y.argmax(axis=1)   # one observed positive per row
+            >>> clf = SPMLClassifier(C=0.1).fit(X[:200], y[:200], X_val=X[200:300],
+            ...                                 Y_val=Y[200:300])
+            >>> sets = clf.predict_sets(X[300:], coverage=0.9)
+            >>> sets.shape, bool((sets[Y[300:] == 1].mean() >= 0.8))
+            ((100, 3), True)
+        """
+        import warnings
+
+        from .coverage import check_coverage, coverage_thresholds, min_positives
+
+        check_is_fitted(self)
+        coverage = check_coverage(coverage, "predict_sets: coverage")
+        if (X_cal is None) != (Y_cal is None):
+            raise ValueError("predict_sets: pass X_cal and Y_cal together (calibration "
+                             "features and their labels) or neither (fit's X_val / Y_val)")
+        if X_cal is None:
+            if getattr(self, "val_proba_", None) is None:
+                raise ValueError("predict_sets needs calibration rows the model was not "
+                                 "trained on: pass X_cal and Y_cal, or fit with X_val and "
+                                 "Y_val")
+            p_cal, y_cal = self.val_proba_, self.val_labels_
+        else:
+            y_cal = self._eval_labels(Y_cal, "predict_sets: Y_cal")
+            p_cal = self.predict_proba(X_cal)
+        if len(p_cal) != len(y_cal):
+            raise ValueError(f"predict_sets: X_cal has {len(p_cal)} rows, Y_cal {len(y_cal)}")
+        cal = coverage_thresholds(p_cal, np.asarray(y_cal), coverage)
+        if len(cal.always):
+            names = [str(self.classes_[j]) for j in cal.always[:5]]
+            warnings.warn(f"predict_sets: {len(cal.always)} class(es) have fewer than "
+                          f"{min_positives(coverage)} calibration positives, too few for "
+                          f"coverage {coverage:g}: they are in every set ({', '.join(names)}"
+                          f"{', ...' if len(cal.always) > 5 else ''})", stacklevel=2)
+        return cal.apply(self.predict_proba(X)).astype(np.int64)
 
     def _threshold(self, value) -> np.ndarray:
         t = np.asarray(value, dtype=np.float64) if _numeric(value) else None

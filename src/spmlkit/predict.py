@@ -15,7 +15,10 @@ model) and ``thresholds.json`` (chosen on the validation split at training time:
   ``--jpeg-draft`` decodes JPEGs at libjpeg's reduced scale here too (`run_decoder`).
 
 Thresholds: ``"global"`` (the one maximising val micro-F1), ``"per-class"`` (each class's
-val-F1 maximiser) or a number in [0, 1]. A label is predicted where ``p >= threshold``.
+val-F1 maximiser) or a number in [0, 1]. A label is predicted where ``p >= threshold``. Or
+``coverage``: per-class conformal thresholds calibrated on the run's val rows (their known
+positives in ``predictions.npz``) so that each class's sets hold that share of its true
+positives (`spmlkit.coverage`, `run_coverage`).
 """
 from __future__ import annotations
 
@@ -48,6 +51,7 @@ class Predictions:
     skipped: list = field(default_factory=list)  # unreadable images left out (skip_corrupt)
     rule: dict | None = None     # a threshold rule (spmlkit.thresholds): name and what it used
     decided: np.ndarray | None = None  # N x L bool: the rule's labels
+    conformal: object = None     # spmlkit.coverage.CoverageThresholds (a --coverage run)
 
     @property
     def labels(self) -> np.ndarray:
@@ -78,6 +82,8 @@ class Predictions:
     def to_json(self, run=None) -> str:
         if self.rule is not None:
             thr = {"kind": "rule", **self.rule}
+        elif self.conformal is not None:
+            thr = self.conformal.to_dict(self.class_names)
         elif self.threshold_kind == "per-class":
             thr = {"kind": "per-class", "values": dict(zip(self.class_names,
                                                            map(float, self.thresholds)))}
@@ -132,6 +138,28 @@ def run_thresholds(run, kind: str = "global") -> tuple[np.ndarray | None, str]:
         want = "a number" if key == "global" else "a list of numbers (one per class)"
         raise ValueError(f"{path}: {key!r} must be {want} in [0, 1], got {value!r:.200}")
     return np.asarray(values, dtype=np.float64), kind
+
+
+def run_coverage(run, coverage: float):
+    """Per-class conformal thresholds at ``coverage`` (`spmlkit.coverage.coverage_thresholds`)
+    from the run's val probabilities and val labels (``predictions.npz``: ``probs_val``,
+    ``y_val``, full or partial; their positives, or known positives, calibrate).
+
+    Raises:
+        FileNotFoundError: the run has no ``predictions.npz``.
+        ValueError: a coverage outside (0, 1), val arrays that do not fit each other.
+    """
+    from .coverage import check_coverage, coverage_thresholds
+    from .runs import load_arrays
+
+    coverage = check_coverage(coverage, "coverage (--coverage)")
+    path = Path(run) / PREDICTIONS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: --coverage calibrates on the run's val "
+                                f"probabilities and labels, which spml train writes there")
+    f = load_arrays(path, ("probs_val", "y_val"))
+    return coverage_thresholds(np.clip(np.asarray(f["probs_val"], np.float64), 0.0, 1.0),
+                               np.asarray(f["y_val"]), coverage)
 
 
 def folder_images(folder) -> list[str]:
@@ -333,7 +361,7 @@ def rule_settings(run, rule: str, k: float | None = None) -> dict:
 def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
                 batch_size: int = 64, num_workers: int = 0,
                 skip_corrupt: bool = False, rule: str | None = None,
-                rule_k: float | None = None) -> Predictions:
+                rule_k: float | None = None, coverage: float | None = None) -> Predictions:
     """Probabilities and thresholded labels of ``inputs`` from the run folder ``run``.
 
     Args:
@@ -342,6 +370,9 @@ def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
         threshold: ``"global"``, ``"per-class"`` or a number in [0, 1].
         rule, rule_k: a threshold rule of `spmlkit.thresholds` instead of ``threshold``
             (``rcut``, ``lcard``, ``pcut``, ``mcut``; `rule_settings`), its ``k``.
+        coverage: instead of ``threshold`` and ``rule``: per-class thresholds calibrated on the
+            run's val rows so that each class's sets hold this share (in (0, 1)) of its true
+            positives (`run_coverage`; the guarantee and its assumption: `spmlkit.coverage`).
         device, batch_size, num_workers: for image inputs.
         skip_corrupt: image inputs are decoded once before any is predicted; an unreadable one
             raises (named), or with ``skip_corrupt`` is left out and listed in
@@ -362,12 +393,20 @@ def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
     if rule is not None and threshold != "global":
         raise ValueError("give a threshold (--threshold) or a threshold rule (--threshold-rule), "
                          "not both")
+    if coverage is not None and (rule is not None or threshold != "global"):
+        raise ValueError("give a coverage (--coverage) or a threshold (--threshold / "
+                         "--threshold-rule), not both: the coverage sets the thresholds")
     if rule is None and rule_k is not None:
         raise ValueError("k (--threshold-k) is for the threshold rules rcut and lcard; give "
                          "--threshold-rule")
+    conformal = run_coverage(run, coverage) if coverage is not None else None
     model, info = load_run_model(run)
     names, num_classes = info["class_names"], info["num_classes"]
-    thresholds, kind = run_thresholds(run, threshold)
+    thresholds, kind = run_thresholds(run, threshold) if conformal is None else \
+        (conformal.thresholds, "per-class")
+    if conformal is not None and len(conformal.thresholds) != num_classes:
+        raise ValueError(f"{Path(run) / PREDICTIONS_FILE}: its val arrays have "
+                         f"{len(conformal.thresholds)} classes, the run's model {num_classes}")
     if thresholds is None:
         thresholds = np.array([float(threshold)])
     if kind != "per-class":
@@ -424,6 +463,8 @@ def predict_run(run, inputs, threshold: str = "global", *, device: str = "cpu",
         probs = torch.sigmoid(logits).cpu().numpy()
     pred = Predictions(items, probs.astype(np.float32), names, thresholds, kind,
                        skipped if info["inputs"] != "features" else [])
+    if conformal is not None:
+        pred.threshold_kind, pred.conformal = f"coverage {conformal.coverage:g}", conformal
     if rule is not None:
         from .thresholds import apply_rule
 

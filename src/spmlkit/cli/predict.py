@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 
+from ..coverage import check_coverage, min_positives
 from ..thresholds import RULES
 from .common import FORCE_HELP, _whole, _device
 
@@ -25,10 +26,23 @@ def cmd_predict(args) -> int:
                           else "csv")
     if args.threshold is not None and args.threshold_rule is not None:
         raise ValueError("give --threshold or --threshold-rule, not both")
+    if args.coverage is not None:
+        given = [f for f, v in (("--threshold", args.threshold),
+                                ("--threshold-rule", args.threshold_rule),
+                                ("--threshold-k", args.threshold_k)) if v is not None]
+        if given:
+            raise ValueError(f"--coverage sets each class's threshold from the run's val rows; "
+                             f"it does not use {', '.join(given)}: give one or the other")
     pred = predict_run(args.run, args.inputs, args.threshold or "global", device=args.device,
                        batch_size=args.batch_size, num_workers=args.workers,
                        skip_corrupt=args.skip_corrupt, rule=args.threshold_rule,
-                       rule_k=args.threshold_k)
+                       rule_k=args.threshold_k, coverage=args.coverage)
+    if pred.conformal is not None and len(pred.conformal.always):
+        names = [pred.class_names[j] for j in pred.conformal.always]
+        shown = ", ".join(map(str, names[:5])) + (", ..." if len(names) > 5 else "")
+        print(f"{len(names)} class(es) have too few val positives for coverage "
+              f"{pred.conformal.coverage:g} (fewer than {min_positives(pred.conformal.coverage)})"
+              f" and are in every row's set: {shown}", file=sys.stderr)
     if pred.skipped:
         shown = ", ".join(pred.skipped[:5]) + (", ..." if len(pred.skipped) > 5 else "")
         print(f"skipped {len(pred.skipped)} unreadable image(s): {shown}", file=sys.stderr)
@@ -39,6 +53,17 @@ def cmd_predict(args) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _coverage(text: str) -> float:
+    import argparse
+
+    try:
+        return check_coverage(float(text), "--coverage")
+    except ValueError as err:
+        msg = str(err) if "--coverage" in str(err) else \
+            f"--coverage must be a number strictly between 0 and 1, e.g. 0.9; got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
 
 
 def register(sub) -> None:
@@ -62,6 +87,11 @@ def register(sub) -> None:
     p.add_argument("--threshold-k", type=float, default=None, metavar="K",
                    help="k of rcut / lcard (default: the run's k, its expected positives per "
                         "row)")
+    p.add_argument("--coverage", type=_coverage, default=None, metavar="C",
+                   help="instead of --threshold / --threshold-rule: per-class thresholds "
+                        "calibrated on the run's val rows so that each class's label sets hold "
+                        "a share C (in (0, 1), e.g. 0.9) of its true positives (split "
+                        "conformal; the guarantee and its assumption: spmlkit.coverage)")
     p.add_argument("--format", choices=["csv", "json"], default=None,
                    help="default: json when --out ends with .json, else csv")
     p.add_argument("--out", default=None, metavar="FILE", help="default: standard output")
