@@ -258,8 +258,8 @@ def test_the_scikit_learn_reference_rows_fit_single_threaded():
             "    lm.LogisticRegression.fit = wrapped\n"
             "    return grid\n"
             "orig = reference._reference\n"
-            "reference._reference = lambda s, seed, labels, grid, start, m: orig(\n"
-            "    s, seed, labels, spy(grid), start, m)\n"
+            "reference._reference = lambda s, seed, labels, grid, *rest: orig(\n"
+            "    s, seed, labels, spy(grid), *rest)\n"
             "reference.sklearn_reference(load_splits('yeast', '1p'), 0, grid=(0.1,))\n"
             "print(sorted(set(seen)))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
