@@ -23,6 +23,19 @@ SLOW_FILES = {
 }
 
 
+def pytest_configure(config):
+    """Under make (``make test``, ``make test-fast``: MAKELEVEL is set), the test process ends
+    when make does: a kill of make alone left pytest running, and with it the suite's Dask
+    scheduler and worker until its teardown. make starts the recipe's one command itself (no
+    shell between), so make is the parent here."""
+    import os
+
+    if os.environ.get("MAKELEVEL") and not os.environ.get("SPMLKIT_KEEP_WITHOUT_MAKE"):
+        from spmlkit.machine import end_with_parent
+
+        end_with_parent(parent=os.getppid())
+
+
 def pytest_collection_modifyitems(config, items):
     slow = pytest.mark.slow
     for item in items:

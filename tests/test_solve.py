@@ -395,3 +395,4 @@ def test_spml_benchmark_takes_a_protocol_option_as_spml_train_does(tmp_path, cap
                  "--out", str(tmp_path / "b")]) == 0, capsys.readouterr().err
     res = json.loads((tmp_path / "b" / "results.json").read_text())
     assert res["records"][0]["loss"] == "an"
+
