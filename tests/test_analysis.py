@@ -328,7 +328,8 @@ def test_train_command_saves_train_probs(tmp_path, capsys):
     x, y = toy_data(n=120)
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "y.npy", y)
-    common = ["train", "--dataset", "arrays", "--data", f"features={tmp_path / 'x.npy'}",
+    common = ["train", "--solver", "adam", "--dataset", "arrays", "--data",
+              f"features={tmp_path / 'x.npy'}",
               "--data", f"labels={tmp_path / 'y.npy'}", "--epochs", "2", "--batch-size", "32",
               "--lr", "1e-2", "--quiet", "--out", str(tmp_path / "runs")]
     assert main(common + ["--save-train-probs"]) == 0

@@ -348,7 +348,8 @@ def test_cli_extract_and_train_with_own_weights(tmp_path, capsys):
               "--weights", str(tmp_path / "w.pth"), "--cache-dir", str(cache), "--quiet"]
     assert main(["extract", *common, "--workers", "0"]) == 0
     assert "tiny_cnn-file" in capsys.readouterr().out       # the store names the weights
-    assert main(["train", *common, "--epochs", "1", "--out", str(tmp_path / "runs")]) == 0
+    assert main(["train", "--solver", "adam", *common, "--epochs", "1",
+                 "--out", str(tmp_path / "runs")]) == 0
     (run,) = (tmp_path / "runs").iterdir()
     import json
 

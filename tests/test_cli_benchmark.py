@@ -246,7 +246,8 @@ def test_benchmark_on_a_tagged_folder_with_a_test_csv_trains_given(tmp_path, cap
             tmp_path / "test" / f"{i}.png")
         rows.append(f"test/{i}.png,{'cat;dog' if i % 3 == 0 else names[i % 2]}")
     (tmp_path / "test.csv").write_text("path,labels\n" + "\n".join(rows) + "\n")
-    assert main(["benchmark", "--dataset", "folder", "--data", f"root={tmp_path / 'tree'}",
+    assert main(["benchmark", "--solver", "adam", "--dataset", "folder", "--data",
+                 f"root={tmp_path / 'tree'}",
                  "--data", f"test_csv={tmp_path / 'test.csv'}", "--backbone", "tiny_cnn",
                  "--cache-dir", str(tmp_path / "cache"), "--losses", "an",
                  "--seeds", "1", "--epochs", "1", "--lrs", "1e-2", "--batch-sizes", "8",

@@ -66,7 +66,8 @@ def test_folder_with_a_test_csv_selects_on_fully_labelled_val(tagged):
 
 def test_cli_folder_run_prints_where_val_comes_from(tagged, capsys):
     root, _ = tagged
-    assert main(["train", "--dataset", "folder", "--data", f"root={root / 'train'}", "--data",
+    assert main(["train", "--solver", "adam", "--dataset", "folder", "--data",
+                 f"root={root / 'train'}", "--data",
                  f"test_csv={root / 'test.csv'}", "--backbone", "tiny_cnn", "--cache-dir",
                  str(root / "cache"), "--epochs", "2", "--quiet", "--lr", "1e-2"]) == 0
     labels = next(line for line in capsys.readouterr().out.splitlines()
@@ -79,7 +80,8 @@ def test_cli_folder_run_prints_where_val_comes_from(tagged, capsys):
 def test_summary_f1_and_hamming_use_the_val_threshold_predict_uses(tagged, capsys):
     root, _ = tagged
     out = root / "runs"
-    assert main(["train", "--dataset", "csv", "--data", f"path={root / 'tags.csv'}", "--data",
+    assert main(["train", "--solver", "adam", "--dataset", "csv", "--data",
+                 f"path={root / 'tags.csv'}", "--data",
                  f"test_path={root / 'test.csv'}", "--data", "train_labels=observed",
                  "--regime", "given", "--backbone", "tiny_cnn", "--cache-dir",
                  str(root / "cache"), "--epochs", "3", "--lr", "1e-2", "--quiet", "--out",
@@ -484,7 +486,8 @@ def test_image_modes_score_partial_test_labels_masked(tagged, capsys):
         negatives = [f"-{n}" for n in NAMES if n not in known][: i % 2]  # some known negatives
         partial.append(f"{path},{';'.join(known[: 1 + i % 2] + negatives)}")
     (root / "partial.csv").write_text("\n".join(partial) + "\n")
-    assert main(["train", "--dataset", "csv", "--data", f"path={root / 'tags.csv'}", "--data",
+    assert main(["train", "--dataset", "csv", "--data",
+                 f"path={root / 'tags.csv'}", "--data",
                  f"test_path={root / 'partial.csv'}", "--data", "train_labels=observed",
                  "--data", "eval_labels=partial", "--regime", "given", "--mode", "finetune",
                  "--backbone", "tiny_cnn", "--random-init", "--image-size", "16", "--epochs",
