@@ -170,11 +170,12 @@ def register(sub) -> None:
                       help="the solver's path of C (scikit-learn's inverse L2 strength; "
                            "default 10^-4 .. 10^4 in half decades, 17 values)")
     grid.add_argument("--pick", choices=("significant", "best"), default=None,
-                      help="how the solver benchmark picks a loss per seed: significant "
-                           "(default) keeps AN (the tuned logistic regression) unless the best "
-                           "loss's val gain is significant (a paired bootstrap over the val "
-                           "rows, 5%% one-sided, shared among the candidates); best takes the "
-                           "best val mAP as it is")
+                      help="how the solver benchmark picks a row per seed: significant "
+                           "(default) keeps the scikit-learn row (the tuned logistic "
+                           "regression; AN with --no-references) unless the best loss's val "
+                           "gain over it is significant (a paired bootstrap over the val rows, "
+                           "5%% one-sided, shared among the candidates); best takes the best "
+                           "val mAP as it is")
     grid.add_argument("--no-references", action="store_true",
                       help="leave out the reference rows: bce (full labels), iun and the "
                            "scikit-learn logistic regression (sklearn_lr; its full-label row and "
