@@ -55,9 +55,10 @@ def cmd_train(args) -> int:
     images = method.inputs == "images"  # else --backbone names the features to train on
     data = _data(args)
     args.dataset = _dataset(args)
-    options = {**data, **({} if images else _feature_data(args, data))}
-    if options.get("protocol") == "tabular":  # a trial of the tabular protocol: its own split
-        options.setdefault("seed", args.seed)
+    from ..data import trial_options
+
+    options = trial_options({**data, **({} if images else _feature_data(args, data))},
+                            args.seed)
     quiet = {"features": {**options.get("features", {}), "progress": False}} \
         if args.quiet and "backbone" in options else {}  # for this load, not the run's config
     if args.regime is None:  # your own observed training labels train as they are

@@ -55,6 +55,20 @@ def load_dataset(name: str, /, *, feature_loader: Callable[..., Dataset] | None 
     return DATASETS.get(name).factory(**options)
 
 
+def trial_options(options: dict, seed: int) -> dict:
+    """``options`` for a run of ``seed``: under the tabular protocol (``protocol=tabular``) each
+    seed is a trial with its own split, so the split's ``seed`` option is the run's (unless the
+    options name one); other options are returned as they are (a copy).
+
+    >>> trial_options({"protocol": "tabular"}, 3), trial_options({}, 3)
+    ({'protocol': 'tabular', 'seed': 3}, {})
+    """
+    out = dict(options)
+    if out.get("protocol") == "tabular":
+        out.setdefault("seed", seed)
+    return out
+
+
 def load_splits(name: str, /, regime: str = "1p", seed: int | None = None, *,
                 feature_loader: Callable[..., Dataset] | None = None, **options) -> Splits:
     """Load a source and apply the protocol (observed labels drawn with ``seed``, default 1200).
@@ -86,6 +100,6 @@ def list_datasets() -> list[tuple[str, str]]:
     return [(e.name, e.description) for e in DATASETS.entries()]
 
 
-__all__ = ["DATASETS", "PROTOCOL_OPTIONS", "Dataset", "LabelledSet", "Splits",
+__all__ = ["DATASETS", "PROTOCOL_OPTIONS", "trial_options", "Dataset", "LabelledSet", "Splits",
            "check_source_options", "cole_split", "list_datasets", "load_dataset", "load_splits",
            "make_splits", "source_parameters"]

@@ -253,7 +253,8 @@ def _minimize(minimize, params, objective, tol, max_iter, ftol):
             p.grad = None
         with torch.enable_grad():
             value = objective()
-            value.backward()  # (the closed-form objective wrote the gradients itself)
+            if value.requires_grad:  # (a closed-form objective wrote its gradients itself)
+                value.backward()
         v = float(value.detach())
         g = flat.grad()
         if not (math.isfinite(v) and np.isfinite(g).all()):
@@ -363,19 +364,6 @@ def _closed_form_value(model, x, z, loss, lam, classes):
             count = (torch.tensor([float(count[0])], dtype=x.dtype),
                      torch.tensor([float(count[1])], dtype=x.dtype))
 
-    class _Value:  # what _lbfgs calls: value(), then .backward() on the result
-        def __init__(self, v):
-            self.v = v
-
-        def backward(self):
-            pass
-
-        def detach(self):
-            return self.v
-
-        def __float__(self):
-            return float(self.v)
-
     def value():
         with torch.no_grad():
             s = torch.addmm(model.bias, x, model.weight.t()).unsqueeze(0)
@@ -387,7 +375,7 @@ def _closed_form_value(model, x, z, loss, lam, classes):
             if lam:
                 model.weight.grad.add_(model.weight, alpha=lam)
                 out = out + 0.5 * lam * (model.weight * model.weight).sum()
-        return _Value(out)
+        return out  # no graph: the gradients are written above
 
     return value
 

@@ -124,16 +124,14 @@ def reference_records(dataset: str, options: dict, regimes, seeds) -> list:
     ``sklearn_lr@<regime>`` for the others. Records as `spmlkit.experiments.benchmark.
     run_benchmark`'s (``loss`` the row's label; ``C`` where the methods have
     ``(batch_size, lr)``), with ``dataset``."""
+    from ..data import trial_options
     from .pool import cached_splits
 
     out, done = [], {}
     for regime in regimes:
         label = NAME if regime in ("1p", "given") else f"{NAME}@{regime}"
         for seed in seeds:
-            opts = dict(options)
-            if opts.get("protocol") == "tabular":
-                opts.setdefault("seed", seed)  # a trial: its own split, as the methods' runs
-            splits = cached_splits(dataset, regime, opts)
+            splits = cached_splits(dataset, regime, trial_options(options, seed))
             # lbfgs draws nothing: on the same splits every seed's fit is the same one
             if id(splits) not in done:
                 try:

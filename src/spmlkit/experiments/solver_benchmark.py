@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -121,13 +120,11 @@ def _done(out: Path) -> dict:
 def load_seed_splits(dataset: str, options: dict, regime: str, seed: int):
     """A seed's splits: the observed labels drawn with ``OFFICIAL_DRAW + seed`` (regimes that
     draw; ``given`` keeps the user's), the tabular protocol's split with ``seed``."""
+    from ..data import trial_options
     from ..features import load_splits
 
-    opts = dict(options)
-    if opts.get("protocol") == "tabular":
-        opts.setdefault("seed", seed)
     return load_splits(dataset, regime, None if regime == "given" else OFFICIAL_DRAW + seed,
-                       **opts)
+                       **trial_options(options, seed))
 
 
 def run_solver_benchmark(dataset: str, losses=DEFAULT_SOLVER_LOSSES, seeds: int = 3,
@@ -368,6 +365,3 @@ def format_solver_table(records, picked, refs, dataset, seeds, cs, rule, seconds
     lines += ["", f"Wall time {seconds:.1f} s, CPU {cpu:.1f} s (this launch)."]
     return "\n".join(lines) + "\n"
 
-
-def finite(x) -> bool:
-    return x is not None and math.isfinite(x)

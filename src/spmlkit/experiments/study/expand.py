@@ -137,6 +137,7 @@ def _assignments(table: dict, keys: list) -> list[dict]:
 def expand(spec: StudySpec) -> list[RunTask]:
     """Every run of a study: datasets x methods x seeds x vary assignments x grid points (a vary
     or grid axis only for the methods it applies to; see the module docstring)."""
+    from ...data import trial_options
     from ...methods import get_method
 
     tasks, seen = [], set()
@@ -169,8 +170,7 @@ def expand(spec: StudySpec) -> list[RunTask]:
                                 train[key] = value
                         if not train.get("weight_decay", 1):  # 0: the run without weight
                             del train["weight_decay"]  # decay, with the id it always had
-                        if options.get("protocol") == "tabular":
-                            options.setdefault("seed", seed)  # a trial: its own split
+                        options = trial_options(options, seed)  # a trial: its own split
                         if m.reg:
                             hp["reg"] = list(m.reg)
                         config = {"method": m.label, "loss": m.loss, "dataset": ds.name,
