@@ -97,7 +97,7 @@ def test_every_loss_runs_under_the_solver_or_is_refused(name):
         return
     xv, yv = x[:40], y[:40]
     model, result = solve_path(x, z, loss, x_val=xv, y_val=yv, c=(0.1, 1.0), k=1.5,
-                               rounds=2, max_iter=200)
+                               max_iter=200, **({"rounds": 2} if form == "rounds" else {}))
     assert result.form == form
     assert [r.c for r in result.records] == [0.1, 1.0]
     assert all(math.isfinite(r.val_score) and math.isfinite(r.objective)
@@ -396,3 +396,13 @@ def test_spml_benchmark_takes_a_protocol_option_as_spml_train_does(tmp_path, cap
     res = json.loads((tmp_path / "b" / "results.json").read_text())
     assert res["records"][0]["loss"] == "an"
 
+
+
+def test_the_solvers_options_that_would_do_nothing_are_refused():
+    x, y, z = _random_problem(n=120, seed=31)
+    with pytest.raises(ValueError, match="rounds=3: loss AssumeNegativeLoss is solved"):
+        solve_path(x, z, create_loss("an"), c=1.0, rounds=3)
+    with pytest.raises(ValueError, match="patience=2: it stops a path"):
+        solve_path(x, z, create_loss("an"), c=1.0, patience=2)
+    _, result = solve_path(x, z, create_loss("ll_r"), c=1.0, rounds=3)  # a round loss: used
+    assert result.form == "rounds"

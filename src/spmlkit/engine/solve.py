@@ -461,6 +461,14 @@ def solve_path(x_train, observed, loss: SPMLLoss, *, x_val=None, y_val=None, c=C
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
     if not (isinstance(tol, (int, float)) and math.isfinite(tol) and tol > 0):
         raise ValueError(f"tol must be a number > 0, got {tol!r}")
+    # an option that does nothing here is refused, not ignored
+    if rounds != ROUNDS and form != "rounds":
+        raise ValueError(f"rounds={rounds}: loss {type(loss).__name__} is solved in one solve "
+                         f"per C ({form}); rounds are for the losses whose terms follow the "
+                         f"epoch (spmlkit.engine.solve.solver_form)")
+    if patience != PATIENCE and len(cs) == 1:
+        raise ValueError(f"patience={patience}: it stops a path of several C, and one C was "
+                         f"given")
     config = TrainConfig(seed=seed, metric=metric, map_convention=map_convention)
     x, z, xv, yv = linear_inputs(x_train, observed, x_val, y_val, config)
     if len(cs) > 1 and xv is None:
