@@ -400,7 +400,7 @@ def _print_result(args, res: dict) -> int:
     if res.get("C") is not None:  # a solve: the path's selected value
         solver = res.get("solver") or {}
         best = (f"C {res['C']:g} (value {res['best_epoch']} of the path, {solver.get('solves')} "
-                f"solve(s), {solver.get('iterations')} L-BFGS iterations, solved "
+                f"solve(s), {solver.get('iterations')} L-BFGS iterations, form "
                 f"{solver.get('form')}"
                 + ("" if solver.get("converged", True) else ", some short of the tolerance")
                 + ")")
