@@ -22,6 +22,7 @@ from . import pu  # noqa: F401  (vpu: PU-MLC's variational PU loss)
 from .contract import HOOKS, SPMLLoss, TrainInfo, carry_state, check_observed, hooks_driven, \
     log_1mp, log_p, observed_validated, soft_bce
 from .registry import LOSSES
+from .asset import ASSET_HPARAMS, AssetRegularized, bind_groups
 from .regularizers import REGULARIZERS, Regularized, parse_regularizers
 
 
@@ -34,11 +35,22 @@ def create_loss(name: str, reg=None, **hparams) -> SPMLLoss:
 
     A value whose default is a number must be a number, one whose default is a bool a bool
     (``lam="abc"`` names ``lam``, instead of ``float()``'s "could not convert string").
+
+    Every loss also takes the L48 benchmark's asset (group) regulariser,
+    ``asset_alpha`` (> 0 turns it on), ``asset_eps`` and ``asset_init``
+    (`spmlkit.losses.asset`); the loss is then wrapped in `AssetRegularized`, whose
+    rows' groups come from the data (`bind_groups`).
     """
     check_loss_hparams(name, hparams)
+    asset = {key: hparams.pop(key) for key in ASSET_HPARAMS if key in hparams}
     entry = LOSSES.get(name)
     loss = entry.factory(**{**entry.defaults, **hparams})
     specs = parse_regularizers(reg)
+    if asset.get("asset_alpha"):
+        return AssetRegularized(loss, specs, **asset)
+    if any(asset.get(key) not in (None, ASSET_HPARAMS[key]) for key in asset):
+        raise ValueError(f"loss {entry.name!r}: {sorted(asset)} set the asset regulariser, "
+                         f"which is off without asset_alpha > 0 (e.g. asset_alpha=0.1)")
     return Regularized(loss, specs) if specs else loss
 
 
@@ -47,14 +59,17 @@ def check_loss_hparams(name: str, hparams: dict) -> None:
     (a ValueError naming it): what `create_loss` checks first, for callers that check before
     they load data."""
     entry = LOSSES.get(name)
-    known = loss_hparams(name)
+    known = {**loss_hparams(name), **ASSET_HPARAMS}
     unknown = sorted(set(hparams) - set(known))
     if unknown:
         raise ValueError(f"loss {entry.name!r} has no hyperparameter(s) {unknown}; it takes "
                          f"{sorted(known)}")
     for key, value in hparams.items():
         default = known[key]
-        number = isinstance(default, numbers.Real) and not isinstance(default, bool)
+        if key == "asset_init" and value is None:
+            continue
+        number = key == "asset_init" or isinstance(default, numbers.Real) and \
+            not isinstance(default, bool)
         if number and (isinstance(value, bool) or not isinstance(value, numbers.Real)) or \
                 isinstance(default, bool) and not isinstance(value, (bool, np.bool_)):
             raise ValueError(f"loss {entry.name!r}: hyperparameter {key}={value!r} must be "
@@ -81,7 +96,8 @@ def list_losses() -> list[tuple[str, str]]:
     return [(e.name, e.description) for e in LOSSES.entries()]
 
 
-__all__ = ["HOOKS", "LOSSES", "REGULARIZERS", "Regularized", "SPMLLoss", "TrainInfo",
+__all__ = ["ASSET_HPARAMS", "AssetRegularized", "bind_groups",
+           "HOOKS", "LOSSES", "REGULARIZERS", "Regularized", "SPMLLoss", "TrainInfo",
            "carry_state", "check_loss_hparams", "check_observed", "hooks_driven",
            "create_loss", "list_losses", "loss_hparams", "observed_validated",
            "log_p", "log_1mp", "soft_bce"]
