@@ -249,6 +249,45 @@ of three forms:
   the loss with `--solver adam`.
 """
 
+L48_SECTION = """\
+### The L48 benchmark: groups, the asset term, known negatives { #l48 }
+
+The L48 benchmark (Sun, Maji, Van Horn, NeurIPS 2025; code: cvl-umass/l48-benchmarking at
+58252e9) trains with partial labels that mark which entries are annotated, and a regulariser
+over groups of rows (the frames of one recording). `tests/test_l48_official.py` compares ours
+with their functions on fixed inputs (`tests/fixtures/make_l48_official.py` made the fixture
+from their files, unchanged), to 1e-6.
+
+- **The asset term**, any loss: `--hp asset_alpha=A` (> 0 turns it on), `--hp asset_eps=E`
+  (default 0.001), `--hp asset_init=V` (default: uniform in (0.4, 0.6)); the rows' groups from
+  `--data group_column=NAME` (`SPMLClassifier.fit(..., groups=)`). Each step adds
+  `A * mean BCE(s, avg[group])` and then moves each batch group's average towards the batch's
+  probabilities at rate E; the first training row of a group sets its observed positives to 1 in
+  the average. Equal to their `AssetReg` (value, gradient, the averages after each step,
+  including two rows of one group in a batch: the later row's update is kept). Ours draws the
+  initial averages from the run's seed (theirs from the global RNG) and sizes them by the groups
+  present (theirs: 10000 x 100). The averages are buffers: checkpoints carry them and a resumed
+  run continues them; runs stack (`tests/test_groups.py`). The solver refuses the term (the
+  averages move after every batch): train it with `--solver adam`.
+- **Known negatives** (their mask's annotated zeros, our `-1`): their `train.py` multiplies the
+  known negatives' entries of the loss by `--neg-prior-a`, which is our `neg_weight`. Their
+  `--neg-prior-b` (an extra BCE towards 0 on those entries, default 0) has no counterpart here.
+- **Their masked losses against ours**, known negatives included:
+    - `BCE` = [`an`](#an) with `eps=1e-5`; `LL` (rejection) = [`ll_r`](#ll_r) with
+      `delta_rel` 100 times their `--ll-delta` (ours is a percentage per epoch, theirs a
+      fraction) and `k_rounding=official`; `LSL` = [`an_ls`](#an_ls) with
+      `convention=paper`: equal.
+    - `WNL` gives a known negative weight 1 where Cole et al.'s WAN ([`wan`](#wan), ours)
+      gives gamma: `neg_weight = a / gamma` reproduces theirs.
+    - `EML` computes the annotated entries' BCE with exact logs and the entropy with
+      `log(p + 1e-5)`; our `eps` sets both at once: each part equals [`em`](#em) with its own
+      `eps` (the values differ by about 2e-6).
+    - `ROLE` has no term of its own on a known negative (its expected-positive part keeps the
+      positives only) and divides the count term by B x L once more; ours
+      ([`role`](#role)) has `-log(1-a)` there (Cole et al.'s) and the count term as Cole et al.
+      On positive and unobserved entries, with the count term out, the two are equal.
+"""
+
 
 def _solver_probe(entry):
     """A loss of ``entry`` built for `solver_form` (an external scorer's matrix where the loss
@@ -283,6 +322,7 @@ def gen_catalogue() -> str:
             for e in LOSSES.entries()]
     out.append(table(["loss", "paper", "under the solver"], rows))
     out.append(SOLVER_FORMS)
+    out.append(L48_SECTION)
     missing = [e.name for e in LOSSES.entries() if e.name not in prov["losses"]]
     missing += [m.name for m in list_methods() if m.name not in prov["methods"]]
     if missing:

@@ -24,7 +24,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from .engine import TrainConfig, fit_linear, predict_logits, torch_threads
 from .labels import POSITIVE, label_values, observed_from_cells, validate_full_labels
-from .losses import create_loss
+from .losses import AssetRegularized, bind_groups, create_loss
 from .metrics import METRICS, check_metric, higher_is_better
 from .metrics_partial import is_partial, split_map, split_metric
 
@@ -156,9 +156,17 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
 
     # ---- fit -------------------------------------------------------------------------------
 
-    def fit(self, X, y, X_val=None, Y_val=None, **fit_params) -> "SPMLClassifier":
+    def fit(self, X, y, X_val=None, Y_val=None, groups=None,
+            **fit_params) -> "SPMLClassifier":
         """Train on features ``X`` and observed labels ``y`` (1-D single positives or the
         2-D observed matrix, see the class docstring); returns ``self``.
+
+        ``groups`` (one label per row of ``X``, as scikit-learn's splitters name it) are the
+        rows' groups for the L48 asset regulariser (``loss_params={"asset_alpha": 0.1}``,
+        `spmlkit.losses.asset`; ``solver="adam"``). To keep groups apart in
+        cross-validation, give them to the splitter (``GroupKFold``, or
+        `spmlkit.data.stratify.MultilabelFolds`, whose ``split(X, y, groups)`` keeps them
+        apart too).
 
         Raises:
             ValueError: ``y`` missing or not labels (continuous, NaN in a 1-D ``y``, values
@@ -170,14 +178,14 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         """
         _refuse_fit_params(fit_params)
         try:
-            return self._fit(X, y, X_val, Y_val)
+            return self._fit(X, y, X_val, Y_val, groups)
         except BaseException:
             # a failed (re)fit leaves no mix of old and new fitted attributes: unfitted
             for name in [n for n in vars(self) if n.endswith("_") and not n.startswith("_")]:
                 delattr(self, name)
             raise
 
-    def _fit(self, X, y, X_val, Y_val) -> "SPMLClassifier":
+    def _fit(self, X, y, X_val, Y_val, groups=None) -> "SPMLClassifier":
         if y is None:
             raise ValueError("SPMLClassifier requires y to be passed, but the target y is None "
                              "(the observed labels: 1-D single positives or the N x L matrix)")
@@ -207,6 +215,16 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         k = self.k if self.k is not None else float((z == POSITIVE).sum(axis=1).mean())
         solver = self._check_solver()
         loss = create_loss(self.loss, **(self.loss_params or {}))
+        if groups is not None:
+            if not isinstance(loss, AssetRegularized):
+                raise ValueError("fit: groups are the rows' groups for the asset regulariser "
+                                 "(loss_params asset_alpha > 0), which this loss does not "
+                                 "have; to keep groups apart in cross-validation give them to "
+                                 "the splitter (GroupKFold, MultilabelFolds().split(X, y, "
+                                 "groups))")
+            if len(groups) != len(x):
+                raise ValueError(f"fit: {len(groups)} groups for {len(x)} rows of X")
+            bind_groups(loss, groups)
         if solver == "lbfgs":
             from .engine.solve import solve_path
 

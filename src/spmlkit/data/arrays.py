@@ -48,7 +48,7 @@ import numpy as np
 
 from ..labels import OFFICIAL_SEED, POSITIVE, observed_from_cells, positives_to_observed, \
     validate_full_labels, validate_observed
-from .protocol import Dataset, LabelledSet, check_train_labels, cole_split
+from .protocol import Dataset, LabelledSet, check_train_labels, cole_split, group_split
 from ..runs import check_array_file
 from .registry import register
 
@@ -430,6 +430,7 @@ class Part:
     x_where: str
     y_where: str
     ids: Sequence | None = None
+    groups: np.ndarray | None = None  # one group label per row (splits keep groups apart)
 
     def __post_init__(self):
         check_rows(self.x, self.x_where, self.y, self.y_where)
@@ -492,12 +493,18 @@ def features_dataset(name: str, train: Part, classes: Sequence[str], *, test: Pa
                              f"labelled test set given apart (test files); a test set carved "
                              f"out of partially labelled rows would be scored against "
                              f"incomplete labels")
+    if test is None and split == "stratified" and train.groups is not None:
+        raise ValueError(f"{name}: split=stratified does not keep groups on one side; with a "
+                         f"group column the test set takes whole groups (leave split out)")
     if test is None and split == "stratified":
         from .stratify import stratified_test
 
         pool_idx, test_idx = stratified_test(
             train.y, test_fraction, seed, f"{train.y_where}: the test set carved out (--data "
             f"split=stratified, test_fraction={test_fraction})")
+    elif test is None and train.groups is not None:
+        pool_idx, test_idx = group_split(train.groups, test_fraction, seed,
+                                         f"{train.y_where}: the test set carved out")
     elif test is None:
         pool_idx, test_idx = cole_split(len(train.y), test_fraction, seed)
     if test is None:
@@ -505,15 +512,18 @@ def features_dataset(name: str, train: Part, classes: Sequence[str], *, test: Pa
             raise ValueError(f"{train.y_where}: {len(train.y)} example(s) leave an empty "
                              f"{'test set' if not len(test_idx) else 'pool'} with test_fraction "
                              f"{test_fraction}; give more rows or explicit test files")
-        full = LabelledSet(train.x, train.y, list(classes), ids=list(train.ids), where=name)
+        full = LabelledSet(train.x, train.y, list(classes), ids=list(train.ids), where=name,
+                           groups=train.groups)
         pool, test_set = full.subset(pool_idx), full.subset(test_idx)
         meta.update(test_fraction=test_fraction, split_seed=seed)
     else:
         y_pool = (train.y == POSITIVE).astype(np.uint8) if observed else train.y
-        pool = LabelledSet(train.x, y_pool, list(classes), ids=train.ids, where=f"{name} train")
-        test_set = LabelledSet(test.x, test.y, list(classes), ids=test.ids, where=f"{name} test")
+        pool = LabelledSet(train.x, y_pool, list(classes), ids=train.ids, where=f"{name} train",
+                           groups=train.groups)
+        test_set = LabelledSet(test.x, test.y, list(classes), ids=test.ids, where=f"{name} test",
+                               groups=test.groups)
     val_set = None if val is None else LabelledSet(val.x, val.y, list(classes), ids=val.ids,
-                                                   where=f"{name} val")
+                                                   where=f"{name} val", groups=val.groups)
     return Dataset(name, pool, test_set, standardize=standardize, meta=meta,
                    observed=train.y if observed else None, val=val_set)
 

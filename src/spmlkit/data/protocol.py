@@ -57,6 +57,9 @@ class LabelledSet:
     class_names: list = field(default_factory=list)
     ids: Sequence | None = None
     where: str = ""
+    #: one group label per row (a recording, an asset, a patient: rows that must stay on one
+    #: side of a split), or None; `make_splits` keeps each group on one side
+    groups: np.ndarray | None = None
 
     def __post_init__(self):
         if not is_partial(self.y):  # partial evaluation labels (spmlkit.metrics_partial) stay
@@ -65,6 +68,11 @@ class LabelledSet:
         if n != self.y.shape[0]:
             raise ValueError(f"{self.where or 'labelled set'}: {n} examples but "
                              f"{self.y.shape[0]} label rows")
+        if self.groups is not None:
+            self.groups = np.asarray(self.groups)
+            if self.groups.shape != (n,):
+                raise ValueError(f"{self.where or 'labelled set'}: {len(self.groups)} group "
+                                 f"labels for {n} examples (one group per row)")
         if not self.class_names:
             self.class_names = [f"class{j}" for j in range(self.y.shape[1])]
         bad = [str(c) for c in self.class_names if any(ch in str(c) for ch in "\0\n\r")]
@@ -96,7 +104,8 @@ class LabelledSet:
         else:
             x = self.x[idx] if isinstance(self.x, np.ndarray) else [self.x[i] for i in idx]
         ids = None if self.ids is None else [self.ids[i] for i in idx]
-        return LabelledSet(x, self.y[idx], list(self.class_names), ids, self.where)
+        groups = None if self.groups is None else self.groups[idx]
+        return LabelledSet(x, self.y[idx], list(self.class_names), ids, self.where, groups)
 
 
 @dataclass
@@ -198,6 +207,47 @@ def cole_split(n: int, fraction: float, seed: int = OFFICIAL_SEED) -> tuple[np.n
     return np.sort(perm[: n - n_b]), np.sort(perm[n - n_b:])
 
 
+def group_split(groups, fraction: float, seed: int = OFFICIAL_SEED,
+                where: str = "groups") -> tuple[np.ndarray, np.ndarray]:
+    """`cole_split` that keeps each group on one side: the groups in a
+    ``RandomState(seed)`` order go to ``b`` until it holds at least ``round(fraction * n)``
+    rows; ``a`` holds the rest. Both sorted. Rows of one recording (asset, patient) then never
+    sit on both sides, where they would leak.
+
+    >>> a, b = group_split(["r1", "r1", "r2", "r2", "r3", "r3"], 0.3, seed=0)
+    >>> len(b), sorted(set(np.array(["r1", "r1", "r2", "r2", "r3", "r3"])[b]))
+    (2, ['r2'])
+
+    Raises:
+        ValueError: a fraction outside (0, 1), fewer than two groups.
+    """
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"split fraction must be in (0, 1), got {fraction}")
+    codes = np.unique(np.asarray(groups), return_inverse=True)[1].reshape(-1)
+    num_groups = int(codes.max()) + 1 if codes.size else 0
+    if num_groups < 2:
+        raise ValueError(f"{where}: {num_groups} group(s) cannot be split so that each group "
+                         f"stays on one side; give rows of at least two groups")
+    target = int(np.round(fraction * len(codes)))
+    sizes = np.bincount(codes, minlength=num_groups)
+    order = np.random.RandomState(seed).permutation(num_groups)
+    taken = np.cumsum(sizes[order])
+    count = int(np.searchsorted(taken, target)) + 1  # groups until b holds >= target rows
+    count = min(max(count, 1), num_groups - 1)      # each side keeps at least one group
+    in_b = np.zeros(num_groups, dtype=bool)
+    in_b[order[:count]] = True
+    b = np.flatnonzero(in_b[codes])
+    return np.flatnonzero(~in_b[codes]), b
+
+
+def _split_rows(labelled: LabelledSet, fraction: float, seed: int,
+                where: str) -> tuple[np.ndarray, np.ndarray]:
+    """`group_split` when the rows have groups, else `cole_split`."""
+    if labelled.groups is not None:
+        return group_split(labelled.groups, fraction, seed, where)
+    return cole_split(len(labelled), fraction, seed)
+
+
 def _instances(ds: Dataset, bias: str) -> dict:
     """The pool's per-label instance metadata (``meta["instances"]``, computed on first use when
     the source stores a function), or an error naming the dataset."""
@@ -276,9 +326,14 @@ def _mean_positives(y) -> float:
     return float(((arr == 1).sum(axis=0) / np.maximum(known, 1)).sum())
 
 
-def _val_split(ds: Dataset, y, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(rest, val)`` row indices of ``y``'s rows: `cole_split`, or multilabel-stratified
-    on ``y``'s positives for a dataset with ``meta["split"] == "stratified"``."""
+def _val_split(ds: Dataset, rows: LabelledSet, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(rest, val)`` row indices of ``rows``: `cole_split`, `group_split` when the rows have
+    groups, or multilabel-stratified on their positives for a dataset with ``meta["split"] ==
+    "stratified"``."""
+    y = rows.y
+    if ds.meta.get("split") == "stratified" and rows.groups is not None:
+        raise ValueError(f"{ds.name}: split=stratified does not keep groups on one side; with a "
+                         f"group column the val set takes whole groups (leave split out)")
     if ds.meta.get("split") == "stratified":
         from .stratify import stratified_test
 
@@ -286,7 +341,7 @@ def _val_split(ds: Dataset, y, seed: int) -> tuple[np.ndarray, np.ndarray]:
                                f"{ds.meta.get('labels') or ds.name}: the val set split from the "
                                f"training rows (--data split=stratified, val fraction "
                                f"{ds.val_fraction})")
-    return cole_split(len(y), ds.val_fraction, seed)
+    return _split_rows(rows, ds.val_fraction, seed, f"{ds.name}: the val set")
 
 
 def _as_observed(y) -> np.ndarray:
@@ -303,7 +358,7 @@ def _standardized(train: LabelledSet, val: LabelledSet, test: LabelledSet, names
         mean, std = streaming_stats(train.x)
         stats = {"mean": mean.tolist(), "std": std.tolist(), "dtype": str(mean.dtype)}
         sets = tuple(LabelledSet(Rows(s.x).standardized(mean, std), s.y, s.class_names, s.ids,
-                                 s.where) for s in (train, val, test))
+                                 s.where, s.groups) for s in (train, val, test))
         return sets, stats
     # float16 rows sum in float32 (in float16 the std of 84,000 rows came out half the true
     # one); float32 / float64 rows as before
@@ -320,7 +375,7 @@ def _standardized(train: LabelledSet, val: LabelledSet, test: LabelledSet, names
     std[std == 0] = 1.0
     stats = {"mean": mean.tolist(), "std": std.tolist(), "dtype": str(mean.dtype)}
     sets = tuple(LabelledSet(((s.x - mean) / std).astype(np.float32), s.y, s.class_names, s.ids,
-                             s.where) for s in (train, val, test))
+                             s.where, s.groups) for s in (train, val, test))
     return sets, stats
 
 
@@ -344,10 +399,13 @@ TABULAR_FRACTIONS = (0.8, 0.1, 0.1)
 PROTOCOLS = ("cole", "tabular")
 
 
-def tabular_split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def tabular_split(n: int, seed: int, groups=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The tabular protocol's random 80 / 10 / 10 split of ``n`` rows: ``perm =
     RandomState(seed).permutation(n)``; val and test get ``round(0.1 n)`` rows each (val the
     rows after train's, test the last), train the rest; each part sorted.
+
+    With ``groups`` (one per row) each group stays on one side: test takes whole groups
+    (`group_split`, 0.1 of the rows), then val whole groups of the rest (0.1 of ``n``).
 
     >>> tr, va, te = tabular_split(20, seed=0)
     >>> len(tr), len(va), len(te), sorted(np.r_[tr, va, te].tolist()) == list(range(20))
@@ -355,6 +413,12 @@ def tabular_split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
     """
     if n < 3:
         raise ValueError(f"the tabular protocol needs at least 3 rows, got {n}")
+    if groups is not None:
+        groups = np.asarray(groups)
+        rest, test = group_split(groups, TABULAR_FRACTIONS[2], seed, "the tabular protocol")
+        inner = TABULAR_FRACTIONS[1] / (TABULAR_FRACTIONS[0] + TABULAR_FRACTIONS[1])
+        train, val = group_split(groups[rest], inner, seed, "the tabular protocol")
+        return rest[train], rest[val], test
     n_val = max(1, int(np.round(TABULAR_FRACTIONS[1] * n)))
     n_test = max(1, int(np.round(TABULAR_FRACTIONS[2] * n)))
     perm = np.random.RandomState(seed).permutation(n)
@@ -374,8 +438,10 @@ def _all_rows(ds: Dataset) -> LabelledSet:
     else:
         x = list(pool.x) + list(test.x)
     ids = None if pool.ids is None or test.ids is None else list(pool.ids) + list(test.ids)
+    groups = None if pool.groups is None or test.groups is None else \
+        np.concatenate([pool.groups, test.groups])
     return LabelledSet(x, np.concatenate([pool.y, test.y]), list(pool.class_names), ids,
-                       pool.where)
+                       pool.where, groups)
 
 
 def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
@@ -464,7 +530,7 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
                              f"metadata of the pool rows, which the tabular protocol (pool and "
                              f"test rows split anew) does not carry; use protocol 'cole'")
         pool = _all_rows(ds)
-        train_idx, val_idx, test_idx = tabular_split(len(pool), seed)
+        train_idx, val_idx, test_idx = tabular_split(len(pool), seed, pool.groups)
         observed = make_observed(pool.y, regime, seed, class_order=_class_order(
             ds, class_order)) if name == "1p_biased" else make_observed(pool.y, regime, seed)
     elif name == "1p" and seed == OFFICIAL_SEED and ds.pool_observed is not None:
@@ -483,7 +549,7 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
     elif given or ds.val is not None:
         train_idx, val_idx = np.arange(len(pool)), np.zeros(0, dtype=np.int64)
     else:
-        train_idx, val_idx = _val_split(ds, pool.y, split_seed)
+        train_idx, val_idx = _val_split(ds, pool, split_seed)
     if subsample is not None:
         train_idx = _subsample(train_idx, subsample, seed if subsample_seed is None
                                else subsample_seed, ds.name)
@@ -495,7 +561,7 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
     elif ds.val is not None:
         val, val_observed, extra["val_from"] = ds.val, _as_observed(ds.val.y), "given"
     elif given:
-        test_idx, carved = _val_split(ds, ds.test.y, split_seed)
+        test_idx, carved = _val_split(ds, ds.test, split_seed)
         if not len(carved) or not len(test_idx):
             raise ValueError(f"{ds.name}: regime 'given' carves the val set out of the fully "
                              f"labelled test set ({ds.val_fraction} of its {len(ds.test)} rows), "
@@ -536,6 +602,10 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
             **extra}
     if standardize is not None:  # what new raw features need to look like these (predict)
         meta["standardize"] = standardize
+    if train.groups is not None:  # how many groups each side holds (none is on two sides)
+        meta["groups"] = {name: int(len(np.unique(part.groups))) for name, part in
+                          (("train", train), ("val", val), ("test", test))
+                          if part.groups is not None}
     return Splits(ds.name, train, val, test, train_observed, val_observed, regime, k, meta)
 
 
@@ -598,6 +668,9 @@ def describe_labels(splits: Splits) -> dict:
                  f"{test_part} {masked['test'] or 'fully labelled'}"
     summary = (f"{head}; {scored}; default k {splits.k:.3f} from the "
                f"{meta.get('k_from', 'train')} labels")
+    if meta.get("groups"):  # a group column: every carve-out took whole groups
+        summary += "; groups kept apart (" + ", ".join(
+            f"{side} {count}" for side, count in meta["groups"].items()) + " groups)"
     if meta.get("k_classes_without_negative"):  # presence-only val labels inflate k
         summary += (f" (partial: each class's positive rate among its known rows; "
                     f"{meta['k_classes_without_negative']} class(es) without a known negative "

@@ -115,10 +115,28 @@ class MultilabelFolds:
         return self.n_splits
 
     def split(self, X, y, groups=None):
+        """The folds' ``(train, test)`` row indices. With ``groups`` (one label per row) each
+        group lies in one fold: the folds stratify the groups on their positives (a group's
+        positives: any of its rows'), as ``GroupKFold`` keeps groups apart, and each group's
+        rows follow it."""
         if y is None:
             raise ValueError("MultilabelFolds stratifies on the labels: give y")
         pos = positives_of(y)
         folds = _iterstrat().MultilabelStratifiedKFold(
             n_splits=self.n_splits, shuffle=self.shuffle,
             random_state=self.seed if self.shuffle else None)
-        yield from folds.split(np.zeros((len(pos), 1)), pos)
+        if groups is None:
+            yield from folds.split(np.zeros((len(pos), 1)), pos)
+            return
+        codes = np.unique(np.asarray(groups), return_inverse=True)[1].reshape(-1)
+        if len(codes) != len(pos):
+            raise ValueError(f"MultilabelFolds: {len(codes)} groups for {len(pos)} rows")
+        num_groups = int(codes.max()) + 1
+        if num_groups < self.n_splits:
+            raise ValueError(f"MultilabelFolds: {num_groups} group(s) cannot fill "
+                             f"{self.n_splits} folds with whole groups")
+        per_group = np.zeros((num_groups, pos.shape[1]), dtype=np.int64)
+        np.maximum.at(per_group, codes, np.asarray(pos, dtype=np.int64))
+        for _, test_groups in folds.split(np.zeros((num_groups, 1)), per_group):
+            in_test = np.isin(codes, test_groups)
+            yield np.flatnonzero(~in_test), np.flatnonzero(in_test)

@@ -251,6 +251,21 @@ def table_ids(df, id_column: str, where: str) -> list[str]:
     return [str(v) for v in col]
 
 
+def table_groups(df, group_column: str, where: str) -> np.ndarray:
+    """The group of each row (``group_column``'s values as text), or an error naming the file,
+    the column and the first empty cell."""
+    if group_column not in df.columns:
+        raise ValueError(f"{where}: group_column {group_column!r} is not a column; the columns "
+                         f"are {_preview(list(df.columns), 12)}")
+    cells = df[group_column]
+    empty = np.flatnonzero(cells.isna().to_numpy() | (cells.astype(str).str.strip() == ""))
+    if empty.size:
+        raise ValueError(f"{where}: group column {group_column!r} is empty at data row "
+                         f"{int(empty[0]) + 1} ({empty.size} empty cell(s)); every row needs "
+                         f"its group")
+    return cells.astype(str).str.strip().to_numpy()
+
+
 def _check_header(path: Path, names: list[str], df, longer: bool, sep: str) -> None:
     """Refuse a header of one column holding another separator than ``sep`` (a ';'-separated
     .csv), a header naming a column twice (pandas renames the second ``f1`` to ``f1.1``) and
@@ -467,7 +482,7 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
                  test_fraction: float = TEST_FRACTION, standardize: bool = True,
                  name: str = "tabular", seed: int = OFFICIAL_SEED,
                  eval_labels: str = "full", eval_mask: str | None = None,
-                 split: str = "random") -> Dataset:
+                 split: str = "random", group_column: str | None = None) -> Dataset:
     """A CSV / Parquet table (or several) as a [`Dataset`][spmlkit.data.protocol.Dataset] (the
     module docstring describes the files and columns).
 
@@ -504,6 +519,11 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
         split: ``"random"`` (default) or ``"stratified"``: the test set carved out of
             ``path`` and the val set split from the training rows are multilabel-stratified
             (`spmlkit.data.stratify`, needs the ``stratify`` extra).
+        group_column: a column naming each row's group (a recording, an asset, a patient:
+            rows that must not sit on both sides of a split). The test set carved out of
+            ``path``, the val set and the tabular protocol's splits then take whole groups
+            (`spmlkit.data.protocol.group_split`), and the asset regulariser
+            (``--hp asset_alpha=...``) averages over them. Not a feature.
 
     Returns:
         a [`Dataset`][spmlkit.data.protocol.Dataset]; ``meta["feature_columns"]`` /
@@ -522,14 +542,16 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
                       or val_path is not None, f"dataset {name!r}")
     observed = train_labels == "observed"
     path = Path(path)
-    df = read_table(path, text_columns=[id_column] if id_column else (), option="path")
+    text = [c for c in (id_column, group_column) if c]
+    df = read_table(path, text_columns=text, option="path")
     where = str(path)
     if split_column is not None and (test_path is not None or val_path is not None):
         raise ValueError(f"{where}: give split_column (one file of every row) or test_path / "
                          f"val_path (separate files), not both")
     label_cols = select_columns(list(df.columns), labels, "label", where)
-    reserved = set(label_cols) | {c for c in (split_column, id_column) if c}
-    for c, what in ((split_column, "split_column"), (id_column, "id_column")):
+    reserved = set(label_cols) | {c for c in (split_column, id_column, group_column) if c}
+    for c, what in ((split_column, "split_column"), (id_column, "id_column"),
+                    (group_column, "group_column")):
         if c is not None and c not in df.columns:
             raise ValueError(f"{where}: {what} {c!r} is not a column; the columns are "
                              f"{_preview(list(df.columns), 12)}")
@@ -586,9 +608,7 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
             raise ValueError(f"{where}: no row has {split_column}=train")
     for s, p in (("test", test_path), ("val", val_path)):
         if p is not None:
-            frames[s] = (read_table(p, f"{s} table", [id_column] if id_column else (),
-                                    f"{s}_path"),
-                         str(p))
+            frames[s] = (read_table(p, f"{s} table", text, f"{s}_path"), str(p))
 
     def part(s: str, observed_labels: bool = False):
         frame, frame_where = frames[s]
@@ -599,7 +619,9 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
         y, names = table_labels(frame, label_cols, frame_where, observed_labels, classes, s)
         ids = table_ids(frame, id_column, frame_where) \
             if id_column and id_column in frame.columns else None
-        return Part(x, y, frame_where, frame_where, ids), names
+        groups = table_groups(frame, group_column, frame_where) if group_column and (
+            s == "train" or group_column in frame.columns) else None  # a file given apart: may
+        return Part(x, y, frame_where, frame_where, ids, groups), names
 
     train, classes = part("train", observed)
     partial = eval_labels == "partial"  # read as observed labels, then masked
@@ -612,6 +634,7 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
         test, val = (None if p is None else partial_part(p, eval_mask) for p in (test, val))
     meta = {"source": "tabular", "path": where, "feature_columns": feature_cols,
             "label_columns": label_cols, "id_column": id_column, "split_column": split_column,
+            **({"group_column": group_column} if group_column else {}),
             **({"eval_labels": "partial", "eval_mask": eval_mask or "entry"} if partial else {})}
     return features_dataset(name, train, classes, test=test, val=val, train_labels=train_labels,
                             test_fraction=test_fraction, seed=seed, standardize=standardize,

@@ -73,7 +73,8 @@ class AssetRegularized(Regularized):
 
     resizable_state = ("asset_mean", "asset_group")
     solver_refusal = ("the asset regulariser's running averages move after every batch; "
-                      "train it with --solver adam (mode linear)")
+                      "train it with Adam (spml train --solver adam, "
+                      "SPMLClassifier(solver='adam'))")
 
     def __init__(self, base: SPMLLoss, regularizers=(), *, asset_alpha: float,
                  asset_eps: float = 0.001, asset_init: float | None = None):

@@ -413,11 +413,12 @@ def masks(observed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 def weigh_negatives(mat: torch.Tensor, observed: torch.Tensor, neg_weight: float) -> torch.Tensor:
     """The per-entry loss ``mat`` with its observed-negative entries (``observed == -1``) times
-    ``neg_weight``: an extra weight on the known negatives, as for the L48 benchmark's extra
-    negatives (Sun, Maji, Van Horn 2025; its official code, which may weigh them otherwise,
-    could not be read: this is our form), for a loss whose O- entries hold their own term alone
-    (`SPMLLoss.negative_entries`). ``neg_weight = 1`` returns ``mat`` itself (no operation, so
-    existing results stay bit-identical).
+    ``neg_weight``: an extra weight on the known negatives, the L48 benchmark's
+    ``--neg-prior-a`` (Sun, Maji, Van Horn 2025: its ``train.py`` multiplies the known
+    negatives' entries of the loss matrix; ``tests/test_l48_official.py`` pins it), for a loss
+    whose O- entries hold their own term alone (`SPMLLoss.negative_entries`).
+    ``neg_weight = 1`` returns ``mat`` itself (no operation, so existing results stay
+    bit-identical).
 
     >>> weigh_negatives(torch.ones(1, 3), torch.tensor([[1, 0, -1]]), 2.0).tolist()
     [[1.0, 1.0, 2.0]]

@@ -25,7 +25,7 @@ import torch
 
 from ..accel import acceleration, current_acceleration
 from ..engine import TrainConfig
-from ..losses import create_loss, loss_hparams
+from ..losses import bind_groups, create_loss, loss_hparams
 from ..metrics import METRICS, THRESHOLD_POLICY, map_score, pseudo_label_stats
 from ..metrics_partial import split_evaluate, split_map, split_metrics, split_thresholds
 from ..data.protocol import describe_labels
@@ -354,6 +354,7 @@ def _run_settings(method: TrainingMethod, splits, loss: str, hparams, config, k,
         check_train_fields(method, config)
     hparams = resolve_hparams(loss, splits.name, hparams)
     loss_fn = create_loss(loss, **hparams)
+    bind_groups(loss_fn, splits.train.groups)  # the asset regulariser's rows -> groups
     own_k = hparams.get("k")  # the loss's own k (EPR, ROLE, GPR) wins over the run's
     if own_k is not None and k is not None and resume is None:
         raise ValueError(f"k is given twice: the run's k {k!r} (--k / --k-estimate, k=) and the "

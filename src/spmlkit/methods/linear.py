@@ -270,11 +270,12 @@ def _alone(ctx: RunContext):
     """A run of a stack that raised as a whole, trained on its own (`fit`, what
     ``train_run`` runs): a fresh loss module (the stack's hooks changed the old one) and no epoch
     records of the stacked try. Its ``Fitted``, or the exception that ended it."""
-    from ..losses import create_loss
+    from ..losses import bind_groups, create_loss
     from ..runs import METRICS_FILE
 
     try:
         ctx.loss = create_loss(ctx.loss_name, **ctx.hparams)
+        bind_groups(ctx.loss, ctx.splits.train.groups)
         if ctx.run_dir is not None:
             (Path(ctx.run_dir) / METRICS_FILE).unlink(missing_ok=True)
         return fit(ctx)
