@@ -241,3 +241,68 @@ def test_estimator_takes_groups_for_the_asset_term_and_splitter_keeps_them_apart
     scores = cross_val_score(SPMLClassifier(C=1.0), x, y, groups=groups,
                              cv=MultilabelFolds(4, seed=0))
     assert len(scores) == 4
+
+
+# --- image sources --------------------------------------------------------------------------
+
+def _image_tree(root, recordings=12, per=3):
+    """``root/<class>/rec<k>/img*.png``: each recording's frames in a folder of their own."""
+    from _image_toy import make_images
+
+    classes = ["red", "green", "blue"]
+    for k in range(recordings):
+        make_images(root / classes[k % 3] / f"rec{k:02d}", per, seed=k, prefix=f"r{k}_")
+
+
+def test_folder_source_groups_images_by_their_folder(tmp_path):
+    _image_tree(tmp_path / "tree")
+    ds_splits = load_splits("folder", root=str(tmp_path / "tree"), group_by_folder=True)
+    _apart(ds_splits)
+    assert set(ds_splits.train.groups) | set(ds_splits.val.groups) | \
+        set(ds_splits.test.groups) == {f"{['red', 'green', 'blue'][k % 3]}/rec{k:02d}"
+                                       for k in range(12)}
+    plain = load_splits("folder", root=str(tmp_path / "tree"))
+    assert plain.train.groups is None
+
+
+def test_csv_image_list_with_a_group_column(tmp_path):
+    from _image_toy import make_images
+
+    paths, y = make_images(tmp_path / "img", 36)
+    names = ["red", "green", "blue"]
+    lines = ["path,labels,rec"] + [
+        f"img/{p.rsplit('/', 1)[1]},\"{';'.join(names[j] for j in np.flatnonzero(row))}\","
+        f"clip{i // 4}" for i, (p, row) in enumerate(zip(paths, y))]
+    (tmp_path / "train.csv").write_text("\n".join(lines) + "\n")
+    splits = load_splits("csv", path=str(tmp_path / "train.csv"), group_column="rec")
+    _apart(splits)
+    assert splits.class_names == sorted(names)  # the group column is not a class
+    assert sum(splits.meta["groups"].values()) == 9
+    with pytest.raises(ValueError, match="group_column 'clip' needs a header row naming it"):
+        load_splits("csv", path=str(tmp_path / "train.csv"), group_column="clip")
+    lines[5] = lines[5].rsplit(",", 1)[0] + ","
+    (tmp_path / "train.csv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"train.csv, line 6: empty 'rec' cell"):
+        load_splits("csv", path=str(tmp_path / "train.csv"), group_column="rec")
+
+
+def test_a_study_on_a_table_with_groups_and_the_asset_term(tmp_path):
+    """A study's dataset options carry the group column; its hparams the asset term (stacked
+    runs: two lrs of one loss), each run's splits keeping the groups apart."""
+    from spmlkit.experiments.study import load_study, run_study
+    from spmlkit.experiments.store import StudyStore
+
+    df, _ = _table(tmp_path)
+    df.to_csv(tmp_path / "t.csv", index=False)
+    spec = {"name": "grouped", "title": "groups", "mode": "linear", "seeds": 1, "epochs": 2,
+            "early_stop": "none", "methods": ["an"],
+            "datasets": [{"name": "tabular", "options": {
+                "path": str(tmp_path / "t.csv"), "labels": "c*", "group_column": "rec"}}],
+            "hparams": {"an": {"asset_alpha": 0.2}},
+            "grid": {"batch_size": [16], "lr": [1e-2, 3e-2]}}
+    res = run_study(load_study(spec), out=tmp_path / "study", jobs=1, progress=False)
+    assert (res["runs_total"], res["failures"]) == (2, 0)
+    for row in StudyStore(tmp_path / "study" / "results.sqlite").rows():
+        config = json.loads((tmp_path / "study" / row["run_dir"] / "config.json").read_text())
+        assert config["hparams"]["asset_alpha"] == 0.2
+        assert "groups kept apart" in config["labels"]["summary"]

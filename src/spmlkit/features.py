@@ -632,7 +632,7 @@ def extract_feature_maps(items, backbone="efficientnet_lite0", transform: str = 
 # ---- datasets and splits ----------------------------------------------------------------------
 def _feature_set(ls: LabelledSet, backbone, what: str, **options) -> LabelledSet:
     feats = extract_features(ls.x, backbone, desc=f"{what} ({len(ls)} images)", **options)
-    return LabelledSet(feats, ls.y, list(ls.class_names), ls.ids, ls.where)
+    return LabelledSet(feats, ls.y, list(ls.class_names), ls.ids, ls.where, ls.groups)
 
 
 def feature_dataset(ds: Dataset, backbone="efficientnet_lite0", **options) -> Dataset:

@@ -15,10 +15,11 @@ from ..labels import OFFICIAL_SEED, positives_to_observed
 from .protocol import Dataset, check_train_labels
 from ..metrics_partial import partial_labels
 from .arrays import check_eval_labels, check_found_names, resolve_class_names
-from .image_common import TAGS, TEST_FRACTION, carve, image_dataset, join_paths
+from .image_common import TAGS, TEST_FRACTION, carve, image_dataset, join_paths, with_groups
 from .registry import register
 
-__all__ = ["CSV_HEADERS", "CSV_NAME_SEPARATORS", "load_csv_images", "read_image_csv"]
+__all__ = ["CSV_HEADERS", "CSV_NAME_SEPARATORS", "load_csv_images", "read_image_csv",
+           "read_image_groups"]
 
 
 #: A first row is a header when its first cell is one of these (any case).
@@ -106,9 +107,71 @@ def _read_wide(path, rows: list, names: list, classes, negatives: bool):
     return list(entries), (y if negatives else y.astype(np.uint8)), classes
 
 
+def _csv_rows(path: Path, delimiter: str) -> list:
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            return list(csv.reader(fh, delimiter=delimiter))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not a UTF-8 text file ({err})") from None
+    except csv.Error as err:
+        raise ValueError(f"{path}: not a readable CSV file ({err})") from None
+
+
+def read_image_groups(path, group_column: str, delimiter: str | None = None,
+                      required: bool = True) -> dict | None:
+    """The group of each image of an image CSV whose header names ``group_column``: ``{path as
+    written: group}``; `read_image_csv` with ``drop_column=group_column`` reads its labels.
+    A CSV without the column: None when not ``required``.
+
+    Raises:
+        ValueError: no header naming ``group_column`` (when ``required``), an empty group
+            cell, an image listed twice with two groups (file and line named).
+    """
+    path = Path(path)
+    rows = _csv_rows(path, _delimiter(path, delimiter)) if path.is_file() else []
+    header = [c.strip() for c in rows[0]] if rows else []
+    if group_column not in header:
+        if not required:
+            return None
+        raise ValueError(f"{path}: group_column {group_column!r} needs a header row naming "
+                         f"it (e.g. path,labels,{group_column}); the first row is "
+                         f"{','.join(header[:6]) or 'empty'}")
+    j = header.index(group_column)
+    if j == 0:
+        raise ValueError(f"{path}: group_column {group_column!r} is the path column")
+    groups: dict = {}
+    for lineno, row in enumerate(rows[1:], start=2):
+        if not row or not any(c.strip() for c in row):
+            continue
+        group = row[j].strip() if j < len(row) else ""
+        if not group:
+            raise ValueError(f"{path}, line {lineno}: empty {group_column!r} cell; every image "
+                             f"needs its group")
+        image = row[0].strip()
+        if groups.setdefault(image, group) != group:
+            raise ValueError(f"{path}, line {lineno}: image {image} is in group "
+                             f"{groups[image]!r} on an earlier line and {group!r} here")
+    return groups
+
+
+def _delimiter(path: Path, delimiter: str | None) -> str:
+    if delimiter is None:
+        return "\t" if path.suffix.lower() == ".tsv" else ","
+    return delimiter
+
+
+def _drop(rows: list, column: str | None) -> list:
+    """``rows`` without the header's column named ``column`` (when the header names it)."""
+    header = [c.strip() for c in rows[0]] if rows and column else []
+    if column not in header:
+        return rows
+    j = header.index(column)
+    return [r[:j] + r[j + 1:] for r in rows]
+
+
 def read_image_csv(path, classes: Sequence[str] | None = None, delimiter: str | None = None,
                    unknown_hint: str = "Fix the name or declare every class with class_names=",
-                   negatives: bool = False):
+                   negatives: bool = False, drop_column: str | None = None):
     """Image paths and their positive class names from a CSV file.
 
     Form: one row per image, ``<path>,<name>[,<name>...]``; a cell may also hold several names
@@ -129,6 +192,8 @@ def read_image_csv(path, classes: Sequence[str] | None = None, delimiter: str | 
             source offers to fix it).
         negatives: partial labels: a name written ``-name`` is a known negative
             (``img.jpg,"cat;-dog"``: cat positive, dog known absent, every other class unknown).
+        drop_column: a column the header names that holds no labels (the group column,
+            `read_image_groups`): left out.
 
     Returns:
         ``(paths as written, y uint8 N x L, classes)``; with ``negatives`` y is int8 with 1
@@ -143,15 +208,7 @@ def read_image_csv(path, classes: Sequence[str] | None = None, delimiter: str | 
     if not path.is_file():
         raise FileNotFoundError(f"image list {path} does not exist; expected a CSV file with one "
                                 f"row per image: <path>,<class name>[;<class name>...]")
-    if delimiter is None:
-        delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:
-            rows = list(csv.reader(fh, delimiter=delimiter))
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not a UTF-8 text file ({err})") from None
-    except csv.Error as err:
-        raise ValueError(f"{path}: not a readable CSV file ({err})") from None
+    rows = _drop(_csv_rows(path, _delimiter(path, delimiter)), drop_column)
     wide = _wide_classes(rows) if rows and rows[0] else None
     if wide is not None:  # path,cat,dog then a.jpg,1,0: one 0 / 1 column per class
         return _read_wide(path, rows, wide, classes, negatives)
@@ -209,7 +266,8 @@ def load_csv_images(path: str | os.PathLike, test_path: str | os.PathLike | None
                     skip_missing: bool = False, skip_corrupt: bool = False,
                     train_labels: str = "full",
                     val_path: str | os.PathLike | None = None,
-                    eval_labels: str = "full", eval_mask: str | None = None) -> Dataset:
+                    eval_labels: str = "full", eval_mask: str | None = None,
+                    group_column: str | None = None) -> Dataset:
     """Images listed in a CSV file with their full labels (form: `read_image_csv`).
 
     With ``train_labels="observed"`` the training CSV's names are each image's **known
@@ -239,6 +297,11 @@ def load_csv_images(path: str | os.PathLike, test_path: str | os.PathLike | None
             positive, ``-name`` a known negative, and every class not written is unknown; they
             are scored masked (`spmlkit.metrics_partial`).
         eval_mask: with partial evaluation labels, ``"entry"`` (default) or ``"row"``.
+        group_column: a column of the CSV's header naming each image's group (a recording,
+            an asset: images that must not sit on both sides of a split). The test set carved
+            out and the val set then take whole groups, and the asset regulariser
+            (``--hp asset_alpha=...``) averages over them; a test / val CSV may carry the
+            column too.
 
     Returns:
         a [`Dataset`][spmlkit.data.protocol.Dataset]; ``ids`` are the paths as written in the CSV.
@@ -269,10 +332,17 @@ def load_csv_images(path: str | os.PathLike, test_path: str | os.PathLike | None
     def labels_of(y, where):
         return partial_labels(y, eval_mask or "entry", where) if partial else y
     classes = resolve_class_names(class_names)
-    rel, y, classes = read_image_csv(path, classes, delimiter)
+    groups: dict = {}
+    if group_column is not None:  # each CSV's groups (read_image_csv leaves their column out)
+        for part, given in (("pool", path), ("test", test_path), ("val", val_path)):
+            if given is not None:
+                groups[part] = read_image_groups(given, group_column, delimiter,
+                                                 required=part == "pool")
+    meta_groups = {"group_column": group_column} if group_column else {}
+    rel, y, classes = read_image_csv(path, classes, delimiter, drop_column=group_column)
     base = Path(image_root) if image_root is not None else path.parent
     paths = join_paths(base.resolve(), rel)
-    meta = {"source": "csv", "path": str(path), "image_root": str(base)}
+    meta = {"source": "csv", "path": str(path), "image_root": str(base), **meta_groups}
     per_row = y.sum(axis=1)
     if not observed and len(classes) > 2 and per_row.max() <= 1 and (per_row == 0).any():
         import warnings
@@ -291,19 +361,27 @@ def load_csv_images(path: str | os.PathLike, test_path: str | os.PathLike | None
     val = None
     if val_path is not None:
         val_path = Path(val_path)
-        rel_v, yv, _ = read_image_csv(val_path, classes, delimiter, negatives=partial)
+        rel_v, yv, _ = read_image_csv(val_path, classes, delimiter, negatives=partial,
+                                      drop_column=group_column)
         val = (join_paths(val_path.parent.resolve(), rel_v), rel_v, labels_of(yv, str(val_path)))
         meta.update(val_path=str(val_path))
     if test_path is None:
-        pool, test = carve(name, paths, rel, y, test_fraction, seed, str(path))
+        pool, test = carve(name, paths, rel, y, test_fraction, seed, str(path),
+                           None if group_column is None else [groups["pool"][r] for r in rel])
         meta.update(test_fraction=test_fraction, split_seed=seed)
     else:
         test_path = Path(test_path)
-        rel_t, yt, _ = read_image_csv(test_path, classes, delimiter, negatives=partial)
+        rel_t, yt, _ = read_image_csv(test_path, classes, delimiter, negatives=partial,
+                                      drop_column=group_column)
         base_t = Path(test_image_root) if test_image_root is not None else test_path.parent
         pool, test = (paths, rel, y), (join_paths(base_t.resolve(), rel_t), rel_t,
                                        labels_of(yt, str(test_path)))
         meta.update(test_path=str(test_path), test_image_root=str(base_t))
-    return image_dataset(name, pool, test, classes, skip_missing=skip_missing,
-                         skip_corrupt=skip_corrupt, meta=meta, val=val,
-                         observed=positives_to_observed(y) if observed else None)
+    ds = image_dataset(name, pool, test, classes, skip_missing=skip_missing,
+                       skip_corrupt=skip_corrupt, meta=meta, val=val,
+                       observed=positives_to_observed(y) if observed else None)
+    if group_column is None:
+        return ds
+    # a test set carved out of the training CSV: its images' groups are the training CSV's
+    return with_groups(ds, pool=groups["pool"], val=groups.get("val"),
+                       test=groups["pool"] if test_path is None else groups.get("test"))

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..labels import OFFICIAL_SEED, positives_to_observed
 from .protocol import Dataset, check_train_labels
-from .image_common import TAGS, TEST_FRACTION, carve, image_dataset, join_paths
+from .image_common import TAGS, TEST_FRACTION, carve, image_dataset, join_paths, with_groups
 from .image_files import IMAGE_SUFFIXES, is_image_name, listing
 from .registry import register
 
@@ -131,7 +131,8 @@ def load_folder(root: str | os.PathLike, test_root: str | os.PathLike | None = N
                 seed: int = OFFICIAL_SEED, name: str = "folder", skip_missing: bool = False,
                 skip_corrupt: bool = False, train_labels: str | None = None,
                 test_csv: str | os.PathLike | None = None,
-                val_csv: str | os.PathLike | None = None) -> Dataset:
+                val_csv: str | os.PathLike | None = None,
+                group_by_folder: bool = False) -> Dataset:
     """A one-folder-per-class tree (torchvision's ``ImageFolder`` layout) for SPML.
 
     This is the practitioner's case: each image is known to show its folder's class, and nothing
@@ -177,6 +178,11 @@ def load_folder(root: str | os.PathLike, test_root: str | os.PathLike | None = N
         val_csv: fully labelled validation images (what the best epoch or threshold is chosen
             on), in ``test_csv``'s form, instead of the val set the protocol splits off the
             training images.
+        group_by_folder: each image's group is the folder that holds it
+            (``<root>/<class>/<recording>/<image>``: the recording; an image directly in its
+            class folder: that class folder). The test set carved out and the val set then
+            take whole groups, so that frames of one recording never sit on both sides, and the
+            asset regulariser (``--hp asset_alpha=...``) averages over them.
 
     Returns:
         a [`Dataset`][spmlkit.data.protocol.Dataset]; classes are the sorted folder names; ids are
@@ -225,7 +231,8 @@ def load_folder(root: str | os.PathLike, test_root: str | os.PathLike | None = N
         pool, test = (paths, rel, y), listed(test_csv)
         meta.update(test_csv=str(test_csv), test_labels_file=str(test_csv))
     elif test_root is None:
-        pool, test = carve(name, paths, rel, y, test_fraction, seed, str(root))
+        pool, test = carve(name, paths, rel, y, test_fraction, seed, str(root),
+                           [_folder_of(r) for r in rel] if group_by_folder else None)
         meta.update(test_fraction=test_fraction, split_seed=seed)
     else:
         test_root = Path(test_root)
@@ -238,6 +245,25 @@ def load_folder(root: str | os.PathLike, test_root: str | os.PathLike | None = N
     empty = [c for j, c in enumerate(classes) if not pool[2][:, j].any()]
     if empty:
         meta["classes_without_pool_images"] = empty
-    return image_dataset(name, pool, test, classes, skip_missing=skip_missing,
-                         skip_corrupt=skip_corrupt, meta=meta, val=val,
-                         observed=positives_to_observed(pool[2]) if observed else None)
+    if group_by_folder:
+        meta["groups"] = "folder"
+    ds = image_dataset(name, pool, test, classes, skip_missing=skip_missing,
+                       skip_corrupt=skip_corrupt, meta=meta, val=val,
+                       observed=positives_to_observed(pool[2]) if observed else None)
+    if not group_by_folder:
+        return ds
+    # the images of a tree (the pool, a carved or a test_root test set) have folders; those
+    # listed in a test / val CSV: the folder of their path as written
+    return with_groups(ds, **{part: _FolderOf() for part in ("pool", "test", "val")})
+
+
+class _FolderOf(dict):
+    """``{image id: the folder holding it}`` for any id (`with_groups`)."""
+
+    def __missing__(self, image_id):
+        return _folder_of(image_id)
+
+
+def _folder_of(rel: str) -> str:
+    """The folder that holds an image, from its path as written (``a/b/c.jpg`` -> ``a/b``)."""
+    return os.path.dirname(os.path.normpath(os.fspath(rel))) or "."

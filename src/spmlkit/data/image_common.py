@@ -58,10 +58,11 @@ from typing import Sequence
 
 import numpy as np
 
-from .protocol import Dataset, LabelledSet, cole_split
+from .protocol import Dataset, LabelledSet, cole_split, group_split
 from .image_files import check_images, warn_skipped
 
-__all__ = ["TAGS", "TEST_FRACTION", "COLE", "image_set", "image_dataset", "join_paths", "carve"]
+__all__ = ["TAGS", "TEST_FRACTION", "COLE", "image_set", "image_dataset", "join_paths", "carve",
+           "with_groups"]
 
 #: the registry tags of an image source
 TAGS = ("images",)
@@ -122,6 +123,17 @@ def image_dataset(name: str, pool: tuple, test: tuple, classes, *, skip_missing:
                    meta=meta, observed=kept if observed is not None else None, val=val_set)
 
 
+def with_groups(ds: Dataset, **parts) -> Dataset:
+    """``ds`` with the groups of its sets: ``pool=``, ``test=``, ``val=`` each a mapping from
+    an image's id to its group (None: that set has none). Mapped by id, after `image_set`
+    dropped unusable images."""
+    for part, groups in parts.items():
+        labelled = getattr(ds, part)
+        if groups is not None and labelled is not None:
+            labelled.groups = np.asarray([groups[i] for i in labelled.ids])
+    return ds
+
+
 def _warn_shared_images(name: str, pool_paths, others: dict) -> None:
     """Warn when a test or val image is also a training image (the same file path): its score
     measures what the model memorised (a test CSV that lists images of the training tree)."""
@@ -144,9 +156,11 @@ def join_paths(base: Path, rel: Sequence[str]) -> list[str]:
     return [os.path.normpath(os.path.join(base, r)) for r in rel]
 
 
-def carve(name: str, paths, ids, y, test_fraction: float, seed: int, where: str):
-    """Split one list into pool / test with the Cole split (the rest / ``test_fraction``)."""
-    pool_idx, test_idx = cole_split(len(y), test_fraction, seed)
+def carve(name: str, paths, ids, y, test_fraction: float, seed: int, where: str, groups=None):
+    """Split one list into pool / test with the Cole split (the rest / ``test_fraction``), or
+    with `group_split` when ``groups`` (one per image) are given: whole groups."""
+    pool_idx, test_idx = cole_split(len(y), test_fraction, seed) if groups is None else \
+        group_split(groups, test_fraction, seed, f"{where}: the test set carved out")
     if not len(pool_idx) or not len(test_idx):
         raise ValueError(f"{where}: {len(y)} image(s) leave an empty "
                          f"{'test set' if not len(test_idx) else 'pool'} with test_fraction "

@@ -63,7 +63,9 @@ def parse_methods(losses, references=("bce", "iun"), regime: str = "1p") -> list
 
 
 def accepted_hparams(loss: str) -> set:
-    from ...losses import loss_hparams
+    """The loss's own hyperparameters, the batch regularisers (``reg``) and the asset term's
+    (``asset_alpha``, ...), which every loss takes."""
+    from ...losses import ASSET_HPARAMS, loss_hparams
 
-    return set(loss_hparams(loss)) | {"reg"}
+    return set(loss_hparams(loss)) | {"reg"} | set(ASSET_HPARAMS)
 
