@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from spmlkit.features import load_splits
+from spmlkit.loading import load_splits
 from spmlkit.engine import TrainConfig
 from spmlkit.methods import train_run
 from spmlkit.methods.image_methods import CachedMapViews

@@ -61,7 +61,7 @@ def no_temporary_files(folder):
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A finished run, a finished study, new features to predict."""
-    from spmlkit.data import load_dataset
+    from spmlkit.loading import load_dataset
 
     base = tmp_path_factory.mktemp("writers")
     assert main(["train", "--epochs", "1", "--out", str(base / "runs"), "--quiet"]) == 0
@@ -255,7 +255,7 @@ def test_a_new_run_holds_its_folder_against_a_resume(tmp_path, capsys):
             seen["code"] = main(["train", "--resume", str(folder), "--quiet"])
             seen["err"] = capsys.readouterr().err
 
-    from spmlkit.data import load_splits
+    from spmlkit.loading import load_splits
     from spmlkit.engine import TrainConfig
     from spmlkit.methods import train_run
 
@@ -275,7 +275,7 @@ def test_stacked_runs_hold_their_folders_while_the_stack_trains(tmp_path):
     Each folder is locked until the stack is done."""
     import dataclasses
 
-    from spmlkit.data import load_splits
+    from spmlkit.loading import load_splits
     from spmlkit.engine import TrainConfig
     from spmlkit.methods import get_method, train_runs
     from spmlkit.runs import RunDir

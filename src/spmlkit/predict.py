@@ -288,7 +288,7 @@ def standardized_already(x: np.ndarray, preprocess: dict, where) -> bool:
                   f"{np.median(given[ok]):.3g}; the train rows' raw features: about "
                   f"{np.median(run_std[ok]):.3g}): spml predict standardises raw features "
                   f"with the train rows' statistics, so these would be standardised twice; "
-                  f"give raw feature rows (spmlkit.data.load_dataset(...), not load_splits)",
+                  f"give raw feature rows (spmlkit.loading.load_dataset(...), not load_splits)",
                   stacklevel=3)
     return True
 

@@ -128,7 +128,7 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
     table.md there.
 
     Args:
-        dataset, dataset_options: the data (``spmlkit.data.load_splits``).
+        dataset, dataset_options: the data (``spmlkit.loading.load_splits``).
         losses: method specs, a list or comma-separated (see `parse_methods`).
         references: reference rows added unless listed already (``bce``, ``iun``); left out,
             with a note on stderr, when the data's training labels are observed ones

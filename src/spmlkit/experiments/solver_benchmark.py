@@ -121,7 +121,7 @@ def load_seed_splits(dataset: str, options: dict, regime: str, seed: int):
     """A seed's splits: the observed labels drawn with ``OFFICIAL_DRAW + seed`` (regimes that
     draw; ``given`` keeps the user's), the tabular protocol's split with ``seed``."""
     from ..data import trial_options
-    from ..features import load_splits
+    from ..loading import load_splits
 
     return load_splits(dataset, regime, None if regime == "given" else OFFICIAL_DRAW + seed,
                        **trial_options(options, seed))

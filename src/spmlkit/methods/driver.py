@@ -374,7 +374,7 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
 
     Args:
         method: a registered training method (``spml list methods``) or its entry.
-        splits: the dataset's splits ([`spmlkit.data.load_splits`][spmlkit.data.load_splits]).
+        splits: the dataset's splits ([`spmlkit.loading.load_splits`][spmlkit.loading.load_splits]).
         loss: a registered loss (``spml list losses``).
         hparams: the loss's hyperparameters, over its per-dataset official defaults (default
             None: those defaults).
@@ -760,7 +760,7 @@ def resume_run(run_dir, *, on_epoch=None, device: str | None = None,
         ResumeError: (a ValueError) written by a method that cannot resume, or by another
             spmlkit version.
     """
-    from ..features import load_splits
+    from ..loading import load_splits
 
     run = read_run(run_dir)
     cfg = run.config
@@ -774,7 +774,7 @@ def resume_run(run_dir, *, on_epoch=None, device: str | None = None,
     if device is not None:
         train["device"] = device
     _check_data_files(run.path, cfg.get("data_files"))
-    from ..features import named_cache_dirs
+    from ..loading import named_cache_dirs
 
     from .. import distributed as dist_utils
 

@@ -531,7 +531,7 @@ def _cache_dirs_outside(tasks, out: Path) -> list[Path]:
     """The feature-store folders a spec names (``cache_dir`` in a dataset's options, its
     ``features`` or the mode's options) outside the study folder: a spec received from someone
     else writes there, so a launch says where."""
-    from ...features import named_cache_dirs
+    from ...loading import named_cache_dirs
 
     found = set()
     for t in tasks:
@@ -543,7 +543,7 @@ def _cache_dirs_outside(tasks, out: Path) -> list[Path]:
 def _prepare_features(spec: StudySpec, todo, progress: bool = True) -> None:
     """Image sources on a backbone's features: extract them once here (a progress bar unless
     ``progress`` is False), before the workers all want them."""
-    from ...features import load_dataset
+    from ...loading import load_dataset
 
     wanted = {t.dataset for t in todo}
     for ds in spec.datasets:  # the spec's own options (a data.* vary axis is the runs' business)
