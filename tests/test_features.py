@@ -325,3 +325,9 @@ def test_a_complete_store_that_cannot_be_written_is_read_as_it_is(tmp_path, monk
         again = F.extract_features(paths, "tiny_cnn", cache_dir=cache, num_workers=0,
                                    progress=False)
     np.testing.assert_array_equal(again, first)
+
+
+def test_a_backbone_dataset_name_is_a_slug_too(folder_root):
+    """``name=`` names run folders with or without a backbone: a path is refused on both."""
+    with pytest.raises(ValueError, match="name='../x'.*slug"):
+        load_dataset("folder", root=str(folder_root), name="../x", backbone="tiny_cnn")

@@ -83,8 +83,8 @@ def load_feature_dataset(name: str, /, backbone: str, features: dict | None = No
 
     Raises:
         ValueError: an unknown feature option, ``features`` that is not a mapping, a source
-            that already holds feature vectors, or a bad source option (see
-            `spmlkit.data.check_source_options`).
+            that already holds feature vectors, or a bad source option (as
+            `spmlkit.data.load_source`: ``name=`` that is not a slug too).
     """
     if features is not None and not isinstance(features, dict):
         raise ValueError(f"the features option is a mapping of extraction options (e.g. "
@@ -94,9 +94,8 @@ def load_feature_dataset(name: str, /, backbone: str, features: dict | None = No
     if unknown:
         raise ValueError(f"unknown feature option(s) {unknown}; known: "
                          f"{', '.join(FEATURE_OPTIONS)}")
-    check_source_options(name, source_options)
-    ds = require_images(DATASETS.get(name).factory(**source_options))
-    return feature_dataset(ds, backbone, **features)
+    return feature_dataset(require_images(load_source(name, **source_options)), backbone,
+                           **features)
 
 
 def feature_option_rows() -> list[dict]:
