@@ -71,8 +71,10 @@ import torch
 
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
 from ..safe_load import check_array_file
-from .contract import SPMLLoss, TrainInfo, as_compute, check_k, expected_positive_penalty, \
-    log_1mp, log_p, masks, take_rows
+from .contract import SPMLLoss
+from .inputs import TrainInfo, check_k
+from .logspace import as_compute, expected_positive_penalty, log_1mp, log_p, masks
+from .state import take_rows
 from .registry import register
 from .zhou import _OFFICIAL_ALPHA, binary_entropy
 
