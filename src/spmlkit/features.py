@@ -67,7 +67,7 @@ from .data.image_views import (finish_view, finished_batches, gpu_decodable, ima
                                load_view, raw_item, stack_views)
 from .machine import default_cache_dir, default_workers, loader_worker_init, loader_workers, \
     prefetch_factor
-from .runs import check_own_file, open_own, own_folder, preallocate, write_bytes, write_json
+from .safe_write import check_own_file, open_own, own_folder, preallocate, write_bytes, write_json
 from .safe_load import load_array
 
 FORMAT_VERSION = 1

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..runs import write_json, write_text
+from ..safe_write import write_json, write_text
 from .study import DEFAULT_GRID, MAX_RUNS, REFERENCES, parse_methods
 
 DEFAULT_LOSSES = ("an", "an_ls", "wan", "epr", "role", "pr")

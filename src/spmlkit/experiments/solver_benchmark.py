@@ -146,7 +146,7 @@ def run_solver_benchmark(dataset: str, losses=DEFAULT_SOLVER_LOSSES, seeds: int 
     from ..engine import torch_threads
     from ..losses import create_loss
     from ..methods.contract import resolve_hparams
-    from ..runs import write_json, write_text
+    from ..safe_write import write_json, write_text
     from .benchmark import observed_labels
     from .study import parse_methods
 

@@ -29,7 +29,8 @@ from ..losses import create_loss, loss_hparams
 from ..metrics import METRICS, THRESHOLD_POLICY, map_score, pseudo_label_stats
 from ..metrics_partial import split_evaluate, split_map, split_metrics, split_thresholds
 from ..data.protocol import describe_labels
-from ..runs import BEST_FILE, RunDir, checkpoint_history, read_run, sync_files
+from ..runs import BEST_FILE, RunDir, checkpoint_history, read_run
+from ..safe_write import sync_files
 from .contract import (RunContext, TrainingMethod, check_inputs, check_train_fields,
                        feature_record, get_method,
                        resolve_hparams, resolve_k)
