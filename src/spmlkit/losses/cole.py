@@ -234,7 +234,7 @@ class ROLELoss(_NeedsK):
 
     def stacked_step(self, logits, observed, index):
         """Both sides' soft BCE and EPR terms by hand
-        ([`StackedRuns.stacked_step`][spmlkit.losses.stacking.StackedRuns.stacked_step]): the
+        ([`StackableLoss.stacked_step`][spmlkit.losses.stacking.StackableLoss.stacked_step]): the
         classifier's logits get ``(w p - pos - q) / (2 B L)`` plus half EPR's term of ``p``, the
         estimator's rows ``(w q - pos - p) / (2 B L)`` plus half EPR's term of ``q`` (``w``:
         ``1 + [observed]``, ``pos``: the observed positives), written into
@@ -338,7 +338,7 @@ class PairwiseRankingLoss(SPMLLoss):
 
     def stacked_step(self, logits, observed, index):
         """The hinges and their gradient by hand
-        ([`StackedRuns.stacked_step`][spmlkit.losses.stacking.StackedRuns.stacked_step]): an
+        ([`StackableLoss.stacked_step`][spmlkit.losses.stacking.StackableLoss.stacked_step]): an
         active pair (i, j) (``1 - p_i + p_j > 0``) adds ``-1`` to ``dL/dp_i`` and ``+1`` to
         ``dL/dp_j``, over ``B L``, times ``p (1 - p)`` for the logits (relu's gradient at 0 is
         0, as autograd's)."""

@@ -51,7 +51,7 @@ from .inputs import TrainInfo, check_k, check_observed
 from .logspace import (as_compute, expected_positive_penalty, log_1mp, log_p, masks, soft_bce,
                        weigh_negatives)
 from .own_loop import HOOKS, HookRecorder, carry_state, hooks_driven, observed_validated
-from .stacking import StackedRuns
+from .stacking import StackableLoss
 from .state import resize_state_on_load, take_rows
 
 #: what a loss of your own imports from here: the base classes, what its hooks are given, and
@@ -67,11 +67,11 @@ REDUCTIONS = ("mean", "sum", "none")
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 
 
-class SPMLLoss(StackedRuns, HookRecorder):
+class SPMLLoss(StackableLoss, HookRecorder):
     """Base class: shape checks, float32, the reduction, and no-op engine hooks.
 
     What a loss implements is `entries` (and, if it needs them, the hooks); ``forward`` checks
-    the inputs and reduces. Its bases add what two callers ask of it: `StackedRuns`
+    the inputs and reduces. Its bases add what two callers ask of it: `StackableLoss`
     (`spmlkit.losses.stacking`: the vectorised engine's stacked runs and closed forms) and
     `HookRecorder` (`spmlkit.losses.own_loop`: in a training loop of your own, a loss whose
     values depend on a hook (`required_hooks`) raises ``RuntimeError`` naming the hook it missed

@@ -81,7 +81,7 @@ def weigh_negatives(mat: torch.Tensor, observed: torch.Tensor, neg_weight: float
 def expected_positive_penalty(probs: torch.Tensor, k: float) -> torch.Tensor:
     """EPR: ``((mean_n sum_i p_ni - k) / L) ** 2`` (Cole et al. Eq. 6, the official scaling): the
     count term of a ``closed_form`` loss (``count_penalty``,
-    `spmlkit.losses.stacking.StackedRuns`).
+    `spmlkit.losses.stacking.StackableLoss`).
 
     ``probs`` B x L gives a scalar; R x B x L (stacked runs) one value per run."""
     return ((probs.sum(dim=-1).mean(dim=-1) - k) / probs.shape[-1]) ** 2
@@ -91,7 +91,7 @@ def expected_positive_penalty_grad(probs: torch.Tensor, k, lam):
     """EPR's penalty of R x B x L probabilities (R,) times ``lam`` (``k`` and ``lam`` numbers or
     per-run tensors), and its gradient for the logits: ``2 lam (m - k) / (L^2 B) * p (1 - p)``
     (``m``: the run's mean predicted count); for hand-written stacked gradients
-    (`spmlkit.losses.stacking.StackedRuns.closed_form_step`, ROLE's ``stacked_step``)."""
+    (`spmlkit.losses.stacking.StackableLoss.closed_form_step`, ROLE's ``stacked_step``)."""
     runs, batch, classes = probs.shape
     excess = probs.sum(dim=-1).mean(dim=-1) - k
     coef = excess * (2.0 * lam / (classes * classes * batch))

@@ -15,7 +15,7 @@ methods) keeps ``stackable = False`` and its runs are trained one by one.
 
 Closed form (``closed_form = True``): the loss is a soft BCE, its ``bce_form`` gives the target
 and weight of each entry and its ``count_penalty`` EPR's count term, so one call of
-`StackedRuns.closed_form_step` gives any mix of such runs their values and gradient. A loss
+`StackableLoss.closed_form_step` gives any mix of such runs their values and gradient. A loss
 with a gradient of its own written out by hand sets ``manual_gradient`` and has
 ``stacked_step`` (ROLE, the pairwise losses).
 """
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from .logspace import expected_positive_penalty_grad
 
 
-class StackedRuns:
+class StackableLoss:
     """What the vectorised engine asks of a loss (a base of
     `spmlkit.losses.contract.SPMLLoss`; module docstring). Reads the loss's ``reduction``."""
 
