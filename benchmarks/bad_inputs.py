@@ -99,7 +99,7 @@ class World:
         assert rc == 0, out
         self.study = b / "study"
         sys.path.insert(0, str(self.src))
-        from spmlkit.data import load_dataset
+        from spmlkit.loading import load_dataset
 
         self.x = load_dataset("yeast").test.x[:20].astype(np.float32)
         np.save(b / "new.npy", self.x)

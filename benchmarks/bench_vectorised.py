@@ -139,7 +139,7 @@ def coco(repeats: int, rows: int, runs: int, jobs, device: str, forced: bool):
 
 def _coco_forced(x_path, y_path, lrs, seeds, repeats, device):
     """The engine alone: R runs stacked (whatever the rule says) vs R single runs, 1 epoch."""
-    from spmlkit.data import load_splits
+    from spmlkit.loading import load_splits
     from spmlkit.engine import TrainConfig, fit_linear
     from spmlkit.engine.vectorised import fit_linear_stacked
     from spmlkit.losses import create_loss

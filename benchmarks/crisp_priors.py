@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from spmlkit.data import load_splits
+from spmlkit.loading import load_splits
 from spmlkit.engine import TrainConfig, fit_linear
 from spmlkit.losses import create_loss
 from spmlkit.losses.crisp import estimate_class_priors

@@ -10,7 +10,7 @@ import time
 import torch
 
 from spmlkit import SPMLClassifier
-from spmlkit.data import load_splits
+from spmlkit.loading import load_splits
 
 s = load_splits("yeast")
 print("torch default threads:", torch.get_num_threads(), flush=True)

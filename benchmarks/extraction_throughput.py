@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     if args.source == "jpeg":
         items = natural_jpegs(tmp / "images", args.n)
     else:
-        from spmlkit.features import load_dataset
+        from spmlkit.loading import load_dataset
 
         items = list(load_dataset(args.source).pool.x)[: args.n]
     net = create_backbone(args.backbone)

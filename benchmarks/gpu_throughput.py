@@ -250,7 +250,7 @@ class ThreadCPU:
 
 # ---- the child processes -----------------------------------------------------------------------
 def _splits(args):
-    from spmlkit.data import load_splits
+    from spmlkit.loading import load_splits
 
     return load_splits("coco", "1p", root=args.coco)
 

@@ -28,13 +28,13 @@ from pathlib import Path
 
 import torch
 
-from spmlkit.features import load_splits
+from spmlkit.loading import load_splits
 from spmlkit.engine import TrainConfig
 from spmlkit.methods import train_run
 from spmlkit.methods.image_methods import CachedMapViews
 from spmlkit.methods.lac import ABLATIONS, LACConfig
 from spmlkit.models.backbones import create_backbone
-from spmlkit.runs import write_text
+from spmlkit.safe_write import write_text
 
 ROWS = {"an": "AN", "an_plc": "AN + PLC", "an_plc_lac": "AN + PLC + LAC (two stages)"}
 

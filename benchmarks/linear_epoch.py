@@ -14,7 +14,7 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from spmlkit.data import load_splits
+from spmlkit.loading import load_splits
 from spmlkit.engine import TrainConfig, fit_linear, make_linear_head, make_optimizer
 from spmlkit.losses import TrainInfo, create_loss
 

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from spmlkit.data import load_splits
+from spmlkit.loading import load_splits
 from spmlkit.engine import TrainConfig, fit_linear
 from spmlkit.losses import create_loss, observed_validated
 

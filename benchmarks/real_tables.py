@@ -29,7 +29,7 @@ positive per training row (regime ``1p``; the rest unknown), features are standa
 train rows' statistics. The default grid is whatever ``spml benchmark`` uses for the user's
 tables, so a grid that grows (weight decay) is picked up without a change here.
 
-The scikit-learn rows use the very same rows: ``spmlkit.data.load_splits("tabular", "1p",
+The scikit-learn rows use the very same rows: ``spmlkit.loading.load_splits("tabular", "1p",
 **options)`` gives the standardised train / val / test features, the observed training labels
 (checked equal to ``observed.npy`` of a benchmark run) and the full labels; the reference
 ``spml benchmark`` adds (``spmlkit.experiments.reference.sklearn_reference``: a
@@ -220,7 +220,7 @@ def sklearn_rows(options: dict, run_dirs) -> dict:
     itself adds (`spmlkit.experiments.reference.sklearn_reference`: one LogisticRegression per
     class, its C chosen on val from the same grid): at the default C = 1, with C tuned, and on
     the full training labels with C tuned."""
-    from spmlkit.data import load_splits
+    from spmlkit.loading import load_splits
     from spmlkit.experiments.reference import sklearn_reference
     from spmlkit.runs import OBSERVED_FILE
 

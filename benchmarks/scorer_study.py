@@ -22,7 +22,7 @@ import numpy as np
 import yaml
 
 from spmlkit.cli import main as spml
-from spmlkit.features import load_splits
+from spmlkit.loading import load_splits
 from spmlkit.losses.scorer import simulated_scores
 from spmlkit.metrics import map_score
 

@@ -77,7 +77,7 @@ def sequential_path(x, targets, cs):
 
 
 def main(argv=None) -> int:
-    from spmlkit.data import load_splits
+    from spmlkit.loading import load_splits
     from spmlkit.engine.solve import C_PATH
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -344,7 +344,7 @@ def test_analyses_of_unobserved_positives_refuse_runs_on_observed_labels(tmp_pat
     """On a run trained on observed labels only (regime given) the Wasserstein table printed
     NaN rows and the histograms empty ones, and wrote their figures: the train rows' full
     labels are unknown there. Both say so."""
-    from spmlkit.data import load_splits
+    from spmlkit.loading import load_splits
 
     rng = np.random.default_rng(0)
     x, xt = rng.normal(size=(60, 4)).astype(np.float32), rng.normal(size=(40, 4))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spmlkit.cli import main
-from spmlkit.features import load_splits
+from spmlkit.loading import load_splits
 from spmlkit.engine import TrainConfig
 from spmlkit.losses import create_loss
 from spmlkit.methods import list_methods, resume_run, train_run
@@ -299,7 +299,7 @@ def test_spml_train_boostlu_on_yeast(tmp_path, capsys):
 
 
 def test_vector_run_predicts_raw_features_as_it_scored_them(yeast, tmp_path):
-    from spmlkit.features import load_dataset
+    from spmlkit.loading import load_dataset
     from spmlkit.methods import load_run_model
     from spmlkit.predict import predict_run
 

@@ -535,12 +535,12 @@ def test_bad_input_ends_in_one_clear_line(argv, prog, expect, ws, capsys, tmp_pa
 def test_a_full_disk_is_a_clear_error(argv, prog, where, ws, capsys, monkeypatch):
     """Writing the output fails with ENOSPC (simulated: every atomic write raises it): one line
     naming the file and the reason, exit 2."""
-    from spmlkit import runs
+    from spmlkit import safe_write
 
     def full(path, write, *args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(runs, "_atomic", full)
+    monkeypatch.setattr(safe_write, "write_atomic", full)
     code, err, _ = _run(shlex.split(argv.format(**ws)), capsys)
     assert code == 2 and "Traceback" not in err, err
     (line,) = [line for line in err.splitlines() if line.strip()]

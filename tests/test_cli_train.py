@@ -68,7 +68,7 @@ def test_default_lr_table_names_real_methods_and_losses():
 
 
 def test_python_api_result_carries_the_warnings():
-    from spmlkit.data import load_splits
+    from spmlkit.loading import load_splits
     from spmlkit.engine import TrainConfig
 
     res = train_run("linear", load_splits("yeast"), "an", config=TrainConfig(epochs=2, lr=1e-5))
@@ -194,7 +194,7 @@ def test_a_resume_reads_the_data_it_started_with_from_any_folder(tmp_path, capsy
 
     from _interrupt import ctrl_c_after_epoch
 
-    from spmlkit.data import load_dataset
+    from spmlkit.loading import load_dataset
     from spmlkit.methods import driver
 
     monkeypatch.setattr(driver, "CHECKPOINT_SECONDS", 0.0)
@@ -258,7 +258,7 @@ def test_a_class_without_a_test_positive_is_named_as_left_out_of_the_mean(tmp_pa
     word (the protocol reports the classes left out); the run names it, final.json too."""
     import numpy as np
 
-    from spmlkit.data import load_dataset
+    from spmlkit.loading import load_dataset
 
     ds = load_dataset("yeast")
     yt = ds.test.y.copy()
@@ -310,7 +310,7 @@ def test_a_renamed_dataset_and_a_class_names_file_are_recorded_for_the_resume(tm
     path are absolute and checked."""
     import numpy as np
 
-    from spmlkit.data import load_dataset
+    from spmlkit.loading import load_dataset
 
     ds = load_dataset("yeast")
     data = tmp_path / "data"

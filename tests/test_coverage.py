@@ -184,7 +184,7 @@ def run(tmp_path_factory):
 
 
 def test_spml_predict_coverage_on_a_yeast_run(run, tmp_path, capsys):
-    from spmlkit.data import load_dataset
+    from spmlkit.loading import load_dataset
 
     data = load_dataset("yeast")
     feats = tmp_path / "test.npy"   # raw rows, as new ones come (predict standardises them)

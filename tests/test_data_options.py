@@ -7,10 +7,10 @@ import pytest
 
 from spmlkit.cli import main
 from spmlkit.data import DATASETS
-from spmlkit.features import load_dataset, load_splits
+from spmlkit.loading import load_dataset, load_splits
 from spmlkit.data.options import args_section, describe_options, source_parameters
 from spmlkit.experiments.study import load_study
-from spmlkit.features import feature_option_rows
+from spmlkit.loading import feature_option_rows
 
 SOURCES = DATASETS.names()
 

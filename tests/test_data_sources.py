@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from spmlkit.data import DATASETS, make_splits
-from spmlkit.features import load_dataset, load_splits
+from spmlkit.loading import load_dataset, load_splits
 from spmlkit.data.protocol import cole_split
 from spmlkit.data.rows import Rows
 from spmlkit.data.cole import VOC_CLASSES, load_cole

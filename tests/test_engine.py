@@ -11,7 +11,8 @@ from spmlkit import SPMLClassifier
 from spmlkit.engine import TrainConfig, fit_linear, parse_early_stop
 from spmlkit.labels import make_observed
 from spmlkit.losses import LOSSES, SPMLLoss, create_loss
-from spmlkit.runs import RunDir, write_json
+from spmlkit.runs import RunDir
+from spmlkit.safe_write import write_json
 
 
 def toy(n=120, d=6, classes=4, seed=0):

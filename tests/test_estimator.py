@@ -371,7 +371,7 @@ def yeast():
     each row's single observed positive as a class name (1-D y), and the fully labelled val
     rows."""
     pytest.importorskip("river")
-    from spmlkit.data import load_splits
+    from spmlkit.loading import load_splits
 
     s = load_splits("yeast")
     scale = np.random.default_rng(0).uniform(0.1, 20, size=s.train.x.shape[1])

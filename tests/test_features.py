@@ -10,7 +10,7 @@ from PIL import Image
 
 from spmlkit import features as F
 from spmlkit.cli import main
-from spmlkit.features import load_dataset, load_splits
+from spmlkit.loading import load_dataset, load_splits
 from spmlkit.data.protocol import Dataset, LabelledSet, make_splits
 from spmlkit.data.image_files import open_image
 from spmlkit.data.transforms import eval_transform
@@ -236,12 +236,9 @@ def test_load_dataset_with_backbone_and_cli(folder_root, tmp_path, capsys):
         load_splits("yeast", backbone="tiny_cnn")
     from spmlkit import data
     with pytest.raises(ValueError, match="spmlkit.data does not compute"):
-        data.load_dataset("folder", root=str(folder_root), backbone="tiny_cnn")
-    handed = data.load_splits("folder", root=str(folder_root), backbone="tiny_cnn",
-                              features={"cache_dir": str(cache), "num_workers": 0,
-                                        "progress": False},
-                              feature_loader=F.load_feature_dataset)
-    assert handed.train.x.shape[1] == 32
+        data.load_source("folder", root=str(folder_root), backbone="tiny_cnn")
+    with pytest.raises(AttributeError, match="spmlkit.loading.load_splits"):
+        data.load_splits  # noqa: B018  (moved up: one loader, features included)
 
     assert main(["extract", "--dataset", "folder", "--data", f"root={folder_root}",
                  "--backbone", "tiny_cnn", "--cache-dir", str(cache), "--workers", "0",
@@ -328,3 +325,9 @@ def test_a_complete_store_that_cannot_be_written_is_read_as_it_is(tmp_path, monk
         again = F.extract_features(paths, "tiny_cnn", cache_dir=cache, num_workers=0,
                                    progress=False)
     np.testing.assert_array_equal(again, first)
+
+
+def test_a_backbone_dataset_name_is_a_slug_too(folder_root):
+    """``name=`` names run folders with or without a backbone: a path is refused on both."""
+    with pytest.raises(ValueError, match="name='../x'.*slug"):
+        load_dataset("folder", root=str(folder_root), name="../x", backbone="tiny_cnn")

@@ -21,7 +21,7 @@ def is_png(path):
 # --- runs shared by the CLI tests --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def yeast_run(tmp_path_factory):
-    from spmlkit.features import load_splits
+    from spmlkit.loading import load_splits
     from spmlkit.engine import TrainConfig
     from spmlkit.methods import train_run
 
@@ -35,7 +35,7 @@ def yeast_run(tmp_path_factory):
 def image_runs(tmp_path_factory):
     """A toy CSV image source; a linear run on tiny_cnn's cached features and a 1-epoch
     fine-tuning run of tiny_cnn."""
-    from spmlkit.features import load_splits
+    from spmlkit.loading import load_splits
     from spmlkit.engine import TrainConfig
     from spmlkit.methods import train_run
 

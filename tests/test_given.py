@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spmlkit.features import load_dataset, load_splits
+from spmlkit.loading import load_dataset, load_splits
 from spmlkit.data.protocol import describe_labels
 from spmlkit.labels import REGIMES, make_observed, observed_counts, parse_regime
 from spmlkit.methods import resolve_k, train_run

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from spmlkit.cli import main
-from spmlkit.data import load_splits
+from spmlkit.loading import load_splits
 from spmlkit.data.protocol import group_split, tabular_split
 from spmlkit.engine import TrainConfig, fit_linear
 from spmlkit.engine.vectorised import fit_linear_stacked

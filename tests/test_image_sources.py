@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from spmlkit.data import DATASETS, load_dataset, load_splits, make_splits
+from spmlkit.data import DATASETS, make_splits
+from spmlkit.loading import load_dataset, load_splits
 from spmlkit.data.protocol import cole_split
 from spmlkit.data.cole import COCO_CLASSES, VOC_CLASSES
 from spmlkit.data.coco import load_coco

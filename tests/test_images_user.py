@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from spmlkit.cli import main
-from spmlkit.features import load_splits
+from spmlkit.loading import load_splits
 from spmlkit.data.protocol import describe_labels
 from spmlkit.metrics import f1_micro_macro, hamming_loss
 
@@ -209,7 +209,7 @@ def test_extract_names_a_corrupt_file_and_leaves_no_partial_store(tagged, capsys
 
 # ---- B: empty class folder, the advice the folder source gives -------------------------------
 def test_empty_class_folder_is_a_clear_error(tagged):
-    from spmlkit.features import load_dataset
+    from spmlkit.loading import load_dataset
 
     root, _ = tagged
     (root / "train" / "yellow").mkdir()
@@ -221,7 +221,7 @@ def test_empty_class_folder_is_a_clear_error(tagged):
 
 
 def test_folder_unknown_test_csv_class_gives_advice_the_folder_source_takes(tagged):
-    from spmlkit.features import load_dataset
+    from spmlkit.loading import load_dataset
 
     root, _ = tagged
     (root / "bad.csv").write_text("path,labels\ntest/img000.png,red;yellow\n")

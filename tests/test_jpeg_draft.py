@@ -137,7 +137,7 @@ def test_predict_decodes_new_images_as_the_run_did(tmp_path):
     """A run fine-tuned with ``--jpeg-draft`` scored its val / test images drafted; ``spml
     predict`` decodes new images the same way, so it gives the run's own test probabilities
     (a full decode gives others)."""
-    from spmlkit.features import load_splits
+    from spmlkit.loading import load_splits
     from spmlkit.predict import predict_run
 
     root = tmp_path / "photos"

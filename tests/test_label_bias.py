@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from spmlkit.data import load_splits, make_splits
+from spmlkit.data import make_splits
+from spmlkit.loading import load_splits
 from spmlkit.data.protocol import Dataset, LabelledSet
 from spmlkit.data.fmnist_mosaic import FOREGROUND_LEVEL, mosaic_instances
 from spmlkit.labels import NEGATIVE, POSITIVE, UNOBSERVED, make_observed, parse_regime, \

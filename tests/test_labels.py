@@ -380,7 +380,7 @@ class TestColeSplit:
 
     def test_yeast_load_splits(self):
         pytest.importorskip("river")
-        from spmlkit.data import load_splits
+        from spmlkit.loading import load_splits
 
         s = load_splits("yeast")
         assert (len(s.train), len(s.val), len(s.test)) == (1354, 338, 725)
@@ -477,7 +477,7 @@ def test_val_variant_observed_scores_val_on_the_drawn_labels(tmp_path, capsys):
     of its own refuses it; ``spml train --data val_variant=observed`` selects on them and says
     so."""
     from spmlkit.cli import main
-    from spmlkit.data import load_splits
+    from spmlkit.loading import load_splits
 
     full = load_splits("yeast")
     obs = load_splits("yeast", val_variant="observed")

@@ -387,7 +387,7 @@ def test_registered_and_listed():
 
 # --- end to end -------------------------------------------------------------------------------
 def _yeast_scores(tmp_path, flip=0.05):
-    from spmlkit.data import load_splits
+    from spmlkit.loading import load_splits
 
     y = load_splits("yeast", "1p").train.y
     path = tmp_path / "yeast_scores.npy"
@@ -415,7 +415,7 @@ def test_spml_train_em_pl_with_a_good_scorer_beats_an(tmp_path):
 
 
 def test_python_api_records_the_file_and_checks_its_shape(tmp_path):
-    from spmlkit.data import load_splits
+    from spmlkit.loading import load_splits
     from spmlkit.engine import TrainConfig
     from spmlkit.methods import train_run
     from spmlkit.runs import read_run
@@ -443,7 +443,7 @@ class _Stop(Exception):
 def test_an_interrupted_run_resumes_with_its_pseudo_labels(tmp_path):
     """Stopped after epoch 2 of 4 and resumed (the loss's epoch counters and pseudo-labels come
     back from the checkpoint): the same test mAP as the run that was never interrupted."""
-    from spmlkit.data import load_splits
+    from spmlkit.loading import load_splits
     from spmlkit.engine import TrainConfig
     from spmlkit.methods import resume_run, train_run
 

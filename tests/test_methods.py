@@ -12,7 +12,7 @@ import torch
 
 from _image_toy import toy_splits
 from spmlkit.cli import main
-from spmlkit.data import load_dataset, load_splits
+from spmlkit.loading import load_dataset, load_splits
 from spmlkit.engine import TrainConfig
 from spmlkit.methods import list_methods, load_run_model, resume_run, train_run
 from spmlkit.runs import read_run

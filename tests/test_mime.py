@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from spmlkit.cli import main
-from spmlkit.features import load_splits
+from spmlkit.loading import load_splits
 from spmlkit.engine import TrainConfig
 from spmlkit.methods import check_inputs, get_method, load_run_model, resume_run, train_run
 from spmlkit.methods.mime import (ABLATIONS, MIMEConfig, MIMEModel, MIMEObjective, config_of,

@@ -101,7 +101,7 @@ def _base(mode: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def yeast_splits():
-    from spmlkit.data import load_splits
+    from spmlkit.loading import load_splits
 
     return load_splits("yeast", "1p")
 
@@ -109,8 +109,7 @@ def yeast_splits():
 def _given(argv, monkeypatch, splits) -> dict:
     """What ``spml train argv`` gives a run (its data arguments, resolved config, method
     options, loss, k), the run itself replaced by the checks it starts with; or the error."""
-    import spmlkit.data
-    import spmlkit.features
+    import spmlkit.loading
     import spmlkit.methods
     from spmlkit.accel import current_acceleration
     from spmlkit.cli.train import cmd_train
@@ -130,8 +129,7 @@ def _given(argv, monkeypatch, splits) -> dict:
         seen["acceleration"] = repr(current_acceleration())  # the block the run trains in
         return {}
 
-    monkeypatch.setattr(spmlkit.data, "load_splits", load)
-    monkeypatch.setattr(spmlkit.features, "load_splits", load)  # what spml train calls
+    monkeypatch.setattr(spmlkit.loading, "load_splits", load)  # what spml train calls
     monkeypatch.setattr(spmlkit.methods, "train_run", run)
     monkeypatch.setattr("spmlkit.cli.train._print_result", lambda args, res: 0)
     args = build_parser().parse_args(argv)

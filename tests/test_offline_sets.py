@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from spmlkit.data import DATASETS, load_dataset
+from spmlkit.data import DATASETS
+from spmlkit.loading import load_dataset
 from spmlkit.data import fmnist_mosaic, mdi_icons
 
 

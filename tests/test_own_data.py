@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from spmlkit.cli import main
-from spmlkit.data import load_dataset, load_splits
+from spmlkit.loading import load_dataset, load_splits
 from spmlkit.engine import TrainConfig
 from spmlkit.labels import make_observed
 from spmlkit.losses import LOSSES

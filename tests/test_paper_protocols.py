@@ -3,7 +3,7 @@ stacked runs, Zhou et al.'s early stopping for EM, Cole Fig. 1's axis."""
 import numpy as np
 import pytest
 
-from spmlkit.data import load_splits
+from spmlkit.loading import load_splits
 from spmlkit.experiments.store import StudyStore
 from spmlkit.experiments.study import expand, group_tasks, load_study, run_study
 from spmlkit.labels import k_interval, sample_subsets

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spmlkit.cli import main
-from spmlkit.data import load_dataset, load_splits
+from spmlkit.loading import load_dataset, load_splits
 from spmlkit.labels import make_observed
 from spmlkit.metrics import map_score
 from spmlkit.metrics_partial import is_partial, masked_map, partial_labels
@@ -114,7 +114,7 @@ def test_image_csv_reads_partial_test_labels_with_known_negatives(tmp_path):
     negative, every other class unknown."""
     from PIL import Image
 
-    from spmlkit.data import load_dataset
+    from spmlkit.loading import load_dataset
 
     for i in range(8):
         Image.new("RGB", (8, 8)).save(tmp_path / f"{i}.png")
@@ -130,7 +130,7 @@ def test_image_csv_reads_partial_test_labels_with_known_negatives(tmp_path):
 
 
 def test_arrays_read_partial_test_labels_with_nan_as_unknown(tmp_path):
-    from spmlkit.data import load_dataset
+    from spmlkit.loading import load_dataset
 
     rng = np.random.default_rng(0)
     np.save(tmp_path / "x.npy", rng.normal(size=(20, 3)).astype(np.float32))

@@ -58,7 +58,7 @@ def _csv_rows(text):
 
 
 def test_linear_run_round_trip_csv_and_json(tmp_path, capsys):
-    from spmlkit.features import load_splits
+    from spmlkit.loading import load_splits
 
     assert main(["train", "--dataset", "yeast", "--epochs", "2", "--lr", "1e-2", "--out",
                  str(tmp_path / "runs"), "--quiet"]) == 0
@@ -69,7 +69,7 @@ def test_linear_run_round_trip_csv_and_json(tmp_path, capsys):
     again = select_thresholds(saved["probs_val"], saved["y_val"])
     assert thresholds["global"] == again["global"] and thresholds["per_class"] == \
         again["per_class"]
-    from spmlkit.features import load_dataset
+    from spmlkit.loading import load_dataset
 
     splits = load_splits("yeast")
     feats = tmp_path / "test.npy"
@@ -136,7 +136,7 @@ def test_finetune_run_round_trip_on_images(tmp_path, capsys):
     config = json.loads((run / "config.json").read_text())
     assert config["mode"] == "finetune" and config["train"]["head_lr_mult"] == 10.0
     saved = np.load(run / "predictions.npz")
-    from spmlkit.features import load_splits
+    from spmlkit.loading import load_splits
 
     test_paths = load_splits("csv", path=str(tmp_path / "list.csv")).test.x
     capsys.readouterr()
@@ -154,7 +154,7 @@ def test_finetune_run_round_trip_on_images(tmp_path, capsys):
 def test_linear_run_on_backbone_features_predicts_from_images(tmp_path):
     """A linear run trained with --backbone (cached features of images) rebuilds the backbone
     and predicts from image files as it did from the stored features."""
-    from spmlkit.features import load_splits
+    from spmlkit.loading import load_splits
     from spmlkit.predict import predict_run
 
     names = ["blue", "green", "red"]
@@ -198,7 +198,7 @@ def test_a_score_exactly_on_the_threshold_is_a_label(tmp_path, capsys):
     that row with exactly those classes (a strict ``>`` would label none)."""
     import shutil
 
-    from spmlkit.features import load_dataset
+    from spmlkit.loading import load_dataset
 
     assert main(["train", "--epochs", "1", "--out", str(tmp_path / "runs"), "--quiet"]) == 0
     (run,) = (tmp_path / "runs").iterdir()
@@ -232,7 +232,7 @@ def test_features_standardised_already_are_warned_about(tmp_path, recwarn):
     """The yeast run standardises raw features: its own raw test rows give its test
     probabilities exactly; ``load_splits(...).test.x`` (the model's inputs, standardised) would
     be standardised twice, and predict says so."""
-    from spmlkit.data import load_dataset, load_splits
+    from spmlkit.loading import load_dataset, load_splits
     from spmlkit.predict import predict_run
 
     assert main(["train", "--epochs", "2", "--out", str(tmp_path / "runs"), "--quiet"]) == 0

@@ -225,7 +225,7 @@ def test_a_study_store_that_is_empty_dangling_or_edited(study, tmp_path, capsys)
 def test_nan_weights_are_refused_not_predicted(tmp_path, capsys):
     import torch
 
-    from spmlkit.data import load_dataset
+    from spmlkit.loading import load_dataset
 
     assert main(["train", "--epochs", "1", "--out", str(tmp_path / "runs"), "--quiet"]) == 0
     (run,) = (tmp_path / "runs").iterdir()

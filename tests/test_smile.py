@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from spmlkit.cli import main
-from spmlkit.features import load_splits
+from spmlkit.loading import load_splits
 from spmlkit.engine import TrainConfig, make_optimizer
 from spmlkit.methods import resume_run, train_run
 from spmlkit.methods.smile import (OFFICIAL_HPARAMS, GraphConvolution, SmileMLP,

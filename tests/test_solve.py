@@ -56,7 +56,7 @@ def test_an_equals_sklearn_on_a_random_problem(c):
 
 
 def test_an_equals_sklearn_on_yeast():
-    from spmlkit.data import load_splits
+    from spmlkit.loading import load_splits
 
     sp = load_splits("yeast", "1p")
     c = 10 ** -2.5  # what the yeast reference row selects
@@ -245,7 +245,7 @@ def test_the_scikit_learn_reference_rows_fit_single_threaded():
     import sys
 
     code = ("import threadpoolctl\n"
-            "from spmlkit.data import load_splits\n"
+            "from spmlkit.loading import load_splits\n"
             "from spmlkit.experiments import reference\n"
             "seen = []\n"
             "def spy(grid):\n"

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from spmlkit.data import load_splits
+from spmlkit.loading import load_splits
 from spmlkit.data.protocol import cole_split
 
 pytest.importorskip("iterstrat")

@@ -175,7 +175,7 @@ def test_write_output_never_takes_a_name_twice(tmp_path, monkeypatch):
     import errno
     import threading
 
-    from spmlkit.runs import write_output
+    from spmlkit.safe_write import write_output
 
     target = tmp_path / "out" / "t.txt"
     # ten writers at once on a new name: one wins, nine are refused, no temporary file left

@@ -78,7 +78,7 @@ def run(tmp_path_factory):
 
 
 def test_predict_threshold_rules_on_a_yeast_run(run, tmp_path):
-    from spmlkit.data import load_dataset
+    from spmlkit.loading import load_dataset
 
     folder, _ = run
     feats = tmp_path / "test.npy"  # raw rows, as new ones come (predict standardises them)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spmlkit.cli import main
-from spmlkit.data import load_splits
+from spmlkit.loading import load_splits
 from spmlkit.engine import TrainConfig, fit_linear
 from spmlkit.engine.vectorised import fit_linear_stacked
 from spmlkit.losses import create_loss
@@ -259,7 +259,7 @@ def test_a_studys_sklearn_rows_follow_its_vary_axes_over_the_data(tmp_path, caps
     """A study varying the data (data.subsample) has one scikit-learn fit per value, each in
     its own column; one fit on the entry's options stood under every column (a fit on every
     training row beside methods that saw 20 % of them)."""
-    from spmlkit.data import load_splits
+    from spmlkit.loading import load_splits
     from spmlkit.experiments.reference import sklearn_reference
     from spmlkit.experiments.study import run_study
 

@@ -61,7 +61,7 @@ def no_temporary_files(folder):
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A finished run, a finished study, new features to predict."""
-    from spmlkit.data import load_dataset
+    from spmlkit.loading import load_dataset
 
     base = tmp_path_factory.mktemp("writers")
     assert main(["train", "--epochs", "1", "--out", str(base / "runs"), "--quiet"]) == 0
@@ -255,7 +255,7 @@ def test_a_new_run_holds_its_folder_against_a_resume(tmp_path, capsys):
             seen["code"] = main(["train", "--resume", str(folder), "--quiet"])
             seen["err"] = capsys.readouterr().err
 
-    from spmlkit.data import load_splits
+    from spmlkit.loading import load_splits
     from spmlkit.engine import TrainConfig
     from spmlkit.methods import train_run
 
@@ -275,7 +275,7 @@ def test_stacked_runs_hold_their_folders_while_the_stack_trains(tmp_path):
     Each folder is locked until the stack is done."""
     import dataclasses
 
-    from spmlkit.data import load_splits
+    from spmlkit.loading import load_splits
     from spmlkit.engine import TrainConfig
     from spmlkit.methods import get_method, train_runs
     from spmlkit.runs import RunDir
@@ -422,3 +422,19 @@ def test_a_launch_never_takes_over_a_folder_of_other_files(tmp_path, capsys, com
     assert f"{out}: holds files (results.json, study.yml, table.md) and is not a study " \
         f"folder" in err and err.count("\n") == 1, err
     assert {p.name: p.read_text() for p in out.iterdir()} == mine
+
+
+def test_the_writer_rule_protects_every_file_of_spmlkits_own_folders():
+    """`OWN_FILES` (the ground floor's list, written out as names) holds each file name that
+    the run folder, the study folder and the feature store define for themselves."""
+    from spmlkit import features, runs
+    from spmlkit.experiments import reference
+    from spmlkit.experiments.study import layout
+    from spmlkit.methods import driver, smile
+    from spmlkit.safe_write import OWN_FILES
+
+    named = {v for module in (runs, features, layout) for k, v in vars(module).items()
+             if k.endswith("_FILE") and isinstance(v, str)}
+    named |= {driver.SKIPPED_FILE, smile.ENHANCED_LABELS_FILE, reference.SKLEARN_FILE,
+              f"{layout.RESULTS_FILE}-wal", f"{layout.RESULTS_FILE}-shm"}
+    assert len(named) > 20 and named <= OWN_FILES, sorted(named - OWN_FILES)

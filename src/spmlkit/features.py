@@ -59,7 +59,6 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from . import data
 from .data.protocol import Dataset, LabelledSet, Splits
 from .data.rows import holds_vectors
 from .accel import current_acceleration
@@ -68,7 +67,7 @@ from .data.image_views import (finish_view, finished_batches, gpu_decodable, ima
                                load_view, raw_item, stack_views)
 from .machine import default_cache_dir, default_workers, loader_worker_init, loader_workers, \
     prefetch_factor
-from .runs import check_own_file, open_own, own_folder, preallocate, write_bytes, write_json
+from .safe_write import check_own_file, open_own, own_folder, preallocate, write_bytes, write_json
 from .safe_load import load_array
 
 FORMAT_VERSION = 1
@@ -673,112 +672,3 @@ def require_images(ds: Dataset) -> Dataset:
                          f"({shape[1] if len(shape) > 1 else '?'}-d); a backbone applies to "
                          f"image sources only (spml list datasets)")
     return ds
-
-
-def load_feature_dataset(name: str, /, backbone: str, features: dict | None = None,
-                         **source_options) -> Dataset:
-    """Load the image source ``name`` and replace its items by cached ``backbone`` features.
-
-    This is what `load_dataset` ``(name, backbone=..., features={...})`` does, so a run's
-    ``dataset_options`` (config.json, benchmark workers) name the features it trained on.
-
-    Args:
-        name: a registered image source.
-        backbone: train on this backbone's cached features (``spml list backbones``),
-            extracted first where missing; the same as ``--backbone``.
-        features: extraction settings, a mapping with keys among `FEATURE_OPTIONS`
-            (``dtype``, ``cache_dir``, ``num_workers``, ...; `extract_features`).
-        **source_options: the source's own options.
-
-    Raises:
-        ValueError: an unknown feature option, ``features`` that is not a mapping, a source
-            that already holds feature vectors, or a bad source option (see
-            `spmlkit.data.check_source_options`).
-    """
-    from .data.options import check_source_options
-    from .data.registry import DATASETS
-
-    if features is not None and not isinstance(features, dict):
-        raise ValueError(f"the features option is a mapping of extraction options (e.g. "
-                         f'{{"dtype": "float16"}}), got {features!r}')
-    features = dict(features or {})
-    unknown = sorted(set(features) - set(FEATURE_OPTIONS))
-    if unknown:
-        raise ValueError(f"unknown feature option(s) {unknown}; known: "
-                         f"{', '.join(FEATURE_OPTIONS)}")
-    check_source_options(name, source_options)
-    ds = require_images(DATASETS.get(name).factory(**source_options))
-    return feature_dataset(ds, backbone, **features)
-
-
-def load_dataset(name: str, /, **options) -> Dataset:
-    """`spmlkit.data.load_dataset` handed `load_feature_dataset`: ``backbone=``
-    (and ``features={...}``) turn an image source's paths into cached backbone features.
-
-    Raises:
-        ValueError: as `spmlkit.data.load_dataset` and `load_feature_dataset`.
-    """
-    return data.load_dataset(name, feature_loader=load_feature_dataset, **options)
-
-
-def load_splits(name: str, /, regime: str = "1p", seed: int | None = None,
-                **options) -> Splits:
-    """`spmlkit.data.load_splits` handed `load_feature_dataset`: what a run's
-    ``dataset_options`` describe, cached backbone features included (``backbone=``).
-
-    Raises:
-        ValueError: as `spmlkit.data.load_splits` and `load_feature_dataset`.
-    """
-    return data.load_splits(name, regime, seed, feature_loader=load_feature_dataset, **options)
-
-
-def feature_option_rows() -> list[dict]:
-    """The options an image source takes to train on cached backbone features (``backbone``,
-    ``features``), described from `load_feature_dataset`'s signature and docstring, as
-    rows of `spmlkit.data.options.describe_options` (``spml list datasets --details``)."""
-    import inspect
-
-    from .data.options import FEATURE_KEYS, parameter_rows
-
-    params = dict(inspect.signature(load_feature_dataset).parameters)
-    params["backbone"] = params["backbone"].replace(default=None)  # optional as an option
-    return parameter_rows(params, inspect.getdoc(load_feature_dataset), "features",
-                          FEATURE_KEYS)
-
-
-def feature_options(backbone: str | None, dtype: str | None = None, cache_dir=None,
-                    **extra) -> dict:
-    """Dataset options that make ``load_dataset`` return cached features (``{}`` without a
-    backbone): what ``spml train / benchmark --backbone`` add to ``--data`` (``weights=`` in
-    ``extra``: your own weights file, recorded as an absolute path)."""
-    if not backbone:
-        if extra.get("weights") is not None:
-            raise ValueError(f"--weights {extra['weights']}: weights are for a backbone; give "
-                             f"--backbone NAME too (spml list backbones)")
-        unused = [flag for flag, given in (("--float16", dtype not in (None, "float32")),
-                                           ("--cache-dir", cache_dir is not None)) if given]
-        if unused:
-            raise ValueError(f"{' and '.join(unused)}: for the features a --backbone extracts "
-                             f"and caches; without --backbone the features are the data's own")
-        return {}
-    if extra.get("weights") is not None:
-        extra["weights"] = str(Path(extra["weights"]).resolve())
-    features = {k: v for k, v in {"dtype": dtype, "cache_dir": None if cache_dir is None
-                                  else str(cache_dir), **extra}.items() if v is not None}
-    return {"backbone": backbone, **({"features": features} if features else {})}
-
-
-def named_cache_dirs(dataset_options: dict | None, mode_options: dict | None = None) -> set:
-    """The feature-store folders a run's settings name (``cache_dir`` in the dataset's
-    options, in its ``features`` or in the mode's options), resolved: where a spec or a run
-    folder received from someone else would read and write stores, which a launch and a
-    resume say."""
-    opts = dataset_options or {}
-    features = opts.get("features")  # a backbone's feature options; a table's: its columns
-    found = set()
-    for value in (opts.get("cache_dir"),
-                  features.get("cache_dir") if isinstance(features, dict) else None,
-                  (mode_options or {}).get("cache_dir")):
-        if value:
-            found.add(Path(value).expanduser().resolve())
-    return found

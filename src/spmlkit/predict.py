@@ -34,7 +34,8 @@ import torch
 
 from .data.tabular import table_kind
 from .methods import load_run_model, preprocess_features
-from .runs import PREDICTIONS_FILE, THRESHOLDS_FILE, write_output
+from .runs import PREDICTIONS_FILE, THRESHOLDS_FILE
+from .safe_write import write_output
 
 FEATURE_SUFFIXES = (".npy", ".npz")
 
@@ -288,7 +289,7 @@ def standardized_already(x: np.ndarray, preprocess: dict, where) -> bool:
                   f"{np.median(given[ok]):.3g}; the train rows' raw features: about "
                   f"{np.median(run_std[ok]):.3g}): spml predict standardises raw features "
                   f"with the train rows' statistics, so these would be standardised twice; "
-                  f"give raw feature rows (spmlkit.data.load_dataset(...), not load_splits)",
+                  f"give raw feature rows (spmlkit.loading.load_dataset(...), not load_splits)",
                   stacklevel=3)
     return True
 
@@ -479,7 +480,7 @@ def write_predictions(pred: Predictions, fmt: str = "csv", out=None, run=None, *
                       force: bool = False, protect=()) -> str:
     """The predictions as CSV or JSON text, written atomically to ``out`` when given (never over
     an existing file unless ``force``, never over ``protect`` nor a run's own files:
-    `spmlkit.runs.write_output`)."""
+    `spmlkit.safe_write.write_output`)."""
     if fmt not in ("csv", "json"):
         raise ValueError(f"format must be 'csv' or 'json', got {fmt!r}")
     text = pred.to_csv() if fmt == "csv" else pred.to_json(run)

@@ -1,8 +1,8 @@
 """Run folders: the one writer and the one reader.
 
 A run folder is created once (never overwritten: a taken name gets ``-2``, ``-3``, ...) and
-every file in it is written atomically. Every training method writes the same files through
-`RunDir`:
+every file in it is written atomically (`spmlkit.safe_write`). Every training method writes the
+same files through `RunDir`:
 
 - ``config.json``: the resolved configuration (`RunDir.start`);
 - ``observed.npy``: the observed train labels;
@@ -25,12 +25,9 @@ that writes it: `run_file`); every checkpoint load goes through `load_torch`
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import re
-import stat
-import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -39,6 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from .checkpointing import Checkpointer
+from .safe_write import append_own, check_own_file, json_default, make_folder, open_own, \
+    sync_folder, write_atomic, write_json, write_text
 # the checked readers every run-folder read uses (spmlkit.safe_load), importable from here too
 from .safe_load import check_array_file, load_array, load_arrays, load_torch  # noqa: F401
 
@@ -60,250 +59,6 @@ PREDICTIONS_FILE = "predictions.npz"
 TRAIN_PROBS_FILE = "train_probs.npy"
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_FILE_MODE = 0o666 & ~_umask()  # what open() would give (mkstemp makes 0600 files)
-
-
-def make_folder(path) -> Path:
-    """``mkdir -p path``; a file in the way raises ``NotADirectoryError`` naming that file
-    (``mkdir`` itself says only "File exists")."""
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
-        raise NotADirectoryError(errno.ENOTDIR, "is a file, where a folder is needed",
-                                 str(blocker)) from None
-    return path
-
-
-#: the files of spmlkit's own folders (a run's, a study's, a feature store's): an output never
-#: replaces one of them, even with ``force`` (the folder would be broken)
-OWN_FILES = frozenset({CONFIG_FILE, OBSERVED_FILE, METRICS_FILE, CHECKPOINT_FILE, BEST_FILE,
-                       THRESHOLDS_FILE, FINAL_FILE, FAILED_FILE, PREDICTIONS_FILE,
-                       TRAIN_PROBS_FILE, "skipped_images.json", "enhanced_labels.npy",
-                       "results.sqlite", "results.sqlite-wal", "results.sqlite-shm",
-                       "results.sqlite-journal", "study.yaml", "launches.jsonl",
-                       "sklearn-reference.json", ".lock", "meta.json", "features.npy",
-                       "done.npy", "files.npy"})
-#: a file that marks a folder as spmlkit's own: a run's, a study's, a feature store's
-_OWN_MARKERS = (CONFIG_FILE, "results.sqlite", "meta.json")
-
-
-def _kind(mode: int) -> str:
-    return ("a symbolic link" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode) else
-            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
-            "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else
-            "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-
-
-def _lstat(path: Path):
-    try:
-        return os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-
-
-def check_own_file(path) -> None:
-    """The writer rule for a file inside one of spmlkit's own folders (a run's, a study's, a
-    feature store's): whatever is there must be a regular file (then it is replaced); a link,
-    a device, a FIFO, a folder at that name is refused with an ``OSError`` naming it, never
-    written through or over (a folder someone handed you may hold planted links)."""
-    st = _lstat(Path(path))
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        raise FileExistsError(errno.EEXIST, f"is {_kind(st.st_mode)} where spmlkit keeps its "
-                              f"own file; spmlkit never writes through or over it (was this "
-                              f"folder handed to you? remove it, or start a new folder)",
-                              str(path))
-
-
-def _same_file(a, b) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def check_output(path, *, force: bool = False, protect=()) -> None:
-    """The writer rule for an output the user names (``predict --out``, a report, a figure,
-    an export): a new name is written; an existing regular file only with ``force``; never a
-    link, a device, a FIFO, a folder, a file of spmlkit's own folders (`OWN_FILES` next to
-    a run's ``config.json``, a study's ``results.sqlite``, a store's ``meta.json``) or one of
-    ``protect`` (the command's inputs), ``force`` or not. Raises ``OSError`` naming ``path``."""
-    path = Path(path)
-    st = _lstat(path)
-    if st is None:
-        return
-    if not stat.S_ISREG(st.st_mode):
-        err = IsADirectoryError if stat.S_ISDIR(st.st_mode) else FileExistsError
-        raise err(errno.EEXIST, f"is {_kind(st.st_mode)}, not a regular file: an output is "
-                  f"never written through or over it, even with --force; choose another name",
-                  str(path))
-    if path.name in OWN_FILES and any((path.parent / m).is_file() for m in _OWN_MARKERS):
-        raise FileExistsError(errno.EEXIST, f"is a file of spmlkit's own folder "
-                              f"{path.parent}: an output never replaces it, even with --force; "
-                              f"choose another name", str(path))
-    if any(_same_file(path, other) for other in protect):
-        raise FileExistsError(errno.EEXIST, "is an input of this command: an output never "
-                              "replaces it, even with --force; choose another name", str(path))
-    if not force:
-        raise FileExistsError(errno.EEXIST, "exists; pass --force to replace it, or choose "
-                              "another name", str(path))
-
-
-def _atomic(path: Path, write, durable: bool = True, output: bool = False,
-            force: bool = False, protect=()) -> Path:
-    """Write through ``write(fh)`` into a temporary file next to ``path``, then publish it under
-    ``path``: the one writer of every file spmlkit writes, so the one place of its rule.
-    Without ``output`` the file is one of spmlkit's own (`check_own_file`: a regular file
-    there is replaced, anything else refused); with ``output`` it is an output the user named
-    (`check_output`: never over an existing file unless ``force``; with ``force``
-    still never over a link, a device, a FIFO, a folder, a folder's own files, ``protect``).
-    A new output is published with a hard link, which fails when the name was taken meanwhile.
-    With ``durable`` the file's data is on disk (``fsync``) before it is published; without,
-    the file is still never seen half written (a process killed at any moment leaves the old
-    file or the new one), but a machine crash soon after may lose its content (a run folder's
-    files: `RunDir.finish` syncs the folder before its ``final.json``). An ``OSError``
-    names ``path`` (not the temporary file). Returns ``path``."""
-    if output:
-        check_output(path, force=force, protect=protect)
-    else:
-        check_own_file(path)
-    make_folder(path.parent)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as err:  # e.g. a read-only folder: name the file the caller asked for
-        raise type(err)(err.errno, err.strerror, str(path)) from None
-    try:
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                write(fh)
-                fh.flush()
-                if durable:
-                    os.fsync(fh.fileno())
-        except OSError as err:  # e.g. a full disk: name the file, not the temporary one
-            if err.filename is not None:
-                raise
-            if err.errno is None:  # numpy's short write ("N requested and M written")
-                raise _short_write(err, path) from None
-            raise type(err)(err.errno, err.strerror, str(path)) from None
-        # a replaced file keeps its permissions (a private 0600 file stays private)
-        old = _lstat(path)
-        os.chmod(tmp, stat.S_IMODE(old.st_mode) if old is not None and stat.S_ISREG(old.st_mode)
-                 else _FILE_MODE)
-        if output and not force:
-            _publish_new(tmp, path)
-        else:
-            os.replace(tmp, path)
-        return path
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _short_write(err: OSError, path: Path) -> OSError:
-    """A write that stopped short with no reason given (numpy says only "N requested and M
-    written"): said as a full disk when the disk has no free block left."""
-    try:
-        full = os.statvfs(path.parent).f_bavail == 0
-    except OSError:
-        full = False
-    if full:
-        return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (the file was cut short: "
-                       f"{err})", str(path))
-    return OSError(errno.EIO, f"the file was cut short ({err})", str(path))
-
-
-_NO_HARD_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV)
-
-
-def _publish_new(tmp: str, path: Path) -> None:
-    """Give the finished file ``tmp`` the name ``path``, which must not exist: a hard link fails
-    when the name exists, so two writers never take the same one (where the file system has no
-    hard links: checked, then renamed)."""
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        check_output(path)  # taken meanwhile: raises what the name is
-        raise
-    except OSError as err:
-        if err.errno not in _NO_HARD_LINKS:
-            raise
-        check_output(path)
-        os.replace(tmp, path)
-        return
-    os.unlink(tmp)
-
-
-def open_own(path, flags: int) -> int:
-    """``os.open`` of a file inside spmlkit's own folders (a lock, an appended log), never
-    through a link: ``O_NOFOLLOW``, and what is opened must be a regular file (a FIFO or a
-    device there is refused, not waited on). Returns the descriptor; an ``OSError`` names
-    ``path``."""
-    path = Path(path)
-    try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0),
-                     0o666)
-    except OSError as err:
-        if err.errno in (errno.ELOOP, errno.ENXIO, errno.EMLINK):
-            check_own_file(path)
-        raise type(err)(err.errno, err.strerror, str(path)) from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            check_own_file(path)
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def append_own(path, text: str) -> None:
-    """Append ``text`` to a log file of spmlkit's own folders (``metrics.jsonl``,
-    ``launches.jsonl``), created if missing, never through a link (`open_own`)."""
-    fd = open_own(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    with os.fdopen(fd, "a", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-
-
-def preallocate(fd: int, nbytes: int, name) -> None:
-    """Reserve ``nbytes`` of disk for the file open on ``fd`` before it is memory-mapped
-    (``posix_fallocate``): on a full disk this is an ``OSError`` naming ``name`` and the size,
-    where writing into a map of a sparse file would die by SIGBUS with no message. A file
-    system that cannot reserve (no ``fallocate``) is left as it is."""
-    if not hasattr(os, "posix_fallocate") or nbytes <= 0:
-        return
-    try:
-        os.posix_fallocate(fd, 0, int(nbytes))
-    except OSError as err:
-        if err.errno in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL):
-            return
-        raise type(err)(err.errno, f"{err.strerror} (this file needs "
-                        f"{nbytes / 2**20:.1f} MiB)", str(name)) from None
-
-
-def own_folder(path, create: bool = True) -> Path:
-    """``mkdir -p path`` for a folder spmlkit owns inside a folder the user gave (a study's
-    ``runs``, a run's folder, a feature store, a run's ``figures``): a link at that name is
-    refused (an ``OSError`` naming it), so nothing is written through a link someone planted.
-    ``create=False``: the check only (before work whose output goes there)."""
-    path = Path(path)
-    st = _lstat(path)
-    if st is not None and stat.S_ISLNK(st.st_mode):
-        raise FileExistsError(errno.EEXIST, "is a symbolic link where spmlkit keeps its own "
-                              "folder; spmlkit never writes through it (was this folder "
-                              "handed to you? remove the link)", str(path))
-    return make_folder(path) if create else path
-
-
 def _savez_fast(fh, arrays: dict) -> None:
     """An ``.npz`` as ``np.savez_compressed(fh, **arrays)`` writes it (``np.load`` reads it
     the same), but its floating-point members stored as they are and the others deflated at
@@ -320,81 +75,6 @@ def _savez_fast(fh, arrays: dict) -> None:
                 member.compress_type = zipfile.ZIP_STORED
             with zf.open(member, "w", force_zip64=True) as out:
                 np.lib.format.write_array(out, value, allow_pickle=False)
-
-
-def sync_files() -> None:
-    """Everything written so far on disk (``os.sync``; a no-op where the platform has none):
-    one flush for the many run folders a stacked group finishes, instead of two ``fsync`` s a
-    run (each a journal commit)."""
-    if hasattr(os, "sync"):
-        os.sync()
-
-
-def _sync_folder(path: Path) -> None:
-    """``fsync`` a folder (its entries: names created or renamed in it), where the platform
-    allows opening a folder."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_json(path, obj) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically (a reader never sees half a file)."""
-    data = (json.dumps(obj, indent=2, default=_jsonable) + "\n").encode()
-    _atomic(Path(path), lambda fh: fh.write(data))
-
-
-def write_text(path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically, replacing the file if it exists."""
-    write_bytes(path, text.encode())
-
-
-def write_bytes(path, data: bytes, durable: bool = True) -> None:
-    """Write ``data`` to ``path`` atomically, replacing the file if it exists (a file of
-    spmlkit's own folders: `check_own_file`)."""
-    _atomic(Path(path), lambda fh: fh.write(data), durable=durable)
-
-
-def write_output(path, data, *, force: bool = False, protect=()) -> Path:
-    """Write an output file (a prediction table, a figure, a report, an export) atomically,
-    by the one writer rule (`check_output`).
-
-    Args:
-        path: the file to write. When it exists the write is refused (``FileExistsError``:
-            "exists; pass --force to replace it, or choose another name"); ``force=True``
-            replaces a regular file, never a link, a device, a FIFO, a folder, a file of
-            spmlkit's own folders (a run's ``best.pt``, a study's ``results.sqlite``, ...).
-        data: ``bytes``, ``str`` (written as UTF-8) or a function ``write(fh)`` that writes to
-            a binary file handle (``lambda fh: fig.savefig(fh, format="png")``).
-        protect: files the output must not replace either (the command's inputs).
-
-    Returns:
-        the path written, for the caller to print.
-
-    >>> import tempfile
-    >>> d = Path(tempfile.mkdtemp())
-    >>> write_output(d / "t.csv", "a\\n").name
-    't.csv'
-    >>> write_output(d / "t.csv", "b\\n")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    FileExistsError: [Errno 17] exists; pass --force to replace it, or choose another name: ...
-    >>> write_output(d / "t.csv", "b\\n", force=True).read_text()
-    'b\\n'
-    """
-    if isinstance(data, str):
-        data = data.encode()
-    write = (lambda fh: fh.write(data)) if isinstance(data, (bytes, bytearray)) else data
-    if not callable(write):
-        raise TypeError(f"data must be bytes, str or a function of a file handle, got "
-                        f"{type(data).__name__}")
-    return _atomic(Path(path), write, output=True, force=force, protect=protect)
 
 
 def _epochs_of(lines: list[str]) -> list:
@@ -433,16 +113,6 @@ def _strict_json(record: dict) -> dict:
             for k, v in record.items()}
 
 
-def _jsonable(obj):
-    if isinstance(obj, (np.integer, np.floating)):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"cannot write {type(obj).__name__} as JSON")
-
-
 class RunDir:
     """One run's folder. ``RunDir.create(root, name)`` never reuses an existing folder: if
     ``root/name`` exists it takes ``name-2``, ``name-3``, ... (``os.mkdir`` is atomic).
@@ -477,24 +147,23 @@ class RunDir:
         raise RuntimeError(f"could not find a free run name under {root} for {name!r}")
 
     def write_json(self, name: str, obj, durable: bool = False) -> None:
-        data = (json.dumps(obj, indent=2, default=_jsonable) + "\n").encode()
-        _atomic(self.path / name, lambda fh: fh.write(data), durable=durable)
+        write_json(self.path / name, obj, durable=durable)
 
     def append_jsonl(self, name: str, obj) -> None:
-        append_own(self.path / name, json.dumps(obj, default=_jsonable) + "\n")
+        append_own(self.path / name, json.dumps(obj, default=json_default) + "\n")
 
     def save_array(self, name: str, arr) -> None:
-        _atomic(self.path / name, lambda fh: np.save(fh, np.asarray(arr)), durable=False)
+        write_atomic(self.path / name, lambda fh: np.save(fh, np.asarray(arr)), durable=False)
 
     def save_npz(self, name: str, **arrays) -> None:
         """Several arrays in one ``.npz`` (read back with ``np.load``): labels deflated,
         floating-point arrays stored (`_savez_fast`)."""
-        _atomic(self.path / name, lambda fh: _savez_fast(fh, arrays), durable=False)
+        write_atomic(self.path / name, lambda fh: _savez_fast(fh, arrays), durable=False)
 
     def save_torch(self, name: str, obj, durable: bool = True) -> None:
         import torch
 
-        _atomic(self.path / name, lambda fh: torch.save(obj, fh), durable=durable)
+        write_atomic(self.path / name, lambda fh: torch.save(obj, fh), durable=durable)
 
     @contextlib.contextmanager
     def locked(self):
@@ -563,7 +232,7 @@ class RunDir:
             if _epochs_of(lines[:len(history)]) == [h.get("epoch") for h in history]:
                 kept = "".join(lines[:len(history)])  # as logged, up to the checkpoint's epochs
             else:
-                kept = "".join(json.dumps(_strict_json(h), default=_jsonable) + "\n"
+                kept = "".join(json.dumps(_strict_json(h), default=json_default) + "\n"
                                for h in history)
             write_text(self.path / METRICS_FILE, kept)
         return state
@@ -580,7 +249,7 @@ class RunDir:
             self.write_json(THRESHOLDS_FILE, thresholds)
         self.write_json(FINAL_FILE, result, durable=durable)
         if durable:
-            _sync_folder(self.path)  # the renames, final.json's included
+            sync_folder(self.path)  # the renames, final.json's included
         (self.path / CHECKPOINT_FILE).unlink(missing_ok=True)
 
     def clear_failure(self) -> None:

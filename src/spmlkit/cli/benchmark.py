@@ -112,7 +112,7 @@ def _columns(dataset: str, options: dict) -> None:
     if dataset != "tabular" or "path" not in options:
         return
     from ..data import PROTOCOL_OPTIONS
-    from ..features import load_dataset
+    from ..loading import load_dataset
 
     ds = load_dataset(dataset, **{k: v for k, v in options.items()
                                   if k not in PROTOCOL_OPTIONS})

@@ -329,7 +329,7 @@ def _add_backbone(p: argparse.ArgumentParser, default: str | None = None,
 def _feature_data(args, data: dict | None = None) -> dict:
     """The dataset options of ``--backbone`` / ``--float16`` / ``--cache-dir``, merged with the
     extraction settings given as ``--data features={...}`` (those win)."""
-    from ..features import feature_options
+    from ..loading import feature_options
 
     options = feature_options(getattr(args, "backbone", None), args.feature_dtype, args.cache_dir,
                               weights=getattr(args, "weights", None))

@@ -10,7 +10,7 @@ from .common import _acceleration, _add_acceleration, _add_backbone, _data, _dev
 def cmd_extract(args) -> int:
     import time
 
-    from ..data import load_dataset
+    from ..loading import load_dataset
     from ..features import feature_dataset, require_images
 
     ds = require_images(load_dataset(args.dataset, **_data(args)))

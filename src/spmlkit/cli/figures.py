@@ -12,7 +12,7 @@ MAX_IMAGES = 64
 def _check_out(path, force: bool) -> None:
     """The output name by the writer rule, before anything is computed (a refused name is
     said at once, not after a landscape or a page)."""
-    from ..runs import check_output
+    from ..safe_write import check_output
 
     if path is not None:
         check_output(path, force=force)
@@ -56,7 +56,7 @@ def cmd_figure(args) -> int:
         Path(args.runs[0] if kind == "curves" else args.run)
     name = f"sweep-{args.axis}" if kind == "sweep" else kind
     if args.out is None:  # the folder's own figures folder: never through a planted link
-        from ..runs import own_folder
+        from ..safe_write import own_folder
 
         own_folder(base / fg.FIGURES_DIR, create=False)
     wanted = args.out or base / fg.FIGURES_DIR / f"{name}.png"

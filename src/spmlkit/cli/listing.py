@@ -9,7 +9,7 @@ def cmd_list(args) -> int:
     if args.what == "datasets" and (args.details or args.names):
         from ..data import DATASETS
         from ..data.options import format_options
-        from ..features import feature_option_rows
+        from ..loading import feature_option_rows
 
         names = args.names or DATASETS.names()
         for name in names:
@@ -18,7 +18,7 @@ def cmd_list(args) -> int:
                           for name in names))
         print("\n(give options as --data KEY=VALUE to spml train / benchmark / extract, under "
               "a study's datasets: [{name: ..., options: {...}}], or as keywords to "
-              "spmlkit.data.load_splits)")
+              "spmlkit.loading.load_splits)")
         return 0
     if args.what == "losses":
         from ..losses import LOSSES

@@ -12,7 +12,7 @@ def cmd_predict(args) -> int:
     from pathlib import Path
 
     from ..predict import folder_images, predict_run, write_predictions
-    from ..runs import check_output
+    from ..safe_write import check_output
 
     # the inputs (an input folder's images too) and the run's own files are never an output,
     # --force or not; checked first

@@ -15,7 +15,7 @@ def cmd_train(args) -> int:
     """``spml train``: one run of any registered method (``--mode``), or ``--resume RUN_DIR``."""
     import torch
 
-    from ..features import load_splits
+    from ..loading import load_splits
     from ..engine import TrainConfig
     from ..accel import acceleration
     from ..engine.loop import batch_progress
@@ -199,7 +199,7 @@ def _train_weight_decay(args, method) -> float:
 
 
 #: ``spml train`` flags that are read into the data options (the feature modes' --backbone
-#: features: spmlkit.features.feature_options) or only change what is shown, not method options
+#: features: spmlkit.loading.feature_options) or only change what is shown, not method options
 _NOT_METHOD_OPTIONS = {"progress"}
 _FEATURE_FLAGS = {"backbone", "feature_dtype", "cache_dir", "backbone_options"}
 #: the flag of each method option _flag_options gives

@@ -1,12 +1,15 @@
 """Dataset sources behind one registry, and the protocol that splits them.
 
->>> splits = load_splits("yeast")
+The data floor: a source is loaded by `load_source` with its own options, and `make_splits`
+applies the protocol to it. The one public `load_dataset` / `load_splits` (a source by name,
+a backbone's cached features for an image source, the protocol's options) stand a floor above,
+in `spmlkit.loading`, where the feature floor is within reach.
+
+>>> splits = make_splits(load_source("yeast"), "1p", seed=1200)
 >>> len(splits.train), len(splits.val), len(splits.test)
 (1354, 338, 725)
 """
 from __future__ import annotations
-
-from typing import Callable
 
 # one module per source; importing it registers it (this order is the registry's, which
 # `spml list datasets` and the README's table follow)
@@ -17,29 +20,27 @@ from .options import PROTOCOL_OPTIONS, check_source_options, source_parameters
 from .registry import DATASETS
 from ..runs import SLUG
 
+#: names that moved up to `spmlkit.loading` (where the feature floor is in reach)
+_MOVED = {"load_dataset": "spmlkit.loading.load_dataset",
+          "load_splits": "spmlkit.loading.load_splits"}
 
-def load_dataset(name: str, /, *, feature_loader: Callable[..., Dataset] | None = None,
-                 **options) -> Dataset:
-    """Load the registered source ``name`` (options are the source's own, e.g. ``root=``;
-    ``name=`` among them is the source's, e.g. the name a ``csv`` dataset is given).
 
-    ``backbone=`` (and ``features={...}``) turns an image source's paths into cached backbone
-    features. The data floor does not compute features: it is handed the loader that does,
-    ``feature_loader(name, **options)`` (`spmlkit.features.load_feature_dataset`, which
-    `spmlkit.features.load_dataset` and `spmlkit.features.load_splits` hand it).
+def load_source(name: str, /, **options) -> Dataset:
+    """Load the registered source ``name`` with its own options (e.g. ``root=``; ``name=``
+    among them is the source's, e.g. the name a ``csv`` dataset is given).
+
+    The data floor does not compute features: ``backbone=NAME`` is refused here, and
+    `spmlkit.loading.load_dataset` (which calls this for every other source) does it.
 
     Raises:
         ValueError: an unknown dataset, or options the source does not take (unknown or missing
-            keys, values of the wrong type: `check_source_options`); ``backbone=`` without
-            a ``feature_loader``; the source's own errors for its files.
+            keys, values of the wrong type: `check_source_options`); ``backbone=``; the
+            source's own errors for its files.
     """
     if options.get("backbone") is not None:
-        if feature_loader is None:
-            raise ValueError(f"dataset {name!r}: backbone={options['backbone']!r} asks for "
-                             f"cached backbone features, which spmlkit.data does not compute: "
-                             f"load it with spmlkit.features.load_dataset / load_splits (or "
-                             f"hand feature_loader=spmlkit.features.load_feature_dataset)")
-        return feature_loader(name, **options)
+        raise ValueError(f"dataset {name!r}: backbone={options['backbone']!r} asks for "
+                         f"cached backbone features, which spmlkit.data does not compute: "
+                         f"load it with spmlkit.loading.load_dataset / load_splits")
     params = source_parameters(name)
     if "backbone" in options and "backbone" not in params:
         del options["backbone"]  # backbone=None: the source's own items
@@ -69,37 +70,17 @@ def trial_options(options: dict, seed: int) -> dict:
     return out
 
 
-def load_splits(name: str, /, regime: str = "1p", seed: int | None = None, *,
-                feature_loader: Callable[..., Dataset] | None = None, **options) -> Splits:
-    """Load a source and apply the protocol (observed labels drawn with ``seed``, default 1200).
-
-    Options in `PROTOCOL_OPTIONS` go to `make_splits` (``subsample=0.5`` keeps a
-    seeded half of the train rows; ``class_order=[...]`` for ``1p_biased:semantic``;
-    ``protocol="tabular"``: the tabular SPML protocol, a random 80 / 10 / 10 split of all rows
-    drawn with ``seed``, one trial per seed); the rest
-    to the source (`load_dataset`, with ``feature_loader``). Every source takes them.
-
-    Raises:
-        ValueError: as `load_dataset` (a misspelt option names the closest one, e.g.
-            ``subsampel`` -> ``subsample``), and as `make_splits`.
-    """
-    from ..labels import OFFICIAL_SEED
-
-    check_source_options(name, options, PROTOCOL_OPTIONS)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise ValueError(f"dataset {name!r}: the observed-label seed must be a whole number >= 0, "
-                         f"got {seed!r}")
-    protocol = {key: options.pop(key) for key in PROTOCOL_OPTIONS if key in options}
-    splits = make_splits(load_dataset(name, feature_loader=feature_loader, **options), regime,
-                         OFFICIAL_SEED if seed is None else seed, **protocol)
-    splits.meta["source_name"] = DATASETS.get(name).name  # (splits.name may be a name= option)
-    return splits
-
-
 def list_datasets() -> list[tuple[str, str]]:
     return [(e.name, e.description) for e in DATASETS.entries()]
 
 
+def __getattr__(name: str):
+    if name in _MOVED:
+        raise AttributeError(f"spmlkit.data.{name} is now {_MOVED[name]} (one loader for a "
+                             f"table as for images, with a backbone's cached features)")
+    raise AttributeError(f"module 'spmlkit.data' has no attribute {name!r}")
+
+
 __all__ = ["DATASETS", "PROTOCOL_OPTIONS", "trial_options", "Dataset", "LabelledSet", "Splits",
-           "check_source_options", "cole_split", "list_datasets", "load_dataset", "load_splits",
-           "make_splits", "source_parameters"]
+           "check_source_options", "cole_split", "list_datasets", "load_source", "make_splits",
+           "source_parameters"]

@@ -42,7 +42,7 @@ PROTOCOL_OPTIONS = ("subsample", "subsample_seed", "class_order", "protocol", "v
 DATASETS.reserved.update({key: "a protocol option load_splits takes for every source"
                           for key in PROTOCOL_OPTIONS})
 #: options every image source takes besides its own: its items become a backbone's cached
-#: features (`spmlkit.features.load_feature_dataset`)
+#: features (`spmlkit.loading.load_feature_dataset`)
 FEATURE_KEYS = ("backbone", "features")
 
 #: annotation names -> the Python types a value may have; an annotation with any other name is
@@ -129,7 +129,7 @@ def describe_options(name: str, feature_rows: Sequence[dict] = ()) -> list[dict]
     """Every option the dataset ``name`` takes, from signatures and docstrings: its own
     (the source function's), the protocol's (`PROTOCOL_OPTIONS`, from
     `make_splits`) and, for an image source, ``feature_rows``
-    (`FEATURE_KEYS`, described by `spmlkit.features.feature_option_rows`, which
+    (`FEATURE_KEYS`, described by `spmlkit.loading.feature_option_rows`, which
     sits above this module).
 
     Returns:

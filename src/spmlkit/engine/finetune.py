@@ -467,7 +467,7 @@ def _backbone_features(backbone: nn.Module, items, width: int, config: TrainConf
     folder = default_cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile(prefix="spmlkit-features-", dir=folder) as f:
-        from ..runs import preallocate
+        from ..safe_write import preallocate
 
         preallocate(f.fileno(), 4 * max(n, 1) * width, folder / "spmlkit-features-(temporary)")
         store = np.memmap(f, dtype=np.float32, mode="w+", shape=(max(n, 1), width))[:n]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..runs import write_json, write_text
+from ..safe_write import write_json, write_text
 from .study import DEFAULT_GRID, MAX_RUNS, REFERENCES, parse_methods
 
 DEFAULT_LOSSES = ("an", "an_ls", "wan", "epr", "role", "pr")
@@ -128,7 +128,7 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
     table.md there.
 
     Args:
-        dataset, dataset_options: the data (``spmlkit.data.load_splits``).
+        dataset, dataset_options: the data (``spmlkit.loading.load_splits``).
         losses: method specs, a list or comma-separated (see `parse_methods`).
         references: reference rows added unless listed already (``bce``, ``iun``); left out,
             with a note on stderr, when the data's training labels are observed ones

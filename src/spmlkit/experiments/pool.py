@@ -64,8 +64,8 @@ def init_worker(threads: int = 1) -> None:
 
 
 def cached_splits(dataset: str, regime: str, options: dict | None = None):
-    """``spmlkit.data.load_splits(dataset, regime, **options)``, loaded once per worker."""
-    from ..features import load_splits
+    """``spmlkit.loading.load_splits(dataset, regime, **options)``, loaded once per worker."""
+    from ..loading import load_splits
 
     key = (dataset, regime, json.dumps(options or {}, sort_keys=True, default=str))
     if key in _CACHE:

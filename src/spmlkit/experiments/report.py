@@ -37,7 +37,8 @@ import shlex
 import tempfile
 from pathlib import Path
 
-from ..runs import METRICS_FILE, read_metrics, write_output
+from ..runs import METRICS_FILE, read_metrics
+from ..safe_write import write_output
 from . import figures as fg
 from .reference import reference_rows
 from .study import StudyFolder, failure_groups, open_study
@@ -578,7 +579,7 @@ def write_report(study_dir, out=None, *, force: bool = False) -> Path:
         study_dir: a study folder (``study.yaml``, ``results.sqlite``, ``launches.jsonl``,
             ``runs/<run_id>/metrics.jsonl``), read by `open_study`.
         out: the HTML file to write (default ``<study_dir>/report.html``). An existing file
-            is an error (`spmlkit.runs.write_output`).
+            is an error (`spmlkit.safe_write.write_output`).
         force: replace an existing ``out`` (a regular file; never a link, a device, a FIFO,
             a folder, a run's or study's own file).
 

@@ -121,7 +121,7 @@ def load_seed_splits(dataset: str, options: dict, regime: str, seed: int):
     """A seed's splits: the observed labels drawn with ``OFFICIAL_DRAW + seed`` (regimes that
     draw; ``given`` keeps the user's), the tabular protocol's split with ``seed``."""
     from ..data import trial_options
-    from ..features import load_splits
+    from ..loading import load_splits
 
     return load_splits(dataset, regime, None if regime == "given" else OFFICIAL_DRAW + seed,
                        **trial_options(options, seed))
@@ -146,7 +146,7 @@ def run_solver_benchmark(dataset: str, losses=DEFAULT_SOLVER_LOSSES, seeds: int 
     from ..engine import torch_threads
     from ..losses import create_loss
     from ..methods.contract import resolve_hparams
-    from ..runs import write_json, write_text
+    from ..safe_write import write_json, write_text
     from .benchmark import observed_labels
     from .study import parse_methods
 

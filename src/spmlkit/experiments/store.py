@@ -82,7 +82,7 @@ def _group_key(row: dict) -> tuple:
 
 
 def _check_own_file(path: Path) -> None:
-    """`spmlkit.runs.check_own_file` (a link, a device, a FIFO where the store keeps a
+    """`spmlkit.safe_write.check_own_file` (a link, a device, a FIFO where the store keeps a
     file is refused, never opened through), repeated here: this module imports only the
     standard library (a worker loads it alone)."""
     try:
@@ -152,7 +152,7 @@ class StudyStore:
             file under that name), or (``read_only``) is empty or has no ``runs`` table; the
             message names it.
         FileExistsError: the file (or its ``-wal`` / ``-shm`` / ``-journal`` side file) is a
-            link, a device, a FIFO: never opened through (`spmlkit.runs.check_own_file`).
+            link, a device, a FIFO: never opened through (`spmlkit.safe_write.check_own_file`).
     """
 
     def __init__(self, path, timeout: float = 60.0, *, read_only: bool = False):
@@ -326,7 +326,7 @@ class StudyStore:
     def export(self, path, fmt: str = "csv", selected: bool = False, *,
                force: bool = False) -> Path:
         """Write the stored rows (every row, or `selected`) to ``path`` atomically, by the
-        writer rule (`spmlkit.runs.write_output`: an existing file only with ``force``).
+        writer rule (`spmlkit.safe_write.write_output`: an existing file only with ``force``).
 
         This is the store alone: it knows no spec, so after a study folder was re-run with a
         changed spec it holds the earlier spec's rows too. ``spml study export`` writes through
@@ -334,7 +334,7 @@ class StudyStore:
         never over an existing file). ``fmt``: see `format_rows`. The paper-style table is
         `spmlkit.experiments.tables.study_table`.
         """
-        from ..runs import write_output
+        from ..safe_write import write_output
 
         rows = self.selected() if selected else self.rows()
         return write_output(path, format_rows(rows, fmt), force=force)

@@ -19,8 +19,10 @@ from . import robust  # noqa: F401  (GR, Hill, SPLC)
 from . import scorer  # noqa: F401  (em_pl, gpr: an external scorer's pseudo-labels)
 from . import crisp  # noqa: F401  (CRISP: class-prior estimation)
 from . import pu  # noqa: F401  (vpu: PU-MLC's variational PU loss)
-from .contract import HOOKS, SPMLLoss, TrainInfo, carry_state, check_observed, hooks_driven, \
-    log_1mp, log_p, observed_validated, soft_bce
+from .contract import SPMLLoss
+from .inputs import TrainInfo, check_observed
+from .logspace import log_1mp, log_p, soft_bce
+from .own_loop import HOOKS, carry_state, hooks_driven, observed_validated
 from .registry import LOSSES
 from .asset import ASSET_HPARAMS, AssetRegularized, bind_groups
 from .regularizers import REGULARIZERS, Regularized, parse_regularizers

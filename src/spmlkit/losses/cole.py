@@ -12,8 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
-from .contract import SPMLLoss, TrainInfo, check_k, expected_positive_penalty, \
-    expected_positive_penalty_grad, soft_bce, take_rows
+from .contract import SPMLLoss
+from .inputs import TrainInfo, check_k
+from .logspace import expected_positive_penalty, expected_positive_penalty_grad, soft_bce
+from .state import take_rows
 from .registry import register
 
 COLE = "Cole et al. 2021"
@@ -232,8 +234,8 @@ class ROLELoss(_NeedsK):
 
     def stacked_step(self, logits, observed, index):
         """Both sides' soft BCE and EPR terms by hand
-        ([`SPMLLoss.stacked_step`][spmlkit.losses.contract.SPMLLoss.stacked_step]): the classifier's
-            logits get ``(w p - pos - q) / (2 B L)`` plus half EPR's term of ``p``, the
+        ([`StackableLoss.stacked_step`][spmlkit.losses.stacking.StackableLoss.stacked_step]): the
+        classifier's logits get ``(w p - pos - q) / (2 B L)`` plus half EPR's term of ``p``, the
         estimator's rows ``(w q - pos - p) / (2 B L)`` plus half EPR's term of ``q`` (``w``:
         ``1 + [observed]``, ``pos``: the observed positives), written into
         ``label_logits.grad`` (zeros elsewhere)."""
@@ -336,10 +338,10 @@ class PairwiseRankingLoss(SPMLLoss):
 
     def stacked_step(self, logits, observed, index):
         """The hinges and their gradient by hand
-        ([`SPMLLoss.stacked_step`][spmlkit.losses.contract.SPMLLoss.stacked_step]): an active pair
-            (i, j) (``1 - p_i + p_j > 0``) adds ``-1`` to ``dL/dp_i`` and ``+1`` to ``dL/dp_j``,
-        over ``B L``, times ``p (1 - p)`` for the logits (relu's gradient at 0 is 0, as
-        autograd's)."""
+        ([`StackableLoss.stacked_step`][spmlkit.losses.stacking.StackableLoss.stacked_step]): an
+        active pair (i, j) (``1 - p_i + p_j > 0``) adds ``-1`` to ``dL/dp_i`` and ``+1`` to
+        ``dL/dp_j``, over ``B L``, times ``p (1 - p)`` for the logits (relu's gradient at 0 is
+        0, as autograd's)."""
         runs, batch, classes = logits.shape
         p = torch.sigmoid(logits)
         rows, cols, hinge = self._pairs(p, observed)

@@ -80,7 +80,9 @@ import warnings
 import torch
 
 from ..labels import POSITIVE
-from .contract import SPMLLoss, TrainInfo, soft_bce
+from .contract import SPMLLoss
+from .inputs import TrainInfo
+from .logspace import soft_bce
 from .registry import register
 
 CRISP = "Liu, Xu, Wang, Geng 2025 (CRISP, NeurIPS'25)"

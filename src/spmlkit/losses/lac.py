@@ -55,8 +55,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .contract import as_compute, check_observed
-
+from .inputs import check_observed
+from .logspace import as_compute
 __all__ = ["LACQueue", "lac_loss", "lac_entries", "lac_term", "plc_targets", "plc_loss"]
 
 

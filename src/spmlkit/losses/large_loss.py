@@ -51,7 +51,9 @@ import math
 import torch
 
 from ..labels import POSITIVE, UNOBSERVED
-from .contract import EpochScheduled, TrainInfo, log_p, masks, soft_bce
+from .contract import EpochScheduled
+from .inputs import TrainInfo
+from .logspace import log_p, masks, soft_bce
 from .registry import register
 
 KIM = "Kim et al. 2022 (Large Loss Matters)"

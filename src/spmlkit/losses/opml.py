@@ -30,7 +30,10 @@ import torch.nn.functional as F
 
 from ..labels import POSITIVE, UNOBSERVED
 from ..metrics import per_class_ap
-from .contract import SPMLLoss, TrainInfo, as_compute, take_rows
+from .contract import SPMLLoss
+from .inputs import TrainInfo
+from .logspace import as_compute
+from .state import take_rows
 from .registry import register
 from .regularizers import high_rank_penalty
 

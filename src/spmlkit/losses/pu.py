@@ -46,7 +46,8 @@ import torch
 import torch.nn.functional as F
 
 from ..labels import POSITIVE
-from .contract import SPMLLoss, as_compute
+from .contract import SPMLLoss
+from .logspace import as_compute
 from .registry import register
 
 PU_MLC_REPO = "TAKELAMAG/PU-MLC"

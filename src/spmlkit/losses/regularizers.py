@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from ..registry import Registry
-from .contract import SPMLLoss, as_compute
-
+from .contract import SPMLLoss
+from .logspace import as_compute
 REGULARIZERS = Registry("regulariser")
 
 OPML_PAPER = "Li, Wang, Chen, 'Pushing One Pair of Labels Apart Each Time' (OPML)"

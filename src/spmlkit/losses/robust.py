@@ -22,7 +22,9 @@ from __future__ import annotations
 import torch
 
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
-from .contract import EpochScheduled, SPMLLoss, TrainInfo, as_compute, log_1mp, log_p
+from .contract import EpochScheduled, SPMLLoss
+from .inputs import TrainInfo
+from .logspace import as_compute, log_1mp, log_p
 from .registry import register
 from .zhou import _power
 

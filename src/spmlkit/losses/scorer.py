@@ -21,7 +21,7 @@ The score file
 --------------
 An N x L matrix (``.npy``, ``.npz`` holding one array or an array named ``scores``, or a ``.csv``
 of numbers without a header), row ``i`` scoring train example ``i`` in the order of
-``spmlkit.data.load_splits(dataset, ...).train`` (its ids are ``splits.train.ids``; the train
+``spmlkit.loading.load_splits(dataset, ...).train`` (its ids are ``splits.train.ids``; the train
 rows do not depend on the seed, only the observed labels do). ``score_type`` says what it holds:
 
 - ``"labels"``: pseudo-labels in {1, 0, -1} (1 positive, -1 negative, 0 none), used as they are;
@@ -71,8 +71,10 @@ import torch
 
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
 from ..safe_load import check_array_file
-from .contract import SPMLLoss, TrainInfo, as_compute, check_k, expected_positive_penalty, \
-    log_1mp, log_p, masks, take_rows
+from .contract import SPMLLoss
+from .inputs import TrainInfo, check_k
+from .logspace import as_compute, expected_positive_penalty, log_1mp, log_p, masks
+from .state import take_rows
 from .registry import register
 from .zhou import _OFFICIAL_ALPHA, binary_entropy
 
@@ -366,7 +368,7 @@ class ScorerPseudoLabelLoss(SPMLLoss):
             raise ValueError(f"{self._where} has {self._labels.shape[0]} rows x "
                              f"{self._labels.shape[1]} columns; the train split has {shape[0]} "
                              f"examples x {shape[1]} classes (rows must follow the train split's "
-                             f"order: spmlkit.data.load_splits(...).train)")
+                             f"order: spmlkit.loading.load_splits(...).train)")
         pl = torch.as_tensor(self._labels, device=self.pseudo.device)
         self.pseudo = torch.where(obs.to(pl.device) == UNOBSERVED, pl, torch.zeros_like(pl))
 

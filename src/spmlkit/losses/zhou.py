@@ -48,7 +48,10 @@ import torch
 from torch import nn
 
 from ..labels import UNOBSERVED
-from .contract import SPMLLoss, TrainInfo, as_compute, log_1mp, log_p, masks, soft_bce, take_rows
+from .contract import SPMLLoss
+from .inputs import TrainInfo
+from .logspace import as_compute, log_1mp, log_p, masks, soft_bce
+from .state import take_rows
 from .cole import (AssumeNegativeLoss, AssumeNegativeLSLoss, AsymmetricLSLoss,
                    WeakAssumeNegativeLoss)
 from .registry import register

@@ -29,7 +29,8 @@ from ..losses import bind_groups, create_loss, loss_hparams
 from ..metrics import METRICS, THRESHOLD_POLICY, map_score, pseudo_label_stats
 from ..metrics_partial import split_evaluate, split_map, split_metrics, split_thresholds
 from ..data.protocol import describe_labels
-from ..runs import BEST_FILE, RunDir, checkpoint_history, read_run, sync_files
+from ..runs import BEST_FILE, RunDir, checkpoint_history, read_run
+from ..safe_write import sync_files
 from .contract import (RunContext, TrainingMethod, check_inputs, check_train_fields,
                        feature_record, get_method,
                        resolve_hparams, resolve_k)
@@ -375,7 +376,7 @@ def train_run(method: str | TrainingMethod, splits, loss: str, hparams: dict | N
 
     Args:
         method: a registered training method (``spml list methods``) or its entry.
-        splits: the dataset's splits ([`spmlkit.data.load_splits`][spmlkit.data.load_splits]).
+        splits: the dataset's splits ([`spmlkit.loading.load_splits`][spmlkit.loading.load_splits]).
         loss: a registered loss (``spml list losses``).
         hparams: the loss's hyperparameters, over its per-dataset official defaults (default
             None: those defaults).
@@ -761,7 +762,7 @@ def resume_run(run_dir, *, on_epoch=None, device: str | None = None,
         ResumeError: (a ValueError) written by a method that cannot resume, or by another
             spmlkit version.
     """
-    from ..features import load_splits
+    from ..loading import load_splits
 
     run = read_run(run_dir)
     cfg = run.config
@@ -775,7 +776,7 @@ def resume_run(run_dir, *, on_epoch=None, device: str | None = None,
     if device is not None:
         train["device"] = device
     _check_data_files(run.path, cfg.get("data_files"))
-    from ..features import named_cache_dirs
+    from ..loading import named_cache_dirs
 
     from .. import distributed as dist_utils
 

@@ -81,7 +81,7 @@ class _EpochProbs:
     def __init__(self, folder, epochs: int, shape: tuple):
         import tempfile
 
-        from ..runs import preallocate
+        from ..safe_write import preallocate
 
         shape = (max(int(epochs), 1), *shape)
         with tempfile.TemporaryFile(prefix=".train-probs-", dir=folder) as f:

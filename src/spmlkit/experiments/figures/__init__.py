@@ -3,7 +3,7 @@
 Every ``plot_*`` function takes plain arrays / rows or a result object, draws on matplotlib's Agg
 canvas (`new_figure`, no pyplot), writes PNG, or SVG when the output path ends in ``.svg``,
 atomically and never over an existing file unless ``force=True`` (an existing file is an
-error: `spmlkit.runs.write_output`), and returns the path written. The numbers
+error: `spmlkit.safe_write.write_output`), and returns the path written. The numbers
 behind a figure come from a pure function (``sweep_points``, ``probability_histograms``,
 ``loss_landscape``, ``class_activation_maps``, the analyses of `spmlkit.analysis`) so they
 can be tested and printed. The ``*_from_run`` / ``*_from_study`` loaders read run folders

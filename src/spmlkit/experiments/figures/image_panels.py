@@ -86,7 +86,7 @@ def plot_panel(panel: Panel, out, top: int = 3, ncols: int = 4, *, force: bool =
 def _image_split(run, config, split: str):
     """The image paths and full labels of ``split`` of the run's dataset (reloaded without the
     feature cache), checked against ``predictions.npz``."""
-    from ...features import load_splits
+    from ...loading import load_splits
 
     splits = load_splits(config.get("source", config["dataset"]), config.get("regime", "1p"),
                          **source_options(config))

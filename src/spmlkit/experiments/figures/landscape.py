@@ -208,7 +208,7 @@ def landscape_from_run(run, *, steps: int = 21, span: float = 1.0, seed: int = 0
     """
     import torch
 
-    from ...features import load_splits
+    from ...loading import load_splits
     from ...methods import load_run_model
     from ...runs import read_run
 

@@ -3,7 +3,7 @@
 Figures use matplotlib's object-oriented API on the Agg canvas (no pyplot, no global backend
 switch); matplotlib is imported only when a figure is drawn. `save_figure` writes PNG, or
 SVG for a ``.svg`` path, atomically and never over an existing file unless ``force``
-(`spmlkit.runs.write_output`: an existing ``curves.png`` is an error).
+(`spmlkit.safe_write.write_output`: an existing ``curves.png`` is an error).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...runs import write_output
+from ...safe_write import write_output
 
 FIGURE_SUFFIXES = (".png", ".svg")
 #: the run-folder (or study-folder) subfolder the CLI writes figures into when no ``--out`` is
@@ -44,7 +44,7 @@ def new_canvas(figsize):
 
 def save_figure(fig, out, *, force: bool = False) -> Path:
     """Write ``fig`` to ``out`` (PNG, or SVG for a ``.svg`` path) atomically; returns ``out``;
-    an existing ``out`` is an error unless ``force`` (`spmlkit.runs.write_output`)."""
+    an existing ``out`` is an error unless ``force`` (`spmlkit.safe_write.write_output`)."""
     out = Path(out)
     suffix = out.suffix.lower()
     if suffix not in FIGURE_SUFFIXES:

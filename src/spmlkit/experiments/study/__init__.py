@@ -40,7 +40,7 @@ in brackets (``an [smile]``) unless the label names the mode already
 
 A vary axis applies to the methods it concerns: ``hparams.<name>`` to losses with that
 hyperparameter, ``k`` to losses with a ``k`` (EPR, ROLE), ``regime`` to methods that do not fix
-their regime with ``@``; ``data.<option>`` (passed to `spmlkit.data.load_splits`) to all.
+their regime with ``@``; ``data.<option>`` (passed to `spmlkit.loading.load_splits`) to all.
 ``option.<name>`` to the methods whose mode takes option ``name`` (``option.alpha`` for BoostLU,
 ``option.kl`` for SMILE, ``option.head`` for the linear mode), laid over their ``mode_options``
 and checked by that mode's own option check (``TrainingMethod.check_options``);

@@ -147,10 +147,10 @@ class StudyFolder:
         study run with ``sklearn_reference: true``, as its tables show them; or, with
         ``include_stale``, every stored row) as ``csv`` / ``json`` / ``markdown`` / ``latex``
         (`spmlkit.experiments.store.format_rows`) to ``path``, atomically; an existing
-        file is an error unless ``force`` (`spmlkit.runs.write_output`). Returns the path
+        file is an error unless ``force`` (`spmlkit.safe_write.write_output`). Returns the path
         written.
         """
-        from ...runs import write_output
+        from ...safe_write import write_output
         from ..store import format_rows
 
         if selected and include_stale:

@@ -79,7 +79,7 @@ def _cut(members: list, shapes: dict) -> list:
     chunks of equal size of at most the stack limit. ``shapes`` caches the data's shapes."""
     import numpy as np
 
-    from ...features import load_splits
+    from ...loading import load_splits
     from ...engine import TrainConfig
     from ...engine.vectorised import can_stack, stack_limit
     from ...losses import create_loss

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...runs import append_own, make_folder, own_folder, write_text
+from ...safe_write import append_own, make_folder, own_folder, write_text
 from ..pool import InProcessExecutor, LocalExecutor, default_jobs, run_tasks
 from ..store import StudyStore
 from .expand import RunTask, expand
@@ -46,7 +46,7 @@ def _study_lock(out: Path):
     except ImportError:  # not POSIX: no lock
         yield
         return
-    from ...runs import open_own
+    from ...safe_write import open_own
 
     fh = os.fdopen(open_own(out / ".lock", os.O_RDWR | os.O_CREAT), "r+")
     try:
@@ -219,7 +219,7 @@ def run_study(spec, out=None, jobs: int | None = None, progress: bool = True,
     from ..reference import SKLEARN_FILE
 
     if spec.sklearn_reference:
-        from ...runs import write_json
+        from ...safe_write import write_json
         from ..reference import study_references
 
         write_json(Path(res["out"]) / SKLEARN_FILE, study_references(spec))
@@ -531,7 +531,7 @@ def _cache_dirs_outside(tasks, out: Path) -> list[Path]:
     """The feature-store folders a spec names (``cache_dir`` in a dataset's options, its
     ``features`` or the mode's options) outside the study folder: a spec received from someone
     else writes there, so a launch says where."""
-    from ...features import named_cache_dirs
+    from ...loading import named_cache_dirs
 
     found = set()
     for t in tasks:
@@ -543,7 +543,7 @@ def _cache_dirs_outside(tasks, out: Path) -> list[Path]:
 def _prepare_features(spec: StudySpec, todo, progress: bool = True) -> None:
     """Image sources on a backbone's features: extract them once here (a progress bar unless
     ``progress`` is False), before the workers all want them."""
-    from ...features import load_dataset
+    from ...loading import load_dataset
 
     wanted = {t.dataset for t in todo}
     for ds in spec.datasets:  # the spec's own options (a data.* vary axis is the runs' business)

@@ -163,7 +163,7 @@ def execute(task: dict) -> dict:
     from ...engine import TrainConfig
     from ...methods import ResumeError, train_run
 
-    from ...runs import own_folder
+    from ...safe_write import own_folder
 
     t0 = time.perf_counter()
     folder = Path(task["runs_root"]) / task["run_id"]
