@@ -236,9 +236,9 @@ def test_config_records_the_losses_settings_the_threads_and_the_commit(tmp_path)
     import subprocess
 
     from spmlkit.losses import loss_hparams
-    from spmlkit.methods import driver
+    from spmlkit.methods import provenance
 
-    driver.source_commit.cache_clear()  # (a commit made while the suite ran)
+    provenance.source_commit.cache_clear()  # (a commit made while the suite ran)
     assert main(["train", "--loss", "em_apl", "--epochs", "1", "--threads", "2", "--quiet",
                  "--out", str(tmp_path)]) == 0
     (run,) = tmp_path.iterdir()

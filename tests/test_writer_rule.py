@@ -430,11 +430,11 @@ def test_the_writer_rule_protects_every_file_of_spmlkits_own_folders():
     from spmlkit import features, runs
     from spmlkit.experiments import reference
     from spmlkit.experiments.study import layout
-    from spmlkit.methods import driver, smile
+    from spmlkit.methods import provenance, smile
     from spmlkit.safe_write import OWN_FILES
 
     named = {v for module in (runs, features, layout) for k, v in vars(module).items()
              if k.endswith("_FILE") and isinstance(v, str)}
-    named |= {driver.SKIPPED_FILE, smile.ENHANCED_LABELS_FILE, reference.SKLEARN_FILE,
+    named |= {provenance.SKIPPED_FILE, smile.ENHANCED_LABELS_FILE, reference.SKLEARN_FILE,
               f"{layout.RESULTS_FILE}-wal", f"{layout.RESULTS_FILE}-shm"}
     assert len(named) > 20 and named <= OWN_FILES, sorted(named - OWN_FILES)

@@ -2,6 +2,7 @@
 ``linear_init`` (`fit_linear_init`: the linear phase, then fine-tuning from its head)."""
 from __future__ import annotations
 
+import functools
 import math
 import time
 import warnings
@@ -88,19 +89,11 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
         epoch's weights and ``loss`` the best epoch's state, in every process.
     """
     start = time.perf_counter()
-    if config.weight_decay:  # (it would do nothing here)
-        raise ValueError(f"fit_finetune: TrainConfig.weight_decay ({config.weight_decay:g}) is "
-                         f"the feature heads' coupled L2 (fit_linear); fine-tuning decays with "
-                         f"tuning=FinetuneOptions(weight_decay=...) (decoupled, weights only)")
+    train_items, z, val_items, yv = _checked_inputs(train_items, observed, val_items, y_val,
+                                                    config)
+    has_val = val_items is not None
     ctx = dist_utils.current_context(config.device)
     device = ctx.device
-    train_items = check_items(train_items, "train items")
-    z = torch.as_tensor(validate_observed(observed, "train observed labels"))
-    if z.shape[0] != len(train_items):
-        raise ValueError(f"{len(train_items)} train items but {z.shape[0]} rows of observed "
-                         f"labels")
-    val_items, yv = _checked_val(val_items, y_val, z.shape[1], config.map_convention)
-    has_val = val_items is not None
     n, num_classes = z.shape
     train_t, eval_t, shape = _transforms(model, config, train_transform, eval_transform)
     tuning = tuning or FinetuneOptions()
@@ -121,46 +114,12 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
                                  drop_last=config.drop_last)
     loader = make_loader(ImageItems(train_items, train_t, image_reader, config.seed,
                                     raw=accel.gpu_decode), sampler, config, shape, device)
+    feed = _GlobalBatches(loader, sampler, z, train_t, net, ctx, amp, channels_last,
+                          accel.gpu_decode, tuning, config.epochs)
     predict_train = ItemPredictor(train_items, eval_t, config, shape, device, image_reader, ctx)
     predict_val = ItemPredictor(val_items, eval_t, config, shape, device, image_reader, ctx) \
         if has_val else None
     predicted = accel.compiled(model)  # the eval passes (compiled: one graph of their own)
-
-    per_epoch = len(sampler)
-    live = {}  # the stage's optimiser and its groups' base learning rates
-
-    def finish(batch):
-        inputs, flips, local = batch
-        return finish_view(train_t, inputs, flips, device), local
-
-    def batches(epoch):
-        sampler.set_epoch(epoch)
-        finished = finished_batches(loader, finish, device, ahead=accel.gpu_decode)
-        for i, ((inputs, local), rows) in enumerate(zip(finished,
-                                                        sampler.global_batches(epoch))):
-            if tuning.schedules and "opt" in live:  # from (epoch, batch): the same on resume
-                set_lr(live["opt"], live["base"], tuning.lr_factor(epoch * per_epoch + i,
-                                                                   config.epochs * per_epoch,
-                                                                   per_epoch))
-            # one process: the loader's (pinned) rows are the global batch's
-            rows = (local if ctx.world_size == 1 else rows).to(device, non_blocking=True)
-            yield inputs, z[rows], rows  # observed labels and index of the global batch
-
-    def forward(inputs, obs, idx):
-        logits = run_model(net, inputs, device, amp, channels_last).float()
-        if ctx.world_size > 1:
-            logits = dist_utils.gather_rows(logits, sampler.chunk_sizes(len(idx)))
-        return logits, obs, idx
-
-    def setup():
-        opt = make_optimizer(model, loss, config.lr, config.head_lr_mult)
-        live.update(opt=opt, base=group_lrs(opt))
-        hooks = [WeightDecay(model, opt, tuning.weight_decay)] if tuning.weight_decay else []
-        if amp != torch.float16:
-            return StageParts(opt, hooks=hooks)
-        scaler = LossScaler(list(model.parameters()) + list(loss.parameters()))
-        return StageParts(opt, step=lambda value: scaler.step(value, opt),
-                          state={"scaler": scaler}, hooks=hooks)
 
     def evaluate():
         return val_map(predict_val(predicted), yv, config.map_convention, config.metric)
@@ -173,9 +132,10 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
         if on_epoch is not None and ctx.is_main:
             on_epoch(record, m, lo)
 
+    setup = functools.partial(_stage_parts, model, loss, config, tuning, amp, feed)
     result = train_loop(model, loss, [Stage(config.epochs, setup)],
                         num_examples=sampler.rows_per_epoch,
-                        batches=batches, forward=forward,
+                        batches=feed.batches, forward=feed.forward,
                         evaluators={"model": evaluate} if has_val else None,
                         early_stop=config.early_stop,
                         train_logits=lambda: predict_train(predicted),
@@ -186,6 +146,75 @@ def fit_finetune(model: nn.Module, train_items: Sequence, observed, loss: SPMLLo
                                                           ctx.rank),
                         start=start)
     return model, result
+
+
+def _checked_inputs(train_items, observed, val_items, y_val, config: TrainConfig) -> tuple:
+    """``(train items, observed labels as a tensor, val items, val labels)`` of a fine-tuning
+    run, checked against each other (`_checked_val`: ``(None, None)`` without validation);
+    ``TrainConfig.weight_decay``, which fine-tuning does not use, is refused."""
+    if config.weight_decay:  # (it would do nothing here)
+        raise ValueError(f"fit_finetune: TrainConfig.weight_decay ({config.weight_decay:g}) is "
+                         f"the feature heads' coupled L2 (fit_linear); fine-tuning decays with "
+                         f"tuning=FinetuneOptions(weight_decay=...) (decoupled, weights only)")
+    train_items = check_items(train_items, "train items")
+    z = torch.as_tensor(validate_observed(observed, "train observed labels"))
+    if z.shape[0] != len(train_items):
+        raise ValueError(f"{len(train_items)} train items but {z.shape[0]} rows of observed "
+                         f"labels")
+    return (train_items, z, *_checked_val(val_items, y_val, z.shape[1], config.map_convention))
+
+
+class _GlobalBatches:
+    """A fine-tuning run's batches and forward pass for `train_loop`: each process's share
+    of the global batch (`GlobalBatchSampler`), finished on the device, with the observed
+    labels and index of the whole global batch; the learning rate set from ``(epoch, batch)``
+    before each step when ``tuning`` schedules it (the same on a resume); the logits of every
+    process gathered (differentiably) so the loss sees the global batch."""
+
+    def __init__(self, loader, sampler, z, transform, net, ctx, amp, channels_last: bool,
+                 ahead: bool, tuning: "FinetuneOptions", epochs: int):
+        self.loader, self.sampler, self.z, self.transform = loader, sampler, z, transform
+        self.net, self.ctx, self.amp, self.channels_last = net, ctx, amp, channels_last
+        self.ahead, self.tuning, self.epochs = ahead, tuning, epochs
+        self.opt, self.base = None, None  # the stage's optimiser and its groups' base lrs
+
+    def batches(self, epoch: int):
+        device, per_epoch = self.ctx.device, len(self.sampler)
+        self.sampler.set_epoch(epoch)
+        finished = finished_batches(self.loader, self._finish, device, ahead=self.ahead)
+        for i, ((inputs, local), rows) in enumerate(zip(finished,
+                                                        self.sampler.global_batches(epoch))):
+            if self.tuning.schedules and self.opt is not None:  # from (epoch, batch)
+                set_lr(self.opt, self.base, self.tuning.lr_factor(
+                    epoch * per_epoch + i, self.epochs * per_epoch, per_epoch))
+            # one process: the loader's (pinned) rows are the global batch's
+            rows = (local if self.ctx.world_size == 1 else rows).to(device, non_blocking=True)
+            yield inputs, self.z[rows], rows  # observed labels and index of the global batch
+
+    def _finish(self, batch):
+        inputs, flips, local = batch
+        return finish_view(self.transform, inputs, flips, self.ctx.device), local
+
+    def forward(self, inputs, obs, idx):
+        logits = run_model(self.net, inputs, self.ctx.device, self.amp,
+                           self.channels_last).float()
+        if self.ctx.world_size > 1:
+            logits = dist_utils.gather_rows(logits, self.sampler.chunk_sizes(len(idx)))
+        return logits, obs, idx
+
+
+def _stage_parts(model, loss, config: TrainConfig, tuning: "FinetuneOptions", amp,
+                 feed: _GlobalBatches) -> StageParts:
+    """The fine-tuning stage's optimiser (its learning rates handed to ``feed``'s schedule),
+    decoupled weight decay when ``tuning`` asks for it, and an fp16 loss scaler."""
+    opt = make_optimizer(model, loss, config.lr, config.head_lr_mult)
+    feed.opt, feed.base = opt, group_lrs(opt)
+    hooks = [WeightDecay(model, opt, tuning.weight_decay)] if tuning.weight_decay else []
+    if amp != torch.float16:
+        return StageParts(opt, hooks=hooks)
+    scaler = LossScaler(list(model.parameters()) + list(loss.parameters()))
+    return StageParts(opt, step=lambda value: scaler.step(value, opt),
+                      state={"scaler": scaler}, hooks=hooks)
 
 
 def _checked_val(val_items, y_val, classes: int, convention: str) -> tuple:

@@ -7,38 +7,32 @@ logs every epoch, hands the method a checkpoint writer and, for ``resume``, the 
 scores the best epoch's predictions the same way for every method and finishes the folder.
 `train_runs` trains several runs of one method at once where the method can (the linear
 mode's stacked runs); `resume_run` continues an interrupted run folder with its own
-settings; [`load_run_model`][spmlkit.methods.driver.load_run_model] rebuilds a finished run's model.
+settings (what the folder records, and what a resume checks: `spmlkit.methods.provenance`);
+[`load_run_model`][spmlkit.methods.saved.load_run_model] rebuilds a finished run's model.
 """
 from __future__ import annotations
 
 import contextlib
-import functools
-import os
-import platform
 import sys
 import time
 from pathlib import Path
-from dataclasses import asdict
 
 import numpy as np
 import torch
 
-from ..accel import acceleration, current_acceleration
+from ..accel import acceleration
 from ..engine import TrainConfig
-from ..losses import bind_groups, create_loss, loss_hparams
+from ..losses import bind_groups, create_loss
 from ..metrics import METRICS, THRESHOLD_POLICY, map_score, pseudo_label_stats
 from ..metrics_partial import split_evaluate, split_map, split_metrics, split_thresholds
 from ..data.protocol import describe_labels
-from ..runs import BEST_FILE, RunDir, checkpoint_history, read_run
+from ..runs import RunDir, checkpoint_history, read_run
 from ..safe_write import sync_files
 from .contract import (RunContext, TrainingMethod, check_inputs, check_train_fields,
-                       feature_record, get_method,
-                       resolve_hparams, resolve_k)
+                       get_method, resolve_hparams, resolve_k)
+from .provenance import SKIPPED_FILE, ResumeError, check_data_files, check_resume, fresh_config, \
+    run_decoder, skipped_images
 
-
-
-#: the run folder's record of the images the source dropped (skip_missing / skip_corrupt)
-SKIPPED_FILE = "skipped_images.json"
 
 #: runs of a method whose epochs take longer than this write a resumable checkpoint
 CHECKPOINT_SECONDS = 10.0
@@ -92,48 +86,6 @@ def baseline_warning(method: "TrainingMethod", config, options: dict, test_map: 
             f"learned. Likely cause: {cause}")
 
 
-def versions() -> dict:
-    """The versions a run was made with (``config.json``, study launches)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from .. import __version__
-
-    try:  # the installed version, without importing scikit-learn (seconds: scipy)
-        sklearn_version = version("scikit-learn")
-    except PackageNotFoundError:
-        sklearn_version = None
-    out = {"spmlkit": __version__, "torch": torch.__version__, "numpy": np.__version__,
-           "scikit-learn": sklearn_version, "python": platform.python_version()}
-    commit = source_commit()
-    if commit is not None:
-        out["spmlkit_commit"] = commit
-    return out
-
-
-@functools.lru_cache(maxsize=1)
-def source_commit() -> str | None:
-    """The git commit of the spmlkit source a checkout runs (``+dirty`` with uncommitted
-    changes to tracked files): one version number covers many commits between releases.
-    None for an installed wheel, or without git."""
-    import subprocess
-
-    root = Path(__file__).resolve().parents[3]
-    if not (root / ".git").exists() or not (root / "src" / "spmlkit").is_dir():
-        return None
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
-                                "--untracked-files=no", "--", "src"], capture_output=True,
-                               text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if head.returncode != 0:
-        return None
-    return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip()
-                                  else "")
-
-
 def pseudo_label_record(loss_module, y_train) -> dict:
     """``{"pl_count", "pl_precision"}`` of a loss that pseudo-labels, else ``{}``.
 
@@ -154,44 +106,6 @@ def pseudo_label_record(loss_module, y_train) -> dict:
     return {"pl_count": count, "pl_precision": precision}
 
 
-def skipped_images(splits) -> dict | None:
-    """The images a source dropped (``skip_missing`` / ``skip_corrupt``), per part, as the run
-    folder's ``skipped_images.json`` records them; None when it dropped none."""
-    skipped = (splits.meta or {}).get("skipped")
-    if not isinstance(skipped, dict):
-        return None
-    parts = {part: {"missing": info.get("missing_files", []),
-                    "corrupt": info.get("corrupt_files", [])}
-             for part, info in skipped.items() if isinstance(info, dict) and
-             (info.get("missing") or info.get("corrupt"))}
-    if not parts:
-        return None
-    return {"skipped": sum(len(v["missing"]) + len(v["corrupt"]) for v in parts.values()),
-            "parts": parts}
-
-
-def _plain_options(options: dict) -> dict:
-    """The options as ``config.json`` records them: a module or a function given in Python
-    (a backbone module, an image reader) by its name."""
-    def plain(value):
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        if value is None or isinstance(value, (str, int, float, bool)):
-            return value
-        if hasattr(value, "__dataclass_fields__"):
-            return plain(asdict(value))
-        return f"<{getattr(value, 'name', None) or type(value).__name__}>"
-    return plain(options)
-
-
-#: config.json entries a resume must find unchanged (besides the method's own: run_config)
-RESUME_KEYS = ("dataset", "regime", "mode", "loss", "hparams", "k", "sizes")
-#: TrainConfig fields a resume may change (where and how fast, not what)
-RESUME_FREE = ("device", "num_workers", "eval_batch_size")
-
-
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C during a run that writes a folder: ``run_dir`` keeps the epochs its last
     checkpoint holds, and ``spml train --resume run_dir`` continues it."""
@@ -210,124 +124,6 @@ def _interrupted(err: BaseException, run, is_main: bool) -> BaseException:
         return err if isinstance(err, RunInterrupted) else RunInterrupted(run.path)
     run.fail(err)
     return err
-
-
-class ResumeError(ValueError):
-    """A run folder cannot be continued (other settings, an unreadable checkpoint, written by an
-    older spmlkit): the run has to be trained again from its first epoch."""
-
-
-def _check_resume(path, stored: dict, fresh: dict) -> None:
-    """A resume continues the same run: the settings it is given must be the folder's."""
-    import json
-
-    fresh = json.loads(json.dumps(fresh, default=str))
-    keys = [k for k in fresh if k in RESUME_KEYS or k not in (
-        "dataset_options", "train", "options", "class_names", "versions", "processes",
-        "labels", "acceleration", "data_files", "loss_settings", "threads", "source",
-        "linear_train")]
-    differ = [k for k in keys if stored.get(k) != fresh.get(k)]
-    # a folder written before TrainConfig had ``metric`` / ``weight_decay`` selected on mAP,
-    # without weight decay
-    strip = (lambda t: {"metric": "map", "weight_decay": 0.0, **{k: v for k, v in (t or {}).items()
-                                             if k not in RESUME_FREE}})
-    for part in ("train", "linear_train"):  # (linear_init's linear phase: its own TrainConfig)
-        if (stored.get(part) is None) != (fresh.get(part) is None) or \
-                strip(stored.get(part)) != strip(fresh.get(part)):
-            differ.append(part)
-    if differ:
-        detail = "; ".join(f"{k}: run folder {stored.get(k)!r} vs now {fresh.get(k)!r}"
-                           for k in differ[:3])
-        raise ResumeError(f"cannot resume {path}: the run was started with other settings "
-                         f"({detail}); resume with the same arguments (spml train --resume "
-                         f"RUN_DIR reads them from config.json)")
-
-
-#: keys of a dataset's nested option dicts that name files or folders (the feature cache's)
-NESTED_PATHS = ("cache_dir", "weights")
-
-
-def absolute_paths(dataset: str, options: dict) -> dict:
-    """``options`` of the source ``dataset`` with each path option (a parameter of the source
-    that takes a path; `NESTED_PATHS` in a nested dict) that names an existing file or folder
-    relative to the current folder made absolute: a run folder's config.json then names its
-    data wherever the resume is started."""
-    from ..data.options import path_options
-
-    paths = path_options(dataset) | {"class_names"}  # (class names: a list, or a file)
-
-    def fix(value):
-        if isinstance(value, (str, os.PathLike)) and str(value) and \
-                not Path(value).is_absolute() and Path(value).exists():
-            return str(Path(value).resolve())
-        return value
-    return {k: {kk: fix(vv) if kk in NESTED_PATHS else vv for kk, vv in v.items()}
-            if isinstance(v, dict) else fix(v) if k in paths else v
-            for k, v in dict(options or {}).items()}
-
-
-def data_files(options: dict) -> dict:
-    """``{option: {"path", "size", "mtime_ns"}}`` of the options (nested ones as ``a.b``) that
-    name an existing file: what a resume checks is unchanged."""
-    out = {}
-
-    def walk(prefix, value):
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(f"{prefix}{k}.", v)
-        elif isinstance(value, str) and Path(value).is_absolute():
-            try:
-                st = Path(value).stat()
-            except OSError:
-                return
-            if Path(value).is_file():
-                out[prefix[:-1]] = {"path": value, "size": st.st_size,
-                                    "mtime_ns": st.st_mtime_ns}
-    walk("", options or {})
-    return out
-
-
-def _check_data_files(path, recorded: dict) -> None:
-    """A resume reads the data its run started with: a recorded data file that changed (size
-    or modification time) or went missing is a `ResumeError`."""
-    for option, was in (recorded or {}).items():
-        try:
-            st = Path(was["path"]).stat()
-        except OSError:
-            raise ResumeError(f"cannot resume {path}: its data file {was['path']} (option "
-                              f"{option}) is gone; restore it, or train a new run") from None
-        if (st.st_size, st.st_mtime_ns) != (was["size"], was["mtime_ns"]):
-            raise ResumeError(f"cannot resume {path}: its data file {was['path']} (option "
-                              f"{option}) changed since the run started (size {was['size']} -> "
-                              f"{st.st_size} bytes, modified since); the resumed epochs would "
-                              f"train on other data than the first ones: restore the file, or "
-                              f"train a new run")
-
-
-def _fresh_config(method: TrainingMethod, ctx: RunContext, dataset_options) -> dict:
-    splits, config = ctx.splits, ctx.config
-    source = (splits.meta or {}).get("source_name", splits.name)  # the registered name
-    dataset_options = absolute_paths(source, dataset_options)
-    out = {"dataset": splits.name, "dataset_options": dataset_options,
-           **({"source": source} if source != splits.name else {}),
-           "data_files": data_files(dataset_options),
-           "regime": splits.regime, "mode": method.name, "loss": ctx.loss_name,
-           "hparams": ctx.hparams, "k": ctx.k, "train": asdict(config),
-           "options": _plain_options(ctx.options), "sizes": {s: len(getattr(splits, s))
-                                              for s in ("train", "val", "test")},
-           "class_names": list(splits.class_names), "labels": describe_labels(splits),
-           "features": feature_record(splits), "versions": versions(),
-           # what the loss trained with (its defaults too: "hparams" is what was given, and
-           # a default may change between versions), and torch's CPU threads (a run's bits
-           # depend on them in image modes)
-           "loss_settings": _plain_options({**loss_hparams(ctx.loss_name), **ctx.hparams}),
-           "threads": torch.get_num_threads()}
-    if method.run_config is not None:
-        out.update(method.run_config(ctx))
-    accel = current_acceleration()
-    if accel.any:  # opt-in speed-ups that change bits: recorded, though a resume may drop them
-        out["acceleration"] = accel.flags()
-    return out
 
 
 def default_run_name(method: TrainingMethod, splits, loss: str, config: TrainConfig) -> str:
@@ -466,12 +262,12 @@ def _train_run(method, splits, loss, hparams, loss_fn, config, k, options, datas
     ctx = RunContext(method, splits, loss, hparams, loss_fn, k, config, options, log_epoch,
                      saver, state, is_main, run.path if run is not None else None)
     if run is not None and resume is None:
-        run.start(_fresh_config(method, ctx, dataset_options), splits.observed)
+        run.start(fresh_config(method, ctx, dataset_options), splits.observed)
         dropped = skipped_images(splits)
         if dropped is not None:
             run.write_json(SKIPPED_FILE, dropped)
     elif run is not None:
-        _check_resume(run.path, done.config, _fresh_config(method, ctx, dataset_options))
+        check_resume(run.path, done.config, fresh_config(method, ctx, dataset_options))
         if done.final is not None:  # finished: its result
             return {**done.final, "run_dir": str(run.path)}
         if is_main:
@@ -716,7 +512,7 @@ def _train_stack(method, splits_l, loss_l, hparams_l, k_l, configs, names, out,
             ctx = RunContext(method, sp, ls, hp, loss_fn, run_k, config, options,
                              log_epoch, None, None, True, run.path if run is not None else None)
             if run is not None:
-                run.start(_fresh_config(method, ctx, dataset_options), sp.observed)
+                run.start(fresh_config(method, ctx, dataset_options), sp.observed)
         except Exception as err:  # noqa: BLE001 (this run fails; the others train)
             if run is not None:
                 run.fail(err)
@@ -775,7 +571,7 @@ def resume_run(run_dir, *, on_epoch=None, device: str | None = None,
     train = dict(cfg["train"])
     if device is not None:
         train["device"] = device
-    _check_data_files(run.path, cfg.get("data_files"))
+    check_data_files(run.path, cfg.get("data_files"))
     from ..loading import named_cache_dirs
 
     from .. import distributed as dist_utils
@@ -792,106 +588,9 @@ def resume_run(run_dir, *, on_epoch=None, device: str | None = None,
     if splits is None:
         splits = load_splits(cfg.get("source", cfg["dataset"]), cfg["regime"],
                              **(cfg.get("dataset_options") or {}))
-    with acceleration(_run_decoder(run.path, cfg, train.get("device"))):
+    with acceleration(run_decoder(run.path, cfg, train.get("device"))):
         return train_run(method, splits, cfg["loss"], cfg["hparams"], TrainConfig(**train),
                          k=cfg["k"], dataset_options=cfg.get("dataset_options"),
                          resume=run.path, on_epoch=on_epoch,
                          checkpoint_seconds=checkpoint_seconds,
                          **{**cfg["options"], **overrides})
-
-
-#: the speed-ups that decide an image's pixels (`spmlkit.accel.Acceleration` fields)
-DECODE_FLAGS = {"--jpeg-draft": "jpeg_draft", "--gpu-decode": "gpu_decode"}
-
-
-def _run_decoder(path, cfg: dict, device=None):
-    """The acceleration a resume runs under: the caller's, with the decoder the run started
-    with (config.json's ``acceleration``): its remaining epochs see the pixels its first ones
-    did, and `spmlkit.predict` (which decodes as config.json says) still reproduces its test
-    probabilities. A decoder other than the run's is refused (a `ResumeError`). A
-    ``--gpu-decode`` run resumed off CUDA decodes with PIL, with a warning (nvJPEG needs the
-    GPU; its pixels are a few levels off PIL's)."""
-    import dataclasses
-    import warnings
-
-    recorded = set(cfg.get("acceleration") or [])
-    accel = current_acceleration()
-    wanted = {field: flag in recorded for flag, field in DECODE_FLAGS.items()}
-    given = [flag for flag, field in DECODE_FLAGS.items() if getattr(accel, field) and
-             not wanted[field]]
-    if given:
-        raise ResumeError(f"cannot resume {path} with {given[0]}: the run decoded its images "
-                          f"without it (config.json); resume without it (a resume keeps the "
-                          f"run's decoder)")
-    if wanted["gpu_decode"] and not str(device or "").startswith("cuda"):
-        warnings.warn(f"{path} was trained with --gpu-decode (nvJPEG); resumed on {device}, "
-                      f"its remaining epochs decode with PIL (pixels a few levels off)",
-                      stacklevel=3)
-        wanted["gpu_decode"] = False
-    return dataclasses.replace(accel, **wanted)
-
-
-def _head_outputs(model, info: dict) -> int | None:
-    """How many outputs ``model`` gives: one forward pass of a zero row for a head on feature
-    vectors, the head's weight rows for an image model with a linear ``head``; None when it
-    cannot be told cheaply."""
-    width = info.get("in_features")
-    if info.get("inputs") == "features" and isinstance(width, int) and width > 0:
-        try:
-            with torch.no_grad():
-                return int(model.eval()(torch.zeros(1, width)).shape[-1])
-        except (RuntimeError, ValueError, TypeError):
-            return None
-    weight = getattr(getattr(model, "head", None), "weight", None)
-    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.ndim == 2 \
-        else None
-
-
-def _short(value, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def load_run_model(run, device: str = "cpu") -> tuple[torch.nn.Module, dict]:
-    """The best model of a finished run folder, in eval mode, and what is needed to feed it.
-
-    Returns ``(model, info)``: ``model`` maps inputs to logits; ``info["inputs"]`` says which
-    inputs: ``"features"`` (a linear head on feature vectors: apply ``info["preprocess"]``
-    first, see `preprocess_features`) or ``"images"`` (3 x S x S tensors normalised with
-    ``info["mean"]`` / ``info["std"]`` at side ``info["image_size"]``). ``info`` also holds
-    ``mode``, ``class_names``, ``num_classes``, ``config`` (config.json) and ``checkpoint``
-    (best.pt without the weights). Checkpoints load with ``weights_only=True``.
-    """
-    run = read_run(run)
-    best = run.best()
-    where = run.path / BEST_FILE
-    names, count = best.get("class_names"), best.get("num_classes")
-    if not isinstance(names, (list, tuple)) or not all(isinstance(n, (str, int)) for n in names) \
-            or not isinstance(count, int) or len(names) != count:
-        raise ValueError(f"{where}: its class_names ({_short(names)}) are not a list of "
-                         f"{count!r} names (num_classes): the file is damaged or was edited; "
-                         f"train the run again")
-    mode = best.get("mode", run.config.get("mode", "linear"))
-    try:
-        model, info = get_method(str(mode)).load_model(best, run.config)
-    except (KeyError, TypeError, AttributeError, IndexError) as err:
-        raise ValueError(f"{where}: not a checkpoint this spmlkit can read ({type(err).__name__}: "
-                         f"{str(err)[:200]}); the file is damaged or was edited, or was written "
-                         f"by another version: train the run again") from None
-    outputs = _head_outputs(model, info)
-    if outputs is not None and outputs != count:
-        raise ValueError(f"{where}: the model has {outputs} outputs but num_classes is "
-                         f"{count}: the file is damaged or was edited; train the run again")
-    bad = [name for name, t in model.state_dict().items()
-           if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-    if bad:  # its predictions would be NaN, every one
-        raise ValueError(f"{run.path / 'best.pt'}: the model's weights hold NaN or inf "
-                         f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); the file is "
-                         f"damaged or was edited: train the run again")
-    info = {"mode": mode, "class_names": list(best["class_names"]),
-            "num_classes": int(best["num_classes"]), "config": run.config,
-            "checkpoint": {k: v for k, v in best.items() if k != "model"},
-            "preprocess": best.get("preprocess") or {},
-            "feature_columns": best.get("feature_columns"), "id_column": best.get("id_column"),
-            **info}
-    return model.to(device).eval(), info
