@@ -520,7 +520,7 @@ hparams: {EM (alpha 0.1): {alpha: 0.1}}
 
 # ---- metrics ------------------------------------------------------------------------------------
 def gen_metrics() -> str:
-    from spmlkit.metrics import METRIC_SETTINGS, METRICS, THRESHOLD_POLICY
+    from spmlkit.metrics import METRIC_SETTINGS, METRICS, PARTIAL_RULES, THRESHOLD_POLICY
 
     out = [HEADER.format(source="the metric records, spmlkit.metrics.METRICS"),
            "# Metrics\n",
@@ -531,7 +531,14 @@ def gen_metrics() -> str:
            "against its scikit-learn counterpart, or against its example computed by hand "
            "where scikit-learn has none (`sklearn.metrics` functions; `y` the full labels, `x` the "
            "scores, or for a thresholded metric the 0/1 predictions).\n",
-           f"A thresholded metric is taken at {text(THRESHOLD_POLICY)}.\n"]
+           f"A thresholded metric is taken at {text(THRESHOLD_POLICY)}.\n",
+           "On partial val / test labels (`--data eval_labels=partial`, mask `entry`) each metric "
+           "scores the known entries as its rule says (`spmlkit.metrics.PARTIAL_RULES`; "
+           "rows without any known label are left out under every rule); a metric without a "
+           "rule is refused there by name. Under mask `row` every metric scores the fully "
+           "known rows.\n",
+           "\n".join(f"- `{rule}`: {text(meaning)}." for rule, meaning in PARTIAL_RULES.items())
+           + "\n"]
     rows = []
     for m in METRICS.values():
         ref = (code(" ".join(m.sklearn.__doc__.split())) if m.sklearn is not None
@@ -540,8 +547,8 @@ def gen_metrics() -> str:
                      str(m.decimals), "yes" if m.needs_threshold else "no",
                      "none" if m.takes is None else
                      f"{code(m.takes)} (default {code(show(METRIC_SETTINGS[m.takes]))})",
-                     ref, text(m.description)])
-    out.append(table(["metric", "better", "decimals", "threshold", "setting",
+                     code(m.partial) if m.partial else "refused", ref, text(m.description)])
+    out.append(table(["metric", "better", "decimals", "threshold", "setting", "partial labels",
                       "scikit-learn counterpart", "meaning"], rows))
     return "\n".join(out)
 

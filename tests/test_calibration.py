@@ -7,7 +7,7 @@ import torch
 from spmlkit.calibration import apply_temperatures, class_ece, fit_class_temperatures, \
     reliability
 from spmlkit.cli import main
-from spmlkit.metrics_partial import partial_labels
+from spmlkit.metrics import partial_labels
 
 
 def test_ece_by_hand():

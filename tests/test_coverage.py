@@ -12,7 +12,7 @@ from spmlkit.cli import main
 from spmlkit.coverage import (calibration_positives, coverage_thresholds, min_positives,
                               recall_floor)
 from spmlkit.estimator import SPMLClassifier
-from spmlkit.metrics_partial import partial_labels
+from spmlkit.metrics import partial_labels
 
 
 def test_the_threshold_is_the_floor_alpha_n_plus_1_th_smallest_positive_score():

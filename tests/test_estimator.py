@@ -257,7 +257,7 @@ def _masked_map_by_hand(proba, partial):
 
 
 def test_partial_evaluation_labels_are_scored_over_their_known_entries():
-    from spmlkit.metrics_partial import partial_labels
+    from spmlkit.metrics import partial_labels
 
     x, y = _toy(n=160)
     index, z = _single_positive(y)
@@ -305,7 +305,7 @@ def test_partial_evaluation_labels_are_scored_over_their_known_entries():
 
 def test_score_without_a_known_positive_raises_naming_the_cause():
     # it returned NaN: in a GridSearchCV, a silent NaN score
-    from spmlkit.metrics_partial import partial_labels
+    from spmlkit.metrics import partial_labels
 
     x, y = _toy(n=120)
     _, z = _single_positive(y)
@@ -323,7 +323,7 @@ def test_score_without_a_known_positive_raises_naming_the_cause():
 def test_validation_scorer_without_anything_to_score_raises_naming_the_cause():
     # as score: it returned NaN (mAP of no positive; ranking metrics of partial labels
     # without a known positive beside a known negative), silent in a GridSearchCV
-    from spmlkit.metrics_partial import partial_labels
+    from spmlkit.metrics import partial_labels
 
     x, y = _toy(n=120)
     _, z = _single_positive(y)

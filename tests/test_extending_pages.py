@@ -21,9 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "docs" / "extending").glob("*.md"))
 EXAMPLE = re.compile(r"<!-- docs-test: extending (?P<name>\S+) (?P<files>[^>]*?) -->\n"
                      r"```python\n(?P<code>.*?)^```", re.S | re.M)
-#: pages without a registered example: the overview, and metrics (a dict and two functions of
-#: spmlkit.metrics, not a registry yet: its page's block runs in tests/test_docs.py)
-WITHOUT = {"index.md", "metric.md"}
+#: pages without a registered example: the overview
+WITHOUT = {"index.md"}
 
 
 def examples() -> list:

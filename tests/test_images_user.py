@@ -475,7 +475,7 @@ def test_image_modes_score_partial_test_labels_masked(tagged, capsys):
     """``eval_labels=partial`` with an image mode: the run finishes with masked scores (it
     failed after its last epoch, scoring the trivial baseline on full-label metrics), and its
     test mAP is the masked one of its own predictions."""
-    from spmlkit.metrics_partial import split_map
+    from spmlkit.metrics import map_score
 
     root, y_test = tagged
     rows = (root / "test.csv").read_text().splitlines()[1:]
@@ -498,7 +498,7 @@ def test_image_modes_score_partial_test_labels_masked(tagged, capsys):
     splits = load_splits("csv", "given", path=str(root / "tags.csv"),
                          test_path=str(root / "partial.csv"), train_labels="observed",
                          eval_labels="partial")
-    assert final["test_map"] == pytest.approx(split_map(saved["probs_test"], splits.test.y))
+    assert final["test_map"] == pytest.approx(map_score(saved["probs_test"], splits.test.y))
     assert np.isfinite(final["trivial_test_map"])
 
 

@@ -5,13 +5,10 @@ import pytest
 import torch
 from sklearn.metrics import average_precision_score
 
-from spmlkit.metrics import classic_metrics
-from spmlkit.metrics_partial import classes_without_negatives, masked_map, masked_metrics, \
-    masked_per_class_ap, micro_average_precision, ndcg_at_k, partial_labels, rprecision_at_k, \
-    weighted_average_precision
-from spmlkit.metrics_partial import split_evaluate as evaluate
-from spmlkit.metrics_partial import split_map as map_score
-from spmlkit.metrics_partial import split_thresholds as select_thresholds
+from spmlkit.metrics import (METRICS, classes_without_negatives, classic_metrics, evaluate,
+                             map_score, masked_metrics, metric_score, micro_average_precision,
+                             ndcg_at_k, partial_labels, per_class_ap, rprecision_at_k,
+                             select_thresholds, weighted_average_precision)
 
 tm = pytest.importorskip("torchmetrics.functional.classification")
 
@@ -33,7 +30,7 @@ def _torchmetrics_target(y):
 @pytest.mark.parametrize("seed", range(5))
 def test_masked_ap_matches_torchmetrics_ignore_index(seed):
     scores, y = _random_partial(seed)
-    ours = masked_per_class_ap(scores, partial_labels(y))
+    ours = per_class_ap(scores, partial_labels(y))
     theirs = tm.multilabel_average_precision(torch.from_numpy(scores), _torchmetrics_target(y),
                                              num_labels=y.shape[1], average=None,
                                              ignore_index=-1).numpy() * 100
@@ -77,9 +74,7 @@ def test_full_labels_as_partial_equal_the_ordinary_metrics():
     part = partial_labels(np.where(full == 1, 1, -1))
     plain = classic_metrics(scores, full, threshold=0.5, no_positive="exclude")
     masked = masked_metrics(scores, part, threshold=0.5)
-    for name in ("map", "lrap", "ranking_loss", "coverage", "one_error", "hamming_loss",
-                 "micro_f1", "macro_f1", "micro_ap", "weighted_ap", "ndcg@3", "ndcg@5", "rp@3",
-                 "rp@5"):
+    for name in METRICS:
         assert masked[name] == pytest.approx(plain[name]), name
     assert weighted_average_precision(scores, full) == pytest.approx(
         average_precision_score(full, scores, average="weighted") * 100)
@@ -101,7 +96,7 @@ def test_hand_computed_masked_ap_and_classes_without_a_known_positive():
     # class 0: known rows 0, 1, 3 (scores .9 +, .8 -, .1 +): AP = (1 + 2/3) / 2
     y = partial_labels([[1, -1], [-1, 0], [0, -1], [1, -1]])
     s = [[0.9, 0.1], [0.8, 0.2], [0.7, 0.3], [0.1, 0.4]]
-    ap = masked_per_class_ap(s, y)
+    ap = per_class_ap(s, y)
     assert ap[0] == pytest.approx(100 * (1 + 2 / 3) / 2) and np.isnan(ap[1])
     assert map_score(s, y) == pytest.approx(ap[0])
     assert map_score(s, y, "official") == pytest.approx(ap[0] / 2)
@@ -180,8 +175,9 @@ def test_partial_labels_keep_their_mask_through_indexing_and_pickling():
 def test_masked_metrics_go_by_blocks_of_rows_with_the_same_numbers(monkeypatch):
     """The masked ranking and top-k metrics made N x L masked copies and int64 ranks of the
     whole split (1.5 GB at 4,000 x 5,000: +344 MiB now); they go by blocks of rows, each row
-    ranked on its own, so the numbers are the same whatever the block."""
-    from spmlkit import metrics, metrics_partial
+    ranked on its own, so the numbers are the same whatever the block (AP's blocks of columns:
+    up to summation order)."""
+    from spmlkit.metrics import ap
 
     rng = np.random.default_rng(1)
     s = rng.random((57, 23))
@@ -192,12 +188,11 @@ def test_masked_metrics_go_by_blocks_of_rows_with_the_same_numbers(monkeypatch):
     y[3] = 0  # a row without a known label
     labels = partial_labels(y)
     whole = masked_metrics(s, labels, threshold=0.5)
-    for module in (metrics, metrics_partial):
-        monkeypatch.setattr(module, "BLOCK_ENTRIES", 50)  # 2 rows a block
+    monkeypatch.setattr(ap, "BLOCK_ENTRIES", 50)  # 2 rows a block
     blocks = masked_metrics(s, labels, threshold=0.5)
-    assert blocks.keys() == whole.keys()
-    for key, value in whole.items():
-        assert blocks[key] == value or (np.isnan(value) and np.isnan(blocks[key])), key
+    assert blocks.pop("mask") == whole.pop("mask") and blocks.keys() == whole.keys()
+    for key, value in whole.items():  # (AP goes by blocks of columns: summation order)
+        assert blocks[key] == pytest.approx(value, rel=1e-12, nan_ok=True), key
 
 
 def test_partial_labels_are_read_from_frames_masked_arrays_and_plain_arrays():
@@ -234,13 +229,71 @@ def test_a_class_with_positives_and_no_known_negative_is_left_out_of_the_map(mas
     # the test mAP without a word); class 1 is scored as usual
     y = partial_labels([[1, 1], [1, -1], [0, -1]], mask)
     s = np.array([[0.1, 0.2], [0.2, 0.9], [0.3, 0.4]])  # class 1: the positive ranks last
-    assert masked_per_class_ap(s, y)[0] == 100.0
-    want = masked_per_class_ap(s, y)[1]
+    assert per_class_ap(s, y)[0] == 100.0
+    want = per_class_ap(s, y)[1]
     assert want < 100.0
     assert classes_without_negatives(y) == [0]
     assert map_score(s, y) == pytest.approx(want)
     assert masked_metrics(s, y)["map"] == pytest.approx(want)
     assert masked_metrics(s, y)["weighted_ap"] == pytest.approx(want)
-    assert masked_map(s, y, "official") == pytest.approx(want)
+    assert map_score(s, y, "official") == pytest.approx(want)
     got = evaluate(s, y)
     assert got["map"] == pytest.approx(want) and got["classes_without_negatives"] == [0]
+
+
+# ---- every record on partial labels, as its rule says (generated from METRICS) -----------------
+def _full_case(seed, n=30, classes=6):
+    """Scores (ties) and full labels where every row and every class holds a positive and a
+    negative."""
+    rng = np.random.default_rng(seed)
+    while True:
+        y = (rng.random((n, classes)) < 0.35).astype(np.uint8)
+        if all(y.any(axis=a).all() and (y == 0).any(axis=a).all() for a in (0, 1)):
+            return np.round(rng.random((n, classes)), 2), y
+
+
+def _same(got, want):
+    return got == pytest.approx(want, rel=1e-12, abs=1e-12, nan_ok=True)
+
+
+@pytest.mark.parametrize("name", list(METRICS))
+def test_every_metric_scores_partial_labels_as_its_record_says(name):
+    """A record's rule (``partial``) is what scores it on partial labels: all entries known is
+    the full-label value; rows with nothing known are left out; whole classes unknown are the
+    full-label value of the other classes (a row's known labels, a class's known rows, the known
+    entries pooled), the fully known rows for ``full_rows``; the scores of unknown entries move
+    nothing. A record without a rule is refused by name, and scored on the fully known rows of
+    mask ``"row"``. (A metric registered without a ``partial`` rule failed every partial-label
+    run with a KeyError.)"""
+    rule = METRICS[name].partial
+    s, y = _full_case(0)
+    signed = np.where(y == 1, 1, -1)
+    rows = signed.copy()
+    rows[:8] = 0                                            # rows with nothing known
+    cols = signed.copy()
+    cols[:, :2] = 0                                         # classes known nowhere
+    mixed = np.where(np.random.default_rng(1).random(y.shape) < 0.3, 0, signed)
+
+    def partial(labels, scores=s, mask="entry"):
+        return metric_score(name, scores, partial_labels(labels, mask))
+
+    def full(scores, labels):
+        return metric_score(name, scores, labels, no_positive="exclude")
+
+    if rule is None:
+        with pytest.raises(ValueError, match=f"metric '{name}' does not score partial labels"):
+            partial(mixed)
+        got = classic_metrics(s, partial_labels(mixed))
+        assert name not in got and name in got["not_scored"][name]
+        known = (mixed != 0).all(axis=1)
+        assert _same(partial(mixed, mask="row"), metric_score(name, s[known], y[known]))
+        return
+    assert _same(partial(signed), full(s, y))
+    assert _same(partial(rows), full(s[8:], y[8:]))
+    noise = np.where(mixed == 0, np.random.default_rng(2).random(s.shape), s)
+    assert _same(partial(mixed, noise), partial(mixed))
+    if rule == "full_rows":
+        known = (mixed != 0).all(axis=1)
+        assert _same(partial(mixed), full(s[known], y[known]))
+    else:
+        assert _same(partial(cols), full(s[:, 2:], y[:, 2:]))

@@ -120,7 +120,7 @@ def test_metrics_in_blocks_equal_the_whole_computation(monkeypatch):
     y[:5] = 0                                      # rows without a positive
     whole = metrics.classic_metrics(probs, y)
     ap = metrics.per_class_ap(probs, y)
-    monkeypatch.setattr(metrics, "BLOCK_ENTRIES", 600)   # blocks of 2 columns / 85 rows
+    monkeypatch.setattr(metrics.ap, "BLOCK_ENTRIES", 600)   # blocks of 2 columns / 85 rows
     assert metrics.classic_metrics(probs, y) == pytest.approx(whole, rel=1e-12)
     np.testing.assert_allclose(metrics.per_class_ap(probs, y), ap, rtol=1e-12)
 

@@ -11,8 +11,7 @@ import torch
 from spmlkit.cli import main
 from spmlkit.loading import load_dataset, load_splits
 from spmlkit.labels import make_observed
-from spmlkit.metrics import map_score
-from spmlkit.metrics_partial import is_partial, masked_map, partial_labels
+from spmlkit.metrics import is_partial, map_score, partial_labels
 
 pd = pytest.importorskip("pandas")
 
@@ -63,11 +62,11 @@ def test_train_select_and_score_on_partial_labels_from_csv(partial, tmp_path, ca
     splits = load_splits("tabular", "given", **partial["options"], eval_mask=mask)
     assert is_partial(splits.val.y) and is_partial(splits.test.y)
     assert np.array_equal(stored["y_test"], splits.test.y)  # the partial labels, kept as read
-    want = masked_map(stored["probs_test"], partial_labels(stored["y_test"], mask))
+    want = map_score(stored["probs_test"], partial_labels(stored["y_test"], mask))
     assert final["test_map"] == pytest.approx(want)
     assert final["test_metrics"]["mask"] == mask and "scored masked" in final["labels"]
     # selection on partial val labels: the val mAP of the kept epoch is the masked one
-    assert final["val_map"] == pytest.approx(masked_map(
+    assert final["val_map"] == pytest.approx(map_score(
         stored["probs_val"], partial_labels(stored["y_val"], mask)))
     # the trap the mask avoids: unknowns scored as negatives give another (lower) mAP
     as_negatives = map_score(stored["probs_test"], (stored["y_test"] == 1).astype(np.uint8))
@@ -156,15 +155,14 @@ def test_other_methods_select_and_score_on_partial_labels(partial, method, loss)
 
 def test_partial_label_thresholds_refuse_nan_scores():
     """As the full-label thresholds do: a NaN score is an error, not a NaN threshold."""
-    from spmlkit.metrics_partial import (masked_global_threshold, masked_select_thresholds,
-                                         partial_labels)
+    from spmlkit.metrics import best_global_threshold, select_thresholds
 
     y = partial_labels([[1, -1], [-1, 1]])
     probs = np.array([[np.nan, 0.2], [0.3, 0.8]])
-    for fn in (masked_global_threshold, masked_select_thresholds):
+    for fn in (best_global_threshold, select_thresholds):
         with pytest.raises(ValueError, match="1 non-finite value"):
             fn(probs, y)
-    assert masked_select_thresholds(np.array([[0.9, 0.2], [0.3, 0.8]]), y)["per_class"] == \
+    assert select_thresholds(np.array([[0.9, 0.2], [0.3, 0.8]]), y)["per_class"] == \
         [0.9, 0.8]
 
 
@@ -235,7 +233,7 @@ def test_a_test_class_without_a_known_negative_is_left_out_and_named(partial, tm
     assert final["test"]["classes_without_negatives"] == [2]
     stored = np.load(run / "predictions.npz")
     keep = np.arange(stored["y_test"].shape[1]) != 2
-    want = masked_map(stored["probs_test"][:, keep], partial_labels(stored["y_test"][:, keep]))
+    want = map_score(stored["probs_test"][:, keep], partial_labels(stored["y_test"][:, keep]))
     assert final["test_map"] == pytest.approx(want)
 
 

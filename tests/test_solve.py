@@ -13,7 +13,7 @@ from sklearn.linear_model import LogisticRegression
 
 from spmlkit.engine.solve import (C_PATH, FORMS, lam_from_c, solve_path, solver_form)
 from spmlkit.losses import LOSSES, create_loss
-from spmlkit.metrics_partial import partial_labels
+from spmlkit.metrics import partial_labels
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*warmup.*:UserWarning")
 

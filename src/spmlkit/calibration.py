@@ -8,7 +8,7 @@ mean 70 %. For each class j, the scores are cut into ``bins`` equal-width bins o
     ECE_j = sum_b (n_bj / n_j) * |positive rate in b - mean score in b|
 
 (Naeini et al. 2015, Guo et al. 2017, per label). Labels may be full 0 / 1 or partial
-(`spmlkit.metrics_partial`: then over each class's known rows).
+(`spmlkit.metrics.partial`: then over each class's known rows).
 
 A per-class temperature T_j rescales the logits, ``sigmoid(logit / T_j)``, T_j minimising the
 binary cross-entropy of the val rows (a bounded 1-D search over ``log T`` in [-4, 4]); it changes
@@ -31,7 +31,7 @@ MAX_BINS = 100_000
 
 
 def _labels(probs, y):
-    from .metrics_partial import is_partial, known_entries
+    from .metrics import is_partial, known_entries
 
     p = np.asarray(probs, dtype=np.float64)
     if is_partial(y):

@@ -76,7 +76,7 @@ def calibration_positives(y, num_classes: int | None = None,
                           where: str = "calibration labels") -> np.ndarray:
     """The N x L bool matrix of known positives of calibration labels ``y``: full 0/1 labels
     (N x L), partial ones (1 known positive, -1 known negative, 0 or NaN unknown;
-    `spmlkit.metrics_partial.PartialLabels` or the plain matrix), or 1-D column indices (each
+    `spmlkit.metrics.PartialLabels` or the plain matrix), or 1-D column indices (each
     row's single observed positive; ``num_classes`` columns, default the largest index + 1).
 
     Raises:

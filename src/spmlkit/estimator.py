@@ -10,7 +10,7 @@ The SPML catch: what ``fit`` receives are observed labels, so a cross-validation
 is partial too, and any score computed on it (``score``, ``scoring="average_precision"``)
 counts the unobserved positives as negatives. `validation_scorer` scores every fit on
 one validation set instead (through the whole Pipeline): fully labelled, or partially labelled
-with its known negatives written as -1 and wrapped by `spmlkit.metrics_partial.partial_labels`.
+with its known negatives written as -1 and wrapped by `spmlkit.metrics.partial_labels`.
 """
 from __future__ import annotations
 
@@ -25,8 +25,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from .engine import TrainConfig, fit_linear, predict_logits, torch_threads
 from .labels import POSITIVE, label_values, observed_from_cells, validate_full_labels
 from .losses import AssetRegularized, bind_groups, create_loss
-from .metrics import METRICS, check_metric, higher_is_better
-from .metrics_partial import is_partial, split_map, split_metric
+from .metrics import METRICS, check_metric, higher_is_better, is_partial, map_score, metric_score
 
 
 class SPMLClassifier(ClassifierMixin, BaseEstimator):
@@ -60,7 +59,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
     other's options rather than ignore them).
 
     With ``X_val`` / ``Y_val`` (full 0/1 labels, columns in ``classes_`` order, or 1-D class
-    labels, or partial ones wrapped by `spmlkit.metrics_partial.partial_labels`, scored over
+    labels, or partial ones wrapped by `spmlkit.metrics.partial_labels`, scored over
     their known entries) the best value of the path (the best epoch with Adam) by val mAP is
     kept; otherwise the one C (the last epoch). They
     reach this estimator as given: in a Pipeline, earlier steps do not transform them (use
@@ -310,7 +309,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
 
         The thresholds are calibrated on ``X_cal`` / ``Y_cal`` (raw features as ``X``; labels
         full 0/1 N x L or 1-D class labels in ``classes_``, each row's single observed
-        positive, or partial ones wrapped by `spmlkit.metrics_partial.partial_labels`: their
+        positive, or partial ones wrapped by `spmlkit.metrics.partial_labels`: their
         positives, known positives or observed positives calibrate), by default the
         ``X_val`` / ``Y_val`` given to ``fit``: rows the model was not trained on (the same
         rows also chose C; a separate calibration split is cleaner). Classes with fewer
@@ -374,7 +373,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
         """Mean average precision (x100, over the classes with a positive in ``y``; as
         ``spml``'s tables) of ``predict_proba(X)`` against ``y``: full labels (a 0/1 N x L
         matrix, or 1-D class labels, one true class per row), or partial ones wrapped by
-        `spmlkit.metrics_partial.partial_labels` (1 / -1 known, 0 or NaN unknown), scored
+        `spmlkit.metrics.partial_labels` (1 / -1 known, 0 or NaN unknown), scored
         over their known entries as ``spml`` scores a partial test set.
 
         In an SPML cross-validation the fold's ``y`` are the observed labels, not the full
@@ -388,7 +387,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
                 a ``GridSearchCV``.
         """
         y = self._eval_labels(y, "score's y")
-        value = split_map(self.predict_proba(X), y)
+        value = map_score(self.predict_proba(X), y)
         if np.isnan(value):
             why = "a known positive beside a known negative" if is_partial(y) else "a positive"
             raise ValueError(f"no class of score's y ({len(y)} rows) can be scored: none holds "
@@ -407,7 +406,7 @@ class SPMLClassifier(ClassifierMixin, BaseEstimator):
 def eval_labels(y, classes, where: str = "labels", columns=None) -> np.ndarray:
     """Evaluation labels whose columns are ``classes``: full 0/1 labels (N x L, uint8) from a
     0/1 matrix or 1-D class labels (each row's one true class), or
-    `spmlkit.metrics_partial.PartialLabels` (1 / -1 known, 0 unknown) kept partial, with its
+    `spmlkit.metrics.PartialLabels` (1 / -1 known, 0 unknown) kept partial, with its
     mask.
 
     A matrix's columns are ``columns`` (default: a DataFrame's column names), put in
@@ -435,7 +434,7 @@ def eval_labels(y, classes, where: str = "labels", columns=None) -> np.ndarray:
     if not partial and arr.ndim == 2 and np.issubdtype(arr.dtype, np.number) and \
             ((arr == -1).any() or np.isnan(arr.astype(np.float64)).any()):
         raise ValueError(f"{where} must be full labels (1 positive, 0 negative) or partial "
-                         f"ones wrapped by spmlkit.metrics_partial.partial_labels(y) (1 / -1 "
+                         f"ones wrapped by spmlkit.metrics.partial_labels(y) (1 / -1 "
                          f"known, 0 or NaN unknown); it holds -1 or NaN unwrapped, which is "
                          f"also fit's observed encoding (a fold's observed labels cannot score "
                          f"a model: spmlkit.estimator.validation_scorer)")
@@ -561,7 +560,7 @@ class ValidationScorer:
         if scores.shape != y_val.shape:
             raise ValueError(f"validation_scorer: the estimator predicts {scores.shape} for "
                              f"X_val but Y_val is {y_val.shape}")
-        value = split_metric(self.metric, scores, y_val)
+        value = metric_score(self.metric, scores, y_val)
         if np.isnan(value):
             why = "known positive beside a known negative" if is_partial(y_val) \
                 else "positive"
@@ -581,7 +580,7 @@ def validation_scorer(X_val, Y_val, metric: str = "map", classes=None) -> Valida
 
     ``X_val``: raw features (what the Pipeline or estimator takes; its ``predict_proba``
     transforms them). ``Y_val``: full 0/1 labels, N_val x L, or 1-D class labels (one true
-    class per row), or partial labels wrapped by `spmlkit.metrics_partial.partial_labels`
+    class per row), or partial labels wrapped by `spmlkit.metrics.partial_labels`
     (1 / -1 known, 0 or NaN unknown: each metric over the known entries, as ``spml`` scores a
     partial split). ``classes``: the names of ``Y_val``'s columns (default: a DataFrame's
     column names), matched to the fitted ``classes_`` (a 1-D ``y`` gives them sorted, as

@@ -360,7 +360,7 @@ def read_observed(labels, classes: Sequence[str] | None = None) -> tuple[np.ndar
 
 
 #: what a source's ``eval_labels`` option takes: full 0 / 1 val / test labels, or partial ones
-#: (1 positive, -1 known negative, 0 / NaN / an empty cell unknown; `spmlkit.metrics_partial`)
+#: (1 positive, -1 known negative, 0 / NaN / an empty cell unknown; `spmlkit.metrics.partial`)
 EVAL_LABELS = ("full", "partial")
 
 
@@ -394,7 +394,7 @@ def check_found_names(classes: Sequence[str], where: str) -> None:
 def check_eval_labels(eval_labels: str, eval_mask: str | None, given: bool, where: str) -> None:
     """Refuse an unknown ``eval_labels`` / ``eval_mask``, a mask without partial labels, and
     partial labels without a val or test set given (nothing they would apply to)."""
-    from ..metrics_partial import MASKS
+    from ..metrics import MASKS
 
     if eval_labels not in EVAL_LABELS:
         raise ValueError(f"{where}: eval_labels must be one of {EVAL_LABELS}, got "
@@ -412,7 +412,7 @@ def check_eval_labels(eval_labels: str, eval_mask: str | None, given: bool, wher
 def partial_part(part: "Part", mask: str | None) -> "Part":
     """``part`` with its labels read as partial evaluation labels (1 / -1 known, 0 / NaN
     unknown), scored with ``mask`` (default ``"entry"``)."""
-    from ..metrics_partial import partial_labels
+    from ..metrics import partial_labels
 
     y = partial_labels(part.y, mask or "entry", part.y_where)
     if y.mask == "row" and not (y != 0).all(axis=1).any():
@@ -595,7 +595,7 @@ def load_arrays(features: str | os.PathLike | np.ndarray, labels: str | os.PathL
             set (``make_splits``).
         eval_labels: ``"full"`` (default) or ``"partial"``: the test / val label matrices are
             partial (1 positive, -1 known negative, 0 or NaN unknown) and are scored masked
-            (`spmlkit.metrics_partial`).
+            (`spmlkit.metrics.partial`).
         eval_mask: with partial evaluation labels, ``"entry"`` (default: each class over its
             known rows) or ``"row"`` (the fully known rows only).
         split: ``"random"`` (default) or ``"stratified"``: the test set carved out of the rows

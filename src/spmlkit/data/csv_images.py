@@ -13,7 +13,7 @@ import numpy as np
 
 from ..labels import OFFICIAL_SEED, positives_to_observed
 from .protocol import Dataset, check_train_labels
-from ..metrics_partial import partial_labels
+from ..metrics import partial_labels
 from .arrays import check_eval_labels, check_found_names, resolve_class_names
 from .image_common import TAGS, TEST_FRACTION, carve, image_dataset, join_paths, with_groups
 from .registry import register
@@ -295,7 +295,7 @@ def load_csv_images(path: str | os.PathLike, test_path: str | os.PathLike | None
             or absolute); default: the protocol's val set.
         eval_labels: ``"full"`` (default) or ``"partial"``: in the test / val CSVs a name is a
             positive, ``-name`` a known negative, and every class not written is unknown; they
-            are scored masked (`spmlkit.metrics_partial`).
+            are scored masked (`spmlkit.metrics.partial`).
         eval_mask: with partial evaluation labels, ``"entry"`` (default) or ``"row"``.
         group_column: a column of the CSV's header naming each image's group (a recording,
             an asset: images that must not sit on both sides of a split). The test set carved

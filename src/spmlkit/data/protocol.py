@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..metrics_partial import is_partial
+from ..metrics import is_partial
 from ..labels import OFFICIAL_SEED, POSITIVE, full_to_observed, make_observed, \
     observed_counts, parse_regime, validate_full_labels, validate_observed
 from .rows import JoinedRows, Rows, holds_vectors, is_stored, nonfinite_rows, streaming_stats
@@ -49,7 +49,7 @@ class LabelledSet:
     """Examples with full labels: ``x`` is an N x D feature matrix (in memory, memory-mapped,
     or `Rows` of a stored one) or a sequence of N items (e.g. image
     paths); ``y`` the N x L 0/1 labels, or for a val / test set partial evaluation labels
-    (`spmlkit.metrics_partial.PartialLabels`: 1 / -1 known, 0 unknown, scored masked). A
+    (`spmlkit.metrics.PartialLabels`: 1 / -1 known, 0 unknown, scored masked). A
     subset of stored features is a `Rows` view: row indices, no copy."""
 
     x: Any
@@ -62,7 +62,7 @@ class LabelledSet:
     groups: np.ndarray | None = None
 
     def __post_init__(self):
-        if not is_partial(self.y):  # partial evaluation labels (spmlkit.metrics_partial) stay
+        if not is_partial(self.y):  # partial evaluation labels (spmlkit.metrics.partial) stay
             self.y = validate_full_labels(self.y, self.where or None)
         n = len(self.x)
         if n != self.y.shape[0]:

@@ -512,7 +512,7 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
         eval_labels: ``"full"`` (default) or ``"partial"``: the test / val rows' label columns
             are partial (1 positive, -1 known negative, 0 or an empty cell unknown: the
             encoding of observed training labels) and are scored masked
-            (`spmlkit.metrics_partial`; needs ``test_path`` / ``val_path`` or
+            (`spmlkit.metrics.partial`; needs ``test_path`` / ``val_path`` or
             ``split_column``).
         eval_mask: with partial evaluation labels, ``"entry"`` (default: each class over its
             known rows; the OpenImages rule) or ``"row"`` (the fully known rows only).

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..metrics_partial import is_partial
+from ..metrics import is_partial
 from .. import distributed as dist_utils
 from ..labels import validate_full_labels, validate_observed
 from ..accel import start as start_acceleration

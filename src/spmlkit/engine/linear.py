@@ -23,7 +23,7 @@ from ..data import rows as stored_rows
 from ..data.rows import as_rows, is_stored
 from ..labels import validate_full_labels, validate_observed
 from ..losses import SPMLLoss, TrainInfo
-from ..metrics_partial import is_partial, split_map, split_metric
+from ..metrics import is_partial, map_score, metric_score
 from ..models.heads import seeded_linear
 from .config import TrainConfig, batch_starts, epoch_rows
 from .loop import (FitResult, GeneratorState, Stage, StageParts, check_val_labels, train_loop)
@@ -116,8 +116,8 @@ def val_map(scores: torch.Tensor, y, convention: str, metric: str = "map") -> fl
     if not np.isfinite(probs).all():
         return float("nan")
     if metric == "map":
-        return split_map(probs, y, convention)
-    return split_metric(metric, probs, y, convention=convention, threshold="chosen")
+        return map_score(probs, y, convention)
+    return metric_score(metric, probs, y, convention=convention, threshold="chosen")
 
 
 def linear_inputs(x_train, observed, x_val, y_val, config: TrainConfig):

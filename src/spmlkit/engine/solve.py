@@ -410,7 +410,7 @@ def solve_path(x_train, observed, loss: SPMLLoss, *, x_val=None, y_val=None, c=C
         observed: N x L observed labels (1 / 0 / -1).
         loss: a registered loss (`solver_form` must not refuse it).
         x_val, y_val: validation features and labels (full 0/1, or partial wrapped by
-            `spmlkit.metrics_partial.partial_labels`); required for a path of more than one C.
+            `spmlkit.metrics.partial_labels`); required for a path of more than one C.
         c: scikit-learn's ``C`` (`lam_from_c`), a number or a sequence (default `C_PATH`).
         k: expected positives per example (`TrainInfo`).
         seed: the head's initial weights (the first solve's start; a convex loss ends at the

@@ -77,7 +77,7 @@ def sklearn_reference(splits, seed: int, labels: str = "observed", grid=C_GRID,
     from threadpoolctl import threadpool_limits
 
     from ..data.rows import holds_vectors
-    from ..metrics_partial import split_map  # partial val / test labels scored masked
+    from ..metrics import map_score  # partial val / test labels scored masked
 
     if not holds_vectors(splits.train.x):
         raise ValueError("sklearn_lr trains on feature vectors; this data holds images (give "
@@ -89,7 +89,7 @@ def sklearn_reference(splits, seed: int, labels: str = "observed", grid=C_GRID,
                          f"{MAX_ENTRIES:,} entries scikit-learn is given in memory")
     start = time.perf_counter()
     with threadpool_limits(1):  # BLAS threads on busy cores: 15x slower (66 s vs 4 s, yeast)
-        out = _reference(splits, seed, labels, grid, start, split_map, on_fit)
+        out = _reference(splits, seed, labels, grid, start, map_score, on_fit)
     if not keep_probs:
         out.pop("probs")
     return out

@@ -53,9 +53,9 @@ SOLVES_FILE = "solves.jsonl"
 
 
 def _score(probs, y) -> float:
-    from ..metrics_partial import split_map
+    from ..metrics import map_score
 
-    return float(split_map(probs, y))
+    return float(map_score(probs, y))
 
 
 #: the one-sided level of `pick_on_val`'s test, shared among the candidates beside AN

@@ -67,7 +67,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..metrics_partial import is_partial
+from ..metrics import is_partial
 from ..engine import (GeneratorState, Stage, StageParts, TrainConfig, batch_starts,
                       check_val_labels, epoch_rows, make_optimizer, train_loop, val_map)
 from ..data.rows import Rows, as_rows, holds_vectors, is_stored, read_rows

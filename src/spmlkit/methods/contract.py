@@ -354,7 +354,7 @@ def resolve_k(k, splits, seed: int, report: bool = False, given: str | None = No
                                   "the fully labelled val rows; or give k directly: --k)"
         raise ValueError(f"{given or f'k {k!r}'}: estimating k from {m} fully labelled rows "
                          f"needs that many, and the {split} split has only {n} rows{why}")
-    from ..metrics_partial import is_partial
+    from ..metrics import is_partial
 
     if is_partial(labelled.y):
         raise ValueError(f"{given or f'k {k!r}'}: estimating k needs fully labelled rows, and "

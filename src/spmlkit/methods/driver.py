@@ -24,7 +24,10 @@ from ..accel import acceleration
 from ..engine import TrainConfig
 from ..losses import bind_groups, create_loss
 from ..metrics import METRICS, THRESHOLD_POLICY, map_score, pseudo_label_stats
-from ..metrics_partial import split_evaluate, split_map, split_metrics, split_thresholds
+from ..metrics import classic_metrics as split_metrics
+from ..metrics import evaluate as split_evaluate
+from ..metrics import map_score as split_map
+from ..metrics import select_thresholds as split_thresholds
 from ..data.protocol import describe_labels
 from ..runs import RunDir, checkpoint_history, read_run
 from ..safe_write import sync_files
@@ -311,7 +314,7 @@ def _few_known_negatives(y_val, threshold: float) -> str | None:
     """A warning when partial val labels hold fewer known negatives than known positives: the
     threshold that maximises their micro-F1 (what spml predict applies by default) then tends
     to call most labels present (presence-only data: 0.001, every species predicted)."""
-    from ..metrics_partial import is_partial
+    from ..metrics import is_partial
 
     if not is_partial(y_val):
         return None

@@ -22,7 +22,7 @@ from ..data.rows import Rows, as_rows, is_stored
 from ..engine import fit_linear, predict_logits
 from ..engine.linear import to_device
 from ..engine.vectorised import fit_linear_stacked
-from ..metrics_partial import is_partial
+from ..metrics import is_partial
 from ..runs import TRAIN_PROBS_FILE
 from .contract import Fitted, RunContext, TrainingMethod, feature_preprocess, register_method
 

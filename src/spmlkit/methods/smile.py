@@ -112,7 +112,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..metrics_partial import is_partial
+from ..metrics import is_partial
 from ..engine import (GeneratorState, Stage, StageParts, StepHook, batch_starts,
                       check_val_labels, epoch_rows, make_optimizer, mix_seed, predict_logits,
                       train_loop, val_map)

@@ -68,7 +68,7 @@ def calibration_from_run(run, bins: int = 15, temperature: bool = False) -> Cali
     partial evaluation labels, 1 / -1 known and 0 unknown, scored over the known entries)."""
     import json
 
-    from ...metrics_partial import partial_labels
+    from ...metrics import partial_labels
 
     pred = read_predictions(run)
     names = json.loads((Path(run) / "config.json").read_text()).get("class_names") or \

@@ -1,0 +1,157 @@
+"""Scoring one split with the metric records: one pipeline for full and partial labels.
+
+Full 0 / 1 labels go to each record's function as they are. Partial labels (`PartialLabels`)
+first go through the formatting step (`spmlkit.metrics.partial.format_labels`), as the
+record's ``partial`` rule says (torchmetrics applies its ``ignore_index`` the same way, in one
+formatting step for every metric); a record without a rule is refused there by name. So a
+metric registered with `register_metric` is scored on partial labels, or refused by name,
+with nothing else to add.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .ap import _as_scores, map_from_ap, per_class_ap, precision_recall_at_k
+from .ap import mean_average_precision as _mean_average_precision
+from .partial import (classes_without_negatives, format_labels, is_partial, known_entries,
+                      mask_of, partial_labels)
+from .records import METRICS, check_metric, partial_refusal
+
+
+def _scored(probs, y, names, settings: dict) -> tuple[dict, dict]:
+    """``({name: value}, {name: why refused})`` of the records ``names`` on one split:
+    each record's ``fn``, or its ``joint`` once for its siblings, on the inputs its rule
+    formats (full labels: the labels themselves)."""
+    partial = is_partial(y)
+    if not partial:  # validated once for several records (each fn validates its own inputs)
+        full = (*_as_scores(probs, y), None) if len(names) > 1 else (probs, y, None)
+    entry = partial and mask_of(y) == "entry"
+    formatted, shared, out, refused = {}, {}, {}, {}
+    for name in names:
+        metric = METRICS[name]
+        if entry and metric.partial is None:
+            refused[name] = partial_refusal(name)
+            continue
+        rule = metric.partial or "full_rows"
+        if rule not in formatted:
+            formatted[rule] = format_labels(probs, y, rule, settings["threshold"]) if partial \
+                else full
+        s, t, known = formatted[rule]
+        setting = settings.get(metric.takes)
+        if metric.joint is None or (known is None and len(names) == 1):
+            out[name] = metric.fn(s, t, setting)
+            continue
+        key = (metric.joint, rule)
+        if key not in shared:
+            shared[key] = metric.joint(s, t, setting, known)
+        out[name] = shared[key][name]
+    return out, refused
+
+
+def _settings(y, convention: str, threshold, no_positive: str) -> dict:
+    """The records' settings; on partial labels under mask ``"entry"`` rows without a known
+    positive are left out (``no_positive="exclude"``), whatever was asked."""
+    if is_partial(y) and mask_of(y) == "entry":
+        no_positive = "exclude"
+    return {"convention": convention, "threshold": threshold, "no_positive": no_positive}
+
+
+def metric_score(name: str, probs, y, *, convention: str = "present",
+                 threshold: float | str = 0.5, no_positive: str = "sklearn") -> float:
+    """One metric of `METRICS` of ``probs`` (N x L probabilities) against the full labels
+    ``y``, or partial ones (`PartialLabels`, scored as the metric's record says): what an
+    epoch is selected on.
+
+    ``threshold`` (for the F1s and Hamming loss): a probability, or ``"chosen"``: the global
+    micro-F1 threshold of these same rows (`best_global_threshold`; of partial labels, their
+    known entries), the policy a run applies on its val split (`THRESHOLD_POLICY`).
+
+    Raises:
+        ValueError: an unknown metric (listing them), bad shapes or non-finite scores, a
+            metric whose record gives no rule for partial labels (naming it).
+    """
+    from .thresholds import best_global_threshold
+
+    metric = METRICS[check_metric(name)]
+    if metric.needs_threshold and threshold == "chosen":
+        threshold = best_global_threshold(probs, y)[0]
+    values, refused = _scored(probs, y, [name], _settings(y, convention, threshold, no_positive))
+    if refused:
+        raise ValueError(refused[name])
+    return values[name]
+
+
+def classic_metrics(probs, y, *, convention: str = "present", threshold: float = 0.5,
+                    no_positive: str = "sklearn") -> dict:
+    """Every metric of `METRICS` of one split (``probs`` N x L probabilities, ``y`` the
+    full labels), plus ``threshold`` and ``rows_without_positives`` (how many rows the
+    ``no_positive`` convention applied to).
+
+    Partial labels (`PartialLabels`): each metric as its record's rule says (mask
+    ``"entry"``; rows without a known positive left out of the ranking metrics,
+    ``no_positive="exclude"`` whatever was asked) or of the fully known rows (mask ``"row"``),
+    plus ``rows_scored``, ``mask`` and ``known_entries`` (their share); a metric whose record
+    gives no rule is left out and named, with why, in ``not_scored``.
+
+    >>> m = classic_metrics([[0.9, 0.2], [0.3, 0.8]], [[1, 0], [0, 1]])
+    >>> m["map"], m["lrap"], m["ranking_loss"], m["hamming_loss"], m["one_error"]
+    (100.0, 1.0, 0.0, 0.0, 0.0)
+    """
+    if is_partial(y) and mask_of(y) == "row" and not (np.asarray(y) != 0).all(axis=1).any():
+        raise ValueError("mask 'row': no row of the partial labels is fully known")
+    out, refused = _scored(probs, y, list(METRICS),
+                           _settings(y, convention, threshold, no_positive))
+    out["threshold"] = float(threshold)
+    if not is_partial(y):
+        out["rows_without_positives"] = int((np.asarray(y).sum(axis=1) == 0).sum())
+        return out
+    pos, known = known_entries(y)
+    if mask_of(y) == "row":
+        rows = known.all(axis=1)
+        out["rows_without_positives"] = int((~pos[rows].any(axis=1)).sum())
+        out["rows_scored"] = int(rows.sum())
+    else:
+        out["rows_without_positives"] = int((~pos.any(axis=1)).sum())  # left out of ranking
+        out["rows_scored"] = int(pos.any(axis=1).sum())
+    if refused:
+        out["not_scored"] = refused
+    out["mask"] = mask_of(y)
+    out["known_entries"] = float(known.mean()) if known.size else float("nan")
+    return out
+
+
+def masked_metrics(probs, y, *, convention: str = "present", threshold: float = 0.5,
+                   mask: str | None = None) -> dict:
+    """`classic_metrics` of partial labels ``y`` (any form `partial_labels` reads), under
+    ``mask`` (default: the one ``y`` carries, else ``"entry"``)."""
+    labels = partial_labels(y, mask_of(y, mask))
+    return classic_metrics(probs, labels, convention=convention, threshold=threshold)
+
+
+def evaluate(scores, y, convention: str = "present") -> dict:
+    """The standard report of one split: mAP, the classes left out, P@1, P@3, R@3.
+
+    Partial labels (`PartialLabels`): the mAP of their rule (`map_score`), the classes
+    without a known positive, those without a known negative (left out of the mAP), P@k / R@k
+    ranking each row's known labels (mask ``"entry"``) or of the fully known rows (``"row"``),
+    and the mask.
+    """
+    if is_partial(y):
+        s, labels, _ = format_labels(scores, y, "per_row")  # every class, each row's known labels
+        ap = per_class_ap(s, labels)
+        left_out = classes_without_negatives(y)
+        scored = np.ones(len(ap), dtype=bool)
+        scored[left_out] = False
+        out = {"map": map_from_ap(ap[scored], convention),
+               "classes_without_positives": np.flatnonzero(np.isnan(ap)).tolist(),
+               "classes_without_negatives": left_out, "mask": mask_of(y)}
+        if not len(labels):
+            return out
+    else:
+        res = _mean_average_precision(scores, y, convention)
+        out = {"map": res.value, "classes_without_positives": res.missing}
+        s, labels = scores, y
+    for k in (1, 3):
+        if k <= np.shape(labels)[1]:
+            out[f"p@{k}"], out[f"r@{k}"] = precision_recall_at_k(s, labels, k)
+    return out
