@@ -254,3 +254,26 @@ def test_benchmark_on_a_tagged_folder_with_a_test_csv_trains_given(tmp_path, cap
                  "--no-references", "--jobs", "1", "--out", str(tmp_path / "b"),
                  "--quiet"]) == 0
     assert "| an@given | given |" in (tmp_path / "b" / "table.md").read_text()
+
+
+def test_benchmark_runs_keep_train_probabilities_only_on_request(tmp_path, capsys):
+    """``predictions.npz`` of a benchmark's runs holds val and test probabilities; train's on
+    request (--train-predictions), with the same run ids and numbers either way."""
+    from spmlkit.runs import read_predictions
+
+    assert main([*SMALL, "--epochs", "1", "--out", str(tmp_path / "a")]) == 0
+    assert main([*SMALL, "--epochs", "1", "--out", str(tmp_path / "b"),
+                 "--train-predictions"]) == 0
+    runs_a = sorted(p.name for p in (tmp_path / "a" / "runs").iterdir())
+    assert runs_a == sorted(p.name for p in (tmp_path / "b" / "runs").iterdir())
+    for name in runs_a:
+        a = np.load(tmp_path / "a" / "runs" / name / "predictions.npz")
+        b = np.load(tmp_path / "b" / "runs" / name / "predictions.npz")
+        assert "probs_train" not in a.files and "probs_train" in b.files
+        for key in ("probs_val", "probs_test", "y_train", "observed"):
+            assert np.array_equal(a[key], b[key])
+        with pytest.raises(ValueError, match="kept no train probabilities.*--train-predictions"):
+            read_predictions(tmp_path / "a" / "runs" / name)
+        assert read_predictions(tmp_path / "a" / "runs" / name, ("val", "test"))["probs_val"] \
+            .shape == b["probs_val"].shape
+    assert _table_rows(tmp_path / "a") == _table_rows(tmp_path / "b")

@@ -316,7 +316,7 @@ def test_a_linear_init_resume_compares_its_linear_phase_as_the_run():
     change (device, workers), and an older folder whose linear phase trained without the
     run's weight decay is not continued with one."""
     from spmlkit.methods import ResumeError
-    from spmlkit.methods.driver import _check_resume
+    from spmlkit.methods.provenance import check_resume as _check_resume
 
     train = {"epochs": 2, "lr": 1e-3, "device": "cuda", "num_workers": 4}
     stored = {"mode": "linear_init", "train": train,

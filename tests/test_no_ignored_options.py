@@ -172,7 +172,7 @@ def test_a_benchmark_option_changes_the_study_or_is_refused(option, monkeypatch,
             seen["spec"] = bench.benchmark_study(*a[:3], seeds=a[3], **{
                 k: v for k, v in kw.items() if k in ("epochs", "grid", "early_stop",
                                                      "dataset_options", "metric", "regime",
-                                                     "drop_last")})
+                                                     "drop_last", "train_predictions")})
             seen["sklearn"] = kw.get("sklearn")
             return {"results": [], "table": "", "failure_groups": [], "missing": []}
 
@@ -201,7 +201,7 @@ FIELD_SAMPLES = {"epochs": 3, "batch_size": 4, "lr": 0.05, "seed": 1,
                  "early_stop": "patience:2", "map_convention": "all", "device": "meta",
                  "head_lr_mult": 10.0, "amp": "bf16", "channels_last": False, "num_workers": 2,
                  "image_size": 64, "eval_batch_size": 32, "metric": "lrap", "drop_last": True,
-                 "weight_decay": 0.01}
+                 "weight_decay": 0.01, "train_predictions": False}
 
 
 @pytest.mark.parametrize("mode,field", FIELD_CASES)

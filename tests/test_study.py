@@ -992,7 +992,8 @@ def _id_paths():
              for k in ("cache_dir", "progress", "num_workers", "batch_size", "device")]
     kept += [("mode_options", "cache_dir"), ("mode_options", "progress")]
     kept += [("mode_options", "features", k) for k in ("num_workers", "batch_size", "device")]
-    kept += [("train", "num_workers"), ("train", "eval_batch_size")]
+    kept += [("train", "num_workers"), ("train", "eval_batch_size"),
+             ("train", "train_predictions")]  # a file written or not, the same numbers
     # (written out here, not read from NOT_RESULTS: a key added there fails a test below)
     source = sorted({p for e in DATASETS.entries() for p in source_parameters(e.name)})
     hashed = [("dataset_options", k) for k in (*PROTOCOL_OPTIONS, "backbone", *source)

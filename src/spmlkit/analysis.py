@@ -169,7 +169,7 @@ def classwise_ap_difference(run_a, run_b, split: str = "test") -> APDifference:
         ValueError: the runs' labels on ``split`` differ (not the same data).
     """
     split = _check_split(split)
-    pa, pb = read_predictions(run_a), read_predictions(run_b)
+    pa, pb = read_predictions(run_a, (split,)), read_predictions(run_b, (split,))
     ya, yb = pa[f"y_{split}"], pb[f"y_{split}"]
     if ya.shape != yb.shape or not np.array_equal(ya, yb):
         raise ValueError(f"{run_label(run_a)} and {run_label(run_b)} have different {split} "
@@ -329,7 +329,7 @@ def unobserved_positive_histograms(run_dir, epochs=None, bins: int = 20) -> Hist
         raise ValueError(f"bins must be a whole number in [1, 100000], got {bins}")
     _needs_full_train_labels(run_dir, "the histograms of unobserved positives")
     probs = load_array(run_file(run_dir, TRAIN_PROBS_FILE), mmap_mode="r")
-    pred = read_predictions(run_dir)
+    pred = read_predictions(run_dir, probs=())
     z, y = pred["observed"], pred["y_train"]
     if probs.ndim != 3 or probs.shape[1:] != y.shape:
         raise ValueError(f"{Path(run_dir) / TRAIN_PROBS_FILE} has shape {probs.shape}; expected "

@@ -465,13 +465,22 @@ def read_metrics(run_dir, growing: bool = False) -> list[dict]:
     return _parse_metrics(run_file(run_dir, METRICS_FILE), growing)
 
 
-def read_predictions(run_dir) -> dict:
+def read_predictions(run_dir, probs=SPLITS) -> dict:
     """The arrays of ``predictions.npz``: ``probs_{train,val,test}``, ``y_{train,val,test}``,
-    ``observed`` and ``best_epoch``; shapes checked (N x L, ``observed`` as ``y_train``)."""
+    ``observed`` and ``best_epoch``; shapes checked (N x L, ``observed`` as ``y_train``).
+
+    ``probs``: the splits whose probabilities the caller reads. A run trained with
+    ``TrainConfig(train_predictions=False)`` (``spml benchmark``'s default) kept val's and
+    test's only: asking for train's then raises a ``ValueError`` that says how to keep them."""
     path = run_file(run_dir, PREDICTIONS_FILE)
-    expected = sorted({f"{p}_{s}" for p in ("probs", "y") for s in SPLITS} | {"observed"})
+    expected = sorted({f"y_{s}" for s in SPLITS} | {f"probs_{s}" for s in probs if s != "train"}
+                      | {"observed"})
     arrays = load_arrays(path, expected, PRODUCERS[PREDICTIONS_FILE])
-    for s in SPLITS:  # what the analyses index: N x L, probabilities and labels alike
+    if "train" in probs and "probs_train" not in arrays:
+        raise ValueError(f"{path}: this run kept no train probabilities (trained with "
+                         f"train_predictions=False, spml benchmark's default); spml benchmark "
+                         f"--train-predictions or spml train keep them")
+    for s in probs:  # what the analyses index: N x L, probabilities and labels alike
         probs, y = arrays[f"probs_{s}"], arrays[f"y_{s}"]
         if probs.ndim != 2 or probs.shape != y.shape:
             raise ValueError(f"{path}: probs_{s} has shape {probs.shape} and y_{s} "

@@ -30,8 +30,7 @@ _ADAM_FLAGS = {"--batch-sizes": lambda a: a.batch_sizes is not None,
                "--drop-last": lambda a: a.drop_last,
                "--no-vectorise": lambda a: a.no_vectorise,
                "--jobs": lambda a: a.jobs is not None}
-_SOLVER_FLAGS = {"--cs": lambda a: a.cs is not None, "--pick": lambda a: a.pick is not None,
-                 "--train-predictions": lambda a: a.train_predictions}
+_SOLVER_FLAGS = {"--cs": lambda a: a.cs is not None, "--pick": lambda a: a.pick is not None}
 
 
 def _solver(args, options: dict) -> str:
@@ -79,7 +78,7 @@ def cmd_benchmark(args) -> int:
                         metric=args.metric, regime=args.regime, drop_last=args.drop_last,
                         progress=not args.quiet, argv=sys.argv,
                         vectorise=not args.no_vectorise, sklearn=not args.no_references,
-                        **given)
+                        train_predictions=args.train_predictions, **given)
     print(res["table"] if res["results"] else "no grid point finished: nothing to tabulate")
     print(f"wrote {args.out}/results.json and {args.out}/table.md (a study folder: spml study "
           f"status | table | export {args.out}, spml report {args.out})")
@@ -212,7 +211,9 @@ def register(sub) -> None:
                              "only the grid points it is missing")
     output.add_argument("--quiet", action="store_true", help="no progress bar")
     output.add_argument("--train-predictions", action="store_true",
-                        help="the solver also keeps each loss x seed's train probabilities in "
-                             "predictions/ (default: val and test only)")
+                        help="also keep the train rows' probabilities (the solver: each loss "
+                             "x seed's in predictions/; --solver adam: in every run's "
+                             "predictions.npz, what spml analyze reads); default: val and test "
+                             "only")
     _add_backbone(p, group=data)
     p.set_defaults(func=cmd_benchmark)

@@ -75,6 +75,12 @@ class TrainConfig:
     loader, as a side effect, also drops the last partial batch of val and test). An epoch's
     ``train_loss`` is then the mean over the rows it trained on. With fewer train rows than
     ``batch_size`` no batch would be left: that is an error.
+
+    ``train_predictions`` (True): the run folder's ``predictions.npz`` holds the train rows'
+    probabilities beside val's and test's (what ``spml analyze`` reads). False keeps val and
+    test only (the train recovery mAP is still scored): ``spml benchmark``'s default, where
+    a grid of runs on many rows would write the train probabilities of every run. It changes no
+    number, and no run id.
     """
 
     epochs: int = 25
@@ -93,9 +99,14 @@ class TrainConfig:
     metric: str = "map"
     drop_last: bool = False
     weight_decay: float = 0.0
+    train_predictions: bool = True
 
     def __post_init__(self):
         import math
+
+        if not isinstance(self.train_predictions, bool):
+            raise ValueError(f"train_predictions must be true or false, got "
+                             f"{self.train_predictions!r}")
 
         if isinstance(self.weight_decay, bool) or not isinstance(self.weight_decay, (int, float)) \
                 or not math.isfinite(self.weight_decay) or self.weight_decay < 0:

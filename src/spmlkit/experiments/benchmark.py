@@ -69,7 +69,8 @@ def benchmark_study(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("
                     seeds: int = 3, epochs: int = 25, grid: dict | None = None,
                     early_stop: str = "none", hparams: dict | None = None,
                     dataset_options: dict | None = None, metric: str = "map",
-                    regime: str | None = None, drop_last: bool = False) -> dict:
+                    regime: str | None = None, drop_last: bool = False,
+                    train_predictions: bool = False) -> dict:
     """The study spec (a dict for
     [`spmlkit.experiments.study.load_study`][spmlkit.experiments.study.load_study]) of a benchmark:
     the arguments mean what they mean in `run_benchmark`.
@@ -107,8 +108,10 @@ def benchmark_study(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("
                              f"data's labels are those with --data train_labels=observed "
                              f"(1 / 0 / -1 or empty cells in the training rows)")
     extra = {} if metric == "map" else {"metric": metric}
-    if drop_last:  # (absent when off: the run ids stay those of every earlier benchmark)
-        extra["train"] = {"drop_last": True}
+    # (drop_last absent when off: the run ids stay those of every earlier benchmark;
+    # train_predictions changes no number and no run id)
+    extra["train"] = {**({"drop_last": True} if drop_last else {}),
+                      **({} if train_predictions else {"train_predictions": False})}
     return {**extra, "name": "benchmark-" + re.sub(r"[^A-Za-z0-9._-]+", "_", dataset),
             "title": f"spml benchmark on {dataset}",
             "datasets": [{"name": dataset, "options": dict(dataset_options or {})}],
@@ -123,7 +126,8 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
                   hparams: dict | None = None, dataset_options: dict | None = None,
                   progress: bool = True, *, argv=None, vectorise: bool = True,
                   metric: str = "map", regime: str | None = None,
-                  drop_last: bool = False, sklearn: bool = True) -> dict:
+                  drop_last: bool = False, sklearn: bool = True,
+                  train_predictions: bool = False) -> dict:
     """Run the grid for every method and seed as a study in ``out``; write results.json and
     table.md there.
 
@@ -152,6 +156,9 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
             its test and val columns when it is not ``map``.
         drop_last: train without each epoch's last, shorter batch (``TrainConfig.drop_last``,
             Cole et al.'s loader); validation and test still score every row.
+        train_predictions: each run's ``predictions.npz`` also holds the train rows'
+            probabilities (``TrainConfig.train_predictions``; default False: val and test
+            only, so that a grid on many rows does not write every run's train probabilities).
         argv: the command line recorded in ``launches.jsonl``.
         vectorise: train the grid points that differ only in seed, learning rate and weight
             decay together (`spmlkit.experiments.study.run_study`); False: one run at a
@@ -189,7 +196,7 @@ def run_benchmark(dataset: str = "yeast", losses=DEFAULT_LOSSES, references=("bc
     try:
         spec = load_study(benchmark_study(dataset, losses, references, seeds, epochs, grid,
                                           early_stop, hparams, dataset_options, metric, regime,
-                                          drop_last))
+                                          drop_last, train_predictions))
     except ValueError as err:  # the spec's keys, said as the options that made them
         raise ValueError(_as_options(str(err))) from None
     skipped = [r for r in kept_references(references, dataset_options)[1]

@@ -181,14 +181,14 @@ METHODS = Registry("training method")
 
 #: the `TrainConfig` fields every method reads (the loop's epochs, batches, selection)
 COMMON_TRAIN_FIELDS = ("epochs", "batch_size", "lr", "seed", "early_stop", "map_convention",
-                       "device", "metric", "drop_last")
+                       "device", "metric", "drop_last", "train_predictions")
 #: the ``spml train`` flag of each other `TrainConfig` field (an error names it)
 TRAIN_FIELD_FLAGS = {"head_lr_mult": "--head-lr-mult", "amp": "--amp",
                      "channels_last": "channels_last", "num_workers": "--workers",
                      "image_size": "--image-size", "eval_batch_size": "eval_batch_size",
                      "weight_decay": "--weight-decay", "epochs": "--epochs",
                      "batch_size": "--batch-size", "lr": "--lr", "early_stop": "--early-stop",
-                     "drop_last": "--drop-last"}
+                     "drop_last": "--drop-last", "train_predictions": "--train-predictions"}
 #: image-method fields of `TrainConfig` (the loaders, autocast, input size)
 IMAGE_TRAIN_FIELDS = ("amp", "channels_last", "num_workers", "image_size", "eval_batch_size")
 

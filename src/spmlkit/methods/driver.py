@@ -417,7 +417,8 @@ def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
                    if (splits.meta or {}).get(key)}}
         run.finish(result, best, {
             "best_epoch": fit.best_epoch, "observed": splits.observed,
-            **{f"probs_{s}": np.asarray(p, np.float32) for s, p in probs.items()},
+            **{f"probs_{s}": np.asarray(p, np.float32) for s, p in probs.items()
+               if s != "train" or config.train_predictions},
             **{f"y_{s}": getattr(splits, s).y for s in probs}},
             chosen, durable=durable)
         result["run_dir"] = str(run.path)

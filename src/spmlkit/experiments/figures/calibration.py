@@ -70,7 +70,7 @@ def calibration_from_run(run, bins: int = 15, temperature: bool = False) -> Cali
 
     from ...metrics import partial_labels
 
-    pred = read_predictions(run)
+    pred = read_predictions(run, probs=("val", "test"))
     names = json.loads((Path(run) / "config.json").read_text()).get("class_names") or \
         [f"class{j}" for j in range(pred["y_test"].shape[1])]
     y = {s: partial_labels(pred[f"y_{s}"]) if (pred[f"y_{s}"] < 0).any() else pred[f"y_{s}"]

@@ -109,7 +109,7 @@ def panel_from_run(run, split: str = "test", n: int = 8, seed: int = 0) -> Panel
     if split not in ("train", "val", "test"):
         raise ValueError(f"split must be train, val or test, got {split!r}")
     config = read_config(run)
-    pred = read_predictions(run)
+    pred = read_predictions(run, (split,))
     items, y, splits = _image_split(run, config, split)
     probs = pred[f"probs_{split}"]
     if len(items) != len(probs) or not np.array_equal(y, pred[f"y_{split}"]):

@@ -61,7 +61,7 @@ NOT_RESULTS = {"dataset_options": ("cache_dir", "progress", "mmap"),
                                             "batch_size", "device"),
                "mode_options": ("cache_dir", "progress"),
                "mode_options.features": ("num_workers", "batch_size", "device"),
-               "train": ("num_workers", "eval_batch_size")}
+               "train": ("num_workers", "eval_batch_size", "train_predictions")}
 
 
 def result_config(config: dict) -> dict:
