@@ -133,7 +133,25 @@ def build(root: Path, rows: int, dim: int, classes: int, dtype: str) -> None:
 
 
 # ---- one case, in a child process ---------------------------------------------------------------
+def arrays_argv(root: Path, epochs: int, threads: int) -> list[str]:
+    """``spml``'s arguments of the ``arrays`` case (one run of ``spml train --dataset
+    arrays`` on the stores' files, the Adam mode)."""
+    return ["train", "--dataset", "arrays", "--solver", "adam",
+            "--data", f"features={root / 'pool' / 'features.npy'}",
+            "--data", f"labels={root / 'pool' / 'labels.npy'}",
+            "--data", f"test_features={root / 'test' / 'features.npy'}",
+            "--data", f"test_labels={root / 'test' / 'labels.npy'}",
+            "--loss", "an", "--epochs", str(epochs), "--batch-size", "16",
+            "--threads", str(threads), "--out", str(root / "cli-runs")]
+
+
 def child(args) -> None:
+    if args.case == "arrays":  # the command line, in this process (out_of_core_stages.py)
+        from spmlkit.cli import main as spml
+
+        code = spml(arrays_argv(Path(args.root), args.epochs, args.threads))
+        Path(args.result).write_text(json.dumps({"rc": code}))
+        return
     import torch
 
     from spmlkit.data.protocol import Dataset, LabelledSet, make_splits
@@ -206,13 +224,7 @@ def main() -> None:
             result = root / f"result-{case}-{'mem' if in_memory else 'store'}.json"
             if case == "arrays":
                 spml = str(Path(sys.executable).with_name("spml"))
-                cmd = [spml, "train", "--dataset", "arrays",
-                       "--data", f"features={root / 'pool' / 'features.npy'}",
-                       "--data", f"labels={root / 'pool' / 'labels.npy'}",
-                       "--data", f"test_features={root / 'test' / 'features.npy'}",
-                       "--data", f"test_labels={root / 'test' / 'labels.npy'}",
-                       "--loss", "an", "--epochs", str(args.epochs), "--batch-size", "16",
-                       "--threads", str(args.threads), "--out", str(root / "cli-runs")]
+                cmd = [spml, *arrays_argv(root, args.epochs, args.threads)]
             else:
                 cmd = [sys.executable, str(HERE), "--child", "--case", case, "--root", str(root),
                        "--epochs", str(args.epochs), "--threads", str(args.threads),
