@@ -405,7 +405,8 @@ def gen_presets() -> str:
            "`src/spmlkit/experiments/presets/`: run it with `spml study PRESET`, or copy it and "
            "edit it (the [schema](../studies/schema.md) lists every key). Runs are counted by "
            "expanding the spec (methods x datasets x vary x grid x seeds). Times come from "
-           "`results/preset-times.csv` (the machine and command are in that file).\n"]
+           "`results/preset-times.csv` (the machine and command are in that file). "
+           "[Adding a preset](../extending/presets.md) says what a preset is held to.\n"]
     rows = []
     for name, title in list_presets():
         spec = load_study(name)

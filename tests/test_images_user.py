@@ -376,21 +376,6 @@ def test_finetune_options_default_to_todays_run_and_each_changes_it(tagged):
         assert np.abs(probs(_tiny_finetune(s, out, **change)) - base).max() > 1e-4, change
 
 
-def test_weight_decay_shrinks_weights_not_biases():
-    import torch
-
-    from spmlkit.engine.finetune import WeightDecay
-    from spmlkit.engine.optim import make_optimizer
-    from spmlkit.losses import create_loss
-
-    net = torch.nn.Sequential(torch.nn.Linear(3, 2))
-    w, b = net[0].weight.detach().clone(), net[0].bias.detach().clone()
-    opt = make_optimizer(net, create_loss("an"), 0.1)
-    WeightDecay(net, opt, 0.5).after_step(None)
-    torch.testing.assert_close(net[0].weight, w * (1 - 0.1 * 0.5))
-    torch.testing.assert_close(net[0].bias, b)
-
-
 def test_cli_fine_tuning_flags_reach_the_run(tagged, capsys):
     root, _ = tagged
     assert main(_finetune(root, "--augment", "strong", "--weight-decay", "0.05",

@@ -274,11 +274,11 @@ def test_every_metric_scores_partial_labels_as_its_record_says(name):
     cols[:, :2] = 0                                         # classes known nowhere
     mixed = np.where(np.random.default_rng(1).random(y.shape) < 0.3, 0, signed)
 
-    def partial(labels, scores=s, mask="entry"):
-        return metric_score(name, scores, partial_labels(labels, mask))
+    def partial(labels, scores=s, mask="entry"):  # as a run selects: at the val-chosen threshold
+        return metric_score(name, scores, partial_labels(labels, mask), threshold="chosen")
 
     def full(scores, labels):
-        return metric_score(name, scores, labels, no_positive="exclude")
+        return metric_score(name, scores, labels, no_positive="exclude", threshold="chosen")
 
     if rule is None:
         with pytest.raises(ValueError, match=f"metric '{name}' does not score partial labels"):
@@ -286,7 +286,8 @@ def test_every_metric_scores_partial_labels_as_its_record_says(name):
         got = classic_metrics(s, partial_labels(mixed))
         assert name not in got and name in got["not_scored"][name]
         known = (mixed != 0).all(axis=1)
-        assert _same(partial(mixed, mask="row"), metric_score(name, s[known], y[known]))
+        assert _same(partial(mixed, mask="row"), metric_score(name, s[known], y[known],
+                                                              threshold="chosen"))
         return
     assert _same(partial(signed), full(s, y))
     assert _same(partial(rows), full(s[8:], y[8:]))

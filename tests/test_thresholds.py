@@ -20,6 +20,10 @@ def test_rcut_by_hand():
                                                [0, 0, 1, 1]]
     # k rounds, at least 1; the tie in row 2 goes to the lower column
     assert apply_rule("rcut", P, k=0.6).astype(int).tolist()[2] == [1, 0, 0, 0]
+    # a run's k is fractional (EPR / ROLE's expected labels per row, 4.229 on yeast): 2.7 takes
+    # 3 labels a row, not 2 (truncated)
+    assert apply_rule("rcut", P, k=2.7).astype(int).tolist() == [[1, 1, 1, 0], [1, 1, 1, 0],
+                                                                [1, 1, 1, 0], [1, 0, 1, 1]]
     with pytest.raises(ValueError, match="k must be a whole number in 1..4"):
         rcut(P, 5)
 
@@ -47,6 +51,10 @@ def test_pcut_by_hand():
     assert got[:, 1].tolist() == [1, 1, 0, 0]
     assert got[:, 2].tolist() == [0, 0, 0, 0]
     assert got[:, 3].tolist() == [0, 0, 1, 1]
+    # products with a fractional part of 0.5 and more round up: 0.4 x 4 = 1.6 -> 2, 2.6 -> 3,
+    # 3.6 -> 4 (truncated: 1, 2, 3), 0.4 -> 0
+    got = pcut(P, [0.4, 0.65, 0.9, 0.1]).astype(int)
+    assert got.T.tolist() == [[1, 0, 1, 0], [1, 1, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]]
     with pytest.raises(ValueError, match="priors must be 4 rates"):
         pcut(P, [0.5, 0.5])
 
@@ -78,12 +86,16 @@ def run(tmp_path_factory):
 
 
 def test_predict_threshold_rules_on_a_yeast_run(run, tmp_path):
+    """spml predict --threshold-rule on 50 new yeast rows, against values worked out from the
+    run by hand (its k, the train labels' mean count, 4.208; its val labels' class rates), not
+    against the library's own rules (a bug in a rule was the CLI's too)."""
     from spmlkit.loading import load_dataset
 
     folder, _ = run
     feats = tmp_path / "test.npy"  # raw rows, as new ones come (predict standardises them)
     np.save(feats, np.asarray(load_dataset("yeast").test.x[:50], dtype=np.float32))
     k = json.loads((folder / "config.json").read_text())["k"]
+    assert k == pytest.approx(4.2083, abs=1e-4)
     stored = np.load(folder / "predictions.npz")
     for rule, extra in (("rcut", []), ("lcard", []), ("pcut", []), ("mcut", []),
                         ("rcut", ["--threshold-k", "3"])):
@@ -96,13 +108,25 @@ def test_predict_threshold_rules_on_a_yeast_run(run, tmp_path):
                           for r in got["predictions"]])
         labels = np.array([[c in r["labels"] for c in got["class_names"]]
                            for r in got["predictions"]])
-        settings = got["threshold"]
-        assert np.array_equal(labels, apply_rule(rule, probs, k=settings.get("k"),
-                                                 priors=settings.get("priors")))
-        if rule == "rcut":
-            assert (labels.sum(axis=1) == (3 if extra else max(1, round(k)))).all()
-        if rule == "pcut":
-            assert settings["priors"] == pytest.approx(stored["y_val"].mean(axis=0).tolist())
+        given, left = np.where(labels, probs, np.inf), np.where(labels, -np.inf, probs)
+        if rule == "rcut":  # each row's n highest scores: --threshold-k 3, or k 4.208 -> 4
+            assert (labels.sum(axis=1) == (3 if extra else 4)).all()
+            assert (given.min(axis=1) >= left.max(axis=1)).all()
+        elif rule == "pcut":  # class j to its round(50 x val rate) highest-scored rows
+            assert got["threshold"]["priors"] == pytest.approx(stored["y_val"].mean(axis=0))
+            # 50 x rate: 17.46, 21.45, 20.56, 19.08, 14.05, 11.98, 9.02, 10.36, 3.25, 6.07,
+            # 6.95, 38.61, 38.46, 0.59
+            assert labels.sum(axis=0).tolist() == [17, 21, 21, 19, 14, 12, 9, 10, 3, 6, 7, 39,
+                                                   38, 1]
+            assert (given.min(axis=0) >= left.max(axis=0)).all()
+        elif rule == "lcard":  # one threshold; the mean count closest to 4.208 that 50 rows
+            assert labels.sum() == 210  # can have: 4.20 a row
+            assert given.min() >= left.max()
+        else:  # mcut: per row, the labels above its largest gap between sorted scores
+            ranked = -np.sort(-probs, axis=1)
+            assert (labels.sum(axis=1) == np.argmax(ranked[:, :-1] - ranked[:, 1:], axis=1)
+                    + 1).all()
+            assert (given.min(axis=1) > left.max(axis=1)).all()
     assert main(["predict", str(folder), str(feats), "--threshold-rule", "mcut",
                  "--threshold-k", "2"]) == 2
     for rule, bad in (("rcut", "-5"), ("rcut", "0"), ("rcut", "1.5"), ("rcut", "inf"),

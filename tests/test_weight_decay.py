@@ -61,8 +61,45 @@ def test_weight_decay_shrinks_the_weights_not_the_bias(yeast):
                            TrainConfig(epochs=3, lr=1e-2, weight_decay=wd))[0]
             for wd in (0.0, 0.1)}
     assert runs[0.1].weight.norm() < 0.8 * runs[0.0].weight.norm()
+    # the bias: one step (one batch of every row) from the same start, single and stacked; the
+    # bias's gradient is the same with or without decay, so its step is the same unless it is
+    # decayed too (a decay of 1e3 would turn the step of every bias entry toward 0)
+    n = len(yeast.train.x)
+    cfgs = [TrainConfig(epochs=1, batch_size=n, lr=1e-2, weight_decay=wd) for wd in (0.0, 1e3)]
+    single = [fit_linear(yeast.train.x, yeast.observed, create_loss("an"), c)[0] for c in cfgs]
+    stacked = [model for model, _ in fit_linear_stacked(
+        yeast.train.x, yeast.observed, [create_loss("an") for _ in cfgs], cfgs)]
+    for plain, decayed in (single, stacked):
+        assert torch.equal(plain.bias, decayed.bias)
+        assert (plain.weight - decayed.weight).abs().max() > 1e-3  # the weights: decayed
     with pytest.raises(ValueError, match="weight_decay must be a finite number >= 0"):
         TrainConfig(weight_decay=-0.1)
+
+
+def test_fine_tunings_decoupled_decay_scales_each_groups_weights_by_its_lr():
+    """FinetuneOptions.weight_decay, one step on known tensors: ``w <- w * (1 - lr * wd)`` with
+    each group's own learning rate (the head's is ``lr * head_lr_mult``), the biases left as
+    they are. (Moved here from tests/test_images_user.py, with a second group of another lr.)"""
+    from spmlkit.engine.finetune import WeightDecay
+    from spmlkit.engine.optim import make_optimizer
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.head = torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)
+
+    net = Net()
+    with torch.no_grad():
+        for i, p in enumerate(net.parameters()):
+            p.copy_(torch.linspace(-1.0, 1.0, p.numel()).reshape(p.shape) + i)
+    before = {name: p.detach().clone() for name, p in net.named_parameters()}
+    opt = make_optimizer(net, create_loss("an"), 0.1, head_lr_mult=10.0)
+    WeightDecay(net, opt, 0.5).after_step(None)
+    after = dict(net.named_parameters())
+    torch.testing.assert_close(after["body.weight"], before["body.weight"] * 0.95)  # 1 - .1 * .5
+    torch.testing.assert_close(after["head.weight"], before["head.weight"] * 0.5)   # 1 - 1 * .5
+    for bias in ("body.bias", "head.bias"):
+        assert torch.equal(after[bias], before[bias])
 
 
 def test_the_mlp_head_and_smile_take_weight_decay(yeast, tmp_path):
@@ -153,6 +190,27 @@ def test_benchmark_table_has_the_sklearn_rows_marked_as_references(tmp_path, cap
     assert [(r["loss"], r["seed"]) for r in refs] == [
         ("sklearn_lr", 0), ("sklearn_lr", 1), ("sklearn_lr@full", 0), ("sklearn_lr@full", 1)]
     assert "weight decay" not in table  # the built-in yeast keeps the papers' grid
+
+
+def test_a_tabular_protocol_benchmarks_sklearn_rows_fit_each_seeds_own_split(tmp_path):
+    """Under ``protocol=tabular`` each seed is a trial with its own split; a benchmark's
+    scikit-learn row of seed s is the fit on seed s's split (each row must not be seed 0's)."""
+    from spmlkit.experiments.reference import sklearn_reference
+
+    out = tmp_path / "bench"
+    assert main(["benchmark", "--losses", "an", "--no-vectorise", "--seeds", "2", "--data",
+                 "protocol=tabular", "--batch-sizes", "16", "--lrs", "1e-2", "--epochs", "1",
+                 "--jobs", "1", "--quiet", "--out", str(out)]) == 0
+    refs = json.loads((out / "sklearn-reference.json").read_text())
+    assert [(r["loss"], r["seed"]) for r in refs] == [
+        ("sklearn_lr", 0), ("sklearn_lr", 1), ("sklearn_lr@full", 0), ("sklearn_lr@full", 1)]
+    for r in refs[:2]:
+        own = sklearn_reference(load_splits("yeast", "1p", protocol="tabular", seed=r["seed"]),
+                                r["seed"])
+        assert (r["C"], r["val_map"], r["test_map"]) == (own["C"], own["val_map"],
+                                                         own["test_map"]), r
+    assert refs[0]["test_map"] != refs[1]["test_map"] and \
+        refs[2]["test_map"] != refs[3]["test_map"]
 
 
 def test_own_data_benchmark_searches_weight_decay_and_has_no_full_label_rows(tmp_path,

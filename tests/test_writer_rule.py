@@ -128,6 +128,36 @@ def test_predict_never_replaces_its_input(world, tmp_path, capsys):
     assert open(inp, "rb").read() == before
 
 
+@pytest.mark.parametrize("how", ["dot-relative", "input-dot-relative", "absolute",
+                                 "through-a-linked-folder", "input-named-by-a-link"])
+def test_predict_never_replaces_its_input_named_another_way(world, tmp_path, capsys,
+                                                            monkeypatch, how):
+    """The output is compared with the inputs as files, not as path strings: the input
+    ``data/new.npy`` is not replaced through ``--out ./data/new.npy --force`` (or the input
+    named ``./data/new.npy``), its absolute path, a linked folder on the way, or when the input
+    was named through a link."""
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(world["new"], data / "new.npy")
+    before = (data / "new.npy").read_bytes()
+    monkeypatch.chdir(tmp_path)
+    inp, out = "data/new.npy", {"dot-relative": "./data/new.npy",
+                                "input-dot-relative": "data/new.npy",
+                                "absolute": str(data / "new.npy"),
+                                "through-a-linked-folder": "alias/new.npy",
+                                "input-named-by-a-link": "data/new.npy"}[how]
+    if how == "input-dot-relative":
+        inp = "./data/new.npy"
+    if how == "through-a-linked-folder":
+        os.symlink(data, tmp_path / "alias")
+    if how == "input-named-by-a-link":
+        os.symlink(data / "new.npy", tmp_path / "link.npy")
+        inp = "link.npy"
+    assert main(["predict", str(world["run"]), inp, "--out", out, "--force"]) == 2
+    assert "new.npy: is an input of this command" in capsys.readouterr().err
+    assert (data / "new.npy").read_bytes() == before
+
+
 def test_predict_never_replaces_an_image_of_an_input_folder(world, tmp_path, capsys):
     from PIL import Image
 

@@ -15,7 +15,7 @@ from .ap import _as_scores, map_from_ap, per_class_ap, precision_recall_at_k
 from .ap import mean_average_precision as _mean_average_precision
 from .partial import (classes_without_negatives, format_labels, is_partial, known_entries,
                       mask_of, partial_labels)
-from .records import METRICS, check_metric, partial_refusal
+from .records import METRIC_SETTINGS, METRICS, check_metric, partial_refusal
 
 
 def _scored(probs, y, names, settings: dict) -> tuple[dict, dict]:
@@ -73,8 +73,9 @@ def metric_score(name: str, probs, y, *, convention: str = "present",
     from .thresholds import best_global_threshold
 
     metric = METRICS[check_metric(name)]
-    if metric.needs_threshold and threshold == "chosen":
-        threshold = best_global_threshold(probs, y)[0]
+    if threshold == "chosen":  # (a metric without a threshold: the default, never read)
+        threshold = best_global_threshold(probs, y)[0] if metric.needs_threshold else \
+            METRIC_SETTINGS["threshold"]
     values, refused = _scored(probs, y, [name], _settings(y, convention, threshold, no_positive))
     if refused:
         raise ValueError(refused[name])
