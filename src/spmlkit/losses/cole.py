@@ -198,9 +198,10 @@ class ROLELoss(_NeedsK):
               (the gradient is sparse, ``F.embedding(..., sparse=True)``), with lazy Adam as
               ``torch.optim.SparseAdam``: a row's moments move only when the row is in the
               batch, bias correction from the global step, ``eps`` added to ``sqrt(v)``. A
-              step costs O(B L), an epoch O(N L): at 200,000 rows within 3x an AN epoch
-              (results/role-epoch.csv, which also gives its test mAP on yeast beside
-              ``"dense"``'s). Not the official algorithm (docs/provenance.yaml). The
+              step costs O(B L), an epoch O(N L) as AN's (results/role-epoch.csv: both
+              epochs beside AN's, and their test mAP on yeast). A row moves once an epoch,
+              where "dense" carries it on by its moments at every step: not the official
+              algorithm, and not its numbers (docs/provenance.yaml). The
               engine's `spmlkit.engine.LeanAdam` (linear, fine-tune, linear_init, BoostLU)
               steps it; such runs train one by one, not stacked (the stacked engine's
               update is dense); ``--mode lac`` (AdamW with a OneCycle schedule) refuses it.
