@@ -1,4 +1,5 @@
 """Engine, estimator, run folders: determinism, selection, early stopping, hooks, errors."""
+import copy
 import json
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from sklearn.exceptions import NotFittedError
 from spmlkit import SPMLClassifier
 from spmlkit.engine import TrainConfig, fit_linear, parse_early_stop
 from spmlkit.labels import make_observed
-from spmlkit.losses import LOSSES, SPMLLoss, create_loss
+from spmlkit.losses import LOSSES, SPMLLoss, TrainInfo, create_loss
 from spmlkit.runs import RunDir
 from spmlkit.safe_write import write_json
 
@@ -264,6 +265,8 @@ def weights_only_round_trip(state, tmp_path, name="state.pt"):
 def stateful(name, y=None):
     """Loss ``name`` built to show its state early (EM+APL's pseudo-labels from epoch 1 on); a
     loss that needs an external scorer gets simulated scores of the full labels ``y``."""
+    if name == "role_rows":  # ROLE's estimator stepped row by row (LeanAdam's lazy rows)
+        return create_loss("role", estimator_update="rows")
     if getattr(LOSSES.get(name).factory, "needs_scores", False):
         from spmlkit.losses.scorer import simulated_scores
 
@@ -271,7 +274,7 @@ def stateful(name, y=None):
     return create_loss(name, **({"warmup": 1} if name == "em_apl" else {}))
 
 
-@pytest.mark.parametrize("name", ["role", "em_apl", "ll_cp"])
+@pytest.mark.parametrize("name", ["role", "role_rows", "em_apl", "ll_cp"])
 def test_fit_linear_resume_is_bit_identical(name, tmp_path):
     """Stop after epoch e (on_epoch raises; the checkpoint of epoch e is kept), resume from
     that state in a fresh process-like setting (new loss object, state through torch.save and a
@@ -411,6 +414,102 @@ def test_lean_adam_state_round_trip():
     assert torch.equal(a.weight, c.weight) and torch.equal(a.bias, c.bias)
     with pytest.raises(ValueError, match="groups"):
         opt_c.load_state_dict({"groups": []})
+
+
+def test_lean_adam_steps_a_sparse_gradient_as_sparse_adam_and_resumes():
+    """A parameter with a row-wise (sparse) gradient: LeanAdam moves the batch's rows and their
+    moments only, exactly as torch.optim.SparseAdam (beside fused Adam on the dense ones),
+    also after a state round trip midway (its step counts come back with the state)."""
+    from torch import nn
+    from torch.nn import functional as F
+
+    from spmlkit.engine import LeanAdam
+
+    gen = torch.Generator().manual_seed(0)
+    head = nn.Linear(5, 3)
+    table = torch.randn(40, 3, generator=gen)
+    batches = [(torch.randn(4, 5, generator=gen), torch.randint(0, 30, (4,), generator=gen))
+               for _ in range(12)]  # rows 30..39 are never in a batch
+
+    def run(make, resume_at=None):
+        model = copy.deepcopy(head)
+        est = nn.Parameter(table.clone())
+        opt = make(model, est)
+        for i, (x, rows) in enumerate(batches):
+            if i == resume_at:  # a fresh optimiser from the saved state
+                saved = copy.deepcopy(opt.state_dict())
+                opt = make(model, est)
+                opt.load_state_dict(saved)
+            opt.zero_grad()
+            (model(x) * F.embedding(rows, est, sparse=True)).pow(2).sum().backward()
+            opt.step()
+        return model, est, opt
+
+    def torch_pair(model, est):
+        return Both(torch.optim.Adam(model.parameters(), lr=1e-2, fused=True),
+                    torch.optim.SparseAdam([est], lr=1e-1))
+
+    def lean(model, est):
+        return LeanAdam([(list(model.parameters()), 1e-2), ([est], 1e-1)])
+
+    ref_model, ref_est, _ = run(torch_pair)
+    for resume_at in (None, 5):
+        model, est, opt = run(lean, resume_at)
+        assert torch.equal(model.weight, ref_model.weight) and torch.equal(est, ref_est)
+    assert torch.equal(est[30:], table[30:]) and not torch.equal(est[:30], table[:30])
+    assert not opt.groups[1]["exp_avg"][0][30:].any()  # rows never seen: moments untouched
+    assert int(opt.groups[1]["steps"][0]) == len(batches)
+    decayed = LeanAdam([([est], 1e-1, 1e-2)])
+    (F.embedding(torch.tensor([0]), est, sparse=True)).sum().backward()
+    with pytest.raises(ValueError, match="sparse.*no weight decay"):
+        decayed.step()
+
+
+class Both:
+    """Two torch optimisers stepped as one (the reference of the test above)."""
+
+    def __init__(self, *opts):
+        self.opts = opts
+
+    def zero_grad(self):
+        for o in self.opts:
+            o.zero_grad()
+
+    def step(self):
+        for o in self.opts:
+            o.step()
+
+
+def test_without_the_fused_kernel_role_rows_trains_with_sparse_adam(monkeypatch, tmp_path):
+    """Where torch lacks the fused Adam kernel, make_optimizer's fallback steps ROLE's "rows"
+    estimator with torch.optim.SparseAdam (torch.optim.Adam refuses sparse gradients), and a
+    run resumed from its checkpoint is the uninterrupted one."""
+    from spmlkit.engine import make_linear_head, make_optimizer
+    from spmlkit.engine.optim import AdamAndSparseAdam
+
+    def missing(*args, **kwargs):
+        raise RuntimeError("no fused kernel here")
+
+    monkeypatch.setattr(torch, "_fused_adam_", missing)
+    x, y = toy(n=60)
+    z = make_observed(y, "1p")
+    loss = create_loss("role", estimator_update="rows")
+    loss.on_train_start(torch.as_tensor(z), TrainInfo(60, 4, 1.5, seed=0))
+    opt = make_optimizer(make_linear_head(6, 4, 0), loss, 1e-2)
+    assert isinstance(opt, AdamAndSparseAdam)
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([1e-2, 1e-1])
+    cfg = TrainConfig(epochs=3, batch_size=16, lr=2e-2, seed=7)
+    states = []
+    whole_loss = create_loss("role", estimator_update="rows")
+    whole, ref = fit_linear(x, z, whole_loss, cfg, x_val=x, y_val=y, k=1.5,
+                            checkpoint=lambda state: states.append(state()))
+    state = weights_only_round_trip(states[0], tmp_path)
+    assert set(state["optimizer"]) == {"adam", "sparse_adam"}
+    loss = create_loss("role", estimator_update="rows")
+    model, res = fit_linear(x, z, loss, cfg, x_val=x, y_val=y, k=1.5, resume=state)
+    assert torch.equal(model.weight, whole.weight)
+    assert torch.equal(loss.label_logits, whole_loss.label_logits)
+    assert res.history == ref.history
 
 
 # ---- stages, hooks, several evaluators -----------------------------------------------------------

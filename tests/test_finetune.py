@@ -10,6 +10,7 @@ from spmlkit.engine import (GlobalBatchSampler, LossScaler, TrainConfig, amp_dty
                             fit_finetune, fit_linear, fit_linear_init, predict_items)
 from spmlkit.labels import make_observed
 from spmlkit.losses import SPMLLoss, TrainInfo, create_loss
+from spmlkit.losses import create_loss as create
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +229,32 @@ def test_amp_on_cuda_only_and_loss_scaler():
     assert scaler.scale == 8.0  # two good steps in a row
 
 
+def test_loss_scaler_unscales_a_sparse_gradient_and_skips_it_when_not_finite():
+    """ROLE "rows" under float16 autocast: the estimator's row-wise (sparse) gradient is
+    unscaled before LeanAdam's lazy step (the step is the unscaled one, exactly), and a
+    non-finite one skips the step."""
+    from torch.nn import functional as F
+
+    from spmlkit.engine import LeanAdam
+
+    def rows_value(est, rows=(2, 0), weight=1.0):
+        return (F.embedding(torch.tensor(rows), est, sparse=True) * weight).pow(2).sum()
+
+    start = torch.arange(12.0).view(4, 3)
+    plain = torch.nn.Parameter(start.clone())
+    opt = LeanAdam([([plain], 0.1)])
+    rows_value(plain).backward()
+    opt.step()
+    est = torch.nn.Parameter(start.clone())
+    scaler = LossScaler([est], init_scale=1024.0)
+    opt = LeanAdam([([est], 0.1)])
+    scaler.step(rows_value(est), opt)
+    assert torch.equal(est, plain) and not torch.equal(plain, start)
+    before = est.detach().clone()
+    scaler.step(rows_value(est, rows=(1,), weight=float("inf")), opt)
+    assert torch.equal(est, before) and scaler.skipped == 1 and scaler.scale == 512.0
+
+
 def test_amp_request_on_cpu_warns_and_runs_float32(images):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -307,16 +334,22 @@ class DropoutModel(torch.nn.Module):
         return self.head(self.drop(self.backbone(x)))
 
 
-@pytest.mark.parametrize("make", [tiny_model, DropoutModel])
-def test_finetune_resume_is_bit_identical(images, tmp_path, make):
+@pytest.mark.parametrize("make, update", [(tiny_model, "dense"), (DropoutModel, "dense"),
+                                          (tiny_model, "rows")])
+def test_finetune_resume_is_bit_identical(images, tmp_path, make, update):
     """Stop after epoch 1 (on_epoch raises), resume from that epoch's checkpoint state with a
     fresh model and loss: the uninterrupted run's weights, ROLE estimator, history and best
     epoch exactly; with dropout too (drawn per epoch from a seeded fork of the global RNG,
-    which is left as it was)."""
+    which is left as it was); with ROLE's estimator stepped row by row (its lazy moments and
+    step count in the checkpoint)."""
     n = 24
     config = cfg(epochs=3, image_size=16)
     data = dict(val_items=images["val"], y_val=images["y_val"], k=1.5)
     rng = torch.get_rng_state()
+
+    def create_loss(name):  # (the module's, with the estimator's update)
+        return create(name, estimator_update=update)
+
     whole_loss = create_loss("role")
     whole, ref = fit_finetune(make(), images["train"][:n], images["observed"][:n], whole_loss,
                               config, **data)

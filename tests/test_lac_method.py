@@ -497,3 +497,15 @@ def test_every_registered_loss_trains_on_the_label_wise_model(toy):
                         cache_dir=toy["cache"], progress=False, features={"num_workers": 0})
         assert np.isfinite(res["val_map"]) and np.isfinite(res["test_map"]), name
         assert res["loss"] == name and res["best_stage"] == 1, name
+
+
+def test_role_rows_is_refused_by_lacs_adamw(toy):
+    """ROLE's estimator_update="rows" gives its estimator row-wise (sparse) gradients, which
+    LAC's AdamW with its OneCycle schedule does not step: refused by name, not trained wrong."""
+    with pytest.raises(ValueError, match=r"--mode lac: ROLELoss.*estimator_update='rows'.*"
+                                         r"leave estimator_update at 'dense'"):
+        train_run("lac", toy["splits"], "role", {"estimator_update": "rows"},
+                  TrainConfig(epochs=1, batch_size=8, lr=1e-2),
+                  **{**SMALL, "plc": False, "lac": False}, backbone="tiny_cnn",
+                  backbone_options=BACKBONE, pretrained=False, cache_dir=toy["cache"],
+                  progress=False, features={"num_workers": 0})

@@ -174,6 +174,28 @@ def test_hand_value_role():
     assert loss2(_x(), _z(), index=idx).item() == pytest.approx(hand_role(0.5, 2.0), rel=1e-6)
 
 
+def test_role_rows_is_the_same_loss_with_a_sparse_gradient_of_the_batch_rows():
+    """estimator_update="rows" changes how the estimator is stepped, not the loss: the value
+    (the hand reference), the logits' gradient and the estimator's gradient are the dense
+    one's, the latter sparse, holding the batch's rows only."""
+    grads = {}
+    for update in ("dense", "rows"):
+        loss, idx = _role(k=1.5, estimator_update=update)
+        x = _x().requires_grad_()
+        out = loss(x, _z(), index=idx)
+        assert out.item() == pytest.approx(hand_role(1.5), rel=1e-6)
+        out.backward()
+        grads[update] = (x.grad, loss.label_logits.grad)
+    sparse = grads["rows"][1]
+    assert sparse.is_sparse and sorted(sparse.coalesce().indices()[0].tolist()) == [0, 2]
+    assert torch.equal(grads["rows"][0], grads["dense"][0])
+    assert torch.equal(sparse.to_dense(), grads["dense"][1])
+    assert grads["dense"][1][[1, 3]].abs().sum() == 0 and grads["dense"][1].abs().sum() > 0
+    with pytest.raises(ValueError, match=r"estimator_update must be one of \('dense', "
+                                         r"'rows'\), got 'sparse'"):
+        create_loss("role", estimator_update="sparse")
+
+
 def test_epr_k_from_train_info():
     loss = create_loss("epr")
     loss.on_train_start(_z(), TrainInfo(num_examples=2, num_classes=3, k=2.5))
@@ -560,3 +582,6 @@ def test_role_warns_of_its_dense_estimator_at_scale(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         create_loss("role").on_train_start(observed[:10], TrainInfo(10, 5, seed=0))
+        # stepped row by row, its cost is the batch's: no warning
+        create_loss("role", estimator_update="rows").on_train_start(observed,
+                                                                   TrainInfo(20, 5, seed=0))

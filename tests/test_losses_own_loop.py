@@ -177,6 +177,53 @@ def test_role_without_its_parameter_group_raises_after_an_epoch():
     assert done == N  # one epoch went through
 
 
+def _role_rows_loop(step_estimator: bool):
+    """The loop of docs/guide/own-loop.md for ROLE with estimator_update="rows": the head in
+    Adam (torch's fused kernel, as the engine's), the estimator in a second optimiser,
+    SparseAdam (or in none)."""
+    loss, head = create_loss("role", estimator_update="rows"), _head()
+    loss.on_train_start(Z, TrainInfo(N, L, k=K, seed=SEED, num_epochs=EPOCHS))
+    opts = [torch.optim.Adam(head.parameters(), lr=LR, fused=True)]
+    if step_estimator:
+        opts.append(torch.optim.SparseAdam(loss.param_groups(LR)))
+    gen = torch.Generator().manual_seed(SEED)
+    for epoch in range(EPOCHS):
+        loss.on_epoch_start(epoch)
+        for idx in _batches(gen):
+            value = loss(head(X[idx]), Z[idx], index=idx)
+            for opt in opts:
+                opt.zero_grad()
+            value.backward()
+            assert loss.label_logits.grad.is_sparse
+            for opt in opts:
+                opt.step()
+        loss.on_epoch_end(epoch)
+    return head, loss
+
+
+def test_role_rows_with_sparse_adam_is_the_engine_bit_for_bit():
+    """The estimator's row-wise gradient stepped by torch.optim.SparseAdam in a loop of your own
+    trains what the engine (LeanAdam's lazy rows) trains, head and estimator, bit for bit."""
+    head, loss = _role_rows_loop(step_estimator=True)
+    ours = create_loss("role", estimator_update="rows")
+    model, _ = fit_linear(X, Z, ours, TrainConfig(epochs=EPOCHS, batch_size=B, lr=LR,
+                                                    seed=SEED), k=K, model=_head())
+    assert _same(head, model)
+    assert torch.equal(loss.label_logits, ours.label_logits)
+    dense = create_loss("role")
+    fit_linear(X, Z, dense, TrainConfig(epochs=EPOCHS, batch_size=B, lr=LR, seed=SEED), k=K,
+               model=_head())
+    assert not torch.equal(dense.label_logits, ours.label_logits)  # (another algorithm)
+
+
+def test_role_rows_without_its_optimiser_names_sparse_adam():
+    """ROLE "rows" whose estimator no optimiser steps: the check sees its sparse gradients
+    arrive, and the error names SparseAdam (torch.optim.Adam refuses sparse gradients)."""
+    with pytest.raises(RuntimeError, match=r"label_logits.*not in the optimiser.*"
+                                           r"torch\.optim\.SparseAdam\(loss\.param_groups"):
+        _role_rows_loop(step_estimator=False)
+
+
 def test_role_with_gradient_accumulation_is_not_flagged():
     """Steps every second batch (gradient accumulation): the estimates do move."""
     loss, head = create_loss("role"), _head()

@@ -153,6 +153,26 @@ def test_refusals_name_the_reason():
     assert "flips" in solver_form(create_loss("ll_cp"))[1]
 
 
+def test_role_rows_is_refused_by_the_solver_and_trains_with_adam():
+    """ROLE's estimator_update chooses which rows an Adam step moves: under the solver, which
+    solves every row each round, "rows" would do nothing, so it is refused by name (the
+    estimator, whose default solver is L-BFGS, too); with Adam it trains."""
+    from spmlkit import SPMLClassifier
+
+    assert solver_form(create_loss("role"))[0] == "rounds"
+    form, why = solver_form(create_loss("role", estimator_update="rows"))
+    assert form == "refused" and "estimator_update='rows'" in why and "--solver adam" in why
+    x, y, z = _random_problem(n=120, seed=31)
+    with pytest.raises(ValueError, match="estimator_update='rows'.*would do nothing"):
+        solve_path(x, z, create_loss("role", estimator_update="rows"), c=1.0)
+    rows = {"estimator_update": "rows"}
+    with pytest.raises(ValueError, match="estimator_update='rows'"):
+        SPMLClassifier(loss="role", loss_params=rows, k=1.5).fit(x, z)
+    fitted = SPMLClassifier(loss="role", loss_params=rows, k=1.5, solver="adam",
+                            epochs=2).fit(x, z)
+    assert fitted.predict_proba(x).shape == y.shape
+
+
 # ---- the path ---------------------------------------------------------------------------------
 
 def test_path_goes_strong_to_weak_warm_started_and_selects_on_val():

@@ -287,6 +287,18 @@ def test_non_stackable_losses_and_configs_are_refused():
                            [TrainConfig(seed=0), TrainConfig(seed=1)])
 
 
+def test_role_rows_trains_one_run_at_a_time():
+    """ROLE with estimator_update="rows" does not stack (the stacked engine's estimator update
+    is dense, `stacked_step`): `can_stack` says so and the stacked engine refuses it, so its
+    runs train one by one (train_runs' fallback); dense ROLE stacks."""
+    rows = {"k": 1.5, "estimator_update": "rows"}
+    assert "not stackable" in can_stack(create_loss("role", **rows), CONFIGS[0])
+    assert can_stack(create_loss("role", k=1.5), CONFIGS[0]) is None
+    with pytest.raises(ValueError, match="cannot be stacked.*not stackable"):
+        fit_linear_stacked(X, Z, [create_loss("role", **rows) for _ in CONFIGS], CONFIGS,
+                           x_val=XV, y_val=YV, k=1.5)
+
+
 def test_stack_limit_rule():
     assert stack_limit(1354, 338, 103, 14, 8, create_loss("an")) >= 12   # yeast: stack
     # COCO-shaped on a CPU: compute-bound, a small stack; on a GPU memory alone decides

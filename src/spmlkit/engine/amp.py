@@ -46,7 +46,9 @@ class LossScaler:
         they are all finite (else the step is skipped and the scale halved)."""
         optimizer.zero_grad(set_to_none=True)
         (value * self.scale).backward()
-        grads = [p.grad for p in self.params if p.grad is not None]
+        # a sparse (row-wise) gradient's values: ROLE's estimator with estimator_update="rows"
+        grads = [p.grad._values() if p.grad.is_sparse else p.grad
+                 for p in self.params if p.grad is not None]
         if grads:
             torch._foreach_mul_(grads, 1.0 / self.scale)
             finite = bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())

@@ -181,37 +181,81 @@ class ROLELoss(_NeedsK):
     O-, for regimes that observe negatives) ``+ BCE(a, b)`` on every entry, plus ``lam`` times
     the EPR penalty on ``a``. The engine trains ``label_logits`` at ``lr_multiplier`` (10) times
     the classifier's learning rate. Memory: 4 bytes per entry plus Adam's two moments (COCO:
-    65,665 x 80 -> 63 MB in all). Time: every step's Adam update moves the whole estimator
-    (rows outside the batch too, by their moments, as the official code's optimiser does), so a
-    step costs O(N L) and an epoch O(N^2 L / B): 52 s an epoch at 10,000 rows x 1,000 classes
-    on a 2-core CPU, where AN takes 1 s; `on_train_start` warns from `DENSE_WARN` entries.
+    65,665 x 80 -> 63 MB in all).
+
+    Args:
+        k: expected positives per example (None: the train split's, from `TrainInfo`).
+        lam: the weight of the EPR penalty on each side.
+        estimator_update: how Adam steps the estimator (the full-batch solver solves every
+            row of it each round, and refuses ``"rows"``, which would do nothing there):
+
+            - ``"dense"`` (default; the official code, which the papers' tables and the
+              presets use): every step's Adam update moves the whole estimator, the rows
+              outside the batch too (by their moments), so a step costs O(N L) and an epoch
+              O(N^2 L / B): 52 s an epoch at 10,000 rows x 1,000 classes on a 2-core CPU,
+              where AN takes 1 s; `on_train_start` warns from `DENSE_WARN` entries.
+            - ``"rows"``: a step reads, differentiates and updates only the batch's rows
+              (the gradient is sparse, ``F.embedding(..., sparse=True)``), with lazy Adam as
+              ``torch.optim.SparseAdam``: a row's moments move only when the row is in the
+              batch, bias correction from the global step, ``eps`` added to ``sqrt(v)``. A
+              step costs O(B L), an epoch O(N L) as AN's (results/role-epoch.csv: both
+              epochs beside AN's, and their test mAP on yeast). A row moves once an epoch,
+              where "dense" carries it on by its moments at every step: not the official
+              algorithm, and not its numbers (docs/provenance.yaml). The
+              engine's `spmlkit.engine.LeanAdam` (linear, fine-tune, linear_init, BoostLU)
+              steps it; such runs train one by one, not stacked (the stacked engine's
+              update is dense); ``--mode lac`` (AdamW with a OneCycle schedule) refuses it.
+              In a loop of your own, give ``loss.param_groups(lr)`` to
+              ``torch.optim.SparseAdam`` (`row_parameters`).
     """
 
     #: N x L entries from which `on_train_start` warns of the dense estimator's cost
     DENSE_WARN = 1 << 23
-
-    stackable = True
+    #: the values of ``estimator_update``
+    ESTIMATOR_UPDATES = ("dense", "rows")
 
     needs_index = True
     lr_multiplier = 10.0
     resizable_state = ("label_logits",)
 
-    def __init__(self, k: float | None = None, lam: float = 1.0, **kw):
+    def __init__(self, k: float | None = None, lam: float = 1.0,
+                 estimator_update: str = "dense", **kw):
         super().__init__(k=k, lam=lam, **kw)
+        if estimator_update not in self.ESTIMATOR_UPDATES:
+            raise ValueError(f"ROLE's estimator_update must be one of "
+                             f"{self.ESTIMATOR_UPDATES}, got {estimator_update!r}")
+        self.estimator_update = estimator_update
         self.label_logits = torch.nn.Parameter(torch.empty(0, 0))
+        if estimator_update == "rows":  # an option that does nothing under the solver
+            self.solver_refusal = (
+                "estimator_update='rows' chooses which rows of the estimator each Adam step "
+                "moves, and the solver solves every row in each round, so it would do nothing "
+                "there: leave it at 'dense' (the default), or train with Adam (spml train "
+                "--solver adam, SPMLClassifier(solver='adam'))")
+
+    @property
+    def stackable(self) -> bool:
+        """Runs of ``"dense"`` stack (`stacked_step`); ``"rows"`` trains one run at a time."""
+        return self.estimator_update == "dense"
+
+    def row_parameters(self) -> list[torch.nn.Parameter]:
+        """``[label_logits]`` with ``estimator_update="rows"``, else ``[]``
+        ([`SPMLLoss.row_parameters`][spmlkit.losses.contract.SPMLLoss.row_parameters])."""
+        return [self.label_logits] if self.estimator_update == "rows" else []
 
     def on_train_start(self, observed, info: TrainInfo) -> None:
         super().on_train_start(observed, info)
         if self.carries_state() and self.label_logits.shape == tuple(observed.shape):
             return  # restored (resume) or carried on (linear_init): keep the estimates
-        if observed.numel() >= self.DENSE_WARN:
+        if observed.numel() >= self.DENSE_WARN and self.estimator_update == "dense":
             import warnings
 
             warnings.warn(f"ROLE: its label estimator holds {observed.shape[0]:,} x "
                           f"{observed.shape[1]:,} entries, and every step's Adam update moves "
                           f"all of them (as the official code): an epoch costs about "
-                          f"{observed.shape[0]:,} / batch size times that; EPR or AN train at "
-                          f"the cost of the batch", stacklevel=2)
+                          f"{observed.shape[0]:,} / batch size times that; "
+                          f"estimator_update='rows' steps the batch's rows only (lazy Adam), "
+                          f"at about the cost of an AN step", stacklevel=2)
         gen = torch.Generator().manual_seed(int(info.seed))
         hi = _logit(0.6)
         theta = hi * (2 * torch.rand(observed.shape, generator=gen) - 1)
@@ -282,7 +326,11 @@ class ROLELoss(_NeedsK):
         if self.label_logits.numel() == 0:
             raise RuntimeError("ROLE's label estimator is not initialised: the engine calls "
                                "on_train_start(observed, info) before training")
-        est_logits = take_rows(self.label_logits, index)
+        if self.estimator_update == "rows":  # the batch's rows, with a sparse gradient
+            rows = torch.as_tensor(index, device=self.label_logits.device).long()
+            est_logits = F.embedding(rows, self.label_logits, sparse=True)
+        else:
+            est_logits = take_rows(self.label_logits, index)
         pos = (observed == POSITIVE).to(logits.dtype)
         weight = 1.0 + (observed != UNOBSERVED).to(logits.dtype)
         p, q = torch.sigmoid(logits), torch.sigmoid(est_logits)

@@ -192,6 +192,23 @@ class SPMLLoss(StackableLoss, HookRecorder):
         own = [p for p in self.parameters() if p.requires_grad]
         return [{"params": own, "lr": lr * self.lr_multiplier}] if own else []
 
+    def row_parameters(self) -> list[nn.Parameter]:
+        """The loss's own parameters of which a step reads and moves only the batch's rows
+        (ROLE with ``estimator_update="rows"``): their gradient is sparse (a
+        ``torch.sparse_coo`` tensor over their first dimension, as
+        ``F.embedding(..., sparse=True)`` gives), and an optimiser steps them lazily, as
+        ``torch.optim.SparseAdam`` (the engine's `spmlkit.engine.LeanAdam` does; in a loop of
+        your own, give them to ``SparseAdam``: ``torch.optim.Adam`` refuses sparse
+        gradients). Those of the spmlkit losses inside this one (a regulariser's base) count;
+        ``[]`` by default.
+
+        >>> from spmlkit.losses import create_loss
+        >>> create_loss("role").row_parameters(), create_loss("an").row_parameters()
+        ([], [])
+        """
+        return [p for m in self.children() if isinstance(m, SPMLLoss)
+                for p in m.row_parameters()]
+
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         resize_state_on_load(self, state_dict, prefix, self.resizable_state)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)  # (a restore: carried)

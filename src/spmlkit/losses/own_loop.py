@@ -195,7 +195,7 @@ class HookRecorder(nn.Module):
     """The own-loop checks of an `spmlkit.losses.contract.SPMLLoss` (its base; module
     docstring): every class's own hooks note their calls in the loss's `_HookLog`, and a
     training call checks them (`_check_hooks`). What it reads of the loss: ``required_hooks()``,
-    ``needs_train_predictions``, ``lr_multiplier`` and its parameters."""
+    ``needs_train_predictions``, ``lr_multiplier``, its parameters and ``row_parameters()``."""
 
     #: set within `observed_validated`: the caller has checked the labels already
     _observed_validated = False
@@ -286,12 +286,18 @@ class HookRecorder(nn.Module):
         log.snapshot = None
         if stale:
             names = [k for k, p in self.named_parameters() if p.requires_grad]
+            if self.row_parameters():  # sparse gradients: torch.optim.Adam refuses them
+                add = ("give them to a second optimiser, torch.optim.SparseAdam("
+                       "loss.param_groups(lr)) (their gradients are sparse, row-wise: "
+                       "torch.optim.Adam refuses them)")
+            else:
+                add = ("add their group: torch.optim.Adam([{'params': model.parameters()}, "
+                       "*loss.param_groups(lr)], lr=lr)")
             raise RuntimeError(f"{type(self).__name__}'s own parameters {names} received "
                                f"gradients for {log.since_update} rows (an epoch) and no step "
-                               f"changed them: they are not in the optimiser. Add their group: "
-                               f"torch.optim.Adam([{{'params': model.parameters()}}, "
-                               f"*loss.param_groups(lr)], lr=lr) (lr x {self.lr_multiplier}, as "
-                               f"the engine trains them); {_GUIDE}")
+                               f"changed them: they are not in the optimiser. {add[0].upper()}"
+                               f"{add[1:]} (lr x {self.lr_multiplier}, as the engine trains "
+                               f"them); {_GUIDE}")
 
     def _check_index(self, index) -> None:
         """``index`` holds rows of the train split that ``on_train_start`` was given

@@ -567,6 +567,12 @@ def fit_lac(model: LabelEmbeddingModel, loss, views, observed, y_train, y_val, l
         the `spmlkit.engine.FitResult` (``best_stage``, ``best_source``: ``"model"``
         or ``"ema"``); ``model`` and ``loss`` hold the best epoch's state.
     """
+    if loss.row_parameters():
+        raise ValueError(f"--mode lac: {type(loss).__name__}'s own state has row-wise (sparse) "
+                         f"gradients (ROLE's estimator_update='rows'), which LAC's AdamW with "
+                         f"its OneCycle schedule does not step: leave estimator_update at "
+                         f"'dense' here ('rows' is for the modes that train with Adam: linear, "
+                         f"finetune, linear_init, boostlu)")
     device = next(model.parameters()).device
     z = torch.as_tensor(validate_observed(observed, "train observed labels")).to(device)
     check_val_labels(y_val, config.map_convention)
