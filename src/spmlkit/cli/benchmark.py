@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from .common import (
-    _data, _dataset, _describe_features, _floats, _ints, _add_common, _add_backbone, _feature_data)
+from .common import _data, _dataset, _describe_features, _feature_data, _floats, _ints
+from .groups import _add_backbone, _add_common
 
 
 def _decays(text: str) -> list:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import _acceleration, _add_acceleration, _add_backbone, _data, _device, _whole
+from .common import _acceleration, _data, _device, _whole
+from .groups import _add_acceleration, _add_backbone
 
 
 def cmd_extract(args) -> int:

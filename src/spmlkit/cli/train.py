@@ -7,8 +7,8 @@ from pathlib import Path
 from .common import (
     LazyHelp, _losses_help, _methods_help, _regimes_help,
     _pairs, _data, _dataset, _describe_features, _whole, _positive, _nonnegative, _device, SEED,
-    _floats,
-    _add_common, _add_backbone, _feature_data, _acceleration, _add_acceleration)
+    _floats, _feature_data, _acceleration)
+from .groups import _add_acceleration, _add_backbone, _add_common
 
 
 def cmd_train(args) -> int:
