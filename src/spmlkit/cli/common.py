@@ -232,14 +232,6 @@ def _losses_help() -> str:
     return f"registered loss: {_join(LOSSES.names())} (spml list losses describes each)"
 
 
-def _regimes_help() -> str:
-    from ..labels import REGIMES
-
-    return (" | ".join(REGIMES) + " (spml list regimes; given: your own observed training "
-            "labels, --data train_labels=observed); default 1p, or given with --data "
-            "train_labels=observed")
-
-
 def _feature_data(args, data: dict | None = None) -> dict:
     """The dataset options of ``--backbone`` / ``--float16`` / ``--cache-dir``, merged with the
     extraction settings given as ``--data features={...}`` (those win)."""

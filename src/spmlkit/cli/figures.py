@@ -3,7 +3,8 @@ and study folders."""
 from __future__ import annotations
 
 from ..calibration import MAX_BINS
-from .common import _ints, _whole, FORCE_HELP, _wrote, STUDY_DIR_HELP
+from .common import _ints, _whole, _wrote, STUDY_DIR_HELP
+from .groups import add_output_file
 
 #: the most images a panel / map figure shows (one row each)
 MAX_IMAGES = 64
@@ -150,9 +151,7 @@ def register(sub) -> None:
     a.add_argument("--bins", type=_whole(1, MAX_BINS), default=20,
                    help=f"histogram bins, 1 to {MAX_BINS} (default: 20)")
     for a in asub.choices.values():
-        a.add_argument("--out", required=True, metavar="FILE",
-                       help="where to write the figure (.png or .svg)")
-        a.add_argument("--force", action="store_true", help=FORCE_HELP)
+        add_output_file(a, what="where to write the figure (.png or .svg)", required=True)
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("figure", help="the papers' figures of runs and studies (PNG, or SVG "
@@ -217,17 +216,13 @@ def register(sub) -> None:
                    help="predicted classes shown per image (default 3)")
         f.add_argument("--seed", type=int, default=0, help="seed of the image choice")
     for f in fsub.choices.values():
-        f.add_argument("--out", default=None, metavar="FILE",
-                       help="a .png or .svg file (default: <RUN or STUDY_DIR>/figures/"
-                            "<figure>.png)")
-        f.add_argument("--force", action="store_true", help=FORCE_HELP)
+        add_output_file(f, what="a .png or .svg file (default: <RUN or STUDY_DIR>/figures/"
+                                "<figure>.png)")
     p.set_defaults(func=cmd_figure)
 
     p = sub.add_parser("report", help="one self-contained HTML page of a study: tables, "
                        "figures, commands, versions, failures (opens offline)")
     p.add_argument("study", metavar="STUDY_DIR", help=STUDY_DIR_HELP)
-    p.add_argument("--out", default=None, metavar="FILE",
-                   help="the HTML file (default <STUDY_DIR>/report.html)")
-    p.add_argument("--force", action="store_true", help=FORCE_HELP)
+    add_output_file(p, what="the HTML file (default <STUDY_DIR>/report.html)")
     p.add_argument("--open", action="store_true", help="open it in the default browser")
     p.set_defaults(func=cmd_report)

@@ -1,11 +1,30 @@
-"""The option groups the ``spml`` commands share, each written once (a command's ``register``
-adds them to its parser, then its own options): the data and the training options, the
-backbone's features, the image paths' speed-ups."""
+"""The option groups the ``spml`` commands share, each written once: a command's ``register``
+adds these to its parser (into its own argument groups), then the options that are its alone.
+
+- `add_data`: ``--dataset``, ``--data`` and, for the commands that draw observed labels,
+  ``--regime``;
+- `add_training`: the epochs, early stopping, the selection metric, ``--drop-last``,
+  ``--threads`` (spml train, spml benchmark);
+- `add_solver`: ``--solver`` and its C path ``--cs`` (spml train, spml benchmark);
+- `add_pool`: the worker processes, ``--jobs`` and ``--no-vectorise`` (spml benchmark,
+  spml study run);
+- `add_loading`: how inputs are loaded and run, ``--batch-size``, ``--workers``,
+  ``--device`` (spml extract, spml predict);
+- `add_output`: the output folder and the progress bar, ``--out``, ``--quiet`` (and
+  ``--verbose``);
+- `add_output_file`: one output file and ``--force`` (predict, analyze, figure, report,
+  study export);
+- `add_backbone`, `add_acceleration`: a backbone's cached features, the image paths'
+  speed-ups.
+"""
 from __future__ import annotations
 
-import argparse
+from .common import FORCE_HELP, MAX_THREADS, LazyHelp, _device, _floats, _join, _metric, _whole
 
-from .common import MAX_THREADS, LazyHelp, _join, _metric, _whole
+#: where spml train and spml benchmark take the solver by default
+SOLVER_DEFAULT = ("Default: lbfgs on your own data (--data train_labels=observed, or the "
+                  "tabular / arrays / csv / folder sources), adam on the built-in sets (the "
+                  "papers' protocol)")
 
 
 def _datasets_help() -> str:
@@ -14,6 +33,15 @@ def _datasets_help() -> str:
     return (f"registered dataset: {_join(DATASETS.names())} (spml list datasets); default "
             "yeast, and required with a source's --data options (e.g. --dataset tabular for "
             "your own CSV / Parquet table)")
+
+
+def _regimes_help(whose: str) -> str:
+    from ..labels import REGIMES
+
+    return (f"{whose}: " + " | ".join(REGIMES) + " (spml list regimes; given: your own "
+            "observed training labels). Default 1p; given, and only given, when --data "
+            "train_labels=observed says the data's training labels are the observed ones "
+            "(1 / 0 / -1 or empty cells)")
 
 
 def _metric_help() -> str:
@@ -46,71 +74,129 @@ def _backbone_help(default: str | None) -> str:
     return f"backbone: {names} (spml list backbones; timm:<model> with timm installed)"
 
 
-def _add_common(p: argparse.ArgumentParser, data=None, training=None) -> None:
-    """``--dataset`` and ``--data`` (into the ``data`` group), the epochs, early stopping, the
-    selection metric, ``--drop-last`` and ``--threads`` (into ``training``); without groups,
-    into ``p``."""
-    data, training = data or p, training or p
-    data.add_argument("--dataset", default=None,
-                      help=LazyHelp(_datasets_help))
-    data.add_argument("--data", action="append", metavar="KEY=VALUE",
-                      help="dataset option, e.g. --data root=/data/pascal (repeatable; a "
-                           "source's options: spml list datasets NAME --details)")
-    training.add_argument("--epochs", type=_whole(1), default=None,
-                          help="default 25 (spml train: the method's, e.g. 40 for --mode lac)")
-    training.add_argument("--early-stop", default="none",
-                          help="none | patience:N | drop:X (default none: fixed epochs, Cole et "
-                               "al.)")
-    training.add_argument("--metric", default="map", type=_metric,
-                          help=LazyHelp(_metric_help))
-    training.add_argument("--drop-last", action="store_true",
-                          help="train without each epoch's last, shorter batch, as Cole et al.'s "
-                               "and Xie et al.'s loaders (drop_last=True); default: every row "
-                               "trains. Validation and test always score every row (a subset that "
-                               "depends on the batch size would make grid points incomparable)")
-    training.add_argument("--threads", type=_whole(1, MAX_THREADS), default=None,
-                          help=LazyHelp(_threads_help))
+def add_data(group, *, regime: str | None = None, image_source: bool = False) -> None:
+    """``--dataset`` and ``--data`` into ``group``; ``--regime`` too when ``regime`` says
+    whose regime it is. ``image_source``: the dataset is a required image source (spml
+    extract)."""
+    if image_source:
+        group.add_argument("--dataset", required=True, help="registered image source")
+    else:
+        group.add_argument("--dataset", default=None, help=LazyHelp(_datasets_help))
+    group.add_argument("--data", action="append", metavar="KEY=VALUE",
+                       help="dataset option, e.g. --data root=/data/pascal (repeatable; a "
+                            "source's options: spml list datasets NAME --details)")
+    if regime is not None:
+        group.add_argument("--regime", default=None,
+                           help=LazyHelp(lambda: _regimes_help(regime)))
 
 
-def _add_backbone(p: argparse.ArgumentParser, default: str | None = None,
-                  group=None) -> None:
-    """``--backbone``, ``--float32`` / ``--float16``, ``--cache-dir`` and ``--weights``, into
-    ``group`` (default ``p``)."""
-    p = group or p
-    p.add_argument("--backbone", default=default,
-                   help=LazyHelp(lambda: _backbone_help(default)))
-    g = p.add_mutually_exclusive_group()
+def add_training(group) -> None:
+    """The epochs, early stopping, the selection metric, ``--drop-last`` and ``--threads``."""
+    group.add_argument("--epochs", type=_whole(1), default=None,
+                       help="default 25 (spml train: the method's, e.g. 40 for --mode lac)")
+    group.add_argument("--early-stop", default="none",
+                       help="none | patience:N | drop:X (default none: fixed epochs, Cole et "
+                            "al.)")
+    group.add_argument("--metric", default="map", type=_metric,
+                       help=LazyHelp(_metric_help))
+    group.add_argument("--drop-last", action="store_true",
+                       help="train without each epoch's last, shorter batch, as Cole et al.'s "
+                            "and Xie et al.'s loaders (drop_last=True); default: every row "
+                            "trains. Validation and test always score every row (a subset that "
+                            "depends on the batch size would make grid points incomparable)")
+    group.add_argument("--threads", type=_whole(1, MAX_THREADS), default=None,
+                       help=LazyHelp(_threads_help))
+
+
+def add_solver(group, *, lbfgs: str, adam: str) -> None:
+    """``--solver`` (``lbfgs`` and ``adam`` say what each does for the command) and the C
+    path of lbfgs, ``--cs``."""
+    group.add_argument("--solver", choices=("lbfgs", "adam"), default=None,
+                       help=f"lbfgs: {lbfgs}; adam: {adam}. {SOLVER_DEFAULT}")
+    group.add_argument("--cs", type=_floats, default=None,
+                       help="--solver lbfgs: the path of C, scikit-learn's inverse L2 strength "
+                            "(default 10^-4 .. 10^4 in half decades, 17 values; one value: no "
+                            "path)")
+
+
+def add_pool(group, *, jobs: str = "worker processes") -> None:
+    """``--jobs`` (``jobs``: what the processes are) and ``--no-vectorise``."""
+    group.add_argument("--jobs", type=int, default=None, help=f"{jobs} (default: cores)")
+    group.add_argument("--no-vectorise", action="store_true",
+                       help="train every grid point alone (default: the linear mode trains the "
+                            "runs that differ only in seed, learning rate and weight decay "
+                            "together, as one stacked model; same results up to float summation "
+                            "order)")
+
+
+def add_loading(group, *, batch_size: int, workers: int | None, workers_default: str,
+                device: str | None) -> None:
+    """``--batch-size`` (its default ``batch_size``), ``--workers`` (default ``workers``,
+    described as ``workers_default``) and ``--device`` (default ``device``; None: cuda if
+    there)."""
+    group.add_argument("--batch-size", type=_whole(1), default=batch_size,
+                       help="inputs per forward pass (default: %(default)s)")
+    group.add_argument("--workers", type=_whole(0), default=workers,
+                       help=f"image-loading processes (default: {workers_default})")
+    group.add_argument("--device", type=_device, default=device,
+                       help=f"cpu, cuda or cuda:1 (default: {device or 'cuda if there'})")
+
+
+def add_output(group, *, out: str | None = None, out_help: str | None = None,
+               verbose: str | None = None) -> None:
+    """``--out`` (default ``out``, described by ``out_help``; none when ``out_help`` is None)
+    and ``--quiet``; with ``verbose`` (what it prints), ``--verbose``, exclusive with it."""
+    if out_help is not None:
+        group.add_argument("--out", default=out, help=out_help)
+    shown = group.add_mutually_exclusive_group() if verbose else group
+    shown.add_argument("--quiet", action="store_true", help="no progress bar")
+    if verbose:
+        shown.add_argument("--verbose", action="store_true", help=verbose)
+
+
+def add_output_file(group, *, what: str, required: bool = False, flag: str = "--out") -> None:
+    """``flag`` (``--out``), the output file described as ``what``, and ``--force``."""
+    group.add_argument(flag, required=required, default=None, metavar="FILE", help=what)
+    group.add_argument("--force", action="store_true", help=FORCE_HELP)
+
+
+def add_backbone(group, default: str | None = None) -> None:
+    """``--backbone``, ``--float32`` / ``--float16``, ``--cache-dir`` and ``--weights``."""
+    group.add_argument("--backbone", default=default,
+                       help=LazyHelp(lambda: _backbone_help(default)))
+    g = group.add_mutually_exclusive_group()
     g.add_argument("--float32", dest="feature_dtype", action="store_const", const="float32",
                    default="float32", help="store features as float32 (default)")
     g.add_argument("--float16", dest="feature_dtype", action="store_const", const="float16",
                    help="store features as float16 (half the disk and memory)")
-    p.add_argument("--cache-dir", default=None,
-                   help="feature stores folder (default $SPMLKIT_CACHE/features or "
-                        "~/.cache/spmlkit/features)")
-    p.add_argument("--weights", default=None, metavar="FILE",
-                   help="your own weights for --backbone instead of its pretrained ones: a "
-                        "state dict of that architecture (saved by spmlkit, torchvision or "
-                        "timm; module. / model. prefixes and the ImageNet classifier are "
-                        "handled; keys that do not match are named)")
+    group.add_argument("--cache-dir", default=None,
+                       help="feature stores folder (default $SPMLKIT_CACHE/features or "
+                            "~/.cache/spmlkit/features)")
+    group.add_argument("--weights", default=None, metavar="FILE",
+                       help="your own weights for --backbone instead of its pretrained ones: a "
+                            "state dict of that architecture (saved by spmlkit, torchvision or "
+                            "timm; module. / model. prefixes and the ImageNet classifier are "
+                            "handled; keys that do not match are named)")
 
 
-def _add_acceleration(p) -> None:
+def add_acceleration(group) -> None:
     """``--cudnn-benchmark``, ``--compile [MODE]``, ``--gpu-decode``, ``--jpeg-draft``: the
     opt-in speed-ups of the image paths (`spmlkit.accel`), each changing bits."""
-    p.add_argument("--cudnn-benchmark", action="store_true",
-                   help="CUDA: cudnn's autotuner (seconds at the start and at each new input "
-                        "shape; results no longer bit-reproducible)")
-    p.add_argument("--compile", nargs="?", const="default", default=None, metavar="MODE",
-                   choices=["default", "reduce-overhead", "max-autotune"],
-                   help="run the model through torch.compile (MODE: default, reduce-overhead = "
-                        "CUDA graphs for small batches, max-autotune); costs a compilation of "
-                        "tens of seconds or more at the start and per new batch shape")
-    p.add_argument("--gpu-decode", action="store_true",
-                   help="decode JPEGs on the GPU (torchvision's nvJPEG) and resize there "
-                        "(antialiased bilinear: pixels differ a little from PIL's); eval and "
-                        "weak views only; needs CUDA and torchvision; decodes on a CUDA stream of "
-                        "its own (docs/guide/images.md)")
-    p.add_argument("--jpeg-draft", action="store_true",
-                   help="decode JPEGs at a reduced scale (1/2, 1/4, 1/8) no smaller than the "
-                        "view, then resize as before: several times faster for photos much "
-                        "larger than the view; pixels differ by a fraction of a level")
+    group.add_argument("--cudnn-benchmark", action="store_true",
+                       help="CUDA: cudnn's autotuner (seconds at the start and at each new "
+                            "input shape; results no longer bit-reproducible)")
+    group.add_argument("--compile", nargs="?", const="default", default=None, metavar="MODE",
+                       choices=["default", "reduce-overhead", "max-autotune"],
+                       help="run the model through torch.compile (MODE: default, "
+                            "reduce-overhead = CUDA graphs for small batches, max-autotune); "
+                            "costs a compilation of tens of seconds or more at the start and "
+                            "per new batch shape")
+    group.add_argument("--gpu-decode", action="store_true",
+                       help="decode JPEGs on the GPU (torchvision's nvJPEG) and resize there "
+                            "(antialiased bilinear: pixels differ a little from PIL's); eval "
+                            "and weak views only; needs CUDA and torchvision; decodes on a CUDA "
+                            "stream of its own (docs/guide/images.md)")
+    group.add_argument("--jpeg-draft", action="store_true",
+                       help="decode JPEGs at a reduced scale (1/2, 1/4, 1/8) no smaller than "
+                            "the view, then resize as before: several times faster for photos "
+                            "much larger than the view; pixels differ by a fraction of a level")

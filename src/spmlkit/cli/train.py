@@ -4,11 +4,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .common import (
-    LazyHelp, _losses_help, _methods_help, _regimes_help,
-    _pairs, _data, _dataset, _describe_features, _whole, _positive, _nonnegative, _device, SEED,
-    _floats, _feature_data, _acceleration)
-from .groups import _add_acceleration, _add_backbone, _add_common
+from .common import (SEED, LazyHelp, _acceleration, _data, _dataset, _describe_features, _device,
+                     _feature_data, _losses_help, _methods_help, _nonnegative, _pairs, _positive,
+                     _whole)
+from .groups import add_acceleration, add_backbone, add_data, add_output, add_solver, \
+    add_training
 
 
 def cmd_train(args) -> int:
@@ -455,16 +455,8 @@ def _add_finetune(method, training, finetune) -> None:
 
     method.add_argument("--mode", default=None, metavar="METHOD",
                         help=LazyHelp(_methods_help))
-    method.add_argument("--solver", choices=("lbfgs", "adam"), default=None,
-                        help="a head on feature vectors: lbfgs solves it to a tolerance along "
-                             "the C path (--mode solve; the default on your own data: the "
-                             "tabular / arrays / csv / folder sources or --data "
-                             "train_labels=observed), adam trains it for --epochs (--mode "
-                             "linear; the default on the built-in sets, the papers' protocol)")
-    method.add_argument("--cs", type=_floats, default=None,
-                        help="--solver lbfgs: the path of C, scikit-learn's inverse L2 strength "
-                             "(default 10^-4 .. 10^4 in half decades, 17 values; one value: no "
-                             "path)")
+    add_solver(method, lbfgs="a head on feature vectors solved to a tolerance along the C "
+               "path (--mode solve)", adam="the head trained for --epochs (--mode linear)")
     method.add_argument("--option", action="append", metavar="KEY=VALUE",
                         help="any option of the --mode's method (spml list methods), e.g. --mode "
                              "smile --option p=0.1 --option bias=true (repeatable)")
@@ -514,7 +506,7 @@ def _add_finetune(method, training, finetune) -> None:
     finetune.add_argument("--cpu-bf16", action="store_true", default=None,
                           help="fine-tuning on a CPU: bfloat16 autocast of the training forward "
                                "(faster only on CPUs with native bf16: AVX-512-BF16 / AMX)")
-    _add_acceleration(finetune)
+    add_acceleration(finetune)
     finetune.add_argument("--linear-epochs", type=_whole(1), default=None,
                           help="linear_init: epochs of the linear phase (default 25)")
     finetune.add_argument("--linear-lr", type=_positive, default=None,
@@ -530,9 +522,9 @@ def register(sub) -> None:
     finetune = p.add_argument_group("fine-tuning", "the methods that train the backbone end "
                                     "to end on images")
     output = p.add_argument_group("output")
-    _add_common(p, data, training)
+    add_data(data, regime="the run's label regime")
+    add_training(training)
     method.add_argument("--loss", default="an", help=LazyHelp(_losses_help))
-    data.add_argument("--regime", default=None, help=LazyHelp(_regimes_help))
     method.add_argument("--hp", action="append", metavar="KEY=VALUE",
                         help="loss hyperparameter, e.g. --hp lam=2 (repeatable)")
     method.add_argument("--reg", action="append", metavar="NAME:WEIGHT",
@@ -556,12 +548,9 @@ def register(sub) -> None:
     method.add_argument("--k-estimate", type=_whole(1), default=None, metavar="M",
                         help="estimate k from M fully labelled train rows (Cole et al. App. B; val "
                              "rows with --regime given)")
-    output.add_argument("--out", default="runs", help="parent folder of the run folder")
-    shown = output.add_mutually_exclusive_group()
-    shown.add_argument("--quiet", action="store_true", help="no progress bar")
-    shown.add_argument("--verbose", action="store_true",
-                       help="print the resolved settings before the run and one line per epoch "
-                            "(train loss, val metrics)")
+    add_output(output, out="runs", out_help="parent folder of the run folder",
+               verbose="print the resolved settings before the run and one line per epoch "
+                       "(train loss, val metrics)")
     p.add_argument("--config", default=None, metavar="FILE",
                    help="read options from a YAML or JSON file: a mapping of long option names "
                         "without -- (batch_size: 16, hp: {lam: 2}, data: {path: t.csv}, "
@@ -576,7 +565,7 @@ def register(sub) -> None:
     method.add_argument("--hidden", type=_whole(1), default=None,
                         help="--head mlp: hidden units (default 256); --mode smile: its "
                              "networks' width (default: the number of labels)")
-    _add_backbone(p, group=data)
+    add_backbone(data)
     _add_finetune(method, training, finetune)
     p.set_defaults(func=cmd_train)
 
