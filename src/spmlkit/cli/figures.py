@@ -195,25 +195,18 @@ def register(sub) -> None:
     f.add_argument("--temperature", action="store_true",
                    help="also fit one temperature per class on the val split and show the "
                         "test calibration after it")
-    f = fsub.add_parser("panel", help="images with their labels and top predictions (Zhou "
-                        "Fig. 6)")
-    f.add_argument("run", metavar="RUN")
-    f.add_argument("--n", type=_whole(1, MAX_IMAGES), default=8,
-                   help=f"images shown, 1 to {MAX_IMAGES} (default 8)")
-    f = fsub.add_parser("cam", help="class activation maps of the top classes (OPML Fig. 7)")
-    f.add_argument("run", metavar="RUN")
-    f.add_argument("--n", type=_whole(1, MAX_IMAGES), default=4,
-                   help=f"images shown, 1 to {MAX_IMAGES} (default 4)")
-    f = fsub.add_parser("attention", help="a LAC run's label-wise attention maps (LAC Fig. 6)")
-    f.add_argument("run", metavar="RUN")
-    f.add_argument("--n", type=_whole(1, MAX_IMAGES), default=4,
-                   help=f"images shown, 1 to {MAX_IMAGES} (default 4)")
-    for name in ("panel", "cam", "attention"):
-        f = fsub.choices[name]
+    for name, shown, what in (
+            ("panel", 8, "images with their labels and top predictions (Zhou Fig. 6)"),
+            ("cam", 4, "class activation maps of the top classes (OPML Fig. 7)"),
+            ("attention", 4, "a LAC run's label-wise attention maps (LAC Fig. 6)")):
+        f = fsub.add_parser(name, help=what)
+        f.add_argument("run", metavar="RUN")
+        f.add_argument("--n", type=_whole(1, MAX_IMAGES), default=shown,
+                       help=f"images shown, 1 to {MAX_IMAGES} (default {shown})")
         f.add_argument("--split", choices=["train", "val", "test"], default="test",
                        help="the split the images are drawn from (default: test)")
         f.add_argument("--top", type=_whole(1), default=3,
-                   help="predicted classes shown per image (default 3)")
+                       help="predicted classes shown per image (default 3)")
         f.add_argument("--seed", type=int, default=0, help="seed of the image choice")
     for f in fsub.choices.values():
         add_output_file(f, what="a .png or .svg file (default: <RUN or STUDY_DIR>/figures/"
