@@ -292,7 +292,7 @@ CASES = [
     case(TRAIN + "--mode lac --option nope=1", "spml train", "'nope'"),
     case(TRAIN + "--mode lac --lac novalue", "spml train", "--lac 'novalue'"),
     case(TRAIN + "--mode lac --option dim=abc", "spml train",
-         "dim must be an integer >= 4, got 'abc'"),
+         "LACConfig.dim must be a whole number >= 4, got 'abc'"),
     case(TRAIN + "--resume {d}/missing", "spml train", "missing"),
     case(TRAIN + "--resume {d}/afile", "spml train", "afile"),
     case("train --epochs 1 --quiet --out {d}/afile", "spml train", "afile",

@@ -4,6 +4,7 @@ with a ``ValueError`` naming the record's field; every field has a rule; the def
 command-line options that set a field read its rule."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 
@@ -62,3 +63,36 @@ def test_an_interval_refuses_bools_texts_and_non_finite_numbers():
     whole = C.Interval(int, 1, 10, too_large="too many")
     assert whole.accepts(10) and not whole.accepts(11) and not whole.accepts(2.0)
     assert whole.refusal("x", 11) == "x=11 is more than 10: too many"
+
+
+def _field_options():
+    """Every option of the ``spml`` commands that sets a record's field
+    (`spmlkit.cli.groups.field_option`)."""
+    from spmlkit.cli import build_parser
+
+    subs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for parser in subs.choices.values():
+        for action in parser._actions:
+            if getattr(action, "sets_field", None):
+                yield action
+
+
+def test_the_options_that_set_a_field_read_its_rule():
+    seen = set()
+    for action in _field_options():
+        record, field = action.sets_field
+        rule = [r for r in C.alternatives(record.parameter_constraints[field]) if r][0]
+        seen.add((record.__name__, field))
+        if isinstance(rule, C.Options):
+            assert action.choices == list(rule.values), action.dest
+            continue
+        for bad in rule.bad_values():  # as the command line gives them: numbers, or words
+            if isinstance(bad, bool) or (isinstance(bad, float) and math.isnan(bad)) or \
+                    isinstance(bad, str) != isinstance(rule, C.Rule):
+                continue
+            with pytest.raises(argparse.ArgumentTypeError):
+                action.type(str(bad))
+        if isinstance(rule, C.Interval):
+            assert C.describe(rule) in action.help, action.dest
+    assert {("TrainConfig", "epochs"), ("TrainConfig", "lr"), ("TrainConfig", "weight_decay"),
+            ("FinetuneOptions", "warmup_epochs"), ("FinetuneOptions", "schedule")} <= seen

@@ -123,8 +123,8 @@ def _real(above_zero: bool):
     return parse
 
 
-#: finite numbers > 0 (learning rates, k, multipliers) and >= 0 (weight decay, warm-up epochs)
-_positive, _nonnegative = _real(True), _real(False)
+#: finite numbers > 0 (k, a Dask timeout): the options that set no record's field
+_positive = _real(True)
 
 
 def _device(text: str) -> str:
@@ -136,18 +136,6 @@ def _device(text: str) -> str:
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
-
-SEED = _whole(0, 2**32 - 1)  # numpy's RandomState takes seeds in [0, 2**32)
-
-
-def _metric(text: str) -> str:
-    """An argparse type: a name of `spmlkit.metrics.METRICS`."""
-    from ..metrics import check_metric
-
-    try:
-        return check_metric(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 class LazyHelp(str):

@@ -19,7 +19,8 @@ adds these to its parser (into its own argument groups), then the options that a
 """
 from __future__ import annotations
 
-from .common import FORCE_HELP, MAX_THREADS, LazyHelp, _device, _floats, _join, _metric, _whole
+from ..constraints import Interval, Options, alternatives, describe, option_type
+from .common import FORCE_HELP, MAX_THREADS, LazyHelp, _device, _floats, _join, _whole
 
 #: where spml train and spml benchmark take the solver by default
 SOLVER_DEFAULT = ("Default: lbfgs on your own data (--data train_labels=observed, or the "
@@ -74,6 +75,25 @@ def _backbone_help(default: str | None) -> str:
     return f"backbone: {names} (spml list backbones; timm:<model> with timm installed)"
 
 
+def field_option(group, flag: str, record, field: str | None = None, *, help, **kwargs):
+    """An option that sets ``record``'s ``field`` (default: the flag's name), read by the
+    field's rule in the record's table (`spmlkit.constraints`): its ``choices`` (`Options`) or
+    its ``type`` (the text parsed and checked as the record checks it); a number's help ends
+    with what its rule accepts."""
+    field = field or flag.lstrip("-").replace("-", "_")
+    rule = record.parameter_constraints[field]
+    given = [r for r in alternatives(rule) if r is not None]  # (None is no text)
+    if isinstance(given[0], Options):
+        kwargs["choices"] = list(given[0].values)
+    else:
+        kwargs["type"] = option_type(given, flag, field)
+    if isinstance(given[0], Interval) and isinstance(help, str):
+        help = f"{help}; {describe(given)}"
+    action = group.add_argument(flag, help=help, **kwargs)
+    action.sets_field = (record, field)  # (tests/test_constraints.py reads it)
+    return action
+
+
 def add_data(group, *, regime: str | None = None, image_source: bool = False) -> None:
     """``--dataset`` and ``--data`` into ``group``; ``--regime`` too when ``regime`` says
     whose regime it is. ``image_source``: the dataset is a required image source (spml
@@ -91,14 +111,15 @@ def add_data(group, *, regime: str | None = None, image_source: bool = False) ->
 
 
 def add_training(group) -> None:
-    """The epochs, early stopping, the selection metric, ``--drop-last`` and ``--threads``."""
-    group.add_argument("--epochs", type=_whole(1), default=None,
-                       help="default 25 (spml train: the method's, e.g. 40 for --mode lac)")
-    group.add_argument("--early-stop", default="none",
-                       help="none | patience:N | drop:X (default none: fixed epochs, Cole et "
-                            "al.)")
-    group.add_argument("--metric", default="map", type=_metric,
-                       help=LazyHelp(_metric_help))
+    """The epochs, early stopping, the selection metric (`spmlkit.engine.TrainConfig`'s
+    rules), ``--drop-last`` and ``--threads``."""
+    from ..engine.config import TrainConfig
+
+    field_option(group, "--epochs", TrainConfig, default=None,
+                 help="default 25 (spml train: the method's, e.g. 40 for --mode lac)")
+    field_option(group, "--early-stop", TrainConfig, default="none",
+                 help="none | patience:N | drop:X (default none: fixed epochs, Cole et al.)")
+    field_option(group, "--metric", TrainConfig, default="map", help=LazyHelp(_metric_help))
     group.add_argument("--drop-last", action="store_true",
                        help="train without each epoch's last, shorter batch, as Cole et al.'s "
                             "and Xie et al.'s loaders (drop_last=True); default: every row "
