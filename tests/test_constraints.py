@@ -1,17 +1,20 @@
 """The declared constraints of the configuration records (`spmlkit.constraints`), tested as
-generated from the tables: every field of every record refuses each bad value its rule names,
-with a ``ValueError`` naming the record's field; every field has a rule; the defaults pass; the
-command-line options that set a field read its rule."""
+generated from the tables: every field of every record (the train and fine-tuning configs,
+LAC's and MIME's, every registered loss's hyperparameters) refuses each bad value its rule
+names, with a ``ValueError`` naming the record's field; every field has a rule; the defaults
+pass; the command-line options that set a field read its rule."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import math
+import re
 
 import pytest
 
 from spmlkit import constraints as C
 from spmlkit.engine import FinetuneOptions, TrainConfig
+from spmlkit.losses import LOSSES, create_loss, loss_hparams
 from spmlkit.methods.lac import LACConfig
 from spmlkit.methods.mime import MIMEConfig
 
@@ -43,6 +46,40 @@ def test_every_field_refuses_a_bad_value_naming_the_field(record, field, bad):
 def test_every_field_has_a_rule_and_the_defaults_pass(record):
     assert set(record.parameter_constraints) == {f.name for f in dataclasses.fields(record)}
     record()
+
+
+def _bad_values(rule):
+    for one in C.alternatives(rule):
+        for bad in ([] if one is None else one.bad_values()):
+            if not C.accepts(rule, bad):
+                yield bad
+
+
+def _loss_cases():
+    for entry in LOSSES.entries():
+        table = C.declared(entry.factory)
+        for hp in loss_hparams(entry.name):
+            for bad in _bad_values(table[hp]):
+                yield pytest.param(entry, hp, bad, id=f"{entry.name}.{hp}={bad!r}")
+
+
+@pytest.mark.parametrize("entry, hp, bad", list(_loss_cases()))
+def test_every_loss_hyperparameter_refuses_a_bad_value_naming_it(entry, hp, bad):
+    """Built directly (its ``__init__`` checks its table) and through `create_loss` (which
+    checks the table before it builds anything)."""
+    names = [e.name for e in LOSSES.entries() if e.factory is entry.factory]  # (its aliases)
+    with pytest.raises(ValueError, match="|".join(re.escape(f"loss {n!r}: {hp}") for n in names)):
+        entry.factory(**{**entry.defaults, hp: bad})
+    with pytest.raises(ValueError, match=re.escape(f"loss {entry.name!r}: {hp}")):
+        create_loss(entry.name, **{hp: bad})
+
+
+@pytest.mark.parametrize("entry", LOSSES.entries(), ids=lambda e: e.name)
+def test_every_loss_hyperparameter_has_a_rule_and_the_defaults_pass(entry):
+    table = C.declared(entry.factory)
+    assert set(loss_hparams(entry.name)) <= set(table)
+    for hp, value in loss_hparams(entry.name).items():
+        assert C.accepts(table[hp], value), (hp, value)
 
 
 def test_the_rules_say_what_they_accept():

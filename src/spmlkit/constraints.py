@@ -175,7 +175,7 @@ class Rule:
         return True
 
     def refusal(self, name: str, value) -> str:
-        bare = name.rsplit(".", 1)[-1]
+        bare = name.replace(" ", ".").rsplit(".", 1)[-1]
         try:
             self.check(value)
         except (ValueError, TypeError) as err:
@@ -208,8 +208,9 @@ def accepts(rule, value) -> bool:
 
 
 def refusal(owner: str, name: str, rule, value) -> str:
-    """The message for a refused ``value`` of ``owner``'s field ``name`` (``owner.name ...``)."""
-    field = f"{owner}.{name}" if owner else name
+    """The message for a refused ``value`` of ``owner``'s field ``name``: ``owner.name ...``,
+    or ``owner name ...`` for an owner that ends with a colon (``loss 'epr': lam ...``)."""
+    field = (f"{owner} {name}" if owner.endswith(":") else f"{owner}.{name}") if owner else name
     rules = alternatives(rule)
     if len(rules) == 1 and rules[0] is not None:
         return rules[0].refusal(field, value)
