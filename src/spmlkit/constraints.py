@@ -167,21 +167,22 @@ class Rule:
     def __init__(self, check: Callable, text: str, bad: Sequence):
         self.check, self.text, self.bad = check, text, list(bad)
 
-    def accepts(self, value) -> bool:
-        try:
-            self.check(value)
-        except (ValueError, TypeError):
-            return False
-        return True
-
-    def refusal(self, name: str, value) -> str:
-        bare = name.replace(" ", ".").rsplit(".", 1)[-1]
+    def reason(self, value) -> str | None:
+        """What ``check`` says of ``value`` (None: it accepts it)."""
         try:
             self.check(value)
         except (ValueError, TypeError) as err:
-            said = str(err)  # (a check that names the field: with its owner)
-            return f"{name}{said[len(bare):]}" if said.startswith(bare) else f"{name}: {said}"
-        return f"{name} must be {self.text}, got {value!r}"
+            return str(err)
+        return None
+
+    def accepts(self, value) -> bool:
+        return self.reason(value) is None
+
+    def refusal(self, name: str, value) -> str:
+        bare = name.replace(" ", ".").rsplit(".", 1)[-1]
+        said = self.reason(value) or f"{bare} must be {self.text}, got {value!r}"
+        # a check that names the field: with its owner; one that does not: after it
+        return f"{name}{said[len(bare):]}" if said.startswith(bare) else f"{name}: {said}"
 
     def describe(self) -> str:
         return self.text
@@ -260,6 +261,8 @@ def option_type(rule, flag: str, field: str | None = None):
             raise argparse.ArgumentTypeError(str(err)) from None
         if accepts(rule, value):
             return value
+        if isinstance(first, Rule):  # its check's own words
+            raise argparse.ArgumentTypeError(first.reason(value))
         if isinstance(first, Interval) and first.too_large and first._above(value):
             raise argparse.ArgumentTypeError(first.refusal(field, value))
         shown = value if isinstance(first, Interval) and first.kind is int else text

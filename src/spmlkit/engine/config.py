@@ -58,10 +58,7 @@ def _device_name(text) -> str:
 def _metric_name(name) -> str:
     from ..metrics import check_metric
 
-    try:
-        return check_metric(name)
-    except ValueError as err:
-        raise ValueError(f"metric: {err}") from None
+    return check_metric(name)
 
 
 @dataclass
