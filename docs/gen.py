@@ -466,6 +466,7 @@ def _schema_rows(keys) -> list:
 
 
 def gen_schema() -> str:
+    from spmlkit.constraints import describe
     from spmlkit.engine import TrainConfig
     from spmlkit.experiments.study.schema import METHOD_SCHEMA, OWN_KEYS, SPEC_SCHEMA
     from spmlkit.methods import list_methods
@@ -484,12 +485,15 @@ def gen_schema() -> str:
     out.append("## A method given as a mapping\n")
     out.append(table(["key", "type", "default", "meaning"], _schema_rows(METHOD_SCHEMA)))
     out.append("## `train:` keys (`TrainConfig`)\n")
+    out.append("What each key accepts is `TrainConfig.parameter_constraints` "
+               "(`spmlkit.constraints`), the table its check reads.\n")
     rows = []
     for f in dataclasses.fields(TrainConfig):
         if f.name in OWN_KEYS:
             continue
-        rows.append([f"`{f.name}`", code(_annotation(f)), code(show(f.default))])
-    out.append(table(["key", "type", "default"], rows))
+        accepts = text(describe(TrainConfig.parameter_constraints[f.name]))
+        rows.append([f"`{f.name}`", code(_annotation(f)), code(show(f.default)), accepts])
+    out.append(table(["key", "type", "default", "accepts"], rows))
     out.append("The keys with their own top-level entry: " +
                ", ".join(f"`{k}`" for k in OWN_KEYS) + ".\n")
     out.append("## `mode_options:` per training method\n")

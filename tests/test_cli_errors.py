@@ -241,7 +241,9 @@ CASES = [
     case(TRAIN + "--loss role --k -2", "spml train", "'-2'"),
     case(TRAIN + "--loss epr --k 20", "spml train", "must be a number in [0, 14] (the number of "
          "classes), got 20"),
-    case(TRAIN + "--loss epr --hp k=-1", "spml train", "must be > 0, got -1"),
+    case(TRAIN + "--loss epr --hp k=-1", "spml train", "loss 'epr': k must be a number > 0 of "
+         "expected positives per example, or left out: the train split's true mean (k*) is the "
+         "default; got -1"),
     case(TRAIN + "--k-estimate 0", "spml train", "argument --k-estimate: expected a whole number "
          ">= 1, got 0"),
     case(TRAIN + "--k-estimate -5", "spml train", "got -5"),
@@ -260,16 +262,18 @@ CASES = [
     case(TRAIN + "--early-stop patience:0", "spml train", "patience:0"),
     # -------------------------------------------------------------------- train: loss options
     case(TRAIN + "--hp lam=2", "spml train", "'lam'"),
-    case(TRAIN + "--loss epr --hp lam=abc", "spml train", "hyperparameter lam='abc' must be a "
-         "number"),
-    case(TRAIN + "--loss epr --hp lam=-1", "spml train", "must be >= 0, got -1"),
+    case(TRAIN + "--loss epr --hp lam=abc", "spml train", "loss 'epr': lam must be a finite "
+         "number >= 0, got 'abc'"),
+    case(TRAIN + "--loss epr --hp lam=-1", "spml train",
+         "loss 'epr': lam must be a finite number >= 0, got -1"),
     case(TRAIN + "--hp novalue", "spml train", "--hp 'novalue': expected key=value"),
     case(TRAIN + "--hp =2", "spml train", "'=2'"),
     case(TRAIN + "--reg nope:1", "spml train", "unknown regulariser 'nope'"),
     case(TRAIN + "--reg highrank:abc", "spml train", "weight 'abc' is not a number"),
-    case(TRAIN + "--loss ls --hp smoothing=2", "spml train", "smoothing must be in [0, 1), got 2"),
-    case(TRAIN + "--loss ll_r --hp delta_rel=-1", "spml train", "delta_rel is a percentage in "
-         "[0, 100] (the paper's grid is 0.1 ... 0.5), got -1"),
+    case(TRAIN + "--loss ls --hp smoothing=2", "spml train",
+         "loss 'ls': smoothing must be a number in [0, 1), got 2"),
+    case(TRAIN + "--loss ll_r --hp delta_rel=-1", "spml train",
+         "loss 'll_r': delta_rel must be a number in [0, 100], got -1"),
     # -------------------------------------------------------------------- train: modes, files
     case(TRAIN + "--mode finetune", "spml train", "--backbone"),
     case(TRAIN + "--mode nope", "spml train", "'nope'"),
@@ -292,7 +296,7 @@ CASES = [
     case(TRAIN + "--mode lac --option nope=1", "spml train", "'nope'"),
     case(TRAIN + "--mode lac --lac novalue", "spml train", "--lac 'novalue'"),
     case(TRAIN + "--mode lac --option dim=abc", "spml train",
-         "dim must be an integer >= 4, got 'abc'"),
+         "LACConfig.dim must be a whole number >= 4, got 'abc'"),
     case(TRAIN + "--resume {d}/missing", "spml train", "missing"),
     case(TRAIN + "--resume {d}/afile", "spml train", "afile"),
     case("train --epochs 1 --quiet --out {d}/afile", "spml train", "afile",

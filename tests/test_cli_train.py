@@ -294,10 +294,11 @@ def test_a_boolean_k_hyperparameter_is_refused(tmp_path, capsys):
 
     assert main(["train", "--loss", "epr", "--hp", "k=true", "--epochs", "1", "--quiet",
                  "--out", str(tmp_path)]) == 2
-    assert "hyperparameter k=True must be a number of expected positives per example (the " \
-           "train split's true mean, k*, is the default: leave k out)" in capsys.readouterr().err
+    assert "loss 'epr': k must be a number > 0 of expected positives per example, or left " \
+           "out: the train split's true mean (k*) is the default; got True" \
+           in capsys.readouterr().err
     for name in ("epr", "role", "gpr"):
-        with pytest.raises(ValueError, match="must be a number"):
+        with pytest.raises(ValueError, match="k must be a number > 0"):
             create_loss(name, k=True)
 
 

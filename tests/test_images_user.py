@@ -338,9 +338,10 @@ def test_lr_schedule_warmup_and_cosine():
     cos = FinetuneOptions(schedule="cosine")
     f = [cos.lr_factor(s, 5, 5) for s in range(5)]
     assert f[0] == 1.0 and f[-1] == pytest.approx(0.0) and f == sorted(f, reverse=True)
-    with pytest.raises(ValueError, match="lr schedule must be one of"):
+    with pytest.raises(ValueError, match="FinetuneOptions.schedule must be one of"):
         FinetuneOptions(schedule="step")
-    with pytest.raises(ValueError, match="weight_decay and warmup_epochs must be >= 0"):
+    with pytest.raises(ValueError, match="FinetuneOptions.weight_decay must be a finite number "
+                                         ">= 0"):
         FinetuneOptions(weight_decay=-1)
 
 

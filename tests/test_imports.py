@@ -71,12 +71,13 @@ def test_the_checker_finds_a_cycle():
 
 
 #: what each floor may not import (a lazy import inside a function counts): the machine's
-#: resources and the writer rule are the ground floor; the data floor knows no features, and
-#: the loader that joins them (`spmlkit.loading`) stands above both; the feature cache and the
-#: engine are handed nothing from each other
+#: resources, the writer rule and the declared constraints are the ground floor; the data
+#: floor knows no features, and the loader that joins them (`spmlkit.loading`) stands above
+#: both; the feature cache and the engine are handed nothing from each other
 FLOORS = {
     "spmlkit.machine": ("spmlkit",),
     "spmlkit.safe_write": ("spmlkit",),
+    "spmlkit.constraints": ("spmlkit",),
     "spmlkit.data": ("spmlkit.features", "spmlkit.loading", "spmlkit.engine",
                      "spmlkit.methods", "spmlkit.experiments", "spmlkit.cli", "spmlkit.losses"),
     "spmlkit.features": ("spmlkit.loading", "spmlkit.engine", "spmlkit.methods",

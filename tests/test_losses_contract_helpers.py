@@ -149,10 +149,10 @@ def test_epr_refuses_a_negative_weight_and_a_zero_k_from_the_data():
     from spmlkit.losses import create_loss
     from spmlkit.losses.contract import TrainInfo
 
-    with pytest.raises(ValueError, match="lam .* must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="loss 'epr': lam must be a finite number >= 0, got -1"):
         create_loss("epr", lam=-1)
-    with pytest.raises(ValueError, match=r"loss 'epr': hyperparameter lam='abc' must be a number "
-                                         r"\(default 1.0\)"):
+    with pytest.raises(ValueError, match=r"loss 'epr': lam must be a finite number >= 0, got "
+                                         r"'abc'"):
         create_loss("epr", lam="abc")  # was float()'s "could not convert string to float"
     with pytest.raises(ValueError, match="needs k > 0 .* mean is 0"):
         create_loss("epr").on_train_start(torch.zeros(4, 3), TrainInfo(4, 3, k=0.0))

@@ -358,7 +358,7 @@ def test_missing_and_unreadable_files(tmp_path):
 def test_invalid_hyperparameters():
     for name, hp, match in [("em_pl", {"score_type": "clip"}, "score_type"),
                             ("gpr", {"neg_ratio": 1.5}, "neg_ratio"),
-                            ("gpr", {"q2": 0.0}, "q2 and q3"),
+                            ("gpr", {"q2": 0.0}, "q2 must be a finite number > 0"),
                             ("gpr", {"top_k": 1.5}, "top_k"),
                             ("em_pl", {"rho": 2.0}, "rho"),
                             ("em_pl", {"warmup": -1}, "warmup")]:

@@ -316,16 +316,16 @@ def test_a_linear_init_resume_compares_its_linear_phase_as_the_run():
     change (device, workers), and an older folder whose linear phase trained without the
     run's weight decay is not continued with one."""
     from spmlkit.methods import ResumeError
-    from spmlkit.methods.provenance import check_resume as _check_resume
+    from spmlkit.methods.provenance import check_resume
 
     train = {"epochs": 2, "lr": 1e-3, "device": "cuda", "num_workers": 4}
     stored = {"mode": "linear_init", "train": train,
               "linear_train": {**train, "weight_decay": 0.0}}
     moved = {"mode": "linear_init", "train": {**train, "device": "cpu", "num_workers": 0},
              "linear_train": {**train, "weight_decay": 0.0, "device": "cpu"}}
-    _check_resume("run", stored, moved)
+    check_resume("run", stored, moved)
     with pytest.raises(ResumeError, match="linear_train"):
-        _check_resume("run", stored, {**moved, "linear_train": {**train, "weight_decay": 0.5}})
+        check_resume("run", stored, {**moved, "linear_train": {**train, "weight_decay": 0.5}})
 
 
 def test_predict_standardises_raw_yeast_features_like_training(tmp_path):

@@ -198,7 +198,7 @@ def test_a_benchmark_option_changes_the_study_or_is_refused(option, monkeypatch,
 
 #: a value other than the default of each TrainConfig field
 FIELD_SAMPLES = {"epochs": 3, "batch_size": 4, "lr": 0.05, "seed": 1,
-                 "early_stop": "patience:2", "map_convention": "all", "device": "meta",
+                 "early_stop": "patience:2", "map_convention": "official", "device": "meta",
                  "head_lr_mult": 10.0, "amp": "bf16", "channels_last": False, "num_workers": 2,
                  "image_size": 64, "eval_batch_size": 32, "metric": "lrap", "drop_last": True,
                  "weight_decay": 0.01, "train_predictions": False}

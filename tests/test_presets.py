@@ -214,7 +214,7 @@ def test_lac_preset_varies_queue_size_and_temperature():
     assert all(t.mode_options["dim"] == 128 for t in tasks)   # the rest kept
     assert len({t.run_id for t in tasks}) == 4
     for bad, why in (("lac.bogus: [1]", "unknown LAC option"),
-                     ("lac.temperature: [0]", "temperature must be > 0")):
+                     ("lac.temperature: [0]", "temperature must be a finite number > 0")):
         with pytest.raises(ValueError, match=why):
             load_study("lac-ablation", ["vary={" + bad + "}"])
 

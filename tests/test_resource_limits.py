@@ -191,8 +191,9 @@ def test_sizes_that_cannot_fit_are_refused_before_allocating(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "an MLP head with hidden=100000000" in err and "give a smaller --hidden" in err
     assert not (tmp_path / "runs").exists()
-    assert main(["train", "--epochs", str(10**12), "--out", str(tmp_path / "runs"),
-                 "--quiet"]) == 2
+    with pytest.raises(SystemExit) as stop:  # (argparse reads --epochs by TrainConfig's rule)
+        main(["train", "--epochs", str(10**12), "--out", str(tmp_path / "runs"), "--quiet"])
+    assert stop.value.code == 2
     assert "epochs=1000000000000 is more than 100,000" in capsys.readouterr().err
     assert main(["study", "run", "smoke", "--out", str(tmp_path / "s"), "--quiet", "--set",
                  f"epochs={10**12}"]) != 0

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from .common import (
-    _data, _dataset, _describe_features, _floats, _ints, _add_common, _add_backbone, _feature_data)
+from .common import _data, _dataset, _describe_features, _feature_data, _floats, _ints
+from .groups import add_backbone, add_data, add_output, add_pool, add_solver, add_training
 
 
 def _decays(text: str) -> list:
@@ -153,21 +153,16 @@ def register(sub) -> None:
     grid = p.add_argument_group("methods and grid")
     training = p.add_argument_group("training")
     output = p.add_argument_group("output")
-    _add_common(p, data, training)
+    add_data(data, regime="the regime of every method given without @regime")
+    add_training(training)
     grid.add_argument("--losses", default=None,
                       help=f"comma-separated losses, loss@regime, or 'all' (default: "
                            f"{','.join(DEFAULT_LOSSES)}; with the solver "
                            f"{','.join(DEFAULT_SOLVER_LOSSES)})")
-    grid.add_argument("--solver", choices=("lbfgs", "adam"), default=None,
-                      help="lbfgs: each loss solved to a tolerance along the C path, warm-"
-                           "started, its C picked on val, the loss picked on val over AN (the "
-                           "tuned logistic regression); adam: the papers' mini-batch grid "
-                           "(batch sizes x learning rates, epochs). Default: lbfgs on your own "
-                           "data (--data train_labels=observed, or the tabular / arrays / csv / "
-                           "folder sources), adam on the built-in sets (the papers' tables)")
-    grid.add_argument("--cs", type=_floats, default=None,
-                      help="the solver's path of C (scikit-learn's inverse L2 strength; "
-                           "default 10^-4 .. 10^4 in half decades, 17 values)")
+    add_solver(grid, lbfgs="each loss solved to a tolerance along the C path, warm-started, "
+               "its C picked on val, the loss picked on val over AN (the tuned logistic "
+               "regression)", adam="the papers' mini-batch grid (batch sizes x learning rates, "
+               "epochs)")
     grid.add_argument("--pick", choices=("significant", "best"), default=None,
                       help="how the solver benchmark picks a row per seed: significant "
                            "(default) keeps the scikit-learn row (the tuned logistic "
@@ -180,12 +175,6 @@ def register(sub) -> None:
                            "scikit-learn logistic regression (sklearn_lr; its full-label row and "
                            "bce / iun are left out anyway, with a note, on data whose training "
                            "labels are observed ones)")
-    data.add_argument("--regime", default=None,
-                      help="the regime of every method given without @regime: 1p (default) or "
-                           "another of spml list regimes; given (your own observed training "
-                           "labels) is the default, and the only one that runs, when --data "
-                           "train_labels=observed says the data's training labels are the "
-                           "observed ones (1 / 0 / -1 or empty cells)")
     grid.add_argument("--seeds", type=int, default=3,
                       help="seeds per method (0, 1, ... N-1): each its own initialisation and "
                            "batch order (the observed labels are drawn once, the same for every "
@@ -199,21 +188,14 @@ def register(sub) -> None:
                            "default: 0,1e-3,1e-2,1e-1 on your own data (--data "
                            "train_labels=observed, or the tabular / arrays / csv / folder "
                            "sources), none (the papers' grid) on the built-in sets")
-    training.add_argument("--jobs", type=int, default=None,
-                          help="worker processes of --solver adam (default: cores)")
-    training.add_argument("--no-vectorise", action="store_true",
-                          help="train every grid point alone (default: the linear mode trains the "
-                               "runs that differ only in seed, learning rate and weight decay "
-                               "together, as one stacked model; same results up to float summation "
-                               "order)")
-    output.add_argument("--out", default="runs/benchmark",
-                        help="output folder, a study folder; re-running with the same folder runs "
-                             "only the grid points it is missing")
-    output.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_pool(training, jobs="worker processes of --solver adam")
+    add_output(output, out="runs/benchmark",
+               out_help="output folder, a study folder; re-running with the same folder runs "
+                        "only the grid points it is missing")
     output.add_argument("--train-predictions", action="store_true",
                         help="also keep the train rows' probabilities (the solver: each loss "
                              "x seed's in predictions/; --solver adam: in every run's "
                              "predictions.npz, what spml analyze reads); default: val and test "
                              "only")
-    _add_backbone(p, group=data)
+    add_backbone(data)
     p.set_defaults(func=cmd_benchmark)

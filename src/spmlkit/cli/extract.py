@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import _acceleration, _add_acceleration, _add_backbone, _data, _device, _whole
+from .common import _acceleration, _data, _whole
+from .groups import add_acceleration, add_backbone, add_data, add_loading, add_output
 
 
 def cmd_extract(args) -> int:
@@ -45,26 +46,20 @@ def register(sub) -> None:
     """Add the command's parser to ``sub`` (``spml``'s subparsers)."""
     p = sub.add_parser("extract", help="compute the backbone features of an image source once "
                        "(memory-mapped store, resumable; reused by train/benchmark --backbone)")
-    p.add_argument("--dataset", required=True, help="registered image source")
-    p.add_argument("--data", action="append", metavar="KEY=VALUE",
-                   help="dataset option, e.g. --data root=/data/pascal (repeatable)")
-    _add_backbone(p, default="efficientnet_lite0")
+    add_data(p, image_source=True)
+    add_backbone(p, default="efficientnet_lite0")
     p.add_argument("--transform", default="eval", choices=["eval", "weak", "strong"],
                    help="the image transform before the backbone: eval (resize and "
                         "normalise; default), weak or strong (the training augmentations)")
     p.add_argument("--size", type=_whole(1), default=None,
                    help="input side (default: the backbone's)")
-    p.add_argument("--batch-size", type=_whole(1), default=32,
-                   help="images per forward pass (default: %(default)s)")
-    p.add_argument("--workers", type=_whole(0), default=None,
-                   help="image decoding processes (default: cores - 1, at most 8)")
+    add_loading(p, batch_size=32, workers=None, workers_default="cores - 1, at most 8",
+                device=None)
     p.add_argument("--limit", type=_whole(1), default=None, metavar="N",
                    help="only the first N images of pool and test (a quick try)")
-    p.add_argument("--device", type=_device, default=None,
-                   help="cpu, cuda, cuda:1 (default: cuda if there)")
     p.add_argument("--random-init", action="store_true", help="backbone without pretrained "
                    "weights")
     p.add_argument("--recompute", action="store_true", help="discard the stores and recompute")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    _add_acceleration(p)
+    add_output(p)
+    add_acceleration(p)
     p.set_defaults(func=cmd_extract)

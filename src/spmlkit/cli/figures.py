@@ -3,7 +3,8 @@ and study folders."""
 from __future__ import annotations
 
 from ..calibration import MAX_BINS
-from .common import _ints, _whole, FORCE_HELP, _wrote, STUDY_DIR_HELP
+from .common import _ints, _whole, _wrote, STUDY_DIR_HELP
+from .groups import add_output_file
 
 #: the most images a panel / map figure shows (one row each)
 MAX_IMAGES = 64
@@ -150,9 +151,7 @@ def register(sub) -> None:
     a.add_argument("--bins", type=_whole(1, MAX_BINS), default=20,
                    help=f"histogram bins, 1 to {MAX_BINS} (default: 20)")
     for a in asub.choices.values():
-        a.add_argument("--out", required=True, metavar="FILE",
-                       help="where to write the figure (.png or .svg)")
-        a.add_argument("--force", action="store_true", help=FORCE_HELP)
+        add_output_file(a, what="where to write the figure (.png or .svg)", required=True)
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("figure", help="the papers' figures of runs and studies (PNG, or SVG "
@@ -196,38 +195,27 @@ def register(sub) -> None:
     f.add_argument("--temperature", action="store_true",
                    help="also fit one temperature per class on the val split and show the "
                         "test calibration after it")
-    f = fsub.add_parser("panel", help="images with their labels and top predictions (Zhou "
-                        "Fig. 6)")
-    f.add_argument("run", metavar="RUN")
-    f.add_argument("--n", type=_whole(1, MAX_IMAGES), default=8,
-                   help=f"images shown, 1 to {MAX_IMAGES} (default 8)")
-    f = fsub.add_parser("cam", help="class activation maps of the top classes (OPML Fig. 7)")
-    f.add_argument("run", metavar="RUN")
-    f.add_argument("--n", type=_whole(1, MAX_IMAGES), default=4,
-                   help=f"images shown, 1 to {MAX_IMAGES} (default 4)")
-    f = fsub.add_parser("attention", help="a LAC run's label-wise attention maps (LAC Fig. 6)")
-    f.add_argument("run", metavar="RUN")
-    f.add_argument("--n", type=_whole(1, MAX_IMAGES), default=4,
-                   help=f"images shown, 1 to {MAX_IMAGES} (default 4)")
-    for name in ("panel", "cam", "attention"):
-        f = fsub.choices[name]
+    for name, shown, what in (
+            ("panel", 8, "images with their labels and top predictions (Zhou Fig. 6)"),
+            ("cam", 4, "class activation maps of the top classes (OPML Fig. 7)"),
+            ("attention", 4, "a LAC run's label-wise attention maps (LAC Fig. 6)")):
+        f = fsub.add_parser(name, help=what)
+        f.add_argument("run", metavar="RUN")
+        f.add_argument("--n", type=_whole(1, MAX_IMAGES), default=shown,
+                       help=f"images shown, 1 to {MAX_IMAGES} (default {shown})")
         f.add_argument("--split", choices=["train", "val", "test"], default="test",
                        help="the split the images are drawn from (default: test)")
         f.add_argument("--top", type=_whole(1), default=3,
-                   help="predicted classes shown per image (default 3)")
+                       help="predicted classes shown per image (default 3)")
         f.add_argument("--seed", type=int, default=0, help="seed of the image choice")
     for f in fsub.choices.values():
-        f.add_argument("--out", default=None, metavar="FILE",
-                       help="a .png or .svg file (default: <RUN or STUDY_DIR>/figures/"
-                            "<figure>.png)")
-        f.add_argument("--force", action="store_true", help=FORCE_HELP)
+        add_output_file(f, what="a .png or .svg file (default: <RUN or STUDY_DIR>/figures/"
+                                "<figure>.png)")
     p.set_defaults(func=cmd_figure)
 
     p = sub.add_parser("report", help="one self-contained HTML page of a study: tables, "
                        "figures, commands, versions, failures (opens offline)")
     p.add_argument("study", metavar="STUDY_DIR", help=STUDY_DIR_HELP)
-    p.add_argument("--out", default=None, metavar="FILE",
-                   help="the HTML file (default <STUDY_DIR>/report.html)")
-    p.add_argument("--force", action="store_true", help=FORCE_HELP)
+    add_output_file(p, what="the HTML file (default <STUDY_DIR>/report.html)")
     p.add_argument("--open", action="store_true", help="open it in the default browser")
     p.set_defaults(func=cmd_report)

@@ -5,7 +5,7 @@ import sys
 
 from ..coverage import check_coverage, min_positives
 from ..thresholds import RULES
-from .common import FORCE_HELP, _whole, _device
+from .groups import add_loading, add_output_file
 
 
 def cmd_predict(args) -> int:
@@ -94,13 +94,9 @@ def register(sub) -> None:
                         "conformal; the guarantee and its assumption: spmlkit.coverage)")
     p.add_argument("--format", choices=["csv", "json"], default=None,
                    help="default: json when --out ends with .json, else csv")
-    p.add_argument("--out", default=None, metavar="FILE", help="default: standard output")
-    p.add_argument("--force", action="store_true", help=FORCE_HELP)
-    p.add_argument("--device", type=_device, default="cpu",
-                   help="cpu (default), cuda, cuda:1")
-    p.add_argument("--batch-size", type=_whole(1), default=64,
-                   help="inputs per forward pass (default: %(default)s)")
-    p.add_argument("--workers", type=_whole(0), default=0, help="image-loading processes")
+    add_output_file(p, what="default: standard output")
+    add_loading(p, batch_size=64, workers=0, workers_default="0, the main process loads them",
+                device="cpu")
     p.add_argument("--skip-corrupt", action="store_true",
                    help="leave out input images that cannot be decoded (listed on stderr and "
                         "in JSON output) instead of stopping at the first one")

@@ -6,8 +6,9 @@ import json
 import sys
 from pathlib import Path
 
-from .common import MAX_THREADS, LazyHelp, _whole, _positive, FORCE_HELP, _wrote, _prog, _fail, \
+from .common import MAX_THREADS, LazyHelp, _whole, _positive, _wrote, _prog, _fail, \
     STUDY_DIR_HELP
+from .groups import add_output, add_output_file, add_pool
 
 
 def _study_table(out, fmt: str = "markdown", metric: str = "test_map",
@@ -234,13 +235,7 @@ def register(sub) -> None:
                       help="write a run's resumable checkpoint after an epoch once S seconds "
                            "passed since the last (default 10; 0: every epoch); runs trained "
                            "stacked (see --no-vectorise) keep none")
-    runs.add_argument("--no-vectorise", action="store_true",
-                      help="train every grid point alone (default: the linear mode trains the "
-                           "runs that differ only in seed, learning rate and weight decay "
-                           "together, as one stacked model; same results up to float summation "
-                           "order)")
-    workers.add_argument("--jobs", type=int, default=None,
-                         help="worker processes (default: cores)")
+    add_pool(workers)
     workers.add_argument("--threads", type=_whole(1, MAX_THREADS), default=None,
                          help="torch threads per worker (default 1 in linear mode, else cores / "
                               "jobs; on a Dask cluster the worker machine's cores)")
@@ -258,8 +253,7 @@ def register(sub) -> None:
                          help="seconds the Dask scheduler (--scheduler, --scheduler-file) gets "
                               "to answer before the launch is refused, and the longest the "
                               "launch waits with no worker connected (default 30)")
-    output.add_argument("--out", default=None, help="study folder (default runs/studies/<name>)")
-    output.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_output(output, out_help="study folder (default runs/studies/<name>)")
     output.add_argument("--mlflow", action="store_true",
                         help="also log each run to MLflow (pip install mlflow)")
     s = ssub.add_parser("status", help="runs done / failed / missing of a study folder")
@@ -280,13 +274,12 @@ def register(sub) -> None:
     s.add_argument("dir", metavar="DIR", help=STUDY_DIR_HELP)
     s.add_argument("--format", choices=["csv", "md", "markdown", "latex", "json"],
                    required=True, help="the file's format")
-    s.add_argument("--output", required=True, metavar="FILE", help="the file written")
+    add_output_file(s, what="the file written", required=True, flag="--output")
     which = s.add_mutually_exclusive_group()
     which.add_argument("--selected", action="store_true",
                        help="only the best-val run per (method, dataset, regime, seed, variant)")
     which.add_argument("--all", action="store_true",
                        help="also the stored rows of runs an earlier version of the spec had "
                             "(after a re-run with a changed spec)")
-    s.add_argument("--force", action="store_true", help=FORCE_HELP)
     ssub.add_parser("list", help="the shipped presets with their titles")
     p.set_defaults(func=cmd_study)

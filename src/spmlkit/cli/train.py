@@ -4,11 +4,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .common import (
-    LazyHelp, _losses_help, _methods_help, _regimes_help,
-    _pairs, _data, _dataset, _describe_features, _whole, _positive, _nonnegative, _device, SEED,
-    _floats,
-    _add_common, _add_backbone, _feature_data, _acceleration, _add_acceleration)
+from .common import (LazyHelp, _acceleration, _data, _dataset, _describe_features, _device,
+                     _feature_data, _losses_help, _methods_help, _pairs, _positive, _whole)
+from .groups import add_acceleration, add_backbone, add_data, add_output, add_solver, \
+    add_training, field_option
 
 
 def cmd_train(args) -> int:
@@ -452,19 +451,12 @@ def _print_result(args, res: dict) -> int:
 
 def _add_finetune(method, training, finetune) -> None:
     """``spml train``'s method, resume, device and fine-tuning options, into their groups."""
+    from ..engine import FinetuneOptions, TrainConfig
 
     method.add_argument("--mode", default=None, metavar="METHOD",
                         help=LazyHelp(_methods_help))
-    method.add_argument("--solver", choices=("lbfgs", "adam"), default=None,
-                        help="a head on feature vectors: lbfgs solves it to a tolerance along "
-                             "the C path (--mode solve; the default on your own data: the "
-                             "tabular / arrays / csv / folder sources or --data "
-                             "train_labels=observed), adam trains it for --epochs (--mode "
-                             "linear; the default on the built-in sets, the papers' protocol)")
-    method.add_argument("--cs", type=_floats, default=None,
-                        help="--solver lbfgs: the path of C, scikit-learn's inverse L2 strength "
-                             "(default 10^-4 .. 10^4 in half decades, 17 values; one value: no "
-                             "path)")
+    add_solver(method, lbfgs="a head on feature vectors solved to a tolerance along the C "
+               "path (--mode solve)", adam="the head trained for --epochs (--mode linear)")
     method.add_argument("--option", action="append", metavar="KEY=VALUE",
                         help="any option of the --mode's method (spml list methods), e.g. --mode "
                              "smile --option p=0.1 --option bias=true (repeatable)")
@@ -477,16 +469,16 @@ def _add_finetune(method, training, finetune) -> None:
                                "--verbose, --threads and the speed-up flags may change; the "
                                "options that would change the run, --epochs too, are refused: "
                                "train a new run for more epochs)")
-    finetune.add_argument("--head-lr-mult", type=_positive, default=1.0,
+    field_option(finetune, "--head-lr-mult", TrainConfig, default=1.0,
                           help="fine-tuning: the head's learning rate is lr times this (Kim et "
                                "al.: 10)")
-    finetune.add_argument("--amp", choices=["auto", "none", "bf16", "fp16"], default="auto",
+    field_option(finetune, "--amp", TrainConfig, default="auto",
                           help="fine-tuning on CUDA: autocast dtype (auto: bf16 where supported); "
                                "the loss is always float32")
-    finetune.add_argument("--workers", type=_whole(0), default=None,
+    field_option(finetune, "--workers", TrainConfig, "num_workers", default=None,
                           help="the image modes: image-loading processes per training process "
                                "(default min(4, CPUs); refused by the feature modes)")
-    finetune.add_argument("--image-size", type=_whole(1), default=None,
+    field_option(finetune, "--image-size", TrainConfig, default=None,
                           help="fine-tuning: input side (default: the backbone's)")
     training.add_argument("--device", type=_device, default=None,
                           help="fine-tuning: cpu or cuda (default: cuda if there; with torchrun "
@@ -498,31 +490,33 @@ def _add_finetune(method, training, finetune) -> None:
                           help="fine-tuning: training-image augmentation: none (resize only), weak "
                                "(default: resize + horizontal flip) or strong (flip, Cutout, "
                                "RandAugment 2 ops at 9, colour jitter, grayscale)")
-    training.add_argument("--weight-decay", type=_nonnegative, default=None, metavar="WD",
+    field_option(training, "--weight-decay", TrainConfig, default=None, metavar="WD",
                           help="L2 on the weights, not biases (default 0; LAC: its 0.01): the "
                                "heads on feature vectors (linear, --head mlp, smile's "
                                "classifier) as Adam's coupled L2, as their Adam has it; "
                                "finetune / linear_init / lac decoupled (AdamW-style), as their "
                                "optimisers have it (linear_init's linear phase: coupled, as "
                                "the linear mode); refused by the other modes")
-    finetune.add_argument("--warmup-epochs", type=_nonnegative, default=None, metavar="E",
+    field_option(finetune, "--warmup-epochs", FinetuneOptions, default=None, metavar="E",
                           help="fine-tuning: linear learning-rate warm-up over E epochs, moved "
                                "every batch (default 0)")
-    finetune.add_argument("--lr-schedule", choices=["constant", "cosine"], default=None,
+    field_option(finetune, "--lr-schedule", FinetuneOptions, "schedule", default=None,
                           help="fine-tuning: the learning rate after the warm-up (default "
                                "constant)")
     finetune.add_argument("--cpu-bf16", action="store_true", default=None,
                           help="fine-tuning on a CPU: bfloat16 autocast of the training forward "
                                "(faster only on CPUs with native bf16: AVX-512-BF16 / AMX)")
-    _add_acceleration(finetune)
-    finetune.add_argument("--linear-epochs", type=_whole(1), default=None,
+    add_acceleration(finetune)
+    field_option(finetune, "--linear-epochs", TrainConfig, "epochs", default=None,
                           help="linear_init: epochs of the linear phase (default 25)")
-    finetune.add_argument("--linear-lr", type=_positive, default=None,
+    field_option(finetune, "--linear-lr", TrainConfig, "lr", default=None,
                           help="linear_init: learning rate of the linear phase (default --lr)")
 
 
 def register(sub) -> None:
     """Add the command's parser to ``sub`` (``spml``'s subparsers)."""
+    from ..engine import TrainConfig
+
     p = sub.add_parser("train", help="train one method, print val/test mAP, write a run folder")
     data = p.add_argument_group("data", "which dataset, which labels, which features")
     method = p.add_argument_group("method", "what trains: the training method and its loss")
@@ -530,21 +524,21 @@ def register(sub) -> None:
     finetune = p.add_argument_group("fine-tuning", "the methods that train the backbone end "
                                     "to end on images")
     output = p.add_argument_group("output")
-    _add_common(p, data, training)
+    add_data(data, regime="the run's label regime")
+    add_training(training)
     method.add_argument("--loss", default="an", help=LazyHelp(_losses_help))
-    data.add_argument("--regime", default=None, help=LazyHelp(_regimes_help))
     method.add_argument("--hp", action="append", metavar="KEY=VALUE",
                         help="loss hyperparameter, e.g. --hp lam=2 (repeatable)")
     method.add_argument("--reg", action="append", metavar="NAME:WEIGHT",
                         help="add a regulariser to the loss, e.g. --reg highrank:1e-3")
-    training.add_argument("--batch-size", type=_whole(1), default=None,
+    field_option(training, "--batch-size", TrainConfig, default=None,
                           help="default 8 (Cole et al.'s linear and fine-tuned runs); 32 with "
                                "--mode lac (Xie et al.)")
-    training.add_argument("--lr", type=_positive, default=None,
+    field_option(training, "--lr", TrainConfig, default=None,
                           help="learning rate (default: the value the paper selected for the loss "
                                "where known, else the method's default: 1e-3 for a linear head, "
                                "1e-4 fine-tuned; the value used and why are printed)")
-    training.add_argument("--seed", type=SEED, default=0,
+    field_option(training, "--seed", TrainConfig, default=0,
                           help="the run's seed: the initialisation and the batch order "
                                "(default: 0); the observed labels are drawn with seed 1200, the "
                                "same for every run, as in the papers (--data seed=N draws "
@@ -556,12 +550,9 @@ def register(sub) -> None:
     method.add_argument("--k-estimate", type=_whole(1), default=None, metavar="M",
                         help="estimate k from M fully labelled train rows (Cole et al. App. B; val "
                              "rows with --regime given)")
-    output.add_argument("--out", default="runs", help="parent folder of the run folder")
-    shown = output.add_mutually_exclusive_group()
-    shown.add_argument("--quiet", action="store_true", help="no progress bar")
-    shown.add_argument("--verbose", action="store_true",
-                       help="print the resolved settings before the run and one line per epoch "
-                            "(train loss, val metrics)")
+    add_output(output, out="runs", out_help="parent folder of the run folder",
+               verbose="print the resolved settings before the run and one line per epoch "
+                       "(train loss, val metrics)")
     p.add_argument("--config", default=None, metavar="FILE",
                    help="read options from a YAML or JSON file: a mapping of long option names "
                         "without -- (batch_size: 16, hp: {lam: 2}, data: {path: t.csv}, "
@@ -576,7 +567,7 @@ def register(sub) -> None:
     method.add_argument("--hidden", type=_whole(1), default=None,
                         help="--head mlp: hidden units (default 256); --mode smile: its "
                              "networks' width (default: the number of labels)")
-    _add_backbone(p, group=data)
+    add_backbone(data)
     _add_finetune(method, training, finetune)
     p.set_defaults(func=cmd_train)
 

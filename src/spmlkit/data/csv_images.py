@@ -154,6 +154,29 @@ def read_image_groups(path, group_column: str, delimiter: str | None = None,
     return groups
 
 
+def _warn_if_tags(path, y, classes) -> None:
+    """Warn when full labels read from an image CSV look like tags: every row names at most
+    one class and some name none."""
+    per_row = y.sum(axis=1)
+    if len(classes) > 2 and per_row.max() <= 1 and (per_row == 0).any():
+        import warnings
+
+        warnings.warn(f"{path}: every row names at most one class and {int((per_row == 0).sum())} "
+                      f"name none: if these are tags (one known label per image, the others "
+                      f"unknown), pass train_labels=observed; read as full labels (the default), "
+                      f"every class a row does not name is trained and scored as absent",
+                      stacklevel=3)
+
+
+def _csv_groups(group_column: str | None, delimiter: str | None, **csvs) -> dict:
+    """``{part: {image: group}}`` of the CSVs given (``pool=`` must have the column, a test
+    or val CSV may), ``{}`` without a group column."""
+    if group_column is None:
+        return {}
+    return {part: read_image_groups(given, group_column, delimiter, required=part == "pool")
+            for part, given in csvs.items() if given is not None}
+
+
 def _delimiter(path: Path, delimiter: str | None) -> str:
     if delimiter is None:
         return "\t" if path.suffix.lower() == ".tsv" else ","
@@ -332,26 +355,14 @@ def load_csv_images(path: str | os.PathLike, test_path: str | os.PathLike | None
     def labels_of(y, where):
         return partial_labels(y, eval_mask or "entry", where) if partial else y
     classes = resolve_class_names(class_names)
-    groups: dict = {}
-    if group_column is not None:  # each CSV's groups (read_image_csv leaves their column out)
-        for part, given in (("pool", path), ("test", test_path), ("val", val_path)):
-            if given is not None:
-                groups[part] = read_image_groups(given, group_column, delimiter,
-                                                 required=part == "pool")
+    groups = _csv_groups(group_column, delimiter, pool=path, test=test_path, val=val_path)
     meta_groups = {"group_column": group_column} if group_column else {}
     rel, y, classes = read_image_csv(path, classes, delimiter, drop_column=group_column)
     base = Path(image_root) if image_root is not None else path.parent
     paths = join_paths(base.resolve(), rel)
     meta = {"source": "csv", "path": str(path), "image_root": str(base), **meta_groups}
-    per_row = y.sum(axis=1)
-    if not observed and len(classes) > 2 and per_row.max() <= 1 and (per_row == 0).any():
-        import warnings
-
-        warnings.warn(f"{path}: every row names at most one class and {int((per_row == 0).sum())} "
-                      f"name none: if these are tags (one known label per image, the others "
-                      f"unknown), pass train_labels=observed; read as full labels (the default), "
-                      f"every class a row does not name is trained and scored as absent",
-                      stacklevel=2)
+    if not observed:
+        _warn_if_tags(path, y, classes)
     if observed:
         meta["observed_from"] = str(path)
         if test_path is None:
@@ -367,7 +378,7 @@ def load_csv_images(path: str | os.PathLike, test_path: str | os.PathLike | None
         meta.update(val_path=str(val_path))
     if test_path is None:
         pool, test = carve(name, paths, rel, y, test_fraction, seed, str(path),
-                           None if group_column is None else [groups["pool"][r] for r in rel])
+                           [groups["pool"][r] for r in rel] if groups else None)
         meta.update(test_fraction=test_fraction, split_seed=seed)
     else:
         test_path = Path(test_path)
@@ -380,8 +391,6 @@ def load_csv_images(path: str | os.PathLike, test_path: str | os.PathLike | None
     ds = image_dataset(name, pool, test, classes, skip_missing=skip_missing,
                        skip_corrupt=skip_corrupt, meta=meta, val=val,
                        observed=positives_to_observed(y) if observed else None)
-    if group_column is None:
-        return ds
     # a test set carved out of the training CSV: its images' groups are the training CSV's
-    return with_groups(ds, pool=groups["pool"], val=groups.get("val"),
-                       test=groups["pool"] if test_path is None else groups.get("test"))
+    return with_groups(ds, **groups, **({"test": groups["pool"]} if groups and
+                                        test_path is None else {}))

@@ -204,16 +204,9 @@ def load_folder(root: str | os.PathLike, test_root: str | os.PathLike | None = N
     paths = join_paths(root.resolve(), rel)
     meta = {"source": "folder", "root": str(root), "labels": "folder_class_only",
             "ignored_files": {"pool": ignored}}
-    if test_root is not None and test_csv is not None:
-        raise ValueError("give test_root (a tree: one class per image) or test_csv (every "
-                         "class of each image), not both")
+    _check_test_set(root, test_root, test_csv, observed)
     if observed:
         meta["observed_from"] = f"{root} (each image's folder)"
-        if test_csv is None:
-            raise ValueError(f"{root}: observed training labels (train_labels=observed) need a "
-                             f"fully labelled test set: test_csv=FILE, a CSV listing each test "
-                             f"image's path and all its class names (a test_root tree gives only "
-                             f"one class per image)")
 
     def listed(csv_path):
         csv_path = Path(csv_path)
@@ -235,26 +228,40 @@ def load_folder(root: str | os.PathLike, test_root: str | os.PathLike | None = N
                            [_folder_of(r) for r in rel] if group_by_folder else None)
         meta.update(test_fraction=test_fraction, split_seed=seed)
     else:
-        test_root = Path(test_root)
-        rel_t, label_t, _, ignored_t = scan_class_folders(test_root, classes)
-        pool = (paths, rel, y)
-        test = (join_paths(test_root.resolve(), rel_t), rel_t,
-                _one_hot(label_t, len(classes)))
-        meta.update(test_root=str(test_root))
-        meta["ignored_files"]["test"] = ignored_t
+        pool, test = (paths, rel, y), _test_tree(Path(test_root), classes, meta)
     empty = [c for j, c in enumerate(classes) if not pool[2][:, j].any()]
     if empty:
         meta["classes_without_pool_images"] = empty
-    if group_by_folder:
-        meta["groups"] = "folder"
+    meta.update({"group_by_folder": True} if group_by_folder else {})
     ds = image_dataset(name, pool, test, classes, skip_missing=skip_missing,
                        skip_corrupt=skip_corrupt, meta=meta, val=val,
                        observed=positives_to_observed(pool[2]) if observed else None)
-    if not group_by_folder:
-        return ds
     # the images of a tree (the pool, a carved or a test_root test set) have folders; those
     # listed in a test / val CSV: the folder of their path as written
-    return with_groups(ds, **{part: _FolderOf() for part in ("pool", "test", "val")})
+    return with_groups(ds, **dict.fromkeys(("pool", "test", "val"), _FolderOf())) \
+        if group_by_folder else ds
+
+
+def _check_test_set(root: Path, test_root, test_csv, observed: bool) -> None:
+    """Refuse a test set given twice, and observed training labels without a fully labelled
+    test CSV."""
+    if test_root is not None and test_csv is not None:
+        raise ValueError("give test_root (a tree: one class per image) or test_csv (every "
+                         "class of each image), not both")
+    if observed and test_csv is None:
+        raise ValueError(f"{root}: observed training labels (train_labels=observed) need a "
+                         f"fully labelled test set: test_csv=FILE, a CSV listing each test "
+                         f"image's path and all its class names (a test_root tree gives only "
+                         f"one class per image)")
+
+
+def _test_tree(test_root: Path, classes, meta: dict) -> tuple:
+    """The test set of a second tree, ``(paths, ids, one-hot labels)`` (its class folders among
+    the pool's ``classes``); its folder and ignored files noted in ``meta``."""
+    rel_t, label_t, _, ignored_t = scan_class_folders(test_root, classes)
+    meta.update(test_root=str(test_root))
+    meta["ignored_files"]["test"] = ignored_t
+    return join_paths(test_root.resolve(), rel_t), rel_t, _one_hot(label_t, len(classes))
 
 
 class _FolderOf(dict):

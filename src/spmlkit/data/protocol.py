@@ -506,107 +506,149 @@ def make_splits(ds: Dataset, regime: str = "1p", seed: int = OFFICIAL_SEED,
             subsample outside (0, 1], an unknown class in ``class_order``; ``given`` on full
             labels or another regime on observed ones; a test set too small to carve a val set.
     """
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"{ds.name}: protocol must be one of {PROTOCOLS}, got {protocol!r}")
-    if val_variant not in VAL_VARIANTS:
-        raise ValueError(f"{ds.name}: val_variant must be one of {VAL_VARIANTS}, got "
-                         f"{val_variant!r}")
     name, arg = parse_regime(regime)
     given = _given_or_refused(ds, name, regime)
-    if protocol == "tabular" and (given or ds.val is not None):
-        what = "observed training labels (regime given)" if given else "a val set given apart"
-        raise ValueError(f"{ds.name}: the tabular protocol splits the pool and test rows anew "
-                         f"and draws the observed labels itself; it does not take {what}: use "
-                         f"protocol 'cole'")
-    if protocol == "tabular" and any(is_partial(s.y) for s in (ds.pool, ds.test)):
-        raise ValueError(f"{ds.name}: the tabular protocol splits the rows anew and scores them "
-                         f"on full labels; partial test labels need protocol 'cole'")
+    _check_protocol(ds, protocol, val_variant, regime, given)
     pool = ds.pool
     if given:
         observed = ds.observed
     elif protocol == "tabular":
-        if name == "1p_biased" and arg != "semantic":
-            raise ValueError(f"regime {regime!r} needs the source's per-label instance "
-                             f"metadata of the pool rows, which the tabular protocol (pool and "
-                             f"test rows split anew) does not carry; use protocol 'cole'")
         pool = _all_rows(ds)
         train_idx, val_idx, test_idx = tabular_split(len(pool), seed, pool.groups)
         observed = make_observed(pool.y, regime, seed, class_order=_class_order(
             ds, class_order)) if name == "1p_biased" else make_observed(pool.y, regime, seed)
     elif name == "1p" and seed == OFFICIAL_SEED and ds.pool_observed is not None:
-        observed = validate_observed(ds.pool_observed, f"{ds.name} shipped observed labels")
-        if observed.shape != ds.pool.y.shape:
-            raise ValueError(f"{ds.name}: shipped observed labels have shape {observed.shape}, "
-                             f"full labels {ds.pool.y.shape}")
+        observed = _shipped_observed(ds)
     elif name == "1p_biased":
         inst = None if arg == "semantic" else _instances(ds, arg)
         observed = make_observed(ds.pool.y, regime, seed, instances=inst,
                                  class_order=_class_order(ds, class_order))
     else:
         observed = make_observed(ds.pool.y, regime, seed)
-    if protocol == "tabular":
-        pass  # train_idx, val_idx, test_idx were drawn with the observed labels
-    elif given or ds.val is not None:
+    # (the tabular protocol drew train_idx, val_idx and test_idx with the observed labels)
+    if protocol != "tabular" and (given or ds.val is not None):
         train_idx, val_idx = np.arange(len(pool)), np.zeros(0, dtype=np.int64)
-    else:
+    elif protocol != "tabular":
         train_idx, val_idx = _val_split(ds, pool, split_seed)
     if subsample is not None:
         train_idx = _subsample(train_idx, subsample, seed if subsample_seed is None
                                else subsample_seed, ds.name)
-    train, test = pool.subset(train_idx), ds.test
-    extra: dict = {}
+    train = pool.subset(train_idx)
     if protocol == "tabular":
         val, test = pool.subset(val_idx), pool.subset(test_idx)
-        val_observed, extra["val_from"] = observed[val_idx], "pool"
-    elif ds.val is not None:
-        val, val_observed, extra["val_from"] = ds.val, _as_observed(ds.val.y), "given"
-    elif given:
-        test_idx, carved = _val_split(ds, ds.test, split_seed)
-        if not len(carved) or not len(test_idx):
-            raise ValueError(f"{ds.name}: regime 'given' carves the val set out of the fully "
-                             f"labelled test set ({ds.val_fraction} of its {len(ds.test)} rows), "
-                             f"which leaves an empty {'val' if not len(carved) else 'test'} set; "
-                             f"give more test rows or a fully labelled val set")
-        val, test = ds.test.subset(carved), ds.test.subset(test_idx)
-        val_observed = _as_observed(val.y)
-        extra.update(val_from="test", val_rows_of_test=carved.tolist(),
-                     val_fraction=ds.val_fraction)
+        val_observed, extra = observed[val_idx], {"val_from": "pool"}
     else:
-        val, val_observed, extra["val_from"] = pool.subset(val_idx), observed[val_idx], "pool"
+        val, test, val_observed, extra = _val_and_test(ds, pool, observed, val_idx, given,
+                                                       split_seed)
     if val_variant == "observed":
-        if extra["val_from"] != "pool":
-            how = "given apart" if extra["val_from"] == "given" else "carved out of the test set"
-            raise ValueError(f"{ds.name}: val_variant='observed' scores the val rows on the labels "
-                             f"the regime draws of them; this val set is {how} with its own "
-                             f"labels: leave val_variant out")
-        val = replace(val, y=(np.asarray(val_observed) == POSITIVE).astype(np.uint8))
-        extra["val_variant"] = "observed"
+        val = _scored_on_observed(ds, val, val_observed, extra)
     standardize = None
     if ds.standardize:
         (train, val, test), standardize = _standardized(train, val, test,
                                                         ds.meta.get("feature_columns"))
-    k = _mean_positives((val if given else train).y)
-    if is_partial((val if given else train).y):  # classes with no known negative count fully
-        known_neg = (np.asarray((val if given else train).y) == -1).any(axis=0)
-        extra["k_classes_without_negative"] = int((~known_neg).sum())
+    k = _default_k(val if given else train, extra)
     train_observed = observed[train_idx]  # one copy of the train rows' observed labels
     counts = observed_counts(train_observed)
+    tabular = {"protocol": "tabular", "test_rows": test_idx.tolist(), "trial_seed": seed} \
+        if protocol == "tabular" else {}
     meta = {**{key: v for key, v in ds.meta.items() if key != "instances"},
             "train_rows": train_idx.tolist(), "val_rows": val_idx.tolist(),
-            "subsample": 1.0 if subsample is None else float(subsample),
-            **({"protocol": "tabular", "test_rows": test_idx.tolist(), "trial_seed": seed}
-               if protocol == "tabular" else {}),
+            "subsample": 1.0 if subsample is None else float(subsample), **tabular,
             "observed_labels": int(counts["positives"] + counts["negatives"]),
             "observed_counts": counts,
             "train_labels": "observed" if given else "full", "k_from": "val" if given else "train",
             **extra}
     if standardize is not None:  # what new raw features need to look like these (predict)
         meta["standardize"] = standardize
-    if train.groups is not None:  # how many groups each side holds (none is on two sides)
-        meta["groups"] = {name: int(len(np.unique(part.groups))) for name, part in
-                          (("train", train), ("val", val), ("test", test))
-                          if part.groups is not None}
+    if train.groups is not None:  # a group column: how many groups each side holds
+        meta["groups"] = _group_counts(train=train, val=val, test=test)
     return Splits(ds.name, train, val, test, train_observed, val_observed, regime, k, meta)
+
+
+def _check_protocol(ds: Dataset, protocol: str, val_variant: str, regime: str,
+                    given: bool) -> None:
+    """Refuse a protocol or val variant that is not one, and what the tabular protocol (which
+    splits the pool and test rows anew and draws the observed labels itself) cannot take."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"{ds.name}: protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    if val_variant not in VAL_VARIANTS:
+        raise ValueError(f"{ds.name}: val_variant must be one of {VAL_VARIANTS}, got "
+                         f"{val_variant!r}")
+    if protocol != "tabular":
+        return
+    if given or ds.val is not None:
+        what = "observed training labels (regime given)" if given else "a val set given apart"
+        raise ValueError(f"{ds.name}: the tabular protocol splits the pool and test rows anew "
+                         f"and draws the observed labels itself; it does not take {what}: use "
+                         f"protocol 'cole'")
+    if any(is_partial(s.y) for s in (ds.pool, ds.test)):
+        raise ValueError(f"{ds.name}: the tabular protocol splits the rows anew and scores them "
+                         f"on full labels; partial test labels need protocol 'cole'")
+    name, arg = parse_regime(regime)
+    if name == "1p_biased" and arg != "semantic":
+        raise ValueError(f"regime {regime!r} needs the source's per-label instance "
+                         f"metadata of the pool rows, which the tabular protocol (pool and "
+                         f"test rows split anew) does not carry; use protocol 'cole'")
+
+
+def _shipped_observed(ds: Dataset) -> np.ndarray:
+    """The observed labels a source ships with its pool (what the official pipeline drew for
+    ``1p`` with the official seed), checked."""
+    observed = validate_observed(ds.pool_observed, f"{ds.name} shipped observed labels")
+    if observed.shape != ds.pool.y.shape:
+        raise ValueError(f"{ds.name}: shipped observed labels have shape {observed.shape}, "
+                         f"full labels {ds.pool.y.shape}")
+    return observed
+
+
+def _default_k(labelled: LabelledSet, extra: dict) -> float:
+    """The splits' default k: the mean positives per row of ``labelled`` (train's, or val's
+    for regime ``given``); of partial labels, noting in ``extra`` how many classes have no
+    known negative (they count as present wherever unknown)."""
+    if is_partial(labelled.y):
+        known_neg = (np.asarray(labelled.y) == -1).any(axis=0)
+        extra["k_classes_without_negative"] = int((~known_neg).sum())
+    return _mean_positives(labelled.y)
+
+
+def _group_counts(**sides: LabelledSet) -> dict:
+    """The number of groups of each side that has groups (no group is on two sides: the
+    carve-outs take whole groups, `group_split`)."""
+    return {name: int(len(np.unique(part.groups))) for name, part in sides.items()
+            if part.groups is not None}
+
+
+def _val_and_test(ds: Dataset, pool: LabelledSet, observed, val_idx, given: bool,
+                  split_seed: int) -> tuple:
+    """``(val, test, val observed labels, meta entries)`` of the Cole protocol: a val set given
+    apart, one carved out of the fully labelled test set (regime ``given``), or the pool's
+    rows ``val_idx``."""
+    if ds.val is not None:
+        return ds.val, ds.test, _as_observed(ds.val.y), {"val_from": "given"}
+    if not given:
+        return pool.subset(val_idx), ds.test, observed[val_idx], {"val_from": "pool"}
+    test_idx, carved = _val_split(ds, ds.test, split_seed)
+    if not len(carved) or not len(test_idx):
+        raise ValueError(f"{ds.name}: regime 'given' carves the val set out of the fully "
+                         f"labelled test set ({ds.val_fraction} of its {len(ds.test)} rows), "
+                         f"which leaves an empty {'val' if not len(carved) else 'test'} set; "
+                         f"give more test rows or a fully labelled val set")
+    val, test = ds.test.subset(carved), ds.test.subset(test_idx)
+    return val, test, _as_observed(val.y), {"val_from": "test",
+                                            "val_rows_of_test": carved.tolist(),
+                                            "val_fraction": ds.val_fraction}
+
+
+def _scored_on_observed(ds: Dataset, val: LabelledSet, val_observed, extra: dict) -> LabelledSet:
+    """``val`` scored on the labels the regime observes of it (``val_variant='observed'``,
+    noted in ``extra``); only a val set split from the training rows has such labels."""
+    if extra["val_from"] != "pool":
+        how = "given apart" if extra["val_from"] == "given" else "carved out of the test set"
+        raise ValueError(f"{ds.name}: val_variant='observed' scores the val rows on the labels "
+                         f"the regime draws of them; this val set is {how} with its own "
+                         f"labels: leave val_variant out")
+    extra["val_variant"] = "observed"
+    return replace(val, y=(np.asarray(val_observed) == POSITIVE).astype(np.uint8))
 
 
 def describe_labels(splits: Splits) -> dict:

@@ -549,63 +549,12 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
         raise ValueError(f"{where}: give split_column (one file of every row) or test_path / "
                          f"val_path (separate files), not both")
     label_cols = select_columns(list(df.columns), labels, "label", where)
-    reserved = set(label_cols) | {c for c in (split_column, id_column, group_column) if c}
-    for c, what in ((split_column, "split_column"), (id_column, "id_column"),
-                    (group_column, "group_column")):
-        if c is not None and c not in df.columns:
-            raise ValueError(f"{where}: {what} {c!r} is not a column; the columns are "
-                             f"{_preview(list(df.columns), 12)}")
-    if features is None:
-        feature_cols = [c for c in df.columns if c not in reserved and df[c].dtype.kind in "fiub"]
-        skipped = [c for c in df.columns if c not in reserved and c not in feature_cols]
-        for c in skipped:  # numbers but for a few cells: a typo, a repeated header line
-            cells = df[c].dropna()
-            bad = [i for i, v in cells.items() if not _is_number(v)]
-            if len(bad) < len(cells) and len(bad) <= max(1, len(cells) // 10):
-                i = bad[0]
-                raise ValueError(f"{where}: column {c!r} holds numbers but for {len(bad)} "
-                                 f"cell(s), the first at data row {int(i) + 1}: "
-                                 f"{df[c].loc[i]!r:.60} (a typo, or a header line repeated in "
-                                 f"the file?); fix the cell, or choose the feature columns with "
-                                 f"features=")
-        if skipped:
-            warnings.warn(f"{where}: non-numeric column(s) {_preview(skipped)} are not used as "
-                          f"features (choose the feature columns with features=)", stacklevel=2)
-        if not feature_cols:
-            raise ValueError(f"{where}: no numeric column besides the labels to use as features")
-    else:
-        feature_cols = select_columns(list(df.columns), features, "feature", where)
-        clash = sorted(reserved & set(feature_cols))
-        if clash:
-            raise ValueError(f"{where}: column(s) {clash} are chosen as features and as labels / "
-                             f"split / id")
-    named = set(_patterns(features))  # a column named exactly is a feature by choice
-    ids = [c for c in identifier_columns(df, feature_cols) if c not in named]
-    if ids:
-        raise ValueError(f"{where}: column(s) {_preview(ids)} look like row identifiers (whole "
-                         f"numbers, a different one on each of the {len(df)} rows) and would "
-                         f"be used as features: give id_column={ids[0]} (its values then name "
-                         f"the rows, e.g. in spml predict's output), or choose the features with "
-                         f"features=... (a column named there is kept as a feature)")
+    reserved = set(label_cols) | _named_columns(df, where, split_column=split_column,
+                                                id_column=id_column, group_column=group_column)
+    feature_cols = _feature_columns(df, features, reserved, where)
     classes = resolve_class_names(class_names)
-    frames = {"train": (df, where)}
-    if split_column is not None:
-        empty = np.flatnonzero(df[split_column].isna().to_numpy())
-        if empty.size:
-            raise ValueError(f"{where}: split column {split_column!r} is empty at data row "
-                             f"{int(empty[0]) + 1} ({empty.size} empty cell(s)); expected train, "
-                             f"val or test per row")
-        kind = df[split_column].astype(str).str.strip().str.lower()
-        unknown = sorted(set(kind) - set(SPLIT_VALUES))
-        if unknown:
-            first = int(np.flatnonzero(kind.isin(unknown).to_numpy())[0])
-            raise ValueError(f"{where}: split column {split_column!r} holds {unknown[:5]} (first "
-                             f"at data row {first + 1}); expected train, val or test per row")
-        kind = kind.map(SPLIT_VALUES)
-        frames = {s: (df[kind == s].reset_index(drop=True), f"{where} ({split_column}={s})")
-                  for s in ("train", "val", "test") if (kind == s).any()}
-        if "train" not in frames:
-            raise ValueError(f"{where}: no row has {split_column}=train")
+    frames = {"train": (df, where)} if split_column is None else \
+        _split_frames(df, split_column, where)
     for s, p in (("test", test_path), ("val", val_path)):
         if p is not None:
             frames[s] = (read_table(p, f"{s} table", text, f"{s}_path"), str(p))
@@ -639,3 +588,74 @@ def load_tabular(path: str | os.PathLike, labels: str | list,
     return features_dataset(name, train, classes, test=test, val=val, train_labels=train_labels,
                             test_fraction=test_fraction, seed=seed, standardize=standardize,
                             meta=meta, split=split)
+
+
+def _named_columns(df, where: str, **named) -> set:
+    """The columns named by options (``split_column=...``, ``None``: not given), each checked
+    to be a column of the table."""
+    for what, c in named.items():
+        if c is not None and c not in df.columns:
+            raise ValueError(f"{where}: {what} {c!r} is not a column; the columns are "
+                             f"{_preview(list(df.columns), 12)}")
+    return {c for c in named.values() if c is not None}
+
+
+def _feature_columns(df, features, reserved: set, where: str) -> list:
+    """The feature columns of a table: those ``features`` names (none of ``reserved``, the
+    label / split / id columns), or every other numeric column; a column of numbers but for a
+    few cells, and one that looks like row identifiers, are refused with what to do."""
+    if features is None:
+        feature_cols = [c for c in df.columns if c not in reserved and df[c].dtype.kind in "fiub"]
+        skipped = [c for c in df.columns if c not in reserved and c not in feature_cols]
+        for c in skipped:  # numbers but for a few cells: a typo, a repeated header line
+            cells = df[c].dropna()
+            bad = [i for i, v in cells.items() if not _is_number(v)]
+            if len(bad) < len(cells) and len(bad) <= max(1, len(cells) // 10):
+                i = bad[0]
+                raise ValueError(f"{where}: column {c!r} holds numbers but for {len(bad)} "
+                                 f"cell(s), the first at data row {int(i) + 1}: "
+                                 f"{df[c].loc[i]!r:.60} (a typo, or a header line repeated in "
+                                 f"the file?); fix the cell, or choose the feature columns with "
+                                 f"features=")
+        if skipped:
+            warnings.warn(f"{where}: non-numeric column(s) {_preview(skipped)} are not used as "
+                          f"features (choose the feature columns with features=)", stacklevel=3)
+        if not feature_cols:
+            raise ValueError(f"{where}: no numeric column besides the labels to use as features")
+    else:
+        feature_cols = select_columns(list(df.columns), features, "feature", where)
+        clash = sorted(reserved & set(feature_cols))
+        if clash:
+            raise ValueError(f"{where}: column(s) {clash} are chosen as features and as labels / "
+                             f"split / id")
+    named = set(_patterns(features))  # a column named exactly is a feature by choice
+    ids = [c for c in identifier_columns(df, feature_cols) if c not in named]
+    if ids:
+        raise ValueError(f"{where}: column(s) {_preview(ids)} look like row identifiers (whole "
+                         f"numbers, a different one on each of the {len(df)} rows) and would "
+                         f"be used as features: give id_column={ids[0]} (its values then name "
+                         f"the rows, e.g. in spml predict's output), or choose the features with "
+                         f"features=... (a column named there is kept as a feature)")
+    return feature_cols
+
+
+def _split_frames(df, split_column: str, where: str) -> dict:
+    """``{"train" | "val" | "test": (rows, where)}`` of a table whose ``split_column`` says
+    which part each row is (an empty cell, another value, or no train row refused)."""
+    empty = np.flatnonzero(df[split_column].isna().to_numpy())
+    if empty.size:
+        raise ValueError(f"{where}: split column {split_column!r} is empty at data row "
+                         f"{int(empty[0]) + 1} ({empty.size} empty cell(s)); expected train, "
+                         f"val or test per row")
+    kind = df[split_column].astype(str).str.strip().str.lower()
+    unknown = sorted(set(kind) - set(SPLIT_VALUES))
+    if unknown:
+        first = int(np.flatnonzero(kind.isin(unknown).to_numpy())[0])
+        raise ValueError(f"{where}: split column {split_column!r} holds {unknown[:5]} (first "
+                         f"at data row {first + 1}); expected train, val or test per row")
+    kind = kind.map(SPLIT_VALUES)
+    frames = {s: (df[kind == s].reset_index(drop=True), f"{where} ({split_column}={s})")
+              for s in ("train", "val", "test") if (kind == s).any()}
+    if "train" not in frames:
+        raise ValueError(f"{where}: no row has {split_column}=train")
+    return frames

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import asdict, dataclass
+from typing import ClassVar
+
+from ..constraints import Boolean, Interval, Options, Rule, check_record
 
 AMP_MODES = ("auto", "none", "bf16", "fp16")
+#: the mAP conventions (`spmlkit.metrics.mean_average_precision`)
+MAP_CONVENTIONS = ("present", "official")
 
 
 #: the most epochs a run may ask for (a bound on a typo such as ``epochs: 10**12``)
 MAX_EPOCHS = 100_000
+#: seeds are numpy's (``RandomState`` takes them in [0, 2**32))
+MAX_SEED = 2**32 - 1
 
 
 def check_device(text) -> str:
@@ -31,6 +38,27 @@ def check_device(text) -> str:
                                     and torch.backends.mps.is_available()):
         raise ValueError(f"{text!r}: this machine has no MPS device; use cpu")
     return text
+
+
+def _device_name(text) -> str:
+    """``text`` if torch reads it as a device (``cpu``, ``cuda:1``; whether this machine has it
+    is `check_device`'s: a study's workers may run elsewhere)."""
+    import torch
+
+    if not isinstance(text, str):
+        raise ValueError(f"device must be a name such as cpu or cuda:1, got {text!r}")
+    try:
+        torch.device(text)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"device must be a name such as cpu, cuda or cuda:1, got "
+                         f"{text!r}") from None
+    return text
+
+
+def _metric_name(name) -> str:
+    from ..metrics import check_metric
+
+    return check_metric(name)
 
 
 @dataclass
@@ -101,40 +129,36 @@ class TrainConfig:
     weight_decay: float = 0.0
     train_predictions: bool = True
 
+    #: what each field accepts (`spmlkit.constraints`): read by the check below, by the
+    #: options of ``spml train`` / ``spml benchmark`` and by tests/test_constraints.py
+    parameter_constraints: ClassVar[dict] = {
+        "epochs": Interval(int, 1, MAX_EPOCHS, too_large="a run that long never finishes (the "
+                           "papers train 10 to 100); give fewer epochs, with early_stop to end "
+                           "sooner"),
+        "batch_size": Interval(int, 1),
+        "lr": Interval(float, 0, None, closed="right"),
+        "seed": Interval(int, 0, MAX_SEED),
+        "early_stop": Rule(lambda spec: parse_early_stop(spec),
+                           "'none', 'patience:N' (N >= 1) or 'drop:X' (X >= 0)",
+                           bad=("patience:0", "sometimes", 3)),
+        "map_convention": Options(MAP_CONVENTIONS),
+        "device": Rule(_device_name, "a device name such as cpu, cuda or cuda:1",
+                       bad=("gpu0", 3)),
+        "head_lr_mult": Interval(float, 0, None, closed="right"),
+        "amp": Options(AMP_MODES),
+        "channels_last": Boolean(),
+        "num_workers": Interval(int, 0),
+        "image_size": [Interval(int, 1), None],
+        "eval_batch_size": [Interval(int, 1), None],
+        "metric": Rule(_metric_name, "a metric name (spml list metrics)",
+                       bad=("accuracy", 3)),
+        "drop_last": Boolean(),
+        "weight_decay": Interval(float, 0),
+        "train_predictions": Boolean(),
+    }
+
     def __post_init__(self):
-        import math
-
-        if not isinstance(self.train_predictions, bool):
-            raise ValueError(f"train_predictions must be true or false, got "
-                             f"{self.train_predictions!r}")
-
-        if isinstance(self.weight_decay, bool) or not isinstance(self.weight_decay, (int, float)) \
-                or not math.isfinite(self.weight_decay) or self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be a finite number >= 0, got "
-                             f"{self.weight_decay!r}")
-        if not isinstance(self.drop_last, bool):
-            raise ValueError(f"drop_last must be true or false, got {self.drop_last!r}")
-        if self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
-            raise ValueError(f"epochs and batch_size must be >= 1 and lr > 0, got epochs="
-                             f"{self.epochs}, batch_size={self.batch_size}, lr={self.lr}")
-        if self.epochs > MAX_EPOCHS:
-            raise ValueError(f"epochs={self.epochs} is more than {MAX_EPOCHS:,}: a run that "
-                             f"long never finishes (the papers train 10 to 100); give fewer "
-                             f"epochs, with early_stop to end sooner")
-        parse_early_stop(self.early_stop)
-        from ..metrics import check_metric
-
-        check_metric(self.metric)
-        if not self.head_lr_mult > 0:
-            raise ValueError(f"head_lr_mult must be > 0, got {self.head_lr_mult}")
-        if self.amp not in AMP_MODES:
-            raise ValueError(f"amp must be one of {AMP_MODES}, got {self.amp!r}")
-        if self.num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
-        for name in ("image_size", "eval_batch_size"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 (or None for the default), got {value}")
+        check_record(self)
 
 
 def parse_early_stop(spec: str) -> tuple[str, float]:

@@ -7,7 +7,7 @@ import math
 import time
 import warnings
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
@@ -15,6 +15,7 @@ from torch import nn
 
 from ..metrics import is_partial
 from .. import distributed as dist_utils
+from ..constraints import Boolean, Interval, Options, check_record
 from ..labels import validate_full_labels, validate_observed
 from ..accel import start as start_acceleration
 from ..data.image_views import finish_view, finished_batches
@@ -244,6 +245,10 @@ def _forward_dtype(config: TrainConfig, tuning: "FinetuneOptions", device: torch
     return amp
 
 
+#: the learning-rate schedules after the warm-up (`FinetuneOptions`)
+LR_SCHEDULES = ("constant", "cosine")
+
+
 @dataclass
 class FinetuneOptions:
     """What a timm user expects of fine-tuning beyond
@@ -270,13 +275,13 @@ class FinetuneOptions:
     schedule: str = "constant"
     cpu_bf16: bool = False
 
+    #: what each field accepts (`spmlkit.constraints`; ``spml train`` reads it too)
+    parameter_constraints: ClassVar[dict] = {
+        "weight_decay": Interval(float, 0), "warmup_epochs": Interval(float, 0),
+        "schedule": Options(LR_SCHEDULES), "cpu_bf16": Boolean()}
+
     def __post_init__(self):
-        if not (self.weight_decay >= 0 and self.warmup_epochs >= 0):
-            raise ValueError(f"weight_decay and warmup_epochs must be >= 0, got "
-                             f"{self.weight_decay} and {self.warmup_epochs}")
-        if self.schedule not in LR_SCHEDULES:
-            raise ValueError(f"lr schedule must be one of {LR_SCHEDULES}, got "
-                             f"{self.schedule!r}")
+        check_record(self)
 
     @property
     def schedules(self) -> bool:
@@ -296,10 +301,6 @@ class FinetuneOptions:
             return 1.0
         rest = max(total - warm - 1, 1)
         return 0.5 * (1.0 + math.cos(math.pi * min(step - warm, rest) / rest))
-
-
-#: the learning-rate schedules after the warm-up (`FinetuneOptions`)
-LR_SCHEDULES = ("constant", "cosine")
 
 
 def group_lrs(opt) -> list[float]:

@@ -443,32 +443,8 @@ def solve_path(x_train, observed, loss: SPMLLoss, *, x_val=None, y_val=None, c=C
     from .config import TrainConfig
 
     start = time.perf_counter()
-    values = list(c) if isinstance(c, (list, tuple, np.ndarray)) else [c]
-    for value in values:  # a word or a flag is no C (numpy would read "1" and True as 1.0)
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float,
-                                                                          np.number)):
-            raise ValueError(f"C (the inverse L2 strength, scikit-learn's) must be a number > 0 "
-                             f"or a sequence of them, got {value!r}")
-    cs = sorted(float(v) for v in values)
-    if not cs:
-        raise ValueError("c: give at least one value of C")
-    form, why = solver_form(loss)
-    if form == "refused":
-        raise ValueError(f"the solver cannot minimise loss {type(loss).__name__}: {why}")
+    cs, form = _path_settings(c, loss, rounds, tol, max_iter, patience)
     x_train, x_val = _in_memory(x_train, "train"), _in_memory(x_val, "val")
-    for name, value in (("rounds", rounds), ("max_iter", max_iter), ("patience", patience)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-    if not (isinstance(tol, (int, float)) and math.isfinite(tol) and tol > 0):
-        raise ValueError(f"tol must be a number > 0, got {tol!r}")
-    # an option that does nothing here is refused, not ignored
-    if rounds != ROUNDS and form != "rounds":
-        raise ValueError(f"rounds={rounds}: loss {type(loss).__name__} is solved in one solve "
-                         f"per C ({form}); rounds are for the losses whose terms follow the "
-                         f"epoch (spmlkit.engine.solve.solver_form)")
-    if patience != PATIENCE and len(cs) == 1:
-        raise ValueError(f"patience={patience}: it stops a path of several C, and one C was "
-                         f"given")
     config = TrainConfig(seed=seed, metric=metric, map_convention=map_convention)
     x, z, xv, yv = linear_inputs(x_train, observed, x_val, y_val, config)
     if len(cs) > 1 and xv is None:
@@ -477,13 +453,7 @@ def solve_path(x_train, observed, loss: SPMLLoss, *, x_val=None, y_val=None, c=C
     for value in cs:
         lam_from_c(value, len(x))
     n, classes = z.shape
-    if model is None:
-        from ..models.heads import make_head
-
-        model = make_head(head, x.shape[1], classes, seed, hidden)
-    if dtype is None:
-        dtype = torch.float64 if x.numel() < FLOAT32_ENTRIES else torch.float32
-    model = model.to(dtype).train()
+    model, dtype = _start_head(model, head, hidden, seed, x, classes, dtype)
     loss = loss.to(dtype)
     x = x.to(dtype)
     xv = None if xv is None else xv.to(dtype)
@@ -493,16 +463,7 @@ def solve_path(x_train, observed, loss: SPMLLoss, *, x_val=None, y_val=None, c=C
     lower = metric != "map" and _lower_is_better(metric)
     done = 0
     if resume is not None:
-        if not isinstance(resume, dict) or resume.get("format") != STATE_FORMAT or \
-                [float(v) for v in resume.get("c", ())] != cs:
-            raise ValueError(f"resume: not a state of this path ({STATE_FORMAT}, C "
-                             f"{cs[0]:g} .. {cs[-1]:g})")
-        result.records = [SolveRecord(**r) for r in resume["records"]]
-        result.best, best_score, since = int(resume["best"]), float(resume["best_score"]), \
-            int(resume["since"])
-        model.load_state_dict(resume["model"])
-        loss.load_state_dict(resume["loss"])
-        best_state = (resume["best_model"], resume["best_loss"])
+        best_score, best_state, since = _resumed(resume, cs, result, model, loss)
         done = len(result.records)
 
     def state():
@@ -525,15 +486,9 @@ def solve_path(x_train, observed, loss: SPMLLoss, *, x_val=None, y_val=None, c=C
         score = float("nan")
         if xv is not None:
             score = val_map(predict_logits(model, xv), yv, map_convention, metric)
-        record = SolveRecord(value, lam, score, out["iterations"], out["evaluations"],
-                             out["objective"], out["grad_max"], out["converged"],
-                             time.perf_counter() - t0, out["message"])
-        if not (math.isfinite(record.objective) and record.grad_max <= BADLY_SCALED):
-            raise FloatingPointError(
-                f"the solve at C={value:g} ended with objective {record.objective:.4g} and a "
-                f"gradient entry of {record.grad_max:.4g} (tolerance {tol:g}): the problem is "
-                f"not solvable as given; look at what the run was given: features with huge "
-                f"values (e.g. 1e38: standardise them), a loss's eps or a regulariser's weight")
+        record = _checked_record(SolveRecord(
+            value, lam, score, out["iterations"], out["evaluations"], out["objective"],
+            out["grad_max"], out["converged"], time.perf_counter() - t0, out["message"]), tol)
         result.records.append(record)
         key = -score if lower else score
         if best_state is None or (math.isfinite(key) and key > best_score):
@@ -557,6 +512,77 @@ def solve_path(x_train, observed, loss: SPMLLoss, *, x_val=None, y_val=None, c=C
     loss.float()
     result.seconds = time.perf_counter() - start
     return model, result
+
+
+def _path_settings(c, loss: SPMLLoss, rounds, tol, max_iter, patience) -> tuple[list, str]:
+    """``(the values of C in increasing order, the loss's solver form)`` of a path, its
+    settings checked; an option that does nothing for this loss or path is refused, not
+    ignored."""
+    values = list(c) if isinstance(c, (list, tuple, np.ndarray)) else [c]
+    for value in values:  # a word or a flag is no C (numpy would read "1" and True as 1.0)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float,
+                                                                          np.number)):
+            raise ValueError(f"C (the inverse L2 strength, scikit-learn's) must be a number > 0 "
+                             f"or a sequence of them, got {value!r}")
+    cs = sorted(float(v) for v in values)
+    if not cs:
+        raise ValueError("c: give at least one value of C")
+    form, why = solver_form(loss)
+    if form == "refused":
+        raise ValueError(f"the solver cannot minimise loss {type(loss).__name__}: {why}")
+    for name, value in (("rounds", rounds), ("max_iter", max_iter), ("patience", patience)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    if not (isinstance(tol, (int, float)) and math.isfinite(tol) and tol > 0):
+        raise ValueError(f"tol must be a number > 0, got {tol!r}")
+    if rounds != ROUNDS and form != "rounds":
+        raise ValueError(f"rounds={rounds}: loss {type(loss).__name__} is solved in one solve "
+                         f"per C ({form}); rounds are for the losses whose terms follow the "
+                         f"epoch (spmlkit.engine.solve.solver_form)")
+    if patience != PATIENCE and len(cs) == 1:
+        raise ValueError(f"patience={patience}: it stops a path of several C, and one C was "
+                         f"given")
+    return cs, form
+
+
+def _start_head(model, head: str, hidden: int, seed: int, x, classes: int, dtype):
+    """``(the head the path starts from, in training mode, the dtype the objective is
+    evaluated in)``: ``model``, or a new ``head`` drawn with ``seed``; ``dtype`` None picks
+    float64 below `FLOAT32_ENTRIES` train entries and float32 from there."""
+    if model is None:
+        from ..models.heads import make_head
+
+        model = make_head(head, x.shape[1], classes, seed, hidden)
+    if dtype is None:
+        dtype = torch.float64 if x.numel() < FLOAT32_ENTRIES else torch.float32
+    return model.to(dtype).train(), dtype
+
+
+def _resumed(resume, cs: list, result: PathResult, model: nn.Module, loss: SPMLLoss) -> tuple:
+    """Load a path's state (`STATE_FORMAT`) into ``result``, ``model`` and ``loss``; returns
+    ``(best score, best state, solves since the best)``."""
+    if not isinstance(resume, dict) or resume.get("format") != STATE_FORMAT or \
+            [float(v) for v in resume.get("c", ())] != cs:
+        raise ValueError(f"resume: not a state of this path ({STATE_FORMAT}, C "
+                         f"{cs[0]:g} .. {cs[-1]:g})")
+    result.records = [SolveRecord(**r) for r in resume["records"]]
+    result.best = int(resume["best"])
+    model.load_state_dict(resume["model"])
+    loss.load_state_dict(resume["loss"])
+    return float(resume["best_score"]), (resume["best_model"], resume["best_loss"]), \
+        int(resume["since"])
+
+
+def _checked_record(record: SolveRecord, tol: float) -> SolveRecord:
+    """``record`` of a solve that ended finite and not badly scaled; otherwise a
+    ``FloatingPointError`` that names what to look at."""
+    if not (math.isfinite(record.objective) and record.grad_max <= BADLY_SCALED):
+        raise FloatingPointError(
+            f"the solve at C={record.c:g} ended with objective {record.objective:.4g} and a "
+            f"gradient entry of {record.grad_max:.4g} (tolerance {tol:g}): the problem is "
+            f"not solvable as given; look at what the run was given: features with huge "
+            f"values (e.g. 1e38: standardise them), a loss's eps or a regulariser's weight")
+    return record
 
 
 def _in_memory(x, split: str):

@@ -141,8 +141,6 @@ def run_solver_benchmark(dataset: str, losses=DEFAULT_SOLVER_LOSSES, seeds: int 
         ValueError: a loss the solver refuses (naming why, before anything is solved), an
             unknown loss, bad seeds.
     """
-    import torch
-
     from ..engine import torch_threads
     from ..losses import create_loss
     from ..methods.contract import resolve_hparams
@@ -191,7 +189,6 @@ def run_solver_benchmark(dataset: str, losses=DEFAULT_SOLVER_LOSSES, seeds: int 
     with torch_threads(1), open(out / SOLVES_FILE, "a") as log:
         for seed in range(seeds):
             splits = load_seed_splits(dataset, options, regime, seed)
-            k = float(splits.k)
             val_keep.clear()
             if sklearn:  # the baseline candidate: the user's own alternative, as they fit it
                 bar.describe(f"sklearn_lr seed {seed}")
@@ -214,44 +211,14 @@ def run_solver_benchmark(dataset: str, losses=DEFAULT_SOLVER_LOSSES, seeds: int 
                     records.append(rec)
                     continue
                 bar.describe(f"{name} seed {seed}")
-                t0, c0 = time.perf_counter(), time.process_time()
-                solved = [0]
-
-                def on_solve(record):
-                    solved[0] += 1
-                    bar.step()
-
-                model, path = solve_path(splits.train.x, splits.observed,
-                                         loss, x_val=splits.val.x,
-                                         y_val=splits.val.y, c=cs, k=k, seed=seed,
-                                         rounds=rounds, tol=tol, patience=patience,
-                                         on_solve=on_solve)
-                bar.skip(len(cs) - solved[0])  # the path stopped early
-                with torch.no_grad():
-                    probs = {part: torch.sigmoid(model(torch.as_tensor(
-                        np.asarray(getattr(splits, part).x, np.float32)))).numpy()
-                        for part in (("train", "val", "test") if train_predictions or
-                                     splits.train_labels_complete else ("val", "test"))}
-                rec = {"key": key, "loss": name, "seed": seed, "regime": regime,
-                       "C": path.c, "form": path.form,
-                       "val_map": path.records[path.best].val_score,
-                       "test_map": _score(probs["test"], splits.test.y),
-                       "train_recovery_map": _score(probs["train"], splits.train.y)
-                       if splits.train_labels_complete else None,
-                       "solves": len(path.records),
-                       "iterations": sum(r.iterations for r in path.records),
-                       "converged": all(r.converged for r in path.records),
-                       "seconds": time.perf_counter() - t0,
-                       "cpu_seconds": time.process_time() - c0,
-                       "path": [{"C": r.c, "val_map": r.val_score, "iterations": r.iterations,
-                                 "converged": r.converged} for r in path.records]}
-                kept = {"val": probs["val"], "test": probs["test"]}
-                if train_predictions:
-                    kept["train"] = probs["train"]
+                rec, kept = _solved(splits, loss, name, seed, regime, cs, bar, rounds=rounds,
+                                    tol=tol, patience=patience,
+                                    train_predictions=train_predictions)
+                rec = {"key": key, **rec}
                 np.savez(pred_file, **kept)
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
-                val_keep[name] = probs["val"]
+                val_keep[name] = kept["val"]
                 records.append(rec)
             baseline = refs[-1]["loss"] if sklearn else BASELINE
             name, why = pick_on_val(dict(val_keep), splits.val.y, baseline=baseline,
@@ -274,6 +241,50 @@ def run_solver_benchmark(dataset: str, losses=DEFAULT_SOLVER_LOSSES, seeds: int 
     write_text(out / "table.md", table)
     return {"records": records, "picked": picked, "sklearn": refs, "table": table,
             "seconds": seconds, "cpu_seconds": cpu}
+
+
+def _solved(splits, loss, name: str, seed: int, regime: str, cs: list, bar, *, rounds, tol,
+            patience, train_predictions: bool) -> tuple[dict, dict]:
+    """One loss's path on one seed's splits (`solve_path`, a step of ``bar`` per solve): its
+    row of ``results.json`` (without its key) and the probabilities kept (val, test, and train
+    with ``train_predictions``)."""
+    import torch
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    solved = [0]
+
+    def on_solve(record):
+        solved[0] += 1
+        bar.step()
+
+    model, path = solve_path(splits.train.x, splits.observed,
+                             loss, x_val=splits.val.x,
+                             y_val=splits.val.y, c=cs, k=float(splits.k), seed=seed,
+                             rounds=rounds, tol=tol, patience=patience,
+                             on_solve=on_solve)
+    bar.skip(len(cs) - solved[0])  # the path stopped early
+    with torch.no_grad():
+        probs = {part: torch.sigmoid(model(torch.as_tensor(
+            np.asarray(getattr(splits, part).x, np.float32)))).numpy()
+            for part in (("train", "val", "test") if train_predictions or
+                         splits.train_labels_complete else ("val", "test"))}
+    rec = {"loss": name, "seed": seed, "regime": regime,
+           "C": path.c, "form": path.form,
+           "val_map": path.records[path.best].val_score,
+           "test_map": _score(probs["test"], splits.test.y),
+           "train_recovery_map": _score(probs["train"], splits.train.y)
+           if splits.train_labels_complete else None,
+           "solves": len(path.records),
+           "iterations": sum(r.iterations for r in path.records),
+           "converged": all(r.converged for r in path.records),
+           "seconds": time.perf_counter() - t0,
+           "cpu_seconds": time.process_time() - c0,
+           "path": [{"C": r.c, "val_map": r.val_score, "iterations": r.iterations,
+                     "converged": r.converged} for r in path.records]}
+    kept = {"val": probs["val"], "test": probs["test"]}
+    if train_predictions:
+        kept["train"] = probs["train"]
+    return rec, kept
 
 
 def _sklearn_row(splits, seed: int, cs, on_fit=None) -> dict:

@@ -19,7 +19,7 @@ from . import robust  # noqa: F401  (GR, Hill, SPLC)
 from . import scorer  # noqa: F401  (em_pl, gpr: an external scorer's pseudo-labels)
 from . import crisp  # noqa: F401  (CRISP: class-prior estimation)
 from . import pu  # noqa: F401  (vpu: PU-MLC's variational PU loss)
-from .contract import SPMLLoss
+from .contract import SPMLLoss, check_hparams
 from .inputs import TrainInfo, check_observed
 from .logspace import log_1mp, log_p, soft_bce
 from .own_loop import HOOKS, carry_state, hooks_driven, observed_validated
@@ -57,21 +57,23 @@ def create_loss(name: str, reg=None, **hparams) -> SPMLLoss:
 
 
 def check_loss_hparams(name: str, hparams: dict) -> None:
-    """Refuse a hyperparameter the loss ``name`` does not take, or a value of the wrong kind
-    (a ValueError naming it): what `create_loss` checks first, for callers that check before
-    they load data."""
+    """Refuse a hyperparameter the loss ``name`` does not take, or a value its class's
+    constraints table refuses (`spmlkit.losses.contract.check_hparams`), or, for one without
+    a rule (a loss of your own), a value of another kind than its default: a ValueError
+    naming it. What `create_loss` checks first, for callers that check before they load data."""
     entry = LOSSES.get(name)
     known = {**loss_hparams(name), **ASSET_HPARAMS}
     unknown = sorted(set(hparams) - set(known))
     if unknown:
         raise ValueError(f"loss {entry.name!r} has no hyperparameter(s) {unknown}; it takes "
                          f"{sorted(known)}")
+    check_hparams(entry.factory, hparams, entry.name)
+    check_hparams(AssetRegularized, hparams, entry.name)  # the term every loss takes
     for key, value in hparams.items():
-        default = known[key]
-        if key == "asset_init" and value is None:
+        if key in ASSET_HPARAMS:
             continue
-        number = key == "asset_init" or isinstance(default, numbers.Real) and \
-            not isinstance(default, bool)
+        default = known[key]
+        number = isinstance(default, numbers.Real) and not isinstance(default, bool)
         if number and (isinstance(value, bool) or not isinstance(value, numbers.Real)) or \
                 isinstance(default, bool) and not isinstance(value, (bool, np.bool_)):
             raise ValueError(f"loss {entry.name!r}: hyperparameter {key}={value!r} must be "

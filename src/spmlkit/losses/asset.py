@@ -22,13 +22,12 @@ train --hp asset_alpha=0.1``); the rows' groups come from the data (``--data gro
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
 from ..labels import POSITIVE
-from .contract import SPMLLoss, TrainInfo, as_compute, soft_bce, take_rows
+from ..constraints import Interval
+from .contract import SPMLLoss, TrainInfo, as_compute, check_hparams, soft_bce, take_rows
 from .regularizers import Regularized
 
 #: the hyperparameters every loss takes for the asset term, with their defaults (the official
@@ -72,6 +71,11 @@ class AssetRegularized(Regularized):
     """
 
     resizable_state = ("asset_mean", "asset_group")
+    #: what each hyperparameter of the term accepts (`spmlkit.constraints`; asset_alpha 0
+    #: is the term off, `spmlkit.losses.create_loss` then leaves it out)
+    parameter_constraints = {"asset_alpha": Interval(float, 0),
+                             "asset_eps": Interval(float, 0, 1, closed="right"),
+                             "asset_init": [Interval(float, 0, 1), None]}
     solver_refusal = ("the asset regulariser's running averages move after every batch; "
                       "train it with Adam (spml train --solver adam, "
                       "SPMLClassifier(solver='adam'))")
@@ -79,15 +83,11 @@ class AssetRegularized(Regularized):
     def __init__(self, base: SPMLLoss, regularizers=(), *, asset_alpha: float,
                  asset_eps: float = 0.001, asset_init: float | None = None):
         super().__init__(base, regularizers)
-        for name, value, ok, rule in (
-                ("asset_alpha", asset_alpha, lambda v: v > 0, "a number > 0"),
-                ("asset_eps", asset_eps, lambda v: 0 < v <= 1, "a number in (0, 1]"),
-                ("asset_init", asset_init, lambda v: 0 <= v <= 1, "a number in [0, 1] or None")):
-            if value is None and name == "asset_init":
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                    not math.isfinite(value) or not ok(value):
-                raise ValueError(f"{name} must be {rule}, got {value!r}")
+        check_hparams(type(self), {"asset_alpha": asset_alpha, "asset_eps": asset_eps,
+                                   "asset_init": asset_init}, "asset regulariser")
+        if not asset_alpha:
+            raise ValueError("asset_alpha=0 is the asset term off: leave the wrapper out "
+                             "(create_loss does)")
         self.asset_alpha = float(asset_alpha)
         self.asset_eps = float(asset_eps)
         self.asset_init = None if asset_init is None else float(asset_init)

@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
-from .contract import SPMLLoss
-from .inputs import TrainInfo, check_k
+from ..constraints import Interval, Options
+from .contract import SPMLLoss, check_hparams
+from .inputs import K_RULE, TrainInfo
 from .logspace import expected_positive_penalty, expected_positive_penalty_grad, soft_bce
 from .state import take_rows
 from .registry import register
@@ -73,12 +74,12 @@ class AssumeNegativeLSLoss(_BCEForm):
             official code, e = 0.1 gives 0.9 / 0.1); ``"paper"`` uses ``1 - e/2`` / ``e/2``.
     """
 
+    parameter_constraints = {"smoothing": Interval(float, 0, 1, closed="left"),
+                             "convention": Options(("official", "paper"))}
+
     def __init__(self, smoothing: float = 0.1, convention: str = "official", **kw):
         super().__init__(**kw)
-        if convention not in ("official", "paper"):
-            raise ValueError(f"convention must be 'official' or 'paper', got {convention!r}")
-        if not 0.0 <= smoothing < 1.0:
-            raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
+        check_hparams(type(self), locals())
         self.smoothing = float(smoothing)
         self.convention = convention
 
@@ -92,11 +93,11 @@ class AssumeNegativeLSLoss(_BCEForm):
 class AsymmetricLSLoss(_BCEForm):
     """AN with separate smoothing of positives (``eps_pos``) and negatives (``eps_neg``)."""
 
+    parameter_constraints = {"eps_pos": Interval(float, 0, 1), "eps_neg": Interval(float, 0, 1)}
+
     def __init__(self, eps_pos: float = 0.0, eps_neg: float = 0.1, **kw):
         super().__init__(**kw)
-        for name, v in (("eps_pos", eps_pos), ("eps_neg", eps_neg)):
-            if not 0.0 <= v <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {v}")
+        check_hparams(type(self), locals())
         self.eps_pos, self.eps_neg = float(eps_pos), float(eps_neg)
 
     def bce_form(self, observed):
@@ -108,10 +109,11 @@ class AsymmetricLSLoss(_BCEForm):
 class WeakAssumeNegativeLoss(_BCEForm):
     """WAN: ``-log p`` on O+, ``gamma * -log(1-p)`` on U and O-; ``gamma=None`` -> 1/(L-1)."""
 
+    parameter_constraints = {"gamma": [Interval(float, 0), None]}
+
     def __init__(self, gamma: float | None = None, **kw):
         super().__init__(**kw)
-        if gamma is not None and gamma < 0:
-            raise ValueError(f"gamma must be >= 0, got {gamma}")
+        check_hparams(type(self), locals())
         self.gamma = gamma
 
     def bce_form(self, observed):
@@ -124,12 +126,11 @@ class WeakAssumeNegativeLoss(_BCEForm):
 class _NeedsK(SPMLLoss):
     """A loss with an expected-positive count ``k``, taken from the data when not given."""
 
+    parameter_constraints = {"k": K_RULE, "lam": Interval(float, 0)}
+
     def __init__(self, k: float | None = None, lam: float = 1.0, **kw):
         super().__init__(**kw)
-        check_k(k, type(self).__name__)
-        if float(lam) < 0:
-            raise ValueError(f"lam (the weight of the expected-positive penalty) must be >= 0, "
-                             f"got {lam}")
+        check_hparams(type(self), locals())
         self.k = k
         self._k_given = k is not None  # else each run's k is its TrainInfo's
         self.lam = float(lam)
@@ -213,6 +214,7 @@ class ROLELoss(_NeedsK):
     DENSE_WARN = 1 << 23
     #: the values of ``estimator_update``
     ESTIMATOR_UPDATES = ("dense", "rows")
+    parameter_constraints = {"estimator_update": Options(ESTIMATOR_UPDATES)}
 
     needs_index = True
     lr_multiplier = 10.0
@@ -221,9 +223,7 @@ class ROLELoss(_NeedsK):
     def __init__(self, k: float | None = None, lam: float = 1.0,
                  estimator_update: str = "dense", **kw):
         super().__init__(k=k, lam=lam, **kw)
-        if estimator_update not in self.ESTIMATOR_UPDATES:
-            raise ValueError(f"ROLE's estimator_update must be one of "
-                             f"{self.ESTIMATOR_UPDATES}, got {estimator_update!r}")
+        check_hparams(type(self), {"estimator_update": estimator_update})
         self.estimator_update = estimator_update
         self.label_logits = torch.nn.Parameter(torch.empty(0, 0))
         if estimator_update == "rows":  # an option that does nothing under the solver

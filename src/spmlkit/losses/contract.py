@@ -42,22 +42,22 @@ your own are `spmlkit.losses.own_loop`'s; the log-space helpers are `spmlkit.los
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
-from .inputs import TrainInfo, check_k, check_observed
+from ..constraints import Interval, Options, check_fields, declared
+from .inputs import TrainInfo, check_observed
 from .logspace import (as_compute, expected_positive_penalty, log_1mp, log_p, masks, soft_bce,
                        weigh_negatives)
 from .own_loop import HOOKS, HookRecorder, carry_state, hooks_driven, observed_validated
+from .registry import LOSSES
 from .stacking import StackableLoss
 from .state import resize_state_on_load, take_rows
 
 #: what a loss of your own imports from here: the base classes, what its hooks are given, and
 #: the helpers it is built from (each defined in the module named above)
 __all__ = ["EpochScheduled", "HOOKS", "REDUCTIONS", "SPMLLoss", "TrainInfo", "as_compute",
-           "carry_state", "check_k", "check_observed", "expected_positive_penalty",
+           "carry_state", "check_hparams", "check_observed", "expected_positive_penalty",
            "hooks_driven", "log_1mp", "log_p", "masks", "observed_validated",
            "resize_state_on_load", "soft_bce", "take_rows", "weigh_negatives"]
 
@@ -65,6 +65,21 @@ REDUCTIONS = ("mean", "sum", "none")
 #: True while torch.compile traces (torch >= 2.3; older torch: never, the checks then break the
 #: graph instead)
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+
+
+def check_hparams(cls, given: dict, name: str | None = None) -> None:
+    """Check the hyperparameters in ``given`` (a loss's ``__init__`` arguments, or what
+    `spmlkit.losses.create_loss` is given) against the rules the loss class ``cls`` declares
+    for them (``parameter_constraints``, merged along its class chain: `spmlkit.constraints`);
+    a refusal names the loss (``name``, default: the first registered name of ``cls``) and the
+    hyperparameter (``loss 'epr': lam must be a finite number >= 0, got -1``). Names without a
+    rule are left to the caller."""
+    table = declared(cls)
+    rules = {key: rule for key, rule in table.items() if key in given}
+    if rules:
+        name = name or next((e.name for e in LOSSES.entries() if e.factory is cls),
+                            cls.__name__)
+        check_fields(f"loss {name!r}:", given, rules)
 
 
 class SPMLLoss(StackableLoss, HookRecorder):
@@ -104,21 +119,20 @@ class SPMLLoss(StackableLoss, HookRecorder):
     #: loss has no such term (it ignores O-, or mixes it into a row's or the batch's loss) and
     #: refuses a ``neg_weight`` other than 1
     negative_entries = False
+    #: what each hyperparameter accepts (`spmlkit.constraints`): the base's here, a loss's own
+    #: in its class (merged along the class chain); each ``__init__`` checks those it takes
+    #: (`check_hparams`), and so does `spmlkit.losses.create_loss` before it builds the loss
+    parameter_constraints = {"reduction": Options(REDUCTIONS), "eps": Interval(float, 0),
+                             "neg_weight": Interval(float, 0)}
 
     def __init__(self, reduction: str = "mean", eps: float = 0.0, neg_weight: float = 1.0):
         super().__init__()
+        check_hparams(type(self), locals())
         name = type(self).__name__
-        if reduction not in type(self).reductions:
-            offered = type(self).reductions
-            why = "" if offered == REDUCTIONS else (
-                f" ({name} is computed over the whole batch: it has no per-entry matrix to "
-                f"return or sum)")
-            raise ValueError(f"reduction must be one of {offered}, got {reduction!r}{why}")
-        if eps < 0:
-            raise ValueError(f"eps must be >= 0, got {eps}")
-        if isinstance(neg_weight, bool) or not math.isfinite(neg_weight) or neg_weight < 0:
-            raise ValueError(f"neg_weight (the weight of the observed negatives' loss terms) "
-                             f"must be a number >= 0, got {neg_weight!r}")
+        if reduction not in type(self).reductions:  # (a loss over the whole batch)
+            raise ValueError(f"reduction must be one of {type(self).reductions}, got "
+                             f"{reduction!r} ({name} is computed over the whole batch: it has "
+                             f"no per-entry matrix to return or sum)")
         if neg_weight != 1 and not type(self).negative_entries:
             raise ValueError(f"{name} takes no neg_weight (got {neg_weight}): it has no loss "
                              f"term of its own on each observed negative to weigh (the methods "

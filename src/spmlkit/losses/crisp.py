@@ -80,7 +80,8 @@ import warnings
 import torch
 
 from ..labels import POSITIVE
-from .contract import SPMLLoss
+from ..constraints import Interval
+from .contract import SPMLLoss, check_hparams
 from .inputs import TrainInfo
 from .logspace import soft_bce
 from .registry import register
@@ -199,16 +200,14 @@ class CRISPLoss(SPMLLoss):
     stackable = True
     resizable_state = ("priors", "pos_weight", "positives")
 
+    parameter_constraints = {"delta": Interval(float, 0, 1, closed="neither"),
+                             "tau": Interval(float, 0, 1), "warmup": Interval(int, 1),
+                             "update_every": Interval(int, 1)}
+
     def __init__(self, delta: float = 0.01, tau: float = 0.01, warmup: int = 1,
                  update_every: int = 1, **kw):
         super().__init__(**kw)
-        _check_delta_tau(delta, tau)
-        if int(warmup) != warmup or warmup < 1:
-            raise ValueError(f"crisp: warmup must be a whole number of epochs >= 1 (the first "
-                             f"prior estimate needs a trained model), got {warmup}")
-        if int(update_every) != update_every or update_every < 1:
-            raise ValueError(f"crisp: update_every must be a whole number of epochs >= 1, got "
-                             f"{update_every}")
+        check_hparams(type(self), locals())
         self.delta, self.tau = float(delta), float(tau)
         self.warmup, self.update_every = int(warmup), int(update_every)
         self._epoch = 0

@@ -1,7 +1,7 @@
 """What a loss is given, and its checks: the train split's `TrainInfo` (at ``on_train_start``),
-the observed labels (in {1, 0, -1}), the batch's row indices in the train split, and ``k``
-(expected positives per example). Each check raises a ``ValueError`` that names the loss, the
-value and what was expected.
+the observed labels (in {1, 0, -1}) and the batch's row indices in the train split. Each check
+raises a ``ValueError`` that names the loss, the value and what was expected (a loss's
+hyperparameters are checked by its constraints table: `spmlkit.losses.contract.check_hparams`).
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..constraints import Rule
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
 
 
@@ -122,15 +123,15 @@ def check_index(index, rows: int | None, where: str) -> None:
                          f"ones index counts)")
 
 
-def check_k(k, where: str) -> None:
-    """Refuse a loss's ``k`` (expected positives per example) that is given and is not a
-    number > 0 (``True`` from ``--hp k=true``: the train mean is the default already)."""
-    if k is None:
-        return
-    if isinstance(k, bool) or not isinstance(k, numbers.Real):
-        hint = " (the train split's true mean, k*, is the default: leave k out)" \
-            if k is True else ""
-        raise ValueError(f"{where}: hyperparameter k={k!r} must be a number of expected "
-                         f"positives per example{hint}")
-    if not k > 0:
-        raise ValueError(f"{where}: k (expected positives per example) must be > 0, got {k}")
+def _expected_positives(k):
+    """``k`` if it is None or a finite number > 0; else a refusal that says the default."""
+    if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Real)
+                          or not math.isfinite(k) or not k > 0):
+        raise ValueError(f"k must be a number > 0 of expected positives per example, or left "
+                         f"out: the train split's true mean (k*) is the default; got {k!r}")
+    return k
+
+
+#: the rule of a loss's ``k`` hyperparameter (EPR, ROLE, GPR) in its constraints table
+K_RULE = Rule(_expected_positives, "a number > 0 (expected positives per example) or None "
+              "(the train split's mean)", bad=(0, -1.0, True, "2", float("nan")))

@@ -51,7 +51,8 @@ import math
 import torch
 
 from ..labels import POSITIVE, UNOBSERVED
-from .contract import EpochScheduled
+from ..constraints import Interval, Options
+from .contract import EpochScheduled, check_hparams
 from .inputs import TrainInfo
 from .logspace import log_p, masks, soft_bce
 from .registry import register
@@ -131,13 +132,12 @@ class _LargeLoss(EpochScheduled):
     scheme = "r"
     negative_entries = True  # O- is never selected: its entry is the AN term alone
 
+    parameter_constraints = {"delta_rel": Interval(float, 0, 100),
+                             "k_rounding": Options(K_ROUNDINGS)}
+
     def __init__(self, delta_rel: float = 0.2, k_rounding: str = "exact", **kw):
         super().__init__(**kw)
-        if not 0.0 <= delta_rel <= 100.0:
-            raise ValueError(f"delta_rel is a percentage in [0, 100] (the paper's grid is "
-                             f"0.1 ... 0.5), got {delta_rel}")
-        if k_rounding not in K_ROUNDINGS:
-            raise ValueError(f"k_rounding must be one of {K_ROUNDINGS}, got {k_rounding!r}")
+        check_hparams(type(self), locals())
         self.delta_rel = float(delta_rel)
         self.k_rounding = k_rounding
         #: the entries selected in the last batch (B x L bool, detached); for analyses
@@ -246,10 +246,11 @@ class LargeLossCorrectionPermanent(_LargeLoss):
                       "solver evaluates the loss many times a step (ll_ct corrects without "
                       "flipping; or --solver adam)")
 
+    parameter_constraints = {"flip": Options(("selected", "above"))}
+
     def __init__(self, delta_rel: float = 0.2, flip: str = "selected", **kw):
         super().__init__(delta_rel=delta_rel, **kw)
-        if flip not in ("selected", "above"):
-            raise ValueError(f"flip must be 'selected' or 'above', got {flip!r}")
+        check_hparams(type(self), locals())
         self.flip = flip
         self.register_buffer("observed_labels", torch.zeros(0, 0, dtype=torch.int8))
         self.register_buffer("flipped", torch.zeros(0, 0, dtype=torch.bool))

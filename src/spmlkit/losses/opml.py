@@ -30,7 +30,8 @@ import torch.nn.functional as F
 
 from ..labels import POSITIVE, UNOBSERVED
 from ..metrics import per_class_ap
-from .contract import SPMLLoss
+from ..constraints import Interval
+from .contract import SPMLLoss, check_hparams
 from .inputs import TrainInfo
 from .logspace import as_compute
 from .state import take_rows
@@ -187,8 +188,12 @@ class OPMLLoss(_OPMLBase):
             no log of a probability).
     """
 
+    parameter_constraints = {"a": Interval(float, 0, 1, closed="neither"),
+                             "b": Interval(float, 0, 1, closed="neither")}
+
     def __init__(self, a: float = 0.5, b: float = 0.5, **kw):
         super().__init__(**kw)
+        check_hparams(type(self), locals())
         self.a, self.b = float(a), float(b)
         self.alpha = constant_from_ratio(self.a, "a")
         self.beta = constant_from_ratio(self.b, "b")
@@ -236,15 +241,13 @@ class SoftOPMLLoss(OPMLLoss):
     needs_train_predictions = True
     resizable_state = ("ap", "observed_labels", "corrected")
 
+    parameter_constraints = {"gamma": Interval(float, 0), "correction_ratio": Interval(float, 0),
+                             "warmup": Interval(int, 0)}
+
     def __init__(self, a: float = 0.5, b: float = 0.5, gamma: float = 1.0,
                  correction_ratio: float = 0.0, warmup: int = 1, **kw):
         super().__init__(a=a, b=b, **kw)
-        if gamma < 0:
-            raise ValueError(f"gamma (the power on AP) must be >= 0, got {gamma}")
-        if correction_ratio < 0:
-            raise ValueError(f"correction_ratio must be >= 0, got {correction_ratio}")
-        if warmup < 0:
-            raise ValueError(f"warmup is a number of epochs >= 0, got {warmup}")
+        check_hparams(type(self), locals())
         self.gamma = float(gamma)
         self.correction_ratio = float(correction_ratio)
         self.warmup = int(warmup)
@@ -370,13 +373,15 @@ class OPMLSPLoss(SoftOPMLLoss):
     ``correction_ratio = 0.1``, ``warmup = 1`` (labels corrected from the end of the second epoch).
     """
 
+    parameter_constraints = {"highrank_weight": Interval(float, 0),
+                             "highrank_eps": Interval(float, 0)}
+
     def __init__(self, a: float = 0.5, b: float = 0.5, gamma: float = 1.0,
                  correction_ratio: float = 0.1, warmup: int = 1, highrank_weight: float = 1e-3,
                  highrank_eps: float = 1e-4, **kw):
         super().__init__(a=a, b=b, gamma=gamma, correction_ratio=correction_ratio,
                          warmup=warmup, **kw)
-        if highrank_weight < 0:
-            raise ValueError(f"highrank_weight must be >= 0, got {highrank_weight}")
+        check_hparams(type(self), locals())
         self.highrank_weight = float(highrank_weight)
         self.highrank_eps = float(highrank_eps)
 

@@ -46,7 +46,8 @@ import torch
 import torch.nn.functional as F
 
 from ..labels import POSITIVE
-from .contract import SPMLLoss
+from ..constraints import Interval
+from .contract import SPMLLoss, check_hparams
 from .logspace import as_compute
 from .registry import register
 
@@ -100,12 +101,12 @@ class VariationalPULoss(SPMLLoss):
     solver_rounds = True  # its temperature and re-balance weight are computed without gradient
     reductions = ("mean",)
 
+    parameter_constraints = {"alpha": Interval(float, 0, None, closed="right"),
+                             "gamma": Interval(float, 0)}
+
     def __init__(self, alpha: float = 1.0, gamma: float = 0.55, **kw):
         super().__init__(**kw)
-        if not (math.isfinite(alpha) and alpha > 0):
-            raise ValueError(f"vpu: alpha (the temperature's scale) must be > 0, got {alpha}")
-        if not (math.isfinite(gamma) and gamma >= 0):
-            raise ValueError(f"vpu: gamma (the re-balance exponent) must be >= 0, got {gamma}")
+        check_hparams(type(self), locals())
         self.alpha, self.gamma = float(alpha), float(gamma)
 
     def entries(self, logits, observed, index):

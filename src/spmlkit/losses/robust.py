@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
-from .contract import EpochScheduled, SPMLLoss
+from ..constraints import Interval
+from .contract import EpochScheduled, SPMLLoss, check_hparams
 from .inputs import TrainInfo
 from .logspace import as_compute, log_1mp, log_p
 from .registry import register
@@ -49,24 +50,6 @@ GR_OFFICIAL_TRAINING = {"batch_size": 8, "lr": 1e-5, "lr_mult": 10, "num_epochs"
 #: 1e-4, model EMA 0.9997, RandAugment + Cutout, mixed precision, loss reduction "sum".
 HILL_SPLC_OFFICIAL_TRAINING = {"batch_size": 128, "lr": 1e-4, "num_epochs": 31,
                                "weight_decay": 1e-4, "ema": 0.9997, "reduction": "sum"}
-
-
-def _check_positive(**values) -> None:
-    for name, v in values.items():
-        if not v > 0:
-            raise ValueError(f"{name} must be > 0, got {v}")
-
-
-def _check_nonneg(**values) -> None:
-    for name, v in values.items():
-        if not v >= 0:
-            raise ValueError(f"{name} must be >= 0, got {v}")
-
-
-def _whole_epochs(name: str, value) -> int:
-    if isinstance(value, bool) or int(value) != value or value < 0:
-        raise ValueError(f"{name} must be a whole number of epochs >= 0, got {value!r}")
-    return int(value)
 
 
 # --- GR loss -----------------------------------------------------------------------------------
@@ -208,18 +191,23 @@ class GRLoss(EpochScheduled):
     stackable = True
     negative_entries = True
 
+    parameter_constraints = {
+        **{name: Interval(float) for name in ("w0", "wT", "b0", "bT", "mu0", "muT")},
+        **{name: Interval(float, 0, None, closed="right")
+           for name in ("sigma0", "sigmaT", "q2", "q3")},
+        "linear_init": Interval(int, 0), "num_epochs": Interval(int, 0)}
+
     def __init__(self, w0: float = 0.0, wT: float = 2.0, b0: float = -2.0, bT: float = -2.0,
                  mu0: float = 0.5, sigma0: float = 2.0, muT: float = 0.8, sigmaT: float = 0.5,
                  q2: float = 0.01, q3: float = 1.0, linear_init: int = 0, num_epochs: int = 0,
                  **kw):
         super().__init__(**kw)
-        _check_positive(q2=q2, q3=q3, sigma0=sigma0, sigmaT=sigmaT)
+        check_hparams(type(self), locals())
         self.w0, self.wT, self.b0, self.bT = float(w0), float(wT), float(b0), float(bT)
         self.mu0, self.sigma0, self.muT, self.sigmaT = (float(mu0), float(sigma0), float(muT),
                                                         float(sigmaT))
         self.q2, self.q3 = float(q2), float(q3)
-        self.linear_init = _whole_epochs("linear_init", linear_init)
-        self.num_epochs = _whole_epochs("num_epochs", num_epochs)
+        self.linear_init, self.num_epochs = int(linear_init), int(num_epochs)
         if self.num_epochs and self.num_epochs <= self.linear_init:
             raise ValueError(f"gr: num_epochs ({self.num_epochs}) must exceed linear_init "
                              f"({self.linear_init})")
@@ -341,10 +329,12 @@ class HillLoss(SPMLLoss):
     stackable = True
     negative_entries = True
 
+    parameter_constraints = {"lamb": Interval(float, 0, None, closed="right"),
+                             "margin": Interval(float, 0), "gamma": Interval(float, 0)}
+
     def __init__(self, lamb: float = 1.5, margin: float = 1.0, gamma: float = 2.0, **kw):
         super().__init__(**kw)
-        _check_positive(lamb=lamb)
-        _check_nonneg(margin=margin, gamma=gamma)
+        check_hparams(type(self), locals())
         self.lamb, self.margin, self.gamma = float(lamb), float(margin), float(gamma)
 
     def entries(self, logits, observed, index):
@@ -403,14 +393,15 @@ class SPLCLoss(EpochScheduled):
     stackable = True
     negative_entries = True
 
+    parameter_constraints = {"tau": Interval(float, 0, 1), "change_epoch": Interval(int, 0),
+                             "margin": Interval(float, 0), "gamma": Interval(float, 0)}
+
     def __init__(self, tau: float = 0.6, change_epoch: int = 1, margin: float = 1.0,
                  gamma: float = 2.0, **kw):
         super().__init__(**kw)
-        if not 0.0 <= tau <= 1.0:
-            raise ValueError(f"tau (the correction threshold on p) must be in [0, 1], got {tau}")
-        _check_nonneg(margin=margin, gamma=gamma)
+        check_hparams(type(self), locals())
         self.tau, self.margin, self.gamma = float(tau), float(margin), float(gamma)
-        self.change_epoch = _whole_epochs("change_epoch", change_epoch)
+        self.change_epoch = int(change_epoch)
         #: the unobserved entries corrected in the last batch (B x L bool); for analyses
         self.last_corrected: torch.Tensor | None = None
 

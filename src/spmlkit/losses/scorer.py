@@ -71,8 +71,9 @@ import torch
 
 from ..labels import NEGATIVE, POSITIVE, UNOBSERVED
 from ..safe_load import check_array_file
-from .contract import SPMLLoss
-from .inputs import TrainInfo, check_k
+from ..constraints import Interval, Options, Rule
+from .contract import SPMLLoss, check_hparams
+from .inputs import K_RULE, TrainInfo
 from .logspace import as_compute, expected_positive_penalty, log_1mp, log_p, masks
 from .state import take_rows
 from .registry import register
@@ -232,6 +233,15 @@ def _lowest(scores: np.ndarray, count: int) -> np.ndarray:
     return out
 
 
+def _score_source(source):
+    """``source`` if it can be a matrix of scores (a path, an array, a tensor) or None."""
+    if source is None or isinstance(source, (str, os.PathLike, np.ndarray, torch.Tensor, list,
+                                             tuple)):
+        return source
+    raise ValueError(f"scores must be a path of an N x L score file or an array, got "
+                     f"{type(source).__name__} {source!r}")
+
+
 def _check_ratio(neg_ratio: float) -> None:
     if not 0.0 <= neg_ratio <= 1.0:
         raise ValueError(f"neg_ratio (the share of each row's classes made negative "
@@ -321,15 +331,16 @@ class ScorerPseudoLabelLoss(SPMLLoss):
     stackable = True
     negative_entries = True
 
+    parameter_constraints = {
+        "scores": Rule(_score_source, "a path of the N x L score file, an array, or None",
+                       bad=(3, True)),
+        "score_type": Options(SCORE_TYPES), "threshold": Interval(float, 0, 1),
+        "neg_ratio": Interval(float, 0, 1), "temp": Interval(float, 0, None, closed="right")}
+
     def __init__(self, scores=None, score_type: str = "auto", threshold: float = 0.5,
                  neg_ratio: float = 0.0, temp: float = 0.01, **kw):
         super().__init__(**kw)
-        if score_type not in SCORE_TYPES:
-            raise ValueError(f"{self.name}: score_type must be one of {SCORE_TYPES}, got "
-                             f"{score_type!r}")
-        _check_ratio(neg_ratio)
-        if not temp > 0:
-            raise ValueError(f"{self.name}: temp must be > 0, got {temp}")
+        check_hparams(type(self), locals())
         self.score_type, self.threshold = score_type, float(threshold)
         self.neg_ratio, self.temp = float(neg_ratio), float(temp)
         self.scores = str(scores) if isinstance(scores, (str, os.PathLike)) else \
@@ -440,19 +451,15 @@ class EMPseudoLabelLoss(ScorerPseudoLabelLoss):
 
     name = "em_pl"
 
+    parameter_constraints = {
+        "alpha": Interval(float, 0), "beta_pos": Interval(float, 0),
+        "beta_neg": Interval(float, 0), "rho": Interval(float, 0, 1), "warmup": Interval(int, 0)}
+
     def __init__(self, scores=None, score_type: str = "auto", threshold: float = 0.3,
                  neg_ratio: float = 0.0, temp: float = 0.01, alpha: float = 0.1,
                  beta_pos: float = 0.7, beta_neg: float = 0.0, rho: float = 0.9,
                  warmup: int = 0, **kw):
-        for key, value in (("alpha", alpha), ("beta_pos", beta_pos), ("beta_neg", beta_neg)):
-            if value < 0:
-                raise ValueError(f"em_pl: {key} must be >= 0, got {value}")
-        if not 0.0 <= rho <= 1.0:
-            raise ValueError(f"em_pl: rho (the pseudo-labels' smoothed target) must be in "
-                             f"[0, 1], got {rho}")
-        if int(warmup) != warmup or warmup < 0:
-            raise ValueError(f"em_pl: warmup must be a whole number of epochs >= 0, got "
-                             f"{warmup}")
+        check_hparams(type(self), locals())
         self.alpha, self.beta_pos, self.beta_neg = float(alpha), float(beta_pos), float(beta_neg)
         self.rho, self.warmup = float(rho), int(warmup)
         super().__init__(scores=scores, score_type=score_type, threshold=threshold,
@@ -542,24 +549,21 @@ class GPRLoss(ScorerPseudoLabelLoss):
 
     name = "gpr"
 
+    parameter_constraints = {
+        "top_k": Interval(int, 0), "rho": Interval(float, 0, 1),
+        "lam_1": Interval(float, 0), "lam_2": Interval(float, 0),
+        **{name: Interval(float) for name in ("w0", "w_max", "b0", "b_max", "mu0", "mu_max")},
+        **{name: Interval(float, 0, None, closed="right")
+           for name in ("q2", "q3", "sigma0", "sigma_max")},
+        "epr": Interval(float, 0), "k": K_RULE}
+
     def __init__(self, scores=None, score_type: str = "auto", threshold: float = 0.5,
                  neg_ratio: float = 0.1, temp: float = 0.01, top_k: int = 3, rho: float = 0.9,
                  lam_1: float = 0.8, lam_2: float = 0.3, q2: float = 0.01, q3: float = 1.0,
                  w0: float = 0.0, w_max: float = 2.0, b0: float = -2.0, b_max: float = -2.0,
                  mu0: float = 0.5, sigma0: float = 2.0, mu_max: float = 0.8,
                  sigma_max: float = 0.5, epr: float = 0.001, k: float | None = None, **kw):
-        if int(top_k) != top_k or top_k < 0:
-            raise ValueError(f"gpr: top_k must be a whole number >= 0, got {top_k}")
-        if not 0.0 <= rho <= 1.0:
-            raise ValueError(f"gpr: rho must be in [0, 1], got {rho}")
-        if not (q2 > 0 and q3 > 0):
-            raise ValueError(f"gpr: q2 and q3 must be > 0, got {q2} and {q3}")
-        if sigma0 <= 0 or sigma_max <= 0:
-            raise ValueError(f"gpr: sigma0 and sigma_max must be > 0, got {sigma0} and "
-                             f"{sigma_max}")
-        if epr < 0:
-            raise ValueError(f"gpr: epr (the official reg) must be >= 0, got {epr}")
-        check_k(k, "gpr")
+        check_hparams(type(self), locals())
         self.top_k, self.rho = int(top_k), float(rho)
         self.lam_1, self.lam_2, self.q2, self.q3 = float(lam_1), float(lam_2), float(q2), float(q3)
         self.w0, self.w_max, self.b0, self.b_max = float(w0), float(w_max), float(b0), float(b_max)

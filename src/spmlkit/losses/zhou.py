@@ -48,7 +48,8 @@ import torch
 from torch import nn
 
 from ..labels import UNOBSERVED
-from .contract import SPMLLoss
+from ..constraints import Interval
+from .contract import SPMLLoss, check_hparams
 from .inputs import TrainInfo
 from .logspace import as_compute, log_1mp, log_p, masks, soft_bce
 from .state import take_rows
@@ -71,12 +72,6 @@ OFFICIAL_TRAINING = {
 _OFFICIAL_ALPHA = {"voc": 0.2, "coco": 0.1, "nuswide": 0.1, "cub": 0.01}
 _OFFICIAL_BETA_WARMUP = {"voc": (0.02, 5), "coco": (0.9, 5), "nuswide": (0.2, 4),
                          "cub": (0.4, 3)}
-
-
-def _check_nonneg(**values) -> None:
-    for name, v in values.items():
-        if v < 0:
-            raise ValueError(f"{name} must be >= 0, got {v}")
 
 
 # --- functional pieces -------------------------------------------------------------------------
@@ -213,9 +208,11 @@ class EntropyMaximizationLoss(SPMLLoss):
     negative_entries = True
     paper_threshold = 0.75   # Zhou et al. report EM's F1 at this cut
 
+    parameter_constraints = {"alpha": Interval(float, 0)}
+
     def __init__(self, alpha: float = 0.1, **kw):
         super().__init__(**kw)
-        _check_nonneg(alpha=alpha)
+        check_hparams(type(self), locals())
         self.alpha = float(alpha)
 
     def _observed_part(self, logits, pos, neg):
@@ -268,15 +265,13 @@ class APLLoss(EntropyMaximizationLoss):
     needs_train_predictions = True
     resizable_state = ("pseudo_mask", "pseudo_target", "unobserved", "class_unobserved")
 
+    parameter_constraints = {"beta": Interval(float, 0), "theta": Interval(float, 0, 1),
+                             "warmup": Interval(int, 0)}
+
     def __init__(self, alpha: float = 0.1, beta: float = 0.9, theta: float = 0.9,
                  warmup: int = 5, **kw):
         super().__init__(alpha=alpha, **kw)
-        _check_nonneg(beta=beta)
-        if not 0.0 <= theta <= 1.0:
-            raise ValueError(f"theta (fraction of unobserved entries to pseudo-label) must be "
-                             f"in [0, 1], got {theta}")
-        if int(warmup) != warmup or warmup < 0:
-            raise ValueError(f"warmup must be a whole number of epochs >= 0, got {warmup}")
+        check_hparams(type(self), locals())
         self.beta, self.theta, self.warmup = float(beta), float(theta), int(warmup)
         self.register_buffer("pseudo_mask", torch.zeros(0, 0, dtype=torch.bool))
         self.register_buffer("pseudo_target", torch.zeros(0, 0))
@@ -396,9 +391,11 @@ class _WeightPenaltyLoss(AssumeNegativeLoss):
     stackable = True
     closed_form = False  # the penalty on the head's weights
 
+    parameter_constraints = {"lam": Interval(float, 0)}
+
     def __init__(self, lam: float = 1e-4, **kw):
         super().__init__(**kw)
-        _check_nonneg(lam=lam)
+        check_hparams(type(self), locals())
         self.lam = float(lam)
 
     @staticmethod
@@ -479,9 +476,11 @@ class EntropyMinimizationLoss(AssumeNegativeLoss):
 
     closed_form = False  # its entropy term
 
+    parameter_constraints = {"lam": Interval(float, 0)}
+
     def __init__(self, lam: float = 0.1, **kw):
         super().__init__(**kw)
-        _check_nonneg(lam=lam)
+        check_hparams(type(self), locals())
         self.lam = float(lam)
 
     def entries(self, logits, observed, index):
@@ -502,9 +501,11 @@ class FocalLoss(SPMLLoss):
     stackable = True
     negative_entries = True
 
+    parameter_constraints = {"gamma": Interval(float, 0)}
+
     def __init__(self, gamma: float = 2.0, **kw):
         super().__init__(**kw)
-        _check_nonneg(gamma=gamma)
+        check_hparams(type(self), locals())
         self.gamma = float(gamma)
 
     def entries(self, logits, observed, index):
@@ -527,12 +528,13 @@ class AsymmetricLoss(SPMLLoss):
     stackable = True
     negative_entries = True
 
+    parameter_constraints = {"gamma_pos": Interval(float, 0), "gamma_neg": Interval(float, 0),
+                             "clip": Interval(float, 0, 1, closed="left")}
+
     def __init__(self, gamma_pos: float = 0.0, gamma_neg: float = 4.0, clip: float = 0.05,
                  **kw):
         super().__init__(**kw)
-        _check_nonneg(gamma_pos=gamma_pos, gamma_neg=gamma_neg)
-        if not 0.0 <= clip < 1.0:
-            raise ValueError(f"clip (the probability shift m) must be in [0, 1), got {clip}")
+        check_hparams(type(self), locals())
         self.gamma_pos, self.gamma_neg, self.clip = float(gamma_pos), float(gamma_neg), float(clip)
 
     def entries(self, logits, observed, index):

@@ -13,8 +13,8 @@ the method's flat options. Here, once:
   (`backbone_record`), and the way back (`rebuild_backbone`,
   `image_model_info`);
 - a dataclass config from a dict or from the method's options, with named ablations
-  (`config_from_dict`, `config_from_options`), and the checks a label-wise head's
-  config shares (`check_head_config`);
+  (`config_from_dict`, `config_from_options`), and the constraints a label-wise head's
+  config shares (`head_constraints`, `check_head_config`);
 - the training views of image splits: `CachedMapViews` (a frozen backbone's cached
   feature maps of weak / strong draws, the CPU path), `EvalMapViews` (its eval-view maps
   only, the store every method on that backbone shares) and `ImageViews` (the images
@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..constraints import Boolean, Interval, Options, check_record
 from ..data.rows import read_rows
 from ..engine import ItemPredictor, TrainConfig, mix_seed
 from ..data.image_views import finish_view, load_view
@@ -40,8 +41,8 @@ from ..machine import loader_worker_init, loader_workers, prefetch_factor
 
 __all__ = ["MAP_DTYPES", "CachedMapViews", "EvalMapViews", "ImageViews", "backbone_record",
            "check_head_config", "config_fields", "config_from_dict", "config_from_options",
-           "image_model_info", "image_options", "rebuild_backbone", "run_backbone",
-           "run_device", "run_geometry", "smoke_image_options"]
+           "head_constraints", "image_model_info", "image_options", "rebuild_backbone",
+           "run_backbone", "run_device", "run_geometry", "smoke_image_options"]
 
 #: the dtypes a feature-map store is written in (option ``map_dtype``)
 MAP_DTYPES = ("float16", "float32")
@@ -174,60 +175,44 @@ def config_from_options(cls, options: dict, *, what: str, ablations: dict | None
     return config_from_dict(cls, {**given, **(more or {})}, what=what, ablations=ablations)
 
 
-#: the label-wise embedding head's integer fields and their least values
-_HEAD_INTEGERS = (("dim", 4), ("heads", 1), ("encoder_layers", 0), ("decoder_layers", 1),
-                  ("weak_views", 1))
+def head_constraints(views: Sequence[str], maxima: dict | None = None) -> dict:
+    """The `spmlkit.constraints` table of the fields a config of a label-wise embedding head
+    shares (`LACConfig <spmlkit.methods.lac.LACConfig>`, `MIMEConfig
+    <spmlkit.methods.mime.MIMEConfig>`): the head's sizes, ``dropout`` in [0, 1), the cached
+    views, ``views`` one of ``views``, ``map_dtype`` one of `MAP_DTYPES`; a size at most
+    ``maxima[name]`` where given (checked before anything is allocated)."""
+    maxima = maxima or {}
+
+    def size(name: str, least: int) -> Interval:
+        return Interval(int, least, maxima.get(name), too_large="a size; the paper's is far "
+                        "smaller") if name in maxima else Interval(int, least)
+
+    return {"dim": size("dim", 4), "heads": size("heads", 1), "ffn": [size("ffn", 1), None],
+            "dropout": Interval(float, 0, 1, closed="left"),
+            "encoder_layers": size("encoder_layers", 0),
+            "decoder_layers": size("decoder_layers", 1), "train_backbone": Boolean(),
+            "views": Options(views), "weak_views": size("weak_views", 1),
+            "map_dtype": Options(MAP_DTYPES)}
 
 
-def check_head_config(cfg, *, views: Sequence[str], flags: Sequence[str] = (),
-                      integers: Sequence[tuple[str, int]] = (),
-                      optional: Sequence[str] = ("ffn",), maxima: dict | None = None) -> None:
-    """The checks a config of a label-wise embedding head shares (`LACConfig
-    <spmlkit.methods.lac.LACConfig>`, `MIMEConfig <spmlkit.methods.mime.MIMEConfig>`):
-    ``flags`` and ``train_backbone`` true or false; the head's sizes (``dim`` a multiple of 4
-    and of ``heads``, ``encoder_layers``, ``decoder_layers``, ``dropout`` in [0, 1)),
-    ``weak_views`` and ``integers`` ``(name, least)`` whole numbers, ``optional`` ones (``ffn``)
-    None or >= 1, each at most ``maxima[name]`` where given (checked before anything is
-    allocated); ``views`` one of ``views``, ``map_dtype`` one of `MAP_DTYPES`, and
-    ``train_backbone`` only with ``views="images"``.
+def check_head_config(cfg) -> None:
+    """A config of a label-wise embedding head checked: its table
+    (``parameter_constraints``, `head_constraints` among it), then what relates its fields:
+    ``dim`` a multiple of 4 and of ``heads``, ``train_backbone`` only with
+    ``views="images"``.
 
     Raises:
         ValueError: ``<Class>.<field> <why>, got <value>``, the first field found wrong.
     """
-    maxima = maxima or {}
+    check_record(cfg)
 
     def bad(name, why):
         raise ValueError(f"{type(cfg).__name__}.{name} {why}, got {getattr(cfg, name)!r}")
 
-    def whole(value) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool)
-
-    for name in (*flags, "train_backbone"):
-        if not isinstance(getattr(cfg, name), bool):
-            bad(name, "must be true or false")
-    for name, low in (*_HEAD_INTEGERS, *integers):
-        value = getattr(cfg, name)
-        if not whole(value) or value < low:
-            bad(name, f"must be an integer >= {low}")
-        if value > maxima.get(name, value):
-            bad(name, f"must be at most {maxima[name]} (a size; the paper's is far smaller)")
-    for name in optional:
-        value = getattr(cfg, name)
-        if value is not None and (not whole(value) or value < 1):
-            bad(name, "must be an integer >= 1 or None")
-        if value is not None and value > maxima.get(name, value):
-            bad(name, f"must be at most {maxima[name]}")
     if cfg.dim % 4 or cfg.dim % cfg.heads:
         bad("dim", f"must be a multiple of 4 and of heads ({cfg.heads})")
-    if not 0.0 <= cfg.dropout < 1.0:
-        bad("dropout", "must be in [0, 1)")
-    if cfg.views not in views:
-        bad("views", f"must be one of {tuple(views)}")
-    if cfg.map_dtype not in MAP_DTYPES:
-        bad("map_dtype", "must be 'float16' or 'float32'")
     if cfg.train_backbone and cfg.views != "images":
         bad("train_backbone", "needs views='images' (cached maps come from a frozen backbone)")
-
 
 # ---- views of image splits -----------------------------------------------------------------------
 def _view_choice(seed: int, epoch: int, rows, n_weak: int, n_strong: int):

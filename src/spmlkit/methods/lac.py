@@ -76,12 +76,13 @@ import dataclasses
 import functools
 import math
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
+from ..constraints import Boolean, Interval
 from ..data import Splits
 from ..engine import (FitResult, GlobalBatchSampler, LossScaler, Stage, StageParts, StepBatch,
                       StepHook, TrainConfig, amp_dtype, check_val_labels, mix_seed, train_loop,
@@ -93,9 +94,9 @@ from ..models.ema import ModelEMA
 from ..models.label_embedding import LabelEmbeddingModel
 from .image_methods import (CachedMapViews, ImageViews, backbone_record, check_head_config,
                             config_fields, config_from_dict, config_from_options,
-                            image_model_info,
-                            image_options, rebuild_backbone, run_backbone, run_device,
-                            run_geometry, smoke_image_options)
+                            head_constraints, image_model_info, image_options,
+                            rebuild_backbone, run_backbone, run_device, run_geometry,
+                            smoke_image_options)
 
 __all__ = ["ABLATIONS", "CHECKPOINT_FILE", "CONFIG_KEYS", "LACConfig", "ablation_config",
            "config_of", "fit_lac", "id_options", "lac_model_from_checkpoint", "upgrade_options"]
@@ -120,6 +121,7 @@ ABLATIONS = {
 _LAC_MAX = {"dim": 8192, "heads": 256, "encoder_layers": 64, "decoder_layers": 64,
             "proj_dim": 8192, "queue_size": 10_000_000, "weak_views": 64, "strong_views": 64,
             "ffn": 65536}
+_TOO_LARGE = "a size; the paper's is far smaller"
 
 
 @dataclass
@@ -193,30 +195,29 @@ class LACConfig:
     map_dtype: str = "float16"
     train_backbone: bool = False
 
-    def __post_init__(self):
-        def bad(name, why):
-            raise ValueError(f"LACConfig.{name} {why}, got {getattr(self, name)!r}")
+    #: what each field accepts (`spmlkit.constraints`): the head's (`head_constraints`, with
+    #: LAC's largest sizes) and LAC's own
+    parameter_constraints: ClassVar[dict] = {
+        **head_constraints(VIEWS, _LAC_MAX),
+        "proj_dim": Interval(int, 1, _LAC_MAX["proj_dim"], too_large=_TOO_LARGE),
+        "plc": Boolean(), "lac": Boolean(), "two_stage": Boolean(),
+        "queue_size": Interval(int, 0, _LAC_MAX["queue_size"], too_large=_TOO_LARGE),
+        "temperature": Interval(float, 0, None, closed="right"),
+        "lambda_plc": Interval(float, 0), "lambda_lac": Interval(float, 0),
+        "delta1": Interval(float, 0.5, 1), "delta2": Interval(float, 0.5, 1),
+        "stage1_epochs": [Interval(int, 1), None], "stage2_epochs": [Interval(int, 1), None],
+        "batch_size": [Interval(int, 1), None],
+        "lr": [Interval(float, 0, None, closed="right"), None],
+        "weight_decay": Interval(float, 0), "pct_start": Interval(float, 0, 1, closed="neither"),
+        "ema_decay": Interval(float, 0, 1),
+        "strong_views": Interval(int, 1, _LAC_MAX["strong_views"], too_large=_TOO_LARGE),
+    }
 
-        check_head_config(self, views=VIEWS, flags=("plc", "lac", "two_stage"),
-                          integers=(("proj_dim", 1), ("queue_size", 0), ("strong_views", 1)),
-                          optional=("ffn", "stage1_epochs", "stage2_epochs", "batch_size"),
-                          maxima=_LAC_MAX)
-        for name in ("delta1", "delta2"):
-            if not 0.5 <= float(getattr(self, name)) <= 1.0:
-                bad(name, "must be in [0.5, 1] (the paper's range is 0.5 .. 0.9)")
-        if not self.temperature > 0:
-            bad("temperature", "must be > 0")
-        for name in ("lambda_plc", "lambda_lac", "weight_decay"):
-            if not float(getattr(self, name)) >= 0:
-                bad(name, "must be >= 0")
-        if self.lr is not None and not self.lr > 0:
-            bad("lr", "must be > 0 or None")
-        if not 0.0 < self.pct_start < 1.0:
-            bad("pct_start", "must be in (0, 1)")
-        if not 0.0 <= self.ema_decay <= 1.0:
-            bad("ema_decay", "must be in [0, 1]")
+    def __post_init__(self):
+        check_head_config(self)
         if self.stage2_epochs is not None and self.num_stages == 1:
-            bad("stage2_epochs", "needs a second stage (lac=True and two_stage=True)")
+            raise ValueError(f"LACConfig.stage2_epochs needs a second stage (lac=True and "
+                             f"two_stage=True), got {self.stage2_epochs!r}")
 
     @property
     def num_stages(self) -> int:

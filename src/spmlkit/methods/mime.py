@@ -95,11 +95,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
+from ..constraints import Boolean, Interval
 from ..engine import (Stage, StageParts, StepHook, TrainConfig, check_val_labels, mix_seed,
                       train_loop, val_map)
 from ..data.rows import as_rows, holds_vectors, is_stored
@@ -110,7 +112,7 @@ from .contract import (IMAGE_TRAIN_FIELDS, Fitted, RunContext, TrainingMethod, f
                        register_method)
 from .image_methods import (CachedMapViews, EvalMapViews, ImageViews, backbone_record,
                             check_head_config, config_fields, config_from_dict,
-                            config_from_options, image_model_info, image_options,
+                            config_from_options, head_constraints, image_model_info, image_options,
                             predict_rows, rebuild_backbone, run_backbone, run_device,
                             run_geometry, smoke_image_options)
 from .smile import LOG_EPSILON, neg_log
@@ -221,21 +223,17 @@ class MIMEConfig:
     weak_views: int = 2
     map_dtype: str = "float16"
 
-    def __post_init__(self):
-        def bad(name, why):
-            raise ValueError(f"MIMEConfig.{name} {why}, got {getattr(self, name)!r}")
+    #: what each field accepts (`spmlkit.constraints`): the head's (`head_constraints`) and
+    #: MIME's own
+    parameter_constraints: ClassVar[dict] = {
+        **head_constraints(VIEWS), "z_dim": Interval(int, 1), "samples": Interval(int, 1),
+        "vib": Boolean(), "beta": Interval(float, 0),
+        "temperature": Interval(float, 0, None, closed="right"), "pseudo_labels": Boolean(),
+        "theta": Interval(float, 0, 1), "warmup_epoch": Interval(int, 1),
+        "head_lr_mult": Interval(float, 0)}
 
-        check_head_config(self, views=VIEWS, flags=("vib", "pseudo_labels"),
-                          integers=(("z_dim", 1), ("samples", 1), ("warmup_epoch", 1)))
-        for name in ("beta", "head_lr_mult"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                    not value >= 0 or not math.isfinite(value):
-                bad(name, "must be a finite number >= 0")
-        if isinstance(self.temperature, bool) or not self.temperature > 0:
-            bad("temperature", "must be > 0")
-        if isinstance(self.theta, bool) or not 0.0 <= self.theta <= 1.0:
-            bad("theta", "must be in [0, 1]")
+    def __post_init__(self):
+        check_head_config(self)
 
     def head_kwargs(self) -> dict:
         """The `spmlkit.models.LabelEmbeddingHead` arguments (its projector outputs
