@@ -164,7 +164,7 @@ CASES = [
     case("predict {d}/pkey {d}/x103.npy", "spml predict",
          "pkey/predictions.npz lacks the array(s) ['probs_val', 'y_val']"),
     case("analyze ap-diff {run} {d}/pshape --out {d}/o/a.png", "spml analyze ap-diff",
-         "pshape/predictions.npz: probs_train has shape (3,)"),
+         "pshape/predictions.npz: probs_test has shape (3,)"),
     case("predict {d}/tgarb {d}/x103.npy", "spml predict", "tgarb/thresholds.json: not valid JSON"),
     case("predict {d}/tlist {d}/x103.npy", "spml predict",
          "tlist/thresholds.json: expected a JSON object with 'global' and 'per_class', got list"),

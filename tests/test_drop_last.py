@@ -106,9 +106,13 @@ def test_global_batch_sampler_drop_last():
 
 def test_benchmark_spec_run_ids_unchanged_when_off():
     off = benchmark_study("yeast", "an", seeds=1)
-    assert "train" not in off
+    assert "drop_last" not in off["train"]  # (train_predictions: False, not in a run id)
     on = benchmark_study("yeast", "an", seeds=1, drop_last=True)
-    assert on["train"] == {"drop_last": True}
+    assert on["train"] == {"drop_last": True, "train_predictions": False}
+    kept = benchmark_study("yeast", "an", seeds=1, train_predictions=True)
+    assert "train" not in kept or kept["train"] == {}
+    assert {t.run_id for t in expand(load_study(kept))} == \
+        {t.run_id for t in expand(load_study(off))}
     ids_off = {t.run_id for t in expand(load_study(off))}
     ids_on = {t.run_id for t in expand(load_study(on))}
     assert ids_off.isdisjoint(ids_on)

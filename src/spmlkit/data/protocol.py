@@ -214,9 +214,10 @@ def group_split(groups, fraction: float, seed: int = OFFICIAL_SEED,
     rows; ``a`` holds the rest. Both sorted. Rows of one recording (asset, patient) then never
     sit on both sides, where they would leak.
 
-    >>> a, b = group_split(["r1", "r1", "r2", "r2", "r3", "r3"], 0.3, seed=0)
-    >>> len(b), sorted(set(np.array(["r1", "r1", "r2", "r2", "r3", "r3"])[b]))
-    (2, ['r2'])
+    >>> groups = ["r1", "r1", "r2", "r2", "r3", "r3"]
+    >>> a, b = group_split(groups, 0.3, seed=0)
+    >>> len(b), sorted({groups[i] for i in b}), sorted({groups[i] for i in a})
+    (2, ['r3'], ['r1', 'r2'])
 
     Raises:
         ValueError: a fraction outside (0, 1), fewer than two groups.

@@ -234,8 +234,8 @@ def pooled_average_precision(scores, targets) -> float:
     N x L arrays of 8 bytes (1.3 GB for the 200,000 x 80 val split of a 1M-row store). Equal
     to `average_precision` up to summation order.
 
-    >>> pooled_average_precision([[0.9, 0.8], [0.1, 0.8]], [[1, 0], [1, 1]])
-    0.8333333333333333
+    >>> pooled_average_precision([[0.9, 0.8], [0.1, 0.8]], [[1, 0], [1, 1]])  # (1 + 2/3 + 3/4) / 3
+    0.8055555555555555
     """
     s = np.asarray(scores).ravel()
     t = np.asarray(targets).ravel().astype(bool)
