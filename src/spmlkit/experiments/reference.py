@@ -102,14 +102,16 @@ def _reference(splits, seed, labels, grid, start, map_score, on_fit=None) -> dic
     targets = (np.asarray(y) > 0).astype(np.int64)
     x, xv, xt = (np.asarray(s.x, dtype=np.float64) for s in (splits.train, splits.val,
                                                              splits.test))
-    scored = []
-    for c in grid:
-        pv, = _fit_predict(x, targets, c, seed, [xv])
+    scored, kept = [], None
+    for c in grid:  # each C's fits predict train, val and test at once: the best C's are kept
+        ptr, pv, pt = _fit_predict(x, targets, c, seed, [x, xv, xt])  # (no refit of it)
         scored.append(map_score(pv, splits.val.y))
+        if kept is None or scored[-1] > max(scored[:-1]):  # the first of equal scores, as
+            kept = ptr, pv, pt                                  # the grids select
         if on_fit is not None:
             on_fit(c)
-    best = int(np.argmax(scored))  # the first of equal scores, as the grids select
-    ptr, pv, pt = _fit_predict(x, targets, grid[best], seed, [x, xv, xt])
+    best = int(np.argmax(scored))
+    ptr, pv, pt = kept
     recovery = map_score(ptr, splits.train.y) if splits.train_labels_complete else None
     return {"C": float(grid[best]), "val_map": map_score(pv, splits.val.y),
             "test_map": map_score(pt, splits.test.y), "train_recovery_map": recovery,
