@@ -48,7 +48,7 @@ import numpy as np
 
 from ..labels import OFFICIAL_SEED, POSITIVE, observed_from_cells, positives_to_observed, \
     validate_full_labels, validate_observed
-from .protocol import Dataset, LabelledSet, check_train_labels, cole_split, group_split
+from .protocol import Dataset, LabelledSet, check_train_labels, split_rows
 from ..runs import check_array_file
 from .registry import register
 
@@ -502,11 +502,9 @@ def features_dataset(name: str, train: Part, classes: Sequence[str], *, test: Pa
         pool_idx, test_idx = stratified_test(
             train.y, test_fraction, seed, f"{train.y_where}: the test set carved out (--data "
             f"split=stratified, test_fraction={test_fraction})")
-    elif test is None and train.groups is not None:
-        pool_idx, test_idx = group_split(train.groups, test_fraction, seed,
-                                         f"{train.y_where}: the test set carved out")
     elif test is None:
-        pool_idx, test_idx = cole_split(len(train.y), test_fraction, seed)
+        pool_idx, test_idx = split_rows(len(train.y), test_fraction, seed, train.groups,
+                                        f"{train.y_where}: the test set carved out")
     if test is None:
         if not len(pool_idx) or not len(test_idx):
             raise ValueError(f"{train.y_where}: {len(train.y)} example(s) leave an empty "

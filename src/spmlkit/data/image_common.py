@@ -58,7 +58,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .protocol import Dataset, LabelledSet, cole_split, group_split
+from .protocol import Dataset, LabelledSet, split_rows
 from .image_files import check_images, warn_skipped
 
 __all__ = ["TAGS", "TEST_FRACTION", "COLE", "image_set", "image_dataset", "join_paths", "carve",
@@ -159,8 +159,8 @@ def join_paths(base: Path, rel: Sequence[str]) -> list[str]:
 def carve(name: str, paths, ids, y, test_fraction: float, seed: int, where: str, groups=None):
     """Split one list into pool / test with the Cole split (the rest / ``test_fraction``), or
     with `group_split` when ``groups`` (one per image) are given: whole groups."""
-    pool_idx, test_idx = cole_split(len(y), test_fraction, seed) if groups is None else \
-        group_split(groups, test_fraction, seed, f"{where}: the test set carved out")
+    pool_idx, test_idx = split_rows(len(y), test_fraction, seed, groups,
+                                    f"{where}: the test set carved out")
     if not len(pool_idx) or not len(test_idx):
         raise ValueError(f"{where}: {len(y)} image(s) leave an empty "
                          f"{'test set' if not len(test_idx) else 'pool'} with test_fraction "

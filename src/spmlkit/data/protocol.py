@@ -241,12 +241,13 @@ def group_split(groups, fraction: float, seed: int = OFFICIAL_SEED,
     return np.flatnonzero(~in_b[codes]), b
 
 
-def _split_rows(labelled: LabelledSet, fraction: float, seed: int,
-                where: str) -> tuple[np.ndarray, np.ndarray]:
-    """`group_split` when the rows have groups, else `cole_split`."""
-    if labelled.groups is not None:
-        return group_split(labelled.groups, fraction, seed, where)
-    return cole_split(len(labelled), fraction, seed)
+def split_rows(n: int, fraction: float, seed: int, groups=None,
+               where: str = "groups") -> tuple[np.ndarray, np.ndarray]:
+    """``(a, b)`` of ``n`` rows: `group_split` of ``groups`` (one per row) when given, else
+    `cole_split`: every carve-out of the protocol and the sources splits through here."""
+    if groups is not None:
+        return group_split(groups, fraction, seed, where)
+    return cole_split(n, fraction, seed)
 
 
 def _instances(ds: Dataset, bias: str) -> dict:
@@ -342,7 +343,7 @@ def _val_split(ds: Dataset, rows: LabelledSet, seed: int) -> tuple[np.ndarray, n
                                f"{ds.meta.get('labels') or ds.name}: the val set split from the "
                                f"training rows (--data split=stratified, val fraction "
                                f"{ds.val_fraction})")
-    return _split_rows(rows, ds.val_fraction, seed, f"{ds.name}: the val set")
+    return split_rows(len(rows), ds.val_fraction, seed, rows.groups, f"{ds.name}: the val set")
 
 
 def _as_observed(y) -> np.ndarray:
