@@ -69,7 +69,7 @@ from .linear import linear_inputs, predict_logits, val_map
 from .loop import FitResult
 
 __all__ = ["C_PATH", "FORMS", "PathResult", "SolveRecord", "lam_from_c", "solve_head",
-           "solve_path", "solver_form"]
+           "solve_path", "solver_form", "turned_since"]
 
 #: the default path of C: 10^-4 ... 10^4 in half decades (17 values; the scikit-learn reference
 #: rows' grid, so the two search the same models)
@@ -96,6 +96,20 @@ BADLY_SCALED = 1e8
 PATIENCE = 3
 #: how far below the best a val score (mAP points, or the metric's own units) counts as turned
 TURN = 0.1
+
+
+def turned_since(since: int, score: float, best: float) -> int:
+    """How many val scores in a row have been clearly below the best, after ``score`` (higher is
+    better; ``best`` the best so far, this one included): ``since + 1`` where ``score`` is more
+    than `TURN` below ``best`` (or not finite), else 0. A path stops once this reaches its
+    patience (`PATIENCE`): a flat stretch at strong regularisation, where the weights are small
+    and rank alike, does not stop it. The solver's path and the scikit-learn reference rows
+    (`spmlkit.experiments.reference`) stop by this one rule.
+
+    >>> [turned_since(s, v, 45.0) for s, v in ((0, 44.95), (0, 44.5), (1, float("nan")))]
+    [0, 1, 2]
+    """
+    return since + 1 if not (math.isfinite(score) and score >= best - TURN) else 0
 
 
 def lam_from_c(c: float, n: int) -> float:
@@ -494,9 +508,7 @@ def solve_path(x_train, observed, loss: SPMLLoss, *, x_val=None, y_val=None, c=C
         if best_state is None or (math.isfinite(key) and key > best_score):
             best_score, best_state = key, _snapshot(model, loss)
             result.best = i
-        # the path stops once val has turned: `patience` values in a row clearly below the
-        # best (a flat stretch, where strong regularisation ranks alike, does not count)
-        since = since + 1 if not (math.isfinite(key) and key >= best_score - TURN) else 0
+        since = turned_since(since, key, best_score)
         if on_solve is not None:
             on_solve(record)
         if checkpoint is not None:

@@ -385,8 +385,9 @@ def format_table(selected, methods, dataset, seeds, grid, epochs, seconds,
     if sklearn:
         lines += ["", "*sklearn_lr*: one-vs-rest LogisticRegression (lbfgs, L2) on the same "
                   "features, the observed labels with unknown = negative (@full: the full "
-                  "labels), C chosen on val mAP from "
-                  f"{', '.join(f'{c:.3g}' for c in _c_grid())}; what a user would run "
-                  "instead."]
+                  "labels), C chosen on val mAP along "
+                  f"{', '.join(f'{c:.3g}' for c in _c_grid())} (strong to weak, each fit "
+                  "warm-started from the last, stopped once val turned); what a user would "
+                  "run instead."]
     lines += ["", f"Wall time: {seconds:.0f} s for the grid points run in this launch."]
     return "\n".join(lines) + "\n"

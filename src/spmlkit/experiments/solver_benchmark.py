@@ -193,6 +193,7 @@ def run_solver_benchmark(dataset: str, losses=DEFAULT_SOLVER_LOSSES, seeds: int 
             if sklearn:  # the baseline candidate: the user's own alternative, as they fit it
                 bar.describe(f"sklearn_lr seed {seed}")
                 ref = _sklearn_row(splits, seed, cs, on_fit=lambda c: bar.step())
+                bar.skip(len(cs) - ref["fits"])  # its path stopped early
                 refs.append({key: v for key, v in ref.items() if key != "probs"})
                 val_keep[ref["loss"]] = ref["probs"]["val"]
             for name, method in zip(names, methods):
@@ -295,7 +296,7 @@ def _sklearn_row(splits, seed: int, cs, on_fit=None) -> dict:
     return {"loss": NAME, "seed": seed, "C": res["C"], "val_map": res["val_map"],
             "test_map": res["test_map"], "train_recovery_map": res["train_recovery_map"],
             "seconds": res["seconds"], "cpu_seconds": time.process_time() - c0,
-            "reference": "scikit-learn", "probs": res["probs"]}
+            "fits": len(res["val_maps"]), "reference": "scikit-learn", "probs": res["probs"]}
 
 
 class _Bar:
