@@ -289,6 +289,8 @@ def _solved(splits, loss, name: str, seed: int, regime: str, cs: list, bar, *, r
 
 
 def _sklearn_row(splits, seed: int, cs, on_fit=None) -> dict:
+    import sklearn.linear_model  # noqa: F401 (its import is not the fits' CPU)
+
     from .reference import NAME, sklearn_reference
 
     c0 = time.process_time()
