@@ -66,8 +66,15 @@ def measure(cmd: list, env: dict, cwd: Path, log: Path) -> tuple[float, float, s
         raise SystemExit(f"{' '.join(cmd)} failed (exit status {rc}): see {log}")
     if group is None:
         return _busy_seconds() - busy, wall, method
+    for _ in range(100):  # the fork server and workers end just after the command
+        if not (group / "cgroup.procs").read_text().strip():
+            break
+        time.sleep(0.1)
     cpu = int((group / "cpuacct.usage").read_text()) / 1e9
-    group.rmdir()
+    try:
+        group.rmdir()
+    except OSError:  # a straggler still in it: left for the system
+        pass
     return cpu, wall, method
 
 
