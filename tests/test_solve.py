@@ -153,6 +153,20 @@ def test_refusals_name_the_reason():
     assert "flips" in solver_form(create_loss("ll_cp"))[1]
 
 
+def test_a_refused_loss_leaves_no_run_folder(tmp_path, capsys):
+    """The solver's refusal comes before the run folder is made (the method's check_loss), as
+    the contract promises for every refusal: nothing left behind, exit status 2, the reason
+    and the way out named."""
+    from spmlkit.cli import main
+
+    out = tmp_path / "runs"
+    assert main(["train", "--dataset", "yeast", "--solver", "lbfgs", "--loss", "pr", "--out",
+                 str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--loss pr: the solver cannot minimise it" in err and "--solver adam" in err
+    assert not out.exists()
+
+
 def test_role_rows_is_refused_by_the_solver_and_trains_with_adam():
     """ROLE's estimator_update chooses which rows an Adam step moves: under the solver, which
     solves every row each round, "rows" would do nothing, so it is refused by name (the

@@ -88,6 +88,10 @@ class TrainingMethod:
     #: ``check_run(splits, config, options, resume)``: refuses (ValueError) a run this method
     #: cannot train, before its run folder is made (a refusal leaves nothing behind)
     check_run: Callable | None = None
+    #: ``check_loss(loss, name)``: refuses (ValueError) a loss module this method cannot train
+    #: with, before the run folder is made (the solver: a loss it cannot minimise); None:
+    #: every loss the method takes
+    check_loss: Callable | None = None
     #: ``id_options(options) -> dict``: the options as a study's run id hashes them, where
     #: their spelling changed after ids were given out (LAC's fields, flat now, hashed nested
     #: under ``lac`` as before), so that the ids stay; None: as they are

@@ -155,6 +155,8 @@ def _run_settings(method: TrainingMethod, splits, loss: str, hparams, config, k,
     hparams = resolve_hparams(loss, splits.name, hparams)
     loss_fn = create_loss(loss, **hparams)
     bind_groups(loss_fn, splits.train.groups)  # the asset regulariser's rows -> groups
+    if method.check_loss is not None:  # refused before a run folder is made
+        method.check_loss(loss_fn, loss)
     own_k = hparams.get("k")  # the loss's own k (EPR, ROLE, GPR) wins over the run's
     if own_k is not None and k is not None and resume is None:
         raise ValueError(f"k is given twice: the run's k {k!r} (--k / --k-estimate, k=) and the "

@@ -63,12 +63,18 @@ def check_run(splits, config, options: dict, resume=None) -> None:
                          "val rows: give one c")
 
 
+def check_loss(loss, name: str) -> None:
+    """Refused before the run folder is made: a loss the solver cannot minimise
+    (`spmlkit.engine.solve.solver_form`), named with why."""
+    form, why = solver_form(loss)
+    if form == "refused":
+        raise ValueError(f"--loss {name}: the solver cannot minimise it ({why}); train it "
+                         f"with --solver adam")
+
+
 def fit(ctx: RunContext) -> Fitted:
     splits, options, config = ctx.splits, ctx.options, ctx.config
-    form, why = solver_form(ctx.loss)
-    if form == "refused":
-        raise ValueError(f"--loss {ctx.loss_name}: the solver cannot minimise it ({why}); "
-                         f"train it with --solver adam")
+    check_loss(ctx.loss, ctx.loss_name)
     head = None
     if options["head"] != "linear":
         from ..models.heads import make_head
@@ -119,6 +125,7 @@ SOLVE = register_method(TrainingMethod(
     fit=fit, load_model=load_model,
     options={"c": list(C_PATH), "tol": TOL, "max_iter": MAX_ITER, "rounds": ROUNDS,
              "patience": PATIENCE, "head": "linear", "hidden": 256},
-    check_run=check_run, check_values=check_values, unused_train_fields=ADAM_FIELDS,
+    check_run=check_run, check_loss=check_loss, check_values=check_values,
+    unused_train_fields=ADAM_FIELDS,
     count_epochs=lambda config, options: len(_path(options)),
     default_lr_source="no learning rate: the head is solved, not trained"))
