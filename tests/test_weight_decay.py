@@ -182,6 +182,7 @@ def test_the_sklearn_reference_is_one_vs_rest_logistic_regression_with_c_on_val(
     best = int(np.argmax([v for v, _ in by_hand]))
     assert res["C"] == grid[best]
     assert res["test_map"] == pytest.approx(by_hand[best][1], abs=1e-6)
+    assert sklearn_reference(yeast, 0, grid=grid[::-1])["val_maps"] == res["val_maps"]
     full = sklearn_reference(yeast, 0, "full", grid=grid)
     assert full["test_map"] > res["test_map"]
 

@@ -14,8 +14,8 @@ class's fit started from its fit at the previous C (``warm_start``), and stopped
 clearly turned (`spmlkit.engine.solve.turned_since`: 3 values in a row more than 0.1 below
 the best; the weak end, where lbfgs needs the most iterations, is then not fitted). Each fit
 ends at scikit-learn's tolerance from a nearer start than a cold one, so its scores differ from
-cold fits' in the second or third decimal (yeast: val mAP 45.29 either way at the selected C;
-the demo's CPU for these rows fell from 6.3 s to 1.0 s of fitting).
+cold fits' in the second or third decimal (yeast: val mAP 45.29 either way at the selected C).
+In ``make demo`` the two rows' fits took 4.3 s of CPU cold at all 17 values, 0.8 to 1.0 s so.
 """
 from __future__ import annotations
 
@@ -90,11 +90,12 @@ def sklearn_reference(splits, seed: int, labels: str = "observed", grid=C_GRID,
     ``labels``: ``"observed"`` (the regime's observed labels, unknown = negative) or ``"full"``
     (the full training labels; ValueError when the data has none). Returns ``{"C", "val_map",
     "test_map", "train_recovery_map", "val_maps", "seconds"}`` (recovery None without full
-    training labels; ``val_maps`` per C fitted: the first values of ``grid``, all of them
-    unless val turned before its end); with ``keep_probs`` also ``"probs"``: the selected C's
-    val and test probabilities (``{"val", "test"}``, float32), what the solver benchmark weighs
-    the losses against (`spmlkit.experiments.solver_benchmark`). ``on_fit(c)`` is called after
-    the fits of each C fitted (a progress bar).
+    training labels; ``val_maps`` per C fitted: the first values of ``grid`` in ascending
+    order (strong to weak regularisation), all of them unless val turned before its end);
+    with ``keep_probs`` also ``"probs"``: the selected C's val and test probabilities
+    (``{"val", "test"}``, float32), what the solver benchmark weighs the losses against
+    (`spmlkit.experiments.solver_benchmark`). ``on_fit(c)`` is called after the fits of each C
+    fitted (a progress bar).
 
     Raises:
         ValueError: ``labels="full"`` on data without full training labels, data that holds
@@ -134,8 +135,9 @@ def _reference(splits, seed, labels, grid, start, map_score, on_fit=None) -> dic
     targets = (np.asarray(y) > 0).astype(np.int64)
     x, xv, xt = (np.asarray(s.x, dtype=np.float64) for s in (splits.train, splits.val,
                                                              splits.test))
+    grid = sorted(float(c) for c in grid)  # strong to weak, as the solver's path
     clfs, scored, path, since = _classifiers(targets, seed), [], [], 0
-    for c in grid:  # strong to weak, each fit from the last, as our solver's path
+    for c in grid:  # each fit from the last
         path.append(_fit(clfs, x, targets, c))
         scored.append(map_score(_probs(xv, path[-1], targets), splits.val.y))
         since = turned_since(since, scored[-1], max(scored))
