@@ -148,7 +148,7 @@ def _reference(splits, seed, labels, grid, start, map_score, on_fit=None) -> dic
     best = int(np.argmax(scored))  # the first of equal scores, as the grids select
     ptr, pv, pt = (_probs(s, path[best], targets) for s in (x, xv, xt))
     recovery = map_score(ptr, splits.train.y) if splits.train_labels_complete else None
-    return {"C": float(grid[best]), "val_map": map_score(pv, splits.val.y),
+    return {"C": float(grid[best]), "val_map": scored[best],
             "test_map": map_score(pt, splits.test.y), "train_recovery_map": recovery,
             "val_maps": [float(v) for v in scored], "seconds": time.perf_counter() - start,
             "probs": {"val": pv.astype(np.float32), "test": pt.astype(np.float32)}}
