@@ -12,6 +12,7 @@ import csv
 import gzip
 import importlib.util
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -38,25 +39,39 @@ def yeast_path() -> Path:
 
 
 def read_yeast_csv(path) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Features (``Att*`` columns), labels (``Class*`` columns) and the class names."""
+    """Features (``Att*`` columns), labels (``Class*`` columns) and the class names.
+
+    The numbers are parsed by ``numpy.loadtxt`` (compiled: ~7x faster than Python's csv reader
+    on this file, which every worker of a benchmark reads; the same float64 values)."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rt", newline="") as fh:
-            rows = list(csv.reader(fh))
-    except csv.Error as err:  # (NUL bytes on Python 3.10, an over-long field): not a ValueError
-        raise ValueError(f"{path}: not a readable CSV file ({err})") from None
-    if not rows:
-        raise ValueError(f"{path}: empty file")
-    header = rows[0]
-    att = [j for j, c in enumerate(header) if c.startswith("Att")]
-    cls = [j for j, c in enumerate(header) if c.startswith("Class")]
-    if not att or not cls:
-        raise ValueError(f"{path}: expected columns Att* and Class*, got {header[:4]}...")
-    try:
-        table = np.array(rows[1:], dtype=np.float64)
-    except ValueError as err:
-        raise ValueError(f"{path}: non-numeric cell ({err})") from None
+            first = fh.readline()
+            if not first.strip():
+                raise ValueError(f"{path}: empty file")
+            header = next(csv.reader([first]))
+            att = [j for j, c in enumerate(header) if c.startswith("Att")]
+            cls = [j for j, c in enumerate(header) if c.startswith("Class")]
+            if not att or not cls:
+                raise ValueError(f"{path}: expected columns Att* and Class*, got "
+                                 f"{header[:4]}...")
+            with warnings.catch_warnings():  # (no rows: said below, not as numpy's warning)
+                warnings.simplefilter("ignore", UserWarning)
+                table = np.loadtxt(fh, delimiter=",", quotechar='"', dtype=np.float64,
+                                   ndmin=2)
+    except (ValueError, csv.Error) as err:  # a bad cell, a ragged row, not text
+        if str(err).startswith(str(path)):
+            raise
+        why = str(err).split("; use `usecols`")[0]  # (numpy's hint is not for this file)
+        why = why if len(why) <= 200 else why[:200] + "..."
+        raise ValueError(f"{path}: not a readable CSV file of numbers ({why}; rows counted "
+                         f"from 0 after the header)") from None
+    if table.shape[0] == 0:
+        raise ValueError(f"{path}: no rows after the header")
+    if table.shape[1] != len(header):
+        raise ValueError(f"{path}: the rows have {table.shape[1]} columns, the header "
+                         f"{len(header)}")
     return table[:, att].astype(np.float32), table[:, cls].astype(np.uint8), \
         [header[j] for j in cls]
 
