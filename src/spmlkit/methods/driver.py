@@ -331,11 +331,82 @@ def _few_known_negatives(y_val, threshold: float) -> str | None:
             f"chooses otherwise")
 
 
+def _run_scores(probs, splits, conv: str, complete: bool) -> dict:
+    """A fitted run's scores: the test report (masked for partial labels), the thresholds
+    chosen on val, the val and test metrics at the global one, the train recovery mAP (None
+    without complete training labels)."""
+    chosen = split_thresholds(probs["val"], splits.val.y, splits.class_names)
+    threshold = chosen["global"]
+    return {"test": split_evaluate(probs["test"], splits.test.y, conv), "chosen": chosen,
+            "val_metrics": split_metrics(probs["val"], splits.val.y, convention=conv,
+                                         threshold=threshold),
+            "test_metrics": split_metrics(probs["test"], splits.test.y, convention=conv,
+                                          threshold=threshold),
+            "train_recovery_map": map_score(probs["train"], splits.train.y, conv)
+            if complete else None}
+
+
+#: entries (runs x rows x classes, the val, test and train rows together) of a stack's
+#: probabilities scored at once (`_stack_scores`): their float64 copies within ~64 MiB
+SCORE_ENTRIES = 1 << 23
+
+
+def _stack_scores(ctxs: list, fitted: list) -> list:
+    """`_run_scores` of a stack's fitted runs (None for a failed one), those on the same full
+    val / test / train labels scored together (`spmlkit.metrics.scoring.runs_scores`, equal
+    to each run's own scores bit for bit), in chunks of runs within `SCORE_ENTRIES`; a run
+    left None (partial labels, alone on its labels, a chunk with a non-finite score) is
+    scored alone when it is finished, which says what is wrong."""
+    from ..metrics import is_partial, map_from_ap, per_class_ap
+    from ..metrics.scoring import runs_scores
+
+    out: list = [None] * len(fitted)
+    groups: dict = {}
+    for j, (ctx, fit) in enumerate(zip(ctxs, fitted)):
+        sp = ctx.splits
+        if isinstance(fit, BaseException) or is_partial(sp.val.y) or is_partial(sp.test.y):
+            continue
+        train = getattr(sp, "train_labels_complete", True)
+        if train and is_partial(sp.train.y):
+            continue
+        key = (id(sp.val.y), id(sp.test.y), id(sp.train.y) if train else None,
+               ctx.config.map_convention)
+        groups.setdefault(key, []).append(j)
+    for members in (m for m in groups.values() if len(m) > 1):
+        sp = ctxs[members[0]].splits
+        conv = ctxs[members[0]].config.map_convention
+        train = getattr(sp, "train_labels_complete", True)
+        rows = len(sp.val.y) + len(sp.test.y) + (len(sp.train.y) if train else 0)
+        per = max(2, SCORE_ENTRIES // max(1, rows * len(sp.class_names)))
+        for start in range(0, len(members), per):
+            chunk = members[start:start + per]
+            probs = [fitted[j].probs for j in chunk]
+            try:
+                chosen = [split_thresholds(p["val"], sp.val.y, ctxs[j].splits.class_names)
+                          for p, j in zip(probs, chunk)]
+                cut = [c["global"] for c in chosen]
+                val = runs_scores(np.stack([p["val"] for p in probs]), sp.val.y, cut,
+                                  convention=conv)
+                test = runs_scores(np.stack([p["test"] for p in probs]), sp.test.y, cut,
+                                   convention=conv, report=True)
+                recovery = [map_from_ap(a, conv) for a in per_class_ap(
+                    np.stack([p["train"] for p in probs]), sp.train.y)] if train \
+                    else [None] * len(chunk)
+            except ValueError:  # (non-finite scores): each run alone says which
+                continue
+            for i, j in enumerate(chunk):
+                out[j] = {"test": test[i][1], "chosen": chosen[i], "val_metrics": val[i],
+                          "test_metrics": test[i][0], "train_recovery_map": recovery[i]}
+    return out
+
+
 def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
-                  extra: dict | None = None, durable: bool = True) -> dict:
+                  extra: dict | None = None, durable: bool = True,
+                  scores: dict | None = None) -> dict:
     """Score a fitted run and finish its folder (the end of
     [`train_run`][spmlkit.methods.driver.train_run]; ``durable``: as
-    `spmlkit.runs.RunDir.finish`)."""
+    `spmlkit.runs.RunDir.finish`; ``scores``: its `_run_scores` when already computed, with
+    its stack's, `_stack_scores`)."""
     method, splits, config, loss, loss_fn = ctx.method, ctx.splits, ctx.config, \
         ctx.loss_name, ctx.loss
     is_main, hparams = ctx.is_main, ctx.hparams
@@ -343,24 +414,21 @@ def _complete_run(ctx: RunContext, run, fitted, pseudo: dict, t0: float,
     try:
         fit, probs = fitted.fit, fitted.probs
         conv = config.map_convention
-        test = split_evaluate(probs["test"], splits.test.y, conv)  # masked for partial labels
-        chosen = split_thresholds(probs["val"], splits.val.y, splits.class_names)
+        if scores is None:
+            scores = _run_scores(probs, splits, conv, complete)
+        test, chosen, val_metrics = scores["test"], scores["chosen"], scores["val_metrics"]
         threshold = chosen["global"]  # THRESHOLD_POLICY: what spml predict applies by default
-        val_metrics = split_metrics(probs["val"], splits.val.y, convention=conv,
-                                      threshold=threshold)
         metric = getattr(fit, "metric", "map")
         result = {"loss": loss, "mode": method.name, "regime": splits.regime,
                   "seed": config.seed, "batch_size": config.batch_size, "lr": config.lr,
                   "best_epoch": fit.best_epoch, "epochs_run": len(fit.history),
                   "val_map": fit.val_map if metric == "map" else val_metrics["map"],
                   "test_map": test["map"],
-                  "train_recovery_map": map_score(probs["train"], splits.train.y, conv)
-                  if complete else None,
+                  "train_recovery_map": scores["train_recovery_map"],
                   "test": test, "labels": describe_labels(splits)["summary"],
                   "metric": metric, "val_score": getattr(fit, "val_score", fit.val_map),
                   "val_metrics": val_metrics,
-                  "test_metrics": split_metrics(probs["test"], splits.test.y,
-                                                convention=conv, threshold=threshold),
+                  "test_metrics": scores["test_metrics"],
                   "threshold": {"value": threshold, "policy": THRESHOLD_POLICY},
                   **fitted.result, "warnings": training_warnings(fit)}
         paper = getattr(loss_fn, "paper_threshold", None)
@@ -528,6 +596,7 @@ def _train_stack(method, splits_l, loss_l, hparams_l, k_l, configs, names, out,
         runs.append(run)
         pseudos.append(pseudo)
     fitted = method.fit_many([ctx for _, ctx in ctxs]) if ctxs else []
+    scores = _stack_scores([ctx for _, ctx in ctxs], fitted)
     for j, ((i, ctx), run, pseudo) in enumerate(zip(ctxs, runs, pseudos)):
         # each run's outputs are let go once it is scored and written (a method may compute
         # them on first use: the linear mode's stacked runs on stored features)
@@ -541,7 +610,9 @@ def _train_stack(method, splits_l, loss_l, hparams_l, k_l, configs, names, out,
             # seconds: the run's share of the stacked training, then its own scoring
             results[i] = _complete_run(ctx, run, fit, pseudo,
                                        time.perf_counter() - fit.fit.seconds,
-                                       {"vectorised": len(ctxs)}, durable=False)
+                                       {"vectorised": len(ctxs)}, durable=False,
+                                       scores=scores[j])
+            scores[j] = None
         except Exception as err:  # noqa: BLE001
             results[i] = err
     if out is not None:

@@ -201,9 +201,20 @@ def precision_recall_at_k(scores, y, k: int) -> tuple[float, float]:
     s, y = _as_scores(scores, y)
     if not 1 <= k <= s.shape[1]:
         raise ValueError(f"k must be in 1..{s.shape[1]}, got {k}")
+    return precision_recall_means(top_k_counts(s, y, k), k)
+
+
+def top_k_counts(s: np.ndarray, y: np.ndarray, k: int) -> dict:
+    """Per row of validated scores and labels: the positives among its ``k`` top-scored labels
+    (ties: the lower column first) and its positives."""
     top = np.argsort(-s, axis=1, kind="mergesort")[:, :k]
-    hits = np.take_along_axis(y, top, axis=1).sum(axis=1)
-    n_pos = y.sum(axis=1)
+    return {"hits": np.take_along_axis(y, top, axis=1).sum(axis=1), "n_pos": y.sum(axis=1)}
+
+
+def precision_recall_means(rows: dict, k: int) -> tuple[float, float]:
+    """P@k and R@k: the row means of `top_k_counts` (rows without positives left out of
+    R@k)."""
+    hits, n_pos = rows["hits"], rows["n_pos"]
     has = n_pos > 0
     recall = float((hits[has] / n_pos[has]).mean()) if has.any() else float("nan")
     return float(hits.mean() / k), recall

@@ -76,10 +76,19 @@ def _ranking_metrics(s: np.ndarray, y: np.ndarray, no_positive: str, known=None)
     row's negatives (the ranking loss's pairs) nor its labels (the normalised coverage divides
     each row's coverage by its known labels).
     """
-    num_labels = y.shape[1] if y.ndim == 2 else 1
     if s.size == 0:
         nan = float("nan")
         return {"lrap": nan, "ranking_loss": nan, "coverage": nan, "coverage_norm": nan}
+    return ranking_means(ranking_rows(s, y, known), no_positive)
+
+
+def ranking_rows(s: np.ndarray, y: np.ndarray, known=None) -> dict:
+    """The per-row values `_ranking_metrics` averages (``lrap``, ``wrong``: the ranking loss,
+    ``cover``: the coverage, each undefined where the row has no positive or negative) and the
+    rows' ``n_pos``, ``n_neg`` and ``width`` (labels known: L, or per row with ``known``), from
+    blocks of rows. Rows are independent: the rows of several runs' scores stacked give each
+    run's own values (`spmlkit.metrics.scoring.runs_scores`)."""
+    num_labels = y.shape[1] if y.ndim == 2 else 1
     n_pos = y.sum(axis=1, dtype=np.int64)
     width = num_labels if known is None else known.sum(axis=1, dtype=np.int64)
     n_neg = width - n_pos
@@ -87,15 +96,30 @@ def _ranking_metrics(s: np.ndarray, y: np.ndarray, no_positive: str, known=None)
     lrap, wrong, cover = (np.concatenate(v) for v in zip(*(
         _ranking_rows(s[i:i + step], y[i:i + step], n_pos[i:i + step], n_neg[i:i + step])
         for i in range(0, len(s), step))))
+    return {"lrap": lrap, "wrong": wrong, "cover": cover, "n_pos": n_pos, "n_neg": n_neg,
+            "width": width, "labels": num_labels, "partial": known is not None}
+
+
+def ranking_means(rows: dict, no_positive: str) -> dict:
+    """LRAP, ranking loss, coverage and normalised coverage: the row means of `ranking_rows`
+    (of every row it was given, or of one run's rows: `rows_of`)."""
+    cover, n_pos, n_neg, width = rows["cover"], rows["n_pos"], rows["n_neg"], rows["width"]
     coverage = _row_mean(cover, n_pos > 0, 0.0, no_positive)
-    if known is None:
-        normalised = (coverage - 1.0) / num_labels
+    if not rows["partial"]:
+        normalised = (coverage - 1.0) / rows["labels"]
     else:  # a row without a positive has coverage 0, as in `coverage`'s "sklearn" mean
-        counted = n_pos > 0 if no_positive == "exclude" else np.ones(len(s), dtype=bool)
+        counted = n_pos > 0 if no_positive == "exclude" else np.ones(len(n_pos), dtype=bool)
         normalised = _row_mean((cover - 1.0) / np.maximum(width, 1), counted, 0.0, no_positive)
-    return {"lrap": _row_mean(lrap, n_pos > 0, 1.0, no_positive),  # all positive: 1 by itself
-            "ranking_loss": _row_mean(wrong, (n_pos > 0) & (n_neg > 0), 0.0, no_positive),
+    return {"lrap": _row_mean(rows["lrap"], n_pos > 0, 1.0, no_positive),  # all positive: 1
+            "ranking_loss": _row_mean(rows["wrong"], (n_pos > 0) & (n_neg > 0), 0.0,
+                                      no_positive),
             "coverage": coverage, "coverage_norm": normalised}
+
+
+def rows_of(rows: dict, part: slice) -> dict:
+    """The rows ``part`` of per-row values (`ranking_rows`, `top_k_rows_of`): arrays sliced,
+    the rest (the label count, flags) as it is."""
+    return {k: v[part] if isinstance(v, np.ndarray) else v for k, v in rows.items()}
 
 
 def label_ranking_average_precision(scores, y, no_positive: str = "sklearn") -> float:
@@ -169,9 +193,20 @@ def one_error(scores, y, no_positive: str = "sklearn") -> float:
     s, y = _as_scores(scores, y)
     if s.size == 0:
         return float("nan")
+    return one_error_mean(one_error_rows(s, y), no_positive)
+
+
+def one_error_rows(s: np.ndarray, y: np.ndarray) -> dict:
+    """Per row of validated scores and labels: whether its top-ranked label is not a positive
+    (``wrong``, 0 / 1), and its positives (``n_pos``)."""
     top = np.argmax(s, axis=1)
-    wrong = (y[np.arange(len(y)), top] == 0).astype(np.float64)
-    return _row_mean(wrong, y.sum(axis=1) > 0, 1.0, no_positive)
+    return {"wrong": (y[np.arange(len(y)), top] == 0).astype(np.float64),
+            "n_pos": y.sum(axis=1)}
+
+
+def one_error_mean(rows: dict, no_positive: str) -> float:
+    """One-error: the mean of `one_error_rows` (rows without a positive as ``no_positive``)."""
+    return _row_mean(rows["wrong"], rows["n_pos"] > 0, 1.0, no_positive)
 
 
 # ---- top-k ranking metrics (LibMultiLabel's) --------------------------------------------------
@@ -239,13 +274,21 @@ def _top_k(scores, y, k: int, no_positive: str) -> dict:
 def top_k_means(s: np.ndarray, pos: np.ndarray, ks, no_positive: str) -> dict:
     """``ndcg@k`` and ``rp@k`` (row means, rows without a positive as ``no_positive`` says) for
     each ``k`` of ``ks`` (each at most L), from one sort of each row (`top_k_hits`)."""
-    n_pos = pos.sum(axis=1)
-    hits = top_k_hits(s, pos, max(ks))
+    return top_k_row_means(top_k_rows_of(s, pos, ks), ks, no_positive)
+
+
+def top_k_rows_of(s: np.ndarray, pos: np.ndarray, ks) -> dict:
+    """Per row: its top ``max(ks)`` labels' hits (`top_k_hits`) and its positives."""
+    return {"hits": top_k_hits(s, pos, max(ks)), "n_pos": pos.sum(axis=1)}
+
+
+def top_k_row_means(rows: dict, ks, no_positive: str) -> dict:
+    """`top_k_means` of `top_k_rows_of` (of all its rows, or one run's: `rows_of`)."""
     out = {}
     for k in ks:
-        ndcg, rp = top_k_rows(hits, n_pos, k)
-        out[f"ndcg@{k}"] = _row_mean(ndcg, n_pos > 0, 0.0, no_positive)
-        out[f"rp@{k}"] = _row_mean(rp, n_pos > 0, 0.0, no_positive)
+        ndcg, rp = top_k_rows(rows["hits"], rows["n_pos"], k)
+        out[f"ndcg@{k}"] = _row_mean(ndcg, rows["n_pos"] > 0, 0.0, no_positive)
+        out[f"rp@{k}"] = _row_mean(rp, rows["n_pos"] > 0, 0.0, no_positive)
     return out
 
 
@@ -259,8 +302,17 @@ def _top_k_metrics(p: np.ndarray, y: np.ndarray, no_positive: str, known=None) -
     the unknown labels of partial ones come ranked last and not positive.)"""
     if p.size == 0:
         return {f"{name}@{k}": float("nan") for k in TOP_K for name in ("ndcg", "rp")}
-    width = y.shape[1]
-    got = top_k_means(p, y > 0, sorted({min(k, width) for k in TOP_K}), no_positive)
+    ks = top_k_ks(y.shape[1])
+    return top_k_records(top_k_means(p, y > 0, ks, no_positive), y.shape[1])
+
+
+def top_k_ks(width: int) -> list:
+    """The k computed for the `TOP_K` records on ``width`` labels (a k above it ranks all)."""
+    return sorted({min(k, width) for k in TOP_K})
+
+
+def top_k_records(got: dict, width: int) -> dict:
+    """The `TOP_K` records' values from `top_k_means` at `top_k_ks`."""
     return {f"{name}@{k}": got[f"{name}@{min(k, width)}"] for k in TOP_K for name in ("ndcg", "rp")}
 
 

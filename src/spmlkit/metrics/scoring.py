@@ -156,3 +156,81 @@ def evaluate(scores, y, convention: str = "present") -> dict:
         if k <= np.shape(labels)[1]:
             out[f"p@{k}"], out[f"r@{k}"] = precision_recall_at_k(s, labels, k)
     return out
+
+
+def runs_scores(probs, y, thresholds, *, convention: str = "present",
+                no_positive: str = "sklearn", report: bool = False) -> list:
+    """`classic_metrics` of R runs' probabilities (R x N x L) against the same full labels
+    ``y`` (N x L), each at its own threshold (``thresholds``, one per run), and with
+    ``report`` its `evaluate` too: per run ``metrics`` or ``(metrics, report)``, equal to
+    those functions' values on each run alone, bit for bit (``tests/test_metrics_runs.py``).
+
+    A stacked benchmark finishes some hundred small runs on the same val and test labels; run
+    by run, each metric's passes over a few thousand entries were mostly call overhead. Here
+    the per-class AP (mAP, weighted AP, the report's mAP) and the row-wise rankings (LRAP,
+    ranking loss, coverage, one-error, the top-k records, P@k / R@k) are computed once for
+    all runs' rows, stacked (rows are independent, so each row's values are its run's own),
+    and then averaged per run by the same means; the other records (the thresholded ones,
+    micro AP) are scored run by run. Partial labels, or one run: run by run.
+
+    Raises:
+        ValueError: as `classic_metrics` (any run's non-finite scores, bad shapes).
+    """
+    from .ap import (per_class_ap, precision_recall_means, top_k_counts, validate_full_labels,
+                     weighted_ap)
+    from .ranking import (_ranking_metrics, _top_k_metrics, one_error_mean, one_error_rows,
+                          ranking_means, ranking_rows, rows_of, top_k_ks, top_k_records,
+                          top_k_row_means, top_k_rows_of)
+
+    probs = np.asarray(probs)
+    thresholds = list(thresholds)
+    if probs.ndim != 3 or len(thresholds) != len(probs):
+        raise ValueError(f"runs_scores: R x N x L probabilities and one threshold per run, got "
+                         f"{probs.shape} and {len(thresholds)} threshold(s)")
+    if is_partial(y) or len(probs) < 2:
+        return [_one_run(p, y, t, convention, no_positive, report)
+                for p, t in zip(probs, thresholds)]
+    runs, n, classes = probs.shape
+    y = validate_full_labels(y, "metrics targets", copy=False)
+    s, tiled = _as_scores(probs.reshape(runs * n, classes), np.tile(y, (runs, 1)))
+    ap = per_class_ap(s.reshape(runs, n, classes), y)
+    ranking, one_error = ranking_rows(s, tiled), one_error_rows(s, tiled)
+    ks = top_k_ks(classes)
+    top = top_k_rows_of(s, tiled > 0, ks)
+    counts = {k: top_k_counts(s, tiled, k) for k in (1, 3) if k <= classes}
+    positives = y.sum(axis=0)
+    # the records computed above from all runs' rows (their values the records' own: a record
+    # changed without this is caught by the test of every record); the others run by run
+    stacked = {name for name, m in METRICS.items()
+               if m.joint in (_ranking_metrics, _top_k_metrics)} | \
+        {"map", "weighted_ap", "one_error"}
+    rest = [name for name in METRICS if name not in stacked]
+    out = []
+    for r in range(runs):
+        part = slice(r * n, (r + 1) * n)
+        settings = _settings(y, convention, thresholds[r], no_positive)
+        values = {"map": map_from_ap(ap[r], convention),
+                  "weighted_ap": weighted_ap(ap[r], positives),
+                  "one_error": one_error_mean(rows_of(one_error, part), no_positive),
+                  **ranking_means(rows_of(ranking, part), no_positive),
+                  **top_k_records(top_k_row_means(rows_of(top, part), ks, no_positive),
+                                  classes)}
+        values.update(_scored(probs[r], y, rest, settings)[0])
+        metrics = {name: values[name] for name in METRICS}
+        metrics["threshold"] = float(thresholds[r])
+        metrics["rows_without_positives"] = int((y.sum(axis=1) == 0).sum())
+        if not report:
+            out.append(metrics)
+            continue
+        rep = {"map": metrics["map"],
+               "classes_without_positives": np.flatnonzero(np.isnan(ap[r])).tolist()}
+        for k, rows in counts.items():
+            rep[f"p@{k}"], rep[f"r@{k}"] = precision_recall_means(rows_of(rows, part), k)
+        out.append((metrics, rep))
+    return out
+
+
+def _one_run(p, y, threshold, convention: str, no_positive: str, report: bool):
+    metrics = classic_metrics(p, y, convention=convention, threshold=threshold,
+                              no_positive=no_positive)
+    return (metrics, evaluate(p, y, convention)) if report else metrics
