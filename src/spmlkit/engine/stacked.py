@@ -148,7 +148,8 @@ class StackedAdam:
     (the head, whose gradient the engine computes itself), else from ``.grad``; weight decay is
     Adam's coupled L2 (the single run's `spmlkit.engine.LeanAdam` group), on the
     params marked (the head's weights, not its biases), in a call of their own when it is not 0.
-    Every run takes the same steps (one count)."""
+    Every run takes the same steps: one count, one step tensor per device that every call
+    reads (the kernel reads the step; it is counted once a step, not once per parameter)."""
 
     def __init__(self, groups, betas=(0.9, 0.999), eps=1e-8):
         self.betas, self.eps = betas, eps
@@ -156,15 +157,16 @@ class StackedAdam:
         self.params = []
         self.moments = {}
         self.count = 0
-        self.steps: list = []
+        self.steps: dict = {}  # device -> the step count the kernel reads
+        self._grad_views: dict = {}  # call -> (the .grad tensors sliced, their slices)
         for params, lrs, grads, *decay in groups:
             wds, marked = decay if decay else ([0.0] * len(lrs), [False] * len(params))
             keep = [i for i, p in enumerate(params) if p.requires_grad]
             params = [params[i] for i in keep]
             marked = [marked[i] for i in keep]
             grads = None if grads is None else [grads[i] for i in keep]
-            steps = [torch.zeros((), device=p.device) for p in params]
-            self.steps += steps
+            steps = [self.steps.setdefault(p.device, torch.zeros((), device=p.device))
+                     for p in params]
             for p in params:
                 self.params.append(p)
                 self.moments[id(p)] = (torch.zeros_like(p), torch.zeros_like(p))
@@ -196,10 +198,15 @@ class StackedAdam:
     @torch.no_grad()
     def step(self) -> None:
         self.count += 1
-        torch._foreach_add_(self.steps, 1)
-        for pairs, views, grads, m, v, steps, lr, wd in self.calls:
-            if grads is None:
-                grads = [p.grad[sl] for p, sl in pairs]
+        for step in self.steps.values():
+            step.add_(1)
+        for c, (pairs, views, grads, m, v, steps, lr, wd) in enumerate(self.calls):
+            if grads is None:  # from .grad: its slices, again only when .grad is a new tensor
+                held = self._grad_views.get(c)
+                if held is None or any(p.grad is not g for (p, _), g in zip(pairs, held[0])):
+                    held = ([p.grad for p, _ in pairs], [p.grad[sl] for p, sl in pairs])
+                    self._grad_views[c] = held
+                grads = held[1]
             torch._fused_adam_(views, grads, m, v, [], steps, lr=lr, beta1=self.betas[0],
                                beta2=self.betas[1], weight_decay=wd, eps=self.eps,
                                amsgrad=False, maximize=False)
