@@ -77,6 +77,23 @@ def test_map_equals_sklearn_per_class(seed):
         assert math.isnan(res.value)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_columns_with_and_without_ties_equal_sklearn_and_each_column_alone(seed):
+    # ranked_ap takes columns without tied scores by their short path and the others by the
+    # grouped one; a block mixing both equals sklearn and the columns scored two by two
+    rng = np.random.default_rng(seed)
+    n, L = 50, 9
+    s = rng.random((n, L))
+    s[:, ::3] = np.round(s[:, ::3], 1)  # every third column tied
+    y = (rng.random((n, L)) < 0.3).astype(np.uint8)
+    y[0] = 1
+    ap = per_class_ap(s, y)
+    want = [100 * _sk_ap(s[:, j], y[:, j]) for j in range(L)]
+    np.testing.assert_allclose(ap, want, rtol=1e-12)
+    pairs = np.concatenate([per_class_ap(s[:, j:j + 2], y[:, j:j + 2]) for j in range(0, L - 1, 2)])
+    assert np.array_equal(ap[:L - 1], pairs)  # each column's AP its own, bit for bit
+
+
 def test_ap_length_mismatch_raises():
     with pytest.raises(ValueError):
         average_precision([0.9, 0.8, 0.1], [1, 0, 1, 1])
