@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from .common import _fail, _os_message, _prog, use_defaults_formatter
 from .study import STUDY_ACTIONS, cmd_study
 from .train import cmd_train
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "run"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,6 +76,19 @@ def _threads(args) -> int | None:
         except (ValueError, OSError):  # the command itself reports it
             pass
     return 1
+
+
+def run() -> int:
+    """The ``spml`` program (its console script, ``python -m spmlkit``): `main`, then, the
+    command done, every object frozen (``gc.freeze``) so that the interpreter's exit does not
+    sweep them all for reference cycles. With torch (and scikit-learn) loaded that last
+    collection took ~0.5 s of CPU at every exit (``make demo``: 3.0 vs 2.5 s for a process that
+    only imported them). Objects are still released as the modules are torn down; only
+    garbage in cycles is left to the operating system. Called as a function, `main` leaves
+    the caller's collector as it is."""
+    code = main()
+    gc.freeze()
+    return code
 
 
 def main(argv=None) -> int:

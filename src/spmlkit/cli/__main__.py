@@ -1,6 +1,6 @@
 """``python -m spmlkit.cli ...`` runs the ``spml`` command line."""
 import sys
 
-from . import main
+from . import run
 
-sys.exit(main())
+sys.exit(run())
