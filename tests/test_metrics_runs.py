@@ -1,12 +1,14 @@
-"""`runs_scores`: many runs' metrics from shared passes equal each run's own `classic_metrics`
-and `evaluate`, bit for bit, for every metric record."""
+"""`runs_scores` and `runs_thresholds`: many runs' metrics and thresholds from shared passes equal
+each run's own `classic_metrics`, `evaluate` and `select_thresholds`, bit for bit, for every
+metric record."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from spmlkit.metrics import METRICS, classic_metrics, evaluate, partial_labels
+from spmlkit.metrics import METRICS, classic_metrics, evaluate, partial_labels, select_thresholds
 from spmlkit.metrics.scoring import runs_scores
+from spmlkit.metrics.thresholds import runs_thresholds
 
 
 def _same(a, b) -> bool:
@@ -70,3 +72,26 @@ def test_bad_inputs_are_refused():
     probs[1, 3, 2] = np.nan
     with pytest.raises(ValueError, match="non-finite"):
         runs_scores(probs, y, thresholds)
+
+
+@pytest.mark.parametrize("seed,runs,n,classes,ties", [
+    (0, 5, 60, 14, False), (1, 4, 40, 6, True), (2, 3, 30, 1, True), (3, 2, 1, 3, False)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_thresholds_of_many_runs_equal_each_runs_own(seed, runs, n, classes, ties, dtype):
+    probs, y, _ = _case(seed, runs, n, classes, ties)
+    probs = probs.astype(dtype)
+    names = [f"c{j}" for j in range(classes)]
+    got = runs_thresholds(probs, y, names)
+    for r in range(runs):
+        assert _same(got[r], select_thresholds(probs[r], y, names)), r
+
+
+def test_thresholds_of_partial_labels_or_one_run_are_chosen_run_by_run():
+    probs, y, _ = _case(7, 3, 30, 5, True)
+    known = np.random.default_rng(1).random(y.shape) < 0.6
+    partial = partial_labels(np.where(known, y.astype(int) * 2 - 1, 0), "entry")
+    got = runs_thresholds(probs, partial)
+    assert all(_same(got[r], select_thresholds(probs[r], partial)) for r in range(3))
+    assert _same(runs_thresholds(probs[:1], y)[0], select_thresholds(probs[0], y))
+    with pytest.raises(ValueError, match="R x N x L"):
+        runs_thresholds(probs[0], y)

@@ -353,12 +353,14 @@ SCORE_ENTRIES = 1 << 23
 
 def _stack_scores(ctxs: list, fitted: list) -> list:
     """`_run_scores` of a stack's fitted runs (None for a failed one), those on the same full
-    val / test / train labels scored together (`spmlkit.metrics.scoring.runs_scores`, equal
-    to each run's own scores bit for bit), in chunks of runs within `SCORE_ENTRIES`; a run
-    left None (partial labels, alone on its labels, a chunk with a non-finite score) is
-    scored alone when it is finished, which says what is wrong."""
+    val / test / train labels scored together (`spmlkit.metrics.scoring.runs_scores`,
+    `spmlkit.metrics.thresholds.runs_thresholds`: equal to each run's own bit for bit), in
+    chunks of runs within `SCORE_ENTRIES`; a run left None (partial labels, alone on its
+    labels, a chunk with a non-finite score) is scored alone when it is finished, which says
+    what is wrong."""
     from ..metrics import is_partial, map_from_ap, per_class_ap
     from ..metrics.scoring import runs_scores
+    from ..metrics.thresholds import runs_thresholds
 
     out: list = [None] * len(fitted)
     groups: dict = {}
@@ -382,11 +384,10 @@ def _stack_scores(ctxs: list, fitted: list) -> list:
             chunk = members[start:start + per]
             probs = [fitted[j].probs for j in chunk]
             try:
-                chosen = [split_thresholds(p["val"], sp.val.y, ctxs[j].splits.class_names)
-                          for p, j in zip(probs, chunk)]
+                pv = np.stack([p["val"] for p in probs])
+                chosen = runs_thresholds(pv, sp.val.y, sp.class_names)
                 cut = [c["global"] for c in chosen]
-                val = runs_scores(np.stack([p["val"] for p in probs]), sp.val.y, cut,
-                                  convention=conv)
+                val = runs_scores(pv, sp.val.y, cut, convention=conv)
                 test = runs_scores(np.stack([p["test"] for p in probs]), sp.test.y, cut,
                                    convention=conv, report=True)
                 recovery = [map_from_ap(a, conv) for a in per_class_ap(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ap import _as_scores
+from .ap import BLOCK_ENTRIES, _as_scores
 from .partial import checked_partial, is_partial, mask_of
 
 def _f1_sweep(scores: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -140,7 +140,69 @@ def select_thresholds(probs, y, class_names=None) -> dict:
         probs, y = _as_scores(probs, y, keep_float32=True)
     t_global, f1_global = best_global_threshold(probs, y)
     t_class, f1_class = best_class_thresholds(probs, y, t_global)
+    return _thresholds_record(out, t_global, f1_global, t_class, f1_class, class_names)
+
+
+def _thresholds_record(out: dict, t_global, f1_global, t_class, f1_class, class_names) -> dict:
     return {**out, "global": t_global, "global_micro_f1": f1_global,
             "per_class": t_class.tolist(),
             "per_class_f1": [None if np.isnan(v) else float(v) for v in f1_class],
             "class_names": list(class_names) if class_names is not None else None}
+
+
+def runs_thresholds(probs, y, class_names=None) -> list[dict]:
+    """`select_thresholds` of R runs' probabilities (R x N x L) chosen on the same full labels
+    ``y``, equal to each run's own bit for bit: each run's global threshold as there, the
+    per-class F1 sweeps of every run and class from one sort of all the columns
+    (`_column_sweeps`: `_f1_sweep`'s candidates and F1s at the ends of the groups of tied
+    scores) instead of two ``np.unique`` a column. Partial labels, or one run: run by run.
+
+    Raises:
+        ValueError: as `select_thresholds` (non-finite scores, bad shapes), or ``probs`` not
+            R x N x L.
+    """
+    probs = np.asarray(probs)
+    if probs.ndim != 3:
+        raise ValueError(f"runs_thresholds: R x N x L probabilities, got {probs.shape}")
+    if is_partial(y) or len(probs) < 2:
+        return [select_thresholds(p, y, class_names) for p in probs]
+    runs, n, classes = probs.shape
+    checked = [_as_scores(p, y, keep_float32=True) for p in probs]  # (each run's own checks)
+    positive = checked[0][1] > 0
+    per = max(1, BLOCK_ENTRIES // max(1, n * classes))
+    sweeps = [_column_sweeps(np.stack([p for p, _ in checked[r:r + per]]), positive)
+              for r in range(0, runs, per)]
+    t_all, f1_all = (np.concatenate(v) for v in zip(*sweeps))
+    has = positive.any(axis=0)
+    out = []
+    for r, (p, labels) in enumerate(checked):
+        t_global, f1_global = best_global_threshold(p, labels)
+        t_class = np.where(has, t_all[r], float(t_global))
+        out.append(_thresholds_record({"chosen_on": "val", "rows": n}, t_global, f1_global,
+                                      t_class, f1_all[r], class_names))
+    return out
+
+
+def _column_sweeps(s: np.ndarray, positive: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each column's best threshold and its F1, as `best_class_thresholds` sweeps them
+    (`_f1_sweep`, the first of the highest F1 from the top), of R runs' scores ``s``
+    (R x N x L) against ``positive`` (N x L bool): every column sorted once, each group of
+    tied scores scored at its last entry (the entries predicted positive there: its rank;
+    the true positives: the positives up to it). R x L each; F1 NaN where a class has no
+    positive (its threshold then the caller's)."""
+    s = np.ascontiguousarray(s.transpose(0, 2, 1))  # R x L x N
+    order = np.argsort(-s, axis=-1)
+    s = np.take_along_axis(s, order, axis=-1)
+    hits = np.take_along_axis(np.broadcast_to(positive.T, order.shape), order, axis=-1)
+    del order
+    n = s.shape[-1]
+    end = np.ones(s.shape, dtype=bool)  # the last entry of every group of tied scores
+    end[..., :-1] = s[..., 1:] != s[..., :-1]
+    tp = np.cumsum(hits, axis=-1, dtype=np.int64)
+    predicted = np.arange(1, n + 1, dtype=np.int64)
+    total = positive.sum(axis=0, dtype=np.int64)[:, None]  # L x 1
+    f1 = np.where(end, 2.0 * tp / (predicted + total), -np.inf)
+    best = np.argmax(f1, axis=-1)[..., None]
+    thresholds = np.take_along_axis(s, best, axis=-1)[..., 0].astype(np.float64)
+    f1 = np.take_along_axis(f1, best, axis=-1)[..., 0]
+    return thresholds, np.where(positive.any(axis=0), f1, np.nan)
