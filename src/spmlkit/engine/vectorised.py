@@ -479,9 +479,10 @@ class StackedRuns:
     # -- state -------------------------------------------------------------------------------
     def keep(self, r: int) -> tuple:
         """Copies of run ``r``'s weights and loss state (a new best epoch)."""
+        state = self.losses[r].state_dict()  # a new dict: deep-copied only when it holds any
         return ({"weight": self.model.weight.detach()[r].clone(),
                  "bias": self.model.bias.detach()[r].clone()},
-                copy.deepcopy(self.losses[r].state_dict()))
+                copy.deepcopy(state) if state else state)
 
     def checkpoint(self, r: int) -> dict:
         """Run ``r``'s training state in the single-run format (`train_loop`'s):
