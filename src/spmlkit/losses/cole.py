@@ -299,12 +299,16 @@ class ROLELoss(_NeedsK):
         grad = (weight * p - pos - q).mul_(scale).add_(dpen_f, alpha=0.5)
         grad_est = (weight * q - pos - p).mul_(scale).add_(dpen_g, alpha=0.5)
         full = self.label_logits.grad
+        last = getattr(self, "_grad_entries", None)
         if full is None or full.shape != self.label_logits.shape:
             full = torch.zeros_like(self.label_logits)
+        elif last is not None and last[0] is full:  # zero only the last step's rows (B of N)
+            full[last[1], last[2]] = 0.0
         else:
             full.zero_()
         full[rows, index] = grad_est
         self.label_logits.grad = full
+        self._grad_entries = (full, rows, index)  # (not state: the next step's to clear)
         return values, grad
 
     def solver_objectives(self, logits, observed, index):
