@@ -339,13 +339,11 @@ def mean_train_loss(step_values, n: int, bs: int, rows_per_epoch: int) -> list[f
     """Each run's mean train loss of an epoch from its steps' losses (one R-vector a step):
     weighted by the batch sizes, in float64 and in step order (what a running float64 total
     would hold)."""
-    out = []
-    for per_step in torch.stack(step_values).double().T.tolist():
-        total = 0.0
-        for j, v in enumerate(per_step):
-            total += v * (min(n, (j + 1) * bs) - j * bs)
-        out.append(total / rows_per_epoch)
-    return out
+    values = torch.stack(step_values).double().T.cpu().numpy()  # R x steps
+    rows = np.minimum(n, np.arange(1, values.shape[1] + 1) * bs) - np.arange(values.shape[1]) * bs
+    # a cumulative sum adds one step after the other: the running total's numbers
+    totals = np.cumsum(values * rows, axis=1)[:, -1] if values.shape[1] else np.zeros(len(values))
+    return (totals / rows_per_epoch).tolist()
 
 
 def val_scores(model: StackedLinear, views, xv, yv, live: list, config: TrainConfig) -> dict:
