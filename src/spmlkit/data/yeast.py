@@ -9,6 +9,7 @@ standardised with the train rows' mean and std.
 from __future__ import annotations
 
 import csv
+import functools
 import gzip
 import importlib.util
 import os
@@ -76,6 +77,19 @@ def read_yeast_csv(path) -> tuple[np.ndarray, np.ndarray, list[str]]:
         [header[j] for j in cls]
 
 
+def _read_once(path: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """`read_yeast_csv` of ``path``, parsed once per process while the file is unchanged (a
+    benchmark's worker loads the set for each regime it trains), as copies."""
+    stat = path.stat()
+    x, y, names = _parsed(str(path), stat.st_mtime_ns, stat.st_size)
+    return x.copy(), y.copy(), list(names)
+
+
+@functools.lru_cache(maxsize=2)
+def _parsed(path: str, mtime_ns: int, size: int) -> tuple:
+    return read_yeast_csv(path)
+
+
 @register("yeast", "MULAN yeast (river): 2,417 x 103 features, 14 classes; the embedded "
           "default", paper="Elisseeff & Weston 2001", tags=("features", "embedded"))
 def load_yeast(path: str | os.PathLike | None = None, seed: int = OFFICIAL_SEED) -> Dataset:
@@ -95,7 +109,7 @@ def load_yeast(path: str | os.PathLike | None = None, seed: int = OFFICIAL_SEED)
         ModuleNotFoundError: no ``path`` and river is not installed (the message says how).
         FileNotFoundError, ValueError: a missing or malformed file (named).
     """
-    x, y, names = read_yeast_csv(path or yeast_path())
+    x, y, names = _read_once(Path(path or yeast_path()))
     pool_idx, test_idx = cole_split(len(y), TEST_FRACTION, seed)
     full = LabelledSet(x, y, names, where="yeast")
     return Dataset("yeast", full.subset(pool_idx), full.subset(test_idx), standardize=True,
