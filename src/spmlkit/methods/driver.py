@@ -562,7 +562,10 @@ class _EpochLines:
     per epoch (the open was most of an epoch's logging: 4,800 of them in ``make demo``). A
     stack interrupted is trained again as a whole (it has no checkpoint), so the lines a dying
     worker had not written are not needed; a reader sees a run's file at most `EVERY` seconds
-    behind its training."""
+    behind its training. A record whose epoch is not after the last one held for its run
+    starts a new try (a stack that broke trains its runs alone, from epoch 1, on a fresh
+    ``metrics.jsonl``): the earlier try's records not yet written are dropped, as its file
+    is."""
 
     #: seconds between two flushes
     EVERY = 1.0
@@ -574,7 +577,10 @@ class _EpochLines:
     def logger(self, run):
         """The ``log`` of `_epoch_logger` for ``run``."""
         def log(record: dict) -> None:
-            self.records.setdefault(run, []).append(record)
+            held = self.records.setdefault(run, [])
+            if held and record.get("epoch", 0) <= held[-1].get("epoch", 0):
+                held.clear()  # a new try from the start
+            held.append(record)
             if time.monotonic() - self.last >= self.EVERY:
                 self.flush()
         return log
