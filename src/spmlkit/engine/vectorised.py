@@ -388,28 +388,32 @@ class StackedRuns:
         bs, offsets = self.bs, self.offsets
         coming: list = []
         for i in self.starts:
-            idx = perms[:, i:i + bs]  # each row group's rows
-            if self.shared > 1:
-                idx = idx.repeat_interleave(self.shared, 0)
             if i + bs > self.n:  # the last, shorter batch
+                idx = perms[:, i:i + bs]  # each row group's rows
+                if self.shared > 1:
+                    idx = idx.repeat_interleave(self.shared, 0)
                 parts = [gather(t, perms[:, i:i + bs] if j == 0 else
                                 idx if offsets is None else idx + offsets)
                          for j, t in enumerate(self.tables)]
             else:
                 if i % self.chunk == 0:
                     coming = self._coming(perms, i)
-                parts = [c[(i % self.chunk) // bs] for c in coming]
+                step = (i % self.chunk) // bs
+                parts = [c[step] for c in coming]
+                idx = parts.pop()  # each run's rows (R x B)
             yield parts[0], parts[1:], idx
 
     def _coming(self, perms: torch.Tensor, i: int) -> list:
         """The rows of the full steps from row ``i`` on (up to ``chunk``) of every table, at
-        once, step-major (a step's batch is a contiguous slice)."""
+        once, step-major (a step's batch is a contiguous slice), and last each run's rows of
+        every step (steps x R x B: a step's index)."""
         steps = min(self.chunk, self.n - i) // self.bs
         rows = perms[:, i:i + steps * self.bs].reshape(self.row_groups, steps, self.bs) \
             .transpose(0, 1)
         run_rows = rows.repeat_interleave(self.shared, 1) if self.shared > 1 else rows
         return [gather(t, rows if j == 0 else run_rows if self.offsets is None
-                       else run_rows + self.offsets) for j, t in enumerate(self.tables)]
+                       else run_rows + self.offsets) for j, t in enumerate(self.tables)] + \
+            [run_rows]
 
     def step(self, xb: torch.Tensor, labels: list, idx: torch.Tensor) -> torch.Tensor:
         """One training step of every run; returns the runs' losses (R,)."""
