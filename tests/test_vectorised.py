@@ -366,23 +366,3 @@ def test_a_study_gives_the_same_table_vectorised_or_not(tmp_path):
         lines = (run.path / "metrics.jsonl").read_text().splitlines()
         assert len(lines) == 2
 
-
-def test_a_stacks_epoch_lines_reach_each_runs_file_at_most_a_flush_late(tmp_path, monkeypatch):
-    from spmlkit.methods.driver import _EpochLines
-    from spmlkit.runs import RunDir, read_metrics
-
-    runs = [RunDir.create(tmp_path, f"r{i}") for i in range(2)]
-    lines = _EpochLines()
-    logs = [lines.logger(run) for run in runs]
-    monkeypatch.setattr(_EpochLines, "EVERY", 3600.0)
-    for epoch in (1, 2):
-        for log in logs:
-            log({"epoch": epoch, "val_map": float("nan") if epoch == 2 else 40.0})
-    assert not (runs[0].path / "metrics.jsonl").exists()  # held until a flush
-    lines.flush()
-    for run in runs:
-        assert read_metrics(run.path) == [{"epoch": 1, "val_map": 40.0},
-                                          {"epoch": 2, "val_map": None}]
-    monkeypatch.setattr(_EpochLines, "EVERY", 0.0)  # due at once: written as it comes
-    logs[1]({"epoch": 3, "val_map": 41.0})
-    assert [r["epoch"] for r in read_metrics(runs[1].path)] == [1, 2, 3]

@@ -198,12 +198,10 @@ class RunDir:
         self.write_json(CONFIG_FILE, config)
         self.save_array(OBSERVED_FILE, observed)
 
-    def log(self, *records: dict) -> None:
-        """Epoch records, appended to ``metrics.jsonl`` (a line each, in one write): a NaN or
-        infinite number is written as ``null`` (strict JSON, as final.json: an undefined
-        pseudo-label precision)."""
-        append_own(self.path / METRICS_FILE, "".join(
-            json.dumps(_strict_json(r), default=json_default) + "\n" for r in records))
+    def log(self, record: dict) -> None:
+        """One epoch's record, appended to ``metrics.jsonl``: a NaN or infinite number is
+        written as ``null`` (strict JSON, as final.json: an undefined pseudo-label precision)."""
+        self.append_jsonl(METRICS_FILE, _strict_json(record))
 
     def checkpointer(self, every_seconds: float = 0.0,
                      background: bool = True) -> "Checkpointer":

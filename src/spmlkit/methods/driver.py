@@ -292,11 +292,10 @@ def _train_run(method, splits, loss, hparams, loss_fn, config, k, options, datas
     return _complete_run(ctx, run, fitted, pseudo, t0)
 
 
-def _epoch_logger(splits, run, pseudo: dict, on_epoch=None, is_main: bool = True, log=None):
+def _epoch_logger(splits, run, pseudo: dict, on_epoch=None, is_main: bool = True):
     """The ``log_epoch(record, model, loss)`` of a run: adds the pseudo-label counts (and
     precision, unknown for partial training labels) to the record, keeps them in ``pseudo``
-    (epoch -> values), logs the record in the run folder (``log``, default ``run.log``), then
-    calls ``on_epoch``."""
+    (epoch -> values), logs the record in the run folder, then calls ``on_epoch``."""
     complete = getattr(splits, "train_labels_complete", True)
 
     def log_epoch(record, model, loss_module):
@@ -306,7 +305,7 @@ def _epoch_logger(splits, run, pseudo: dict, on_epoch=None, is_main: bool = True
         pseudo[record["epoch"]] = {key: record[key] for key in ("pl_count", "pl_precision")
                                    if key in record}
         if run is not None and is_main:
-            (log or run.log)(record)
+            run.log(record)
         if on_epoch is not None and is_main:
             on_epoch(record, model, loss_module)
 
@@ -556,42 +555,6 @@ def train_runs(method: str | TrainingMethod, splits, loss, hparams, configs, *,
                             dataset_options, options, held)
 
 
-class _EpochLines:
-    """A stack's epoch records, appended to each run's ``metrics.jsonl`` at most once every
-    `EVERY` seconds and when the stack ends: one open of a run's file per flush instead of one
-    per epoch (the open was most of an epoch's logging: 4,800 of them in ``make demo``). A
-    stack interrupted is trained again as a whole (it has no checkpoint), so the lines a dying
-    worker had not written are not needed; a reader sees a run's file at most `EVERY` seconds
-    behind its training. A record whose epoch is not after the last one held for its run
-    starts a new try (a stack that broke trains its runs alone, from epoch 1, on a fresh
-    ``metrics.jsonl``): the earlier try's records not yet written are dropped, as its file
-    is."""
-
-    #: seconds between two flushes
-    EVERY = 1.0
-
-    def __init__(self):
-        self.records: dict = {}  # run -> its records not written yet
-        self.last = time.monotonic()
-
-    def logger(self, run):
-        """The ``log`` of `_epoch_logger` for ``run``."""
-        def log(record: dict) -> None:
-            held = self.records.setdefault(run, [])
-            if held and record.get("epoch", 0) <= held[-1].get("epoch", 0):
-                held.clear()  # a new try from the start
-            held.append(record)
-            if time.monotonic() - self.last >= self.EVERY:
-                self.flush()
-        return log
-
-    def flush(self) -> None:
-        for run, records in self.records.items():
-            run.log(*records)
-        self.records.clear()
-        self.last = time.monotonic()
-
-
 def _train_stack(method, splits_l, loss_l, hparams_l, k_l, configs, names, out,
                  dataset_options, options, held) -> list:
     """`train_runs` of a method that trains them together (``fit_many``); ``held`` keeps
@@ -600,7 +563,6 @@ def _train_stack(method, splits_l, loss_l, hparams_l, k_l, configs, names, out,
     count = len(configs)
     checked: dict = {}  # id(splits) -> None or the error of check_inputs
     ctxs, runs, pseudos = [], [], []
-    lines = _EpochLines()
     results: list = [None] * count  # a run whose setup fails ends with its error, alone
     for i, (sp, ls, hp, k_, config, name) in enumerate(zip(splits_l, loss_l, hparams_l, k_l,
                                                            configs, names)):
@@ -619,7 +581,7 @@ def _train_stack(method, splits_l, loss_l, hparams_l, k_l, configs, names, out,
                 run = RunDir.create(out, name or default_run_name(method, sp, ls, config))
                 held.enter_context(run.locked())
             pseudo: dict = {}
-            log_epoch = _epoch_logger(sp, run, pseudo, log=lines.logger(run))
+            log_epoch = _epoch_logger(sp, run, pseudo)
             # no checkpoint.pt: a group that stopped is trained again as a whole (a study
             # replaces its folders), and a folder without one restarts when resumed alone
             ctx = RunContext(method, sp, ls, hp, loss_fn, run_k, config, options,
@@ -634,10 +596,7 @@ def _train_stack(method, splits_l, loss_l, hparams_l, k_l, configs, names, out,
         ctxs.append((i, ctx))
         runs.append(run)
         pseudos.append(pseudo)
-    try:
-        fitted = method.fit_many([ctx for _, ctx in ctxs]) if ctxs else []
-    finally:
-        lines.flush()  # (also those of a stack that raised: what its runs got to)
+    fitted = method.fit_many([ctx for _, ctx in ctxs]) if ctxs else []
     scores = _stack_scores([ctx for _, ctx in ctxs], fitted)
     for j, ((i, ctx), run, pseudo) in enumerate(zip(ctxs, runs, pseudos)):
         # each run's outputs are let go once it is scored and written (a method may compute
