@@ -144,3 +144,11 @@ def sleep_and_tell(task: dict) -> dict:
     Path(task["pidfile"]).write_text(f"{os.getpid()} {os.getppid()}")
     time.sleep(task["sleep"])
     return {"x": task["x"]}
+
+
+def collector(task: dict) -> dict:
+    """The worker's cyclic garbage collector: whether it is on, and how many objects it never
+    sweeps (those the fork server preloaded, frozen there)."""
+    import gc
+
+    return {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(), "pid": os.getpid()}

@@ -39,17 +39,18 @@ def test_python_dash_m_runs_the_command_line():
 
 
 def test_the_program_freezes_its_objects_before_the_interpreter_exits():
-    # the console script and python -m run `run`: main, then gc.freeze (the exit's last sweep
-    # of every object for cycles cost ~0.5 s of CPU with torch loaded); main alone does not
+    # the console script and python -m run `run`: the imports with the collector off, then
+    # frozen out of it, main, then gc.freeze (the exit's last sweep of every object for cycles
+    # cost ~0.5 s of CPU with torch loaded), the collector on; main alone does not
     scripts = ROOT.joinpath("pyproject.toml").read_text().split("[project.scripts]")[1]
     assert 'spml = "spmlkit.cli:run"' in scripts.split("\n[")[0]
     code = ("import gc, sys; from spmlkit.cli import main, run; sys.argv = ['spml', 'list', "
             "'metrics']; main(['list', 'metrics']); before = gc.get_freeze_count(); "
-            "status = run(); print(status, before, gc.get_freeze_count() > 0)")
+            "status = run(); print(status, before, gc.get_freeze_count() > 0, gc.isenabled())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "0 0 True"
+    assert out.stdout.strip().splitlines()[-1] == "0 0 True True"  # the collector still on
 
 
 def test_license_is_the_one_pyproject_names():

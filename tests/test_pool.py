@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from _pool_tasks import work
+from _pool_tasks import collector, work
 
 from spmlkit.experiments.pool import run_tasks
 
@@ -134,6 +134,17 @@ def test_closing_the_iteration_early_terminates_the_workers(tmp_path):
     it.close()
     assert mp.active_children() == []
     assert all(p.exitcode == -signal.SIGTERM for p in busy)
+
+
+def test_workers_collect_garbage_but_never_sweep_what_the_fork_server_preloaded():
+    # the server imports torch and spmlkit with the collector off, then freezes those objects
+    # and turns it back on (_server_init, _server_ready): its workers start with it on
+    if "forkserver" not in mp.get_all_start_methods():
+        pytest.skip("no fork server here")
+    results = collect(run_tasks(collector, [{}, {}], jobs=2))
+    assert all(r["enabled"] for r in results)
+    assert all(r["frozen"] > 100_000 for r in results), results  # torch's objects
+    assert all(r["pid"] != os.getpid() for r in results)
 
 
 def test_a_fork_server_killed_while_it_starts_a_worker_ends_the_study_in_one_line(

@@ -11,6 +11,7 @@ teardown of the modules it preloaded."""
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import signal
 import threading
@@ -27,7 +28,13 @@ def _watch(parent: int) -> None:
 
 
 _parent = os.environ.get("SPMLKIT_POOL_PARENT", "")
-if _parent.isdigit() and int(_parent) == os.getppid():
+#: whether this process is the local pool's fork server
+IN_SERVER = _parent.isdigit() and int(_parent) == os.getppid()
+if IN_SERVER:
+    # the preloaded modules (torch, spmlkit) imported without the collections their objects
+    # would trigger; `spmlkit.experiments._server_ready`, imported last, freezes them out of
+    # the collector (also in the workers forked from here) and turns it back on
+    gc.disable()
     threading.Thread(target=_watch, args=(int(_parent),), daemon=True,
                      name="spmlkit-parent-watch").start()
     # the server's end (its parent gone): the exit handlers registered after this one (torch's)

@@ -81,7 +81,8 @@ def cached_splits(dataset: str, regime: str, options: dict | None = None):
 #: what the worker server imports once, before it forks the workers (they start with these
 #: modules loaded instead of importing them each)
 PRELOAD = ("spmlkit.experiments._server_init", "torch", "spmlkit.experiments.study",
-           "spmlkit.methods", "spmlkit.losses", "spmlkit.data", "spmlkit.engine.vectorised")
+           "spmlkit.methods", "spmlkit.losses", "spmlkit.data", "spmlkit.engine.vectorised",
+           "spmlkit.experiments._server_ready")
 
 
 def worker_context():
