@@ -365,4 +365,3 @@ def test_a_study_gives_the_same_table_vectorised_or_not(tmp_path):
         assert run.final is not None and run.best()["model"]["weight"].shape == (14, 103)
         lines = (run.path / "metrics.jsonl").read_text().splitlines()
         assert len(lines) == 2
-

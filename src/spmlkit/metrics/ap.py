@@ -101,6 +101,15 @@ def _columns_ap(s: np.ndarray, y: np.ndarray) -> np.ndarray:
     """`ranked_ap` of validated scores ``s`` (... x K x N: a column's N scores along the
     last axis) and labels ``y`` (K x N), every column from one sort (each temporary let go
     once used: a block of a large split stays within ~40 bytes an entry)."""
+    _, hits, end = sorted_columns(s, y)  # (the sorted scores let go at once)
+    return ranked_ap(hits, end)
+
+
+def sorted_columns(s: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every column of scores ``s`` (... x K x N: a column's N scores along the last axis)
+    sorted in descending order, with its labels ``y`` (K x N) in that order as positives
+    (``y > 0``) and ``end``: the last entry of every group of tied scores (`ranked_ap`'s
+    inputs; the per-class F1 sweeps', `spmlkit.metrics.thresholds.runs_thresholds`)."""
     s = np.ascontiguousarray(s)  # (the sort and everything after: along contiguous rows)
     order = np.argsort(-s, axis=-1)  # tied scores are grouped: their order does not matter
     s = np.take_along_axis(s, order, axis=-1)
@@ -108,8 +117,7 @@ def _columns_ap(s: np.ndarray, y: np.ndarray) -> np.ndarray:
     del order
     end = np.ones_like(s, dtype=bool)  # the last entry of every group of tied scores
     end[..., :-1] = s[..., 1:] != s[..., :-1]
-    del s
-    return ranked_ap(hits, end)
+    return s, hits, end
 
 
 def ranked_ap(hits: np.ndarray, end: np.ndarray) -> np.ndarray:

@@ -199,6 +199,7 @@ def runs_scores(probs, y, thresholds, *, convention: str = "present",
     top = top_k_rows_of(s, tiled > 0, ks)
     counts = {k: top_k_counts(s, tiled, k) for k in (1, 3) if k <= classes}
     positives = y.sum(axis=0)
+    empty_rows = int((y.sum(axis=1) == 0).sum())
     # the records computed above from all runs' rows (their values the records' own: a record
     # changed without this is caught by the test of every record); the others run by run
     stacked = {name for name, m in METRICS.items()
@@ -218,7 +219,7 @@ def runs_scores(probs, y, thresholds, *, convention: str = "present",
         values.update(_scored(probs[r], y, rest, settings)[0])
         metrics = {name: values[name] for name in METRICS}
         metrics["threshold"] = float(thresholds[r])
-        metrics["rows_without_positives"] = int((y.sum(axis=1) == 0).sum())
+        metrics["rows_without_positives"] = empty_rows
         if not report:
             out.append(metrics)
             continue

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ap import BLOCK_ENTRIES, _as_scores
+from .ap import BLOCK_ENTRIES, _as_scores, sorted_columns
 from .partial import checked_partial, is_partial, mask_of
 
 def _f1_sweep(scores: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -190,14 +190,8 @@ def _column_sweeps(s: np.ndarray, positive: np.ndarray) -> tuple[np.ndarray, np.
     tied scores scored at its last entry (the entries predicted positive there: its rank;
     the true positives: the positives up to it). R x L each; F1 NaN where a class has no
     positive (its threshold then the caller's)."""
-    s = np.ascontiguousarray(s.transpose(0, 2, 1))  # R x L x N
-    order = np.argsort(-s, axis=-1)
-    s = np.take_along_axis(s, order, axis=-1)
-    hits = np.take_along_axis(np.broadcast_to(positive.T, order.shape), order, axis=-1)
-    del order
+    s, hits, end = sorted_columns(s.transpose(0, 2, 1), positive.T)  # R x L x N
     n = s.shape[-1]
-    end = np.ones(s.shape, dtype=bool)  # the last entry of every group of tied scores
-    end[..., :-1] = s[..., 1:] != s[..., :-1]
     tp = np.cumsum(hits, axis=-1, dtype=np.int64)
     predicted = np.arange(1, n + 1, dtype=np.int64)
     total = positive.sum(axis=0, dtype=np.int64)[:, None]  # L x 1
